@@ -1,0 +1,39 @@
+# Thin driver over CMake (as Neovim's Makefile is): the real build is CMakeLists.txt.
+#   make            build (installs missing Debian packages first)
+#   make check      every test: normal build, ASan+UBSan, TSan, and the verbs suite in the Soft-RoCE VM
+#   make demo       build and run the demo on the best transport this machine has
+#   make bench      build and run the benchmarks
+#   make install    install into PREFIX (default /usr/local)
+BUILD    ?= build
+JOBS     ?= $(shell nproc)
+PREFIX   ?= /usr/local
+WERROR   ?= OFF
+CMAKE_ARGS ?=
+
+.PHONY: all deps configure build check demo bench install clean
+
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+configure: deps
+	@cmake -S . -B $(BUILD) -DVRPC_WERROR=$(WERROR) -DCMAKE_INSTALL_PREFIX=$(PREFIX) $(CMAKE_ARGS) >/dev/null
+
+build: configure
+	@cmake --build $(BUILD) -j $(JOBS)
+
+check: deps
+	@WERROR=$(WERROR) JOBS=$(JOBS) scripts/check.sh
+
+demo: build
+	@scripts/demo.sh $(BUILD)
+
+bench: build
+	@scripts/bench.sh $(BUILD)
+
+install: build
+	@cmake --install $(BUILD)
+
+clean:
+	rm -rf build build-asan build-tsan

@@ -1,0 +1,102 @@
+/* verbrpc scheduler: N worker threads with work stealing. Transport pollers
+ * and other non-worker threads feed it; its workers run RPC handlers and
+ * completion callbacks. Nothing here knows about RDMA or protobuf.
+ *
+ * Threads and contracts:
+ *  - Worker threads are created by vrpc_sched_create() and joined by
+ *    vrpc_sched_destroy(). A task's function runs on exactly one worker,
+ *    exactly once (unless it was cancelled at destroy, see below).
+ *  - vrpc_sched_submit() may be called from any thread. From a worker of the
+ *    same scheduler it pushes onto that worker's own deque (no atomics beyond
+ *    the deque's). From any other thread it takes the lock-free injection path.
+ *  - A thread that submits often and is not a worker (a transport poller)
+ *    should register as a producer: vrpc_sched_producer_create() gives it a
+ *    private single-producer ring, so its submissions never contend with other
+ *    producers. A producer handle is owned by one thread at a time.
+ *  - Tasks are intrusive: the caller embeds struct vrpc_task in its own object
+ *    and owns its memory; the scheduler never allocates per task. The task
+ *    must stay valid until its function has started; the function may free it.
+ */
+#ifndef VERBRPC_SCHED_H
+#define VERBRPC_SCHED_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <verbrpc/common.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct vrpc_task;
+typedef void (*vrpc_task_fn)(struct vrpc_task *task);
+
+/* Embed in your object; recover it with container_of in the function. */
+struct vrpc_task {
+    vrpc_task_fn fn;
+    struct vrpc_task *next; /* private to the scheduler while queued */
+};
+
+static inline void vrpc_task_init(struct vrpc_task *t, vrpc_task_fn fn)
+{
+    t->fn = fn;
+    t->next = 0;
+}
+
+struct vrpc_sched;
+struct vrpc_sched_producer;
+
+struct vrpc_sched_config {
+    unsigned nworkers;      /* 0: number of online CPUs */
+    unsigned deque_size;    /* per-worker deque slots, power of two; 0: 4096 */
+    unsigned spin_us;       /* how long an idle worker spins before parking; 0: 50 us */
+    bool pin_cpus;          /* pin worker i to CPU (i % ncpus) */
+    bool cancel_on_destroy; /* destroy drops queued tasks instead of running them;
+                               each dropped task's cancel_fn is called (if set) */
+    void (*cancel_fn)(struct vrpc_task *task, void *arg);
+    void *cancel_arg;
+};
+
+/* Fill *cfg with the defaults. */
+VRPC_API void vrpc_sched_config_init(struct vrpc_sched_config *cfg);
+
+/* Start the workers. cfg may be NULL for the defaults. */
+VRPC_API int vrpc_sched_create(const struct vrpc_sched_config *cfg, struct vrpc_sched **out);
+
+/* Stop accepting work, then run every queued task (or cancel it when
+ * cfg.cancel_on_destroy), join the workers and free everything. Tasks that run
+ * during destroy may still submit; those are run too. Safe on NULL. Must not be
+ * called from a worker of this scheduler. Producers must be destroyed first. */
+VRPC_API void vrpc_sched_destroy(struct vrpc_sched *s);
+
+/* Queue a task. Returns 0, or -ESHUTDOWN once destroy has begun (the task is
+ * then not queued and stays the caller's). Never fails for lack of space:
+ * a full deque or ring spills to an unbounded intrusive overflow list. */
+VRPC_API int vrpc_sched_submit(struct vrpc_sched *s, struct vrpc_task *t);
+
+/* A private submission ring for one non-worker thread (e.g. a poller). */
+VRPC_API int vrpc_sched_producer_create(struct vrpc_sched *s, struct vrpc_sched_producer **out);
+/* Only the owning thread may call this. Same return values as vrpc_sched_submit. */
+VRPC_API int vrpc_sched_producer_submit(struct vrpc_sched_producer *p, struct vrpc_task *t);
+/* Tasks already submitted through p still run. Safe on NULL. */
+VRPC_API void vrpc_sched_producer_destroy(struct vrpc_sched_producer *p);
+
+/* Index of the calling thread's worker in s, or -1 if it is not one of s's workers. */
+VRPC_API int vrpc_sched_current_worker(const struct vrpc_sched *s);
+VRPC_API unsigned vrpc_sched_nworkers(const struct vrpc_sched *s);
+
+struct vrpc_sched_worker_stats {
+    uint64_t executed; /* tasks run by this worker */
+    uint64_t stolen;   /* of those, taken from another worker's deque */
+    uint64_t parked;   /* times the worker went to sleep */
+    uint64_t woken;    /* times it was woken from sleep */
+};
+/* Counters are updated by the worker with relaxed stores; a snapshot taken
+ * while workers run is approximate. Returns -EINVAL for a bad index. */
+VRPC_API int vrpc_sched_worker_stats(const struct vrpc_sched *s, unsigned worker,
+                                     struct vrpc_sched_worker_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

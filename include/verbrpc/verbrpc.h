@@ -1,0 +1,8 @@
+/* verbrpc: the one header users include. */
+#ifndef VERBRPC_VERBRPC_H
+#define VERBRPC_VERBRPC_H
+
+#include <verbrpc/common.h>
+#include <verbrpc/sched.h>
+
+#endif
