@@ -5,5 +5,6 @@
 #include <verbrpc/common.h>
 #include <verbrpc/sched.h>
 #include <verbrpc/transport.h>
+#include <verbrpc/rpc.h>
 
 #endif
