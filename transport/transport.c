@@ -36,7 +36,7 @@ int vrpc_enosys_probe(void)
     return -ENOSYS;
 }
 
-uint64_t vrpc_now_ns(void)
+uint64_t vrpc_tp_now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -182,7 +182,7 @@ static void *poller_main(void *arg)
 {
     struct vrpc_cq *cq = arg;
     const struct vrpc_transport_ops *ops = cq->tp->ops;
-    uint64_t busy_ns = (uint64_t)cq->attr.busy_poll_us * 1000u, idle_since = vrpc_now_ns();
+    uint64_t busy_ns = (uint64_t)cq->attr.busy_poll_us * 1000u, idle_since = vrpc_tp_now_ns();
     int n;
 
     for (;;) {
@@ -190,12 +190,12 @@ static void *poller_main(void *arg)
         if (n > 0) {
             deliver(cq, (unsigned)n);
             if (busy_ns)
-                idle_since = vrpc_now_ns();
+                idle_since = vrpc_tp_now_ns();
             continue;
         }
         if (atomic_load_explicit(&cq->stopping, memory_order_acquire))
             break;
-        if (busy_ns && vrpc_now_ns() - idle_since < busy_ns)
+        if (busy_ns && vrpc_tp_now_ns() - idle_since < busy_ns)
             continue;
         /* poll -> arm -> poll: a completion landing between the last poll
          * and the arm is found by the second poll instead of being slept on. */
@@ -203,13 +203,13 @@ static void *poller_main(void *arg)
         n = ops->cq_poll(cq, cq->wc, cq->attr.depth);
         if (n > 0) {
             deliver(cq, (unsigned)n);
-            idle_since = vrpc_now_ns();
+            idle_since = vrpc_tp_now_ns();
             continue;
         }
         if (atomic_load_explicit(&cq->stopping, memory_order_acquire))
             break;
         ops->cq_wait(cq, -1);
-        idle_since = vrpc_now_ns();
+        idle_since = vrpc_tp_now_ns();
     }
     ops->cq_flush(cq);
     while ((n = ops->cq_poll(cq, cq->wc, cq->attr.depth)) > 0)

@@ -142,7 +142,7 @@ void vrpc_ep_base_init(struct vrpc_ep *ep, struct vrpc_transport *tp, struct vrp
                        int refs);
 
 /* Monotonic clock in nanoseconds. */
-uint64_t vrpc_now_ns(void);
+uint64_t vrpc_tp_now_ns(void);
 
 /* Transport log: one line to stderr, "vrpc[transport] ...". For protocol
  * errors and the like; never on the hot path of healthy traffic. */

@@ -390,7 +390,7 @@ static int tcp_close(struct vrpc_ep *base)
         return -ENOTCONN;
     }
     atomic_store(&ep->state, S_CLOSING);
-    atomic_store(&ep->close_ns, vrpc_now_ns());
+    atomic_store(&ep->close_ns, vrpc_tp_now_ns());
     flush_sends_locked(ep, true);
     tx_locked(ep); /* shuts the write side down once wq is empty */
     pthread_mutex_unlock(&ep->lock);
@@ -771,7 +771,7 @@ static void adopt(struct tcp_cq *cq)
             continue;
         }
         if (atomic_load(&ep->state) == S_HANDSHAKE)
-            ep->frame_ns = vrpc_now_ns();
+            ep->frame_ns = vrpc_tp_now_ns();
         else if (ep->granted < ep->target)
             hungry_add(cq, ep);
     }
@@ -826,7 +826,7 @@ static void finish_dead(struct tcp_cq *cq)
 
 static void progress(struct tcp_cq *cq)
 {
-    uint64_t now = vrpc_now_ns();
+    uint64_t now = vrpc_tp_now_ns();
     int i, nev;
 
     adopt(cq);
@@ -1015,7 +1015,7 @@ static int wait_fd(int fd, short ev, uint64_t deadline_ns)
 {
     struct pollfd p = { .fd = fd, .events = ev };
     for (;;) {
-        uint64_t now = vrpc_now_ns();
+        uint64_t now = vrpc_tp_now_ns();
         int r;
         if (now >= deadline_ns)
             return -ETIMEDOUT;
@@ -1054,7 +1054,7 @@ static int tcp_connect(struct vrpc_transport *tp, const struct vrpc_addr *dst, c
 {
     struct tcp_cq *cq = container_of(attr->cq, struct tcp_cq, base);
     uint32_t tmo = attr->timeout_ms ? attr->timeout_ms : tp->attr.connect_timeout_ms, grant;
-    uint64_t deadline = vrpc_now_ns() + (uint64_t)tmo * 1000000u;
+    uint64_t deadline = vrpc_tp_now_ns() + (uint64_t)tmo * 1000000u;
     union {
         struct vrpc_tcp_hdr h;
         char b[HDR_LEN];
