@@ -90,8 +90,25 @@ struct client {
     struct coll coll;
 };
 
+/* cb NULL: completions go to c->coll; else to cb(arg). */
 int client_start(struct client *c, const struct vrpc_transport_attr *tattr, unsigned nbufs, unsigned nrecv,
-                 uint32_t busy_poll_us);
+                 uint32_t busy_poll_us, vrpc_cq_cb cb, void *arg);
+
+/* Wait until the collector holds at least n completions with this opcode. */
+bool coll_wait_n(struct coll *c, uint32_t opcode, size_t n, int ms);
+
+/* A counting CQ callback for traffic cases: sends go back to pool, receives
+ * are reposted to cq (or put back when that fails), lifecycle is recorded. */
+struct counts {
+    struct vrpc_pool *pool;
+    struct vrpc_cq *cq;
+    atomic_ulong send_ok, send_err, recv_ok, recv_flush, disc, after_disc, accepted;
+    atomic_int disc_status;
+    struct vrpc_ep *dead; /* the endpoint whose DISCONNECTED was seen last */
+    void (*on_recv)(struct counts *k, const struct vrpc_wc *wc);
+    void *arg;
+};
+void counts_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, void *arg);
 /* Connect to uri with g_opt.client_ip as source. */
 int client_connect(struct client *c, const char *uri, struct vrpc_ep **ep);
 void client_stop(struct client *c);

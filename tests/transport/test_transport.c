@@ -37,7 +37,7 @@ static void t_connect_accept(void **state)
     char peer[VRPC_URI_MAX];
 
     assert_int_equal(echo_start(&e, &ec), 0);
-    assert_int_equal(client_start(&c, NULL, 16, 8, 0), 0);
+    assert_int_equal(client_start(&c, NULL, 16, 8, 0, NULL, NULL), 0);
     assert_int_equal(client_connect(&c, e.uri, &ep), 0);
     assert_int_equal(vrpc_ep_peer_uri(ep, peer, sizeof peer), 0);
     assert_string_equal(peer, e.uri);
@@ -73,7 +73,7 @@ static void t_connect_refused(void **state)
     char uri[VRPC_URI_MAX];
     int rc;
 
-    assert_int_equal(client_start(&c, NULL, 4, 0, 0), 0);
+    assert_int_equal(client_start(&c, NULL, 4, 0, 0, NULL, NULL), 0);
     /* Learn a free port by listening and closing again. */
     assert_int_equal(vrpc_transport_create(g_opt.backend, NULL, &tp), 0);
     memset(&la, 0, sizeof la);
@@ -110,7 +110,7 @@ static void t_pingpong_sizes(void **state)
     struct vrpc_buf *b;
 
     assert_int_equal(echo_start(&e, &ec), 0);
-    assert_int_equal(client_start(&c, NULL, 16, 8, 0), 0);
+    assert_int_equal(client_start(&c, NULL, 16, 8, 0, NULL, NULL), 0);
     assert_int_equal(client_connect(&c, e.uri, &ep), 0);
     eager = vrpc_ep_eager_size(ep);
     /* every size; under sanitizers every size near the edges and a stride */

@@ -71,7 +71,8 @@ struct tcp_ep {
     uint32_t rgot, rlen, rimm;
     uint64_t frame_ns;     /* when the current partial frame (or handshake) began; 0: idle */
     uint32_t granted;      /* credits the peer holds or will get (promised buffers) */
-    uint32_t target;
+    uint32_t resv;         /* reservation: granted + consumed, not yet paid back */
+    uint32_t target;       /* the most resv may grow to (credits attribute) */
     bool hungry;
     bool reported;         /* the user knows it (connect returned / ACCEPTED) */
     int disc_status;
@@ -400,6 +401,17 @@ static int tcp_close(struct vrpc_ep *base)
 
 /* ---- CQ bookkeeping (poller) ------------------------------------------------ */
 
+/* Take exactly want credits from the CQ's unpromised receives, or none. */
+static uint32_t take_avail_exact(struct tcp_cq *cq, uint32_t want)
+{
+    int a = atomic_load(&cq->avail);
+    do {
+        if (a < (int)want)
+            return 0;
+    } while (!atomic_compare_exchange_weak(&cq->avail, &a, a - (int)want));
+    return want;
+}
+
 /* Take up to want credits from the CQ's unpromised receives. */
 static uint32_t take_avail(struct tcp_cq *cq, uint32_t want)
 {
@@ -410,6 +422,15 @@ static uint32_t take_avail(struct tcp_cq *cq, uint32_t want)
         t = a < (int)want ? a : (int)want;
     } while (!atomic_compare_exchange_weak(&cq->avail, &a, a - t));
     return (uint32_t)t;
+}
+
+/* Every connection keeps a reservation of at least MIN_RESV promised
+ * receives; a CQ that cannot reserve that many refuses the connection. */
+#define MIN_RESV 2u
+
+static uint32_t reserve_credits(struct tcp_cq *cq)
+{
+    return take_avail_exact(cq, MIN_RESV);
 }
 
 static void hungry_add(struct tcp_cq *cq, struct tcp_ep *ep)
@@ -440,25 +461,35 @@ static void hungry_remove(struct tcp_cq *cq, struct tcp_ep *ep)
     ep->hungry = false;
 }
 
-/* Promise newly available receives to hungry endpoints, oldest first. */
+/* Pay reposted receives back to the endpoints that consumed them (below their
+ * reservation), oldest first. While the CQ has spare receives (more than a
+ * quarter of those posted stay unpromised, kept for new connections), a
+ * paid-back endpoint's reservation grows by one, up to the credits attribute:
+ * busy connections get deep pipelines, idle ones keep what they had. */
 static void distribute_credits(struct tcp_cq *cq)
 {
     while (cq->hungry_head && atomic_load(&cq->avail) > 0) {
         struct tcp_ep *ep = cq->hungry_head;
-        uint32_t got = take_avail(cq, ep->target - ep->granted), cr;
+        uint32_t got = take_avail(cq, ep->resv - ep->granted), cr;
         if (!got)
             break;
         ep->granted += got;
-        cr = atomic_fetch_add(&ep->credit_ret, got) + got;
-        if (ep->granted >= ep->target) {
+        if (ep->granted >= ep->resv) {
             cq->hungry_head = ep->hnext;
             if (!cq->hungry_head)
                 cq->hungry_tail = NULL;
             ep->hungry = false;
+            if (ep->resv < ep->target && atomic_load(&cq->avail) > atomic_load(&cq->posted) / 4 &&
+                take_avail_exact(cq, 1)) {
+                ep->resv++;
+                ep->granted++;
+                got++;
+            }
         }
-        /* Explicit update once half the target piled up, or when the peer
-         * holds nothing at all (everything promised is still unsent). */
-        if (cr >= (ep->target / 2 ? ep->target / 2 : 1) || cr >= ep->granted) {
+        cr = atomic_fetch_add(&ep->credit_ret, got) + got;
+        /* Explicit update once half the reservation piled up, or when the
+         * peer holds nothing at all (everything promised is still unsent). */
+        if (cr >= (ep->resv / 2 ? ep->resv / 2 : 1) || cr >= ep->granted) {
             pthread_mutex_lock(&ep->lock);
             send_credit_locked(ep);
             pthread_mutex_unlock(&ep->lock);
@@ -554,21 +585,27 @@ static void stage(struct tcp_cq *cq, struct vrpc_buf *b)
     fifo_push(&cq->out, b);
 }
 
-static int handle_hello(struct tcp_cq *cq, struct tcp_ep *ep, const struct vrpc_tcp_hdr *h)
+static int handle_hello(struct tcp_cq *cq, struct tcp_ep *ep, const struct vrpc_tcp_hdr *h, const char **why)
 {
     uint32_t eager = le32toh(h->imm), grant;
     char ack[HDR_LEN];
     ssize_t w;
 
+    *why = "unexpected HELLO";
     if (atomic_load(&ep->state) != S_HANDSHAKE || !ep->lst)
         return -EPROTO;
+    *why = "refused: the listener is closed";
     if (atomic_load(&ep->lst->closed))
         return -ECONNREFUSED;
     if (eager < ep->base.eager)
         ep->base.eager = eager;
     ep->send_credits = le16toh(h->credits);
-    grant = take_avail(cq, ep->target);
-    ep->granted = grant;
+    grant = reserve_credits(cq);
+    *why = "refused: no receive buffers left on the CQ to reserve for it (post more receives)";
+    if (!grant)
+        return -ENOBUFS;
+    *why = "cannot send HELLO_ACK";
+    ep->resv = ep->granted = grant;
     build_hdr(ack, F_HELLO_ACK, 0, ep->base.eager, grant);
     w = send(ep->fd, ack, HDR_LEN, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (w != HDR_LEN)
@@ -584,8 +621,6 @@ static int handle_hello(struct tcp_cq *cq, struct tcp_ep *ep, const struct vrpc_
     ep->ev_acc.priv[P_WRID] = ep->accept_user;
     stage_fill(&ep->ev_acc, VRPC_WC_ACCEPTED, 0, ep, 0);
     stage(cq, &ep->ev_acc);
-    if (ep->granted < ep->target)
-        hungry_add(cq, ep);
     return 0;
 }
 
@@ -601,10 +636,8 @@ static int handle_hdr(struct tcp_cq *cq, struct tcp_ep *ep, const char **why)
         *why = "bad frame header (garbage or another protocol)";
         return -EPROTO;
     }
-    if (h.type == F_HELLO) {
-        *why = "handshake failed";
-        return handle_hello(cq, ep, &h);
-    }
+    if (h.type == F_HELLO)
+        return handle_hello(cq, ep, &h, why);
     if (atomic_load(&ep->state) == S_HANDSHAKE) {
         *why = "frame before handshake";
         return -EPROTO;
@@ -640,8 +673,7 @@ static int handle_hdr(struct tcp_cq *cq, struct tcp_ep *ep, const char **why)
         return -ENOBUFS;
     }
     ep->granted--;
-    if (ep->granted < ep->target)
-        hungry_add(cq, ep);
+    hungry_add(cq, ep);
     atomic_fetch_sub(&cq->posted, 1);
     b->len = len;
     if (!len) {
@@ -772,7 +804,7 @@ static void adopt(struct tcp_cq *cq)
         }
         if (atomic_load(&ep->state) == S_HANDSHAKE)
             ep->frame_ns = vrpc_tp_now_ns();
-        else if (ep->granted < ep->target)
+        else if (ep->granted < ep->resv)
             hungry_add(cq, ep);
     }
 }
@@ -785,11 +817,12 @@ static void scan_timeouts(struct tcp_cq *cq, uint64_t now)
     for (ep = cq->eps; ep; ep = n) {
         uint64_t c = atomic_load(&ep->close_ns);
         n = ep->next;
-        if (atomic_load(&ep->state) == S_HANDSHAKE && now - ep->frame_ns > hs)
+        /* (times taken after now are not late: compare as now > t + limit) */
+        if (atomic_load(&ep->state) == S_HANDSHAKE && now > ep->frame_ns + hs)
             teardown(cq, ep, -ETIMEDOUT, "handshake timed out");
-        else if (ep->frame_ns && now - ep->frame_ns > idle)
+        else if (ep->frame_ns && now > ep->frame_ns + idle)
             teardown(cq, ep, -ETIMEDOUT, "frame not completed within the idle timeout (slow or stuck peer)");
-        else if (c && now - c > idle)
+        else if (c && now > c + idle)
             teardown(cq, ep, -ETIMEDOUT, "peer did not finish the close");
     }
 }
@@ -1082,7 +1115,12 @@ static int tcp_connect(struct vrpc_transport *tp, const struct vrpc_addr *dst, c
         goto err_fd;
     }
     set_sock_opts(fd);
-    grant = take_avail(cq, tp->attr.credits);
+    grant = reserve_credits(cq);
+    if (!grant) {
+        vrpc_tp_log("tcp: connect: no receive buffer left on the CQ to reserve for the peer: post more");
+        rc = -ENOBUFS;
+        goto err_fd;
+    }
     build_hdr(m.b, F_HELLO, 0, tp->attr.eager_size, grant);
     if ((rc = io_full(fd, m.b, HDR_LEN, true, deadline)) || (rc = io_full(fd, m.b, HDR_LEN, false, deadline)))
         goto err_grant;
@@ -1100,7 +1138,7 @@ static int tcp_connect(struct vrpc_transport *tp, const struct vrpc_addr *dst, c
         ep->max_queued = attr->max_queued;
     ep->base.eager = le32toh(m.h.imm);
     ep->send_credits = le16toh(m.h.credits);
-    ep->granted = grant;
+    ep->resv = ep->granted = grant;
     ep->reported = true;
     atomic_store(&ep->state, S_OPEN);
     vrpc_addr_format("tcp", (const struct sockaddr *)&dst->ss, ep->base.peer_uri, sizeof ep->base.peer_uri);
