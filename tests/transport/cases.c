@@ -101,10 +101,10 @@ void t_credits_burst(void **state)
 {
     struct vrpc_transport_attr sa, ca;
     struct echo e;
-    struct echo_cfg ec = { .ncq = 1, .nbufs = 32, .tattr = &sa };
+    struct order o;
+    struct echo_cfg ec = { .ncq = 1, .nbufs = 32, .tattr = &sa, .repost_only = true, .on_recv = burst_check, .arg = &o };
     struct client c;
     struct counts k;
-    struct order o;
     struct burst b[BURST_THREADS];
     pthread_t th[BURST_THREADS];
     unsigned total = scaled(g_opt.burst) / BURST_THREADS * BURST_THREADS, i;
@@ -117,9 +117,6 @@ void t_credits_burst(void **state)
     memset(&o, 0, sizeof o);
     memset(&k, 0, sizeof k);
     assert_int_equal(echo_start(&e, &ec), 0);
-    e.repost_only = true;
-    e.on_recv = burst_check;
-    e.arg = &o;
     assert_int_equal(client_start(&c, &ca, 1024, 8, 0, counts_cb, &k), 0);
     struct vrpc_ep *ep;
     assert_int_equal(client_connect(&c, e.uri, &ep), 0);
@@ -174,7 +171,11 @@ void t_many_connections(void **state)
         a.cq = c.cq;
         a.src_addr = g_opt.client_ip;
         a.user = (void *)(uintptr_t)(i + 1);
-        assert_int_equal(vrpc_connect(c.tp, e.uri, &a, &eps[i]), 0);
+        int rc = vrpc_connect(c.tp, e.uri, &a, &eps[i]);
+        if (rc)
+            printf("  connection %u of %u failed: %s (server accepted %lu)\n", i, n, strerror(-rc),
+                   atomic_load(&e.accepted));
+        assert_int_equal(rc, 0);
     }
     assert_true(wait_until(&e.accepted, n, WAIT_MS));
     for (i = 0; i < n; i++) {
@@ -220,7 +221,7 @@ void t_peer_close(void **state)
 {
     struct vrpc_transport_attr sa;
     struct echo e;
-    struct echo_cfg ec = { .ncq = 1, .nbufs = 4, .tattr = &sa }; /* fewer than we send */
+    struct echo_cfg ec = { .ncq = 1, .nbufs = 4, .tattr = &sa, .hold = true }; /* fewer than we send */
     struct client c;
     struct counts k;
     struct vrpc_ep *ep, *sep;
@@ -230,7 +231,6 @@ void t_peer_close(void **state)
     sa.credits = 4;
     memset(&k, 0, sizeof k);
     assert_int_equal(echo_start(&e, &ec), 0);
-    e.hold = true;
     assert_int_equal(client_start(&c, NULL, 32, nrecv, 0, counts_cb, &k), 0);
     assert_int_equal(client_connect(&c, e.uri, &ep), 0);
     for (i = 0; i < nsend; i++)
@@ -240,11 +240,12 @@ void t_peer_close(void **state)
     /* the receiver holds its buffers: credits hold the rest back */
     held = (unsigned)atomic_load(&e.recvs);
     assert_true(held >= 1 && held <= ec.nbufs);
+    /* under e.mu the endpoint cannot be destroyed by the echo callback */
     pthread_mutex_lock(&e.mu);
     assert_int_equal(e.neps, 1);
     sep = e.eps[0];
-    pthread_mutex_unlock(&e.mu);
     assert_int_equal(vrpc_ep_close(sep), 0);
+    pthread_mutex_unlock(&e.mu);
     assert_true(wait_until(&k.disc, 1, WAIT_MS));
     usleep(20000);
     assert_int_equal(atomic_load(&k.disc), 1);

@@ -195,9 +195,9 @@ static void echo_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, vo
                 vrpc_pool_put(w->buf);
                 break;
             }
-            atomic_fetch_add(&e->recvs, 1);
             if (e->on_recv)
                 e->on_recv(e, w);
+            atomic_fetch_add(&e->recvs, 1); /* after on_recv: waiters see its effects */
             if (e->hold) {
                 pthread_mutex_lock(&e->mu);
                 if (e->nheld == e->heldcap) {
@@ -245,6 +245,10 @@ int echo_start(struct echo *e, const struct echo_cfg *cfg)
     memset(e, 0, sizeof *e);
     pthread_mutex_init(&e->mu, NULL);
     e->ncq = cfg->ncq ? cfg->ncq : 1;
+    e->hold = cfg->hold;
+    e->repost_only = cfg->repost_only;
+    e->on_recv = cfg->on_recv;
+    e->arg = cfg->arg;
     if ((rc = vrpc_transport_create(g_opt.backend, cfg->tattr, &e->tp)))
         return rc;
     if ((rc = vrpc_pool_create(e->tp, vrpc_transport_eager_size(e->tp), cfg->nbufs, &e->pool)))

@@ -73,6 +73,9 @@ struct echo_cfg {
     unsigned ncq;                            /* 1 or 2 */
     unsigned nbufs;                          /* receive buffers posted */
     uint32_t busy_poll_us;
+    bool hold, repost_only; /* copied to struct echo before the poller starts */
+    void (*on_recv)(struct echo *e, const struct vrpc_wc *wc);
+    void *arg;
 };
 
 /* Start an echo server listening on listen_uri(). */

@@ -862,20 +862,23 @@ static void progress(struct tcp_cq *cq)
     uint64_t now = vrpc_tp_now_ns();
     int i, nev;
 
-    adopt(cq);
     nev = cq->nev;
     cq->nev = 0;
     if (!nev)
         nev = epoll_wait(cq->epfd, cq->ev, MAX_EVENTS, 0);
-    for (i = 0; i < nev; i++) {
+    /* Consume the kick before taking the lists it announces: a push that
+     * kicked us is then visible below. (The other order loses a wake-up: a
+     * push after adopt() whose kick is drained here would sleep forever.) */
+    for (i = 0; i < nev; i++)
         if (!cq->ev[i].data.ptr) {
             uint64_t v;
             ssize_t r = read(cq->evfd, &v, sizeof v);
             (void)r;
-            continue;
         }
-        on_event(cq, cq->ev[i].data.ptr, cq->ev[i].events, now);
-    }
+    adopt(cq);
+    for (i = 0; i < nev; i++)
+        if (cq->ev[i].data.ptr)
+            on_event(cq, cq->ev[i].data.ptr, cq->ev[i].events, now);
     if (now >= cq->next_scan) {
         cq->next_scan = now + SCAN_NS;
         scan_timeouts(cq, now);
@@ -918,6 +921,11 @@ static void tcp_cq_wait(struct vrpc_cq *base, int timeout_ms)
 {
     struct tcp_cq *cq = container_of(base, struct tcp_cq, base);
     int n;
+    /* A kick between the arm and now reset sleeping, and the poll after the
+     * arm may have drained its eventfd write: sleeping now would miss every
+     * later push (their producers see sleeping == 0 and do not kick). */
+    if (!atomic_load(&cq->sleeping))
+        return;
     /* Endpoints need their timeouts checked even when nothing happens. */
     if (cq->neps && (timeout_ms < 0 || timeout_ms > 100))
         timeout_ms = 100;
@@ -1107,8 +1115,10 @@ static int tcp_connect(struct vrpc_transport *tp, const struct vrpc_addr *dst, c
         rc = -errno;
         goto err_fd;
     }
-    if ((rc = wait_fd(fd, POLLOUT, deadline)))
+    if ((rc = wait_fd(fd, POLLOUT, deadline))) {
+        vrpc_tp_log("tcp: connect: no TCP connection within %u ms", tmo);
         goto err_fd;
+    }
     getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &l);
     if (err) {
         rc = -err;
@@ -1122,8 +1132,11 @@ static int tcp_connect(struct vrpc_transport *tp, const struct vrpc_addr *dst, c
         goto err_fd;
     }
     build_hdr(m.b, F_HELLO, 0, tp->attr.eager_size, grant);
-    if ((rc = io_full(fd, m.b, HDR_LEN, true, deadline)) || (rc = io_full(fd, m.b, HDR_LEN, false, deadline)))
+    if ((rc = io_full(fd, m.b, HDR_LEN, true, deadline)) || (rc = io_full(fd, m.b, HDR_LEN, false, deadline))) {
+        if (rc == -ETIMEDOUT)
+            vrpc_tp_log("tcp: connect: the server did not answer the handshake within %u ms", tmo);
         goto err_grant;
+    }
     if (le32toh(m.h.magic) != MAGIC || m.h.version != VERSION || m.h.type != F_HELLO_ACK ||
         le32toh(m.h.imm) > tp->attr.eager_size) {
         rc = -EPROTO;
