@@ -520,6 +520,10 @@ void vrpc_sched_destroy(struct vrpc_sched *s)
 
     if (!s)
         return;
+    if (tls_worker && tls_worker->s == s) {
+        fprintf(stderr, "vrpc_sched_destroy: called from one of its own workers (it would join itself)\n");
+        abort();
+    }
     vs_store_32(&s->stopping, 1);
     /* The stopping store before the in-flight load: an unregistered submitter
      * increments, fences, then loads stopping, so it either sees stopping or

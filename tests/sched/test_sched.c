@@ -164,7 +164,7 @@ static void st_work(struct vrpc_task *t)
 static void st_seed(struct vrpc_task *t)
 {
     (void)t;
-    st.seeded_on = vrpc_sched_current_worker(st.s);
+    __atomic_store_n(&st.seeded_on, vrpc_sched_current_worker(st.s), __ATOMIC_RELAXED);
     for (uint32_t i = 0; i < st.n; i++)
         if (vrpc_sched_submit(st.s, &st.items[i].t) != 0)
             fail_async();
@@ -190,12 +190,13 @@ static void test_stealing(void **state)
     assert_int_equal(vrpc_sched_submit(st.s, &seed), 0);
     assert_true(wait_executed(st.s, st.n + 1, 60));
     assert_int_equal(failures, 0);
-    assert_true(st.seeded_on >= 0);
+    int seeded_on = __atomic_load_n(&st.seeded_on, __ATOMIC_RELAXED);
+    assert_true(seeded_on >= 0);
     struct vrpc_sched_worker_stats ws[2];
     for (unsigned i = 0; i < 2; i++)
         assert_int_equal(vrpc_sched_worker_stats(st.s, i, &ws[i]), 0);
-    unsigned thief = st.seeded_on == 0 ? 1 : 0;
-    print_message("stealing: seeded on worker %d; thief ran %llu of %u (stole %llu)\n", st.seeded_on,
+    unsigned thief = seeded_on == 0 ? 1 : 0;
+    print_message("stealing: seeded on worker %d; thief ran %llu of %u (stole %llu)\n", seeded_on,
                   (unsigned long long)ws[thief].executed, st.n, (unsigned long long)ws[thief].stolen);
     /* All work sat in one deque: whatever the other worker ran, it stole. */
     assert_true(ws[thief].stolen > 0);
