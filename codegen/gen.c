@@ -404,6 +404,7 @@ struct method_names {
     char *upper;         /* "DEMO__V1__ECHO__SAY" */
     char *member;        /* "say": handler member of the impl struct */
     char *done_type;     /* "Demo__V1__Echo_Say_Done" */
+    char *async_type;    /* "Demo__V1__Echo_Say_Async" */
     const struct msg_sym *in, *out;
 };
 
@@ -442,6 +443,7 @@ static void method_names_init(struct method_names *mn, const struct svc_names *s
     mn->upper = str_printf("%s__%s", sn->upper, upper);
     mn->member = member_reserved(lower) ? str_printf("%s_", lower) : xstrdup(lower);
     mn->done_type = str_printf("%s_%s_Done", sn->c_type, camel);
+    mn->async_type = str_printf("%s_%s_Async", sn->c_type, camel);
     mn->in = symtab_find(st, m->input_type);
     mn->out = symtab_find(st, m->output_type);
     free(lower);
@@ -456,6 +458,7 @@ static void method_names_free(struct method_names *mn)
     free(mn->upper);
     free(mn->member);
     free(mn->done_type);
+    free(mn->async_type);
 }
 
 static void check_file(struct gen_output *out, const FileProto *f, const struct symtab *st)
@@ -609,26 +612,34 @@ static void emit_method_decls(struct emit_ctx *e, const struct svc_names *sn, co
     sb_printf(h, "%sextern const struct vrpc_method_desc %s__method;\n\n", e->api, mn->prefix);
 
     sb_printf(h,
-              "/* Synchronous call: sends *req and waits for the answer. Returns 0 when the\n"
-              " * server answered OK and *resp was set (ownership as for vrpc_call()),\n"
-              " * else a non-zero result as vrpc_call() defines it, with the reason in *st\n"
-              " * (st may be NULL). *req stays the caller's. */\n");
+              "/* Synchronous call: sends *req and waits for the answer. Returns the\n"
+              " * status code (0 = VRPC_OK) and, if st is not NULL, the code and message in\n"
+              " * *st. On VRPC_OK *resp points to the response, in the calling thread's\n"
+              " * arena: valid until this thread's next call, never freed by the caller\n"
+              " * (see vrpc_call()). *req stays the caller's. */\n");
     sb_printf(h,
               "%sint %s__call(struct vrpc_channel *ch, const %s *req, %s **resp,\n"
               "        const struct vrpc_call_opts *opts, struct vrpc_status *st);\n\n",
               e->api, mn->prefix, in, out);
 
-    sb_printf(h,
-              "/* Asynchronous call: done(st, resp, arg) runs once, on a scheduler worker;\n"
-              " * resp is NULL unless st->code is VRPC_OK and is valid only during done.\n"
-              " * Returns 0 if the call was started (done will run), else a negative errno\n"
-              " * and done never runs. *req may be reused once this returns. */\n");
     sb_printf(h, "typedef void (*%s)(const struct vrpc_status *st, const %s *resp, void *arg);\n", mn->done_type,
               out);
     sb_printf(h,
+              "/* One asynchronous call's completion, owned by the caller: set done and arg,\n"
+              " * keep it valid until done has started (done may free it). */\n");
+    sb_printf(h, "typedef struct %s %s;\nstruct %s {\n    %s done;\n    void *arg;\n};\n", mn->async_type,
+              mn->async_type, mn->async_type, mn->done_type);
+    sb_printf(h,
+              "/* Asynchronous call: returns 0 when accepted, and then a->done(st, resp,\n"
+              " * a->arg) runs exactly once, on a scheduler worker, also on failure; resp is\n"
+              " * NULL unless st->code is VRPC_OK, and both are valid only during done.\n"
+              " * Returns a negative errno when not accepted (done never runs). May block\n"
+              " * while the channel has max_outstanding calls pending. *req stays the\n"
+              " * caller's and may be reused at once. See vrpc_call_async(). */\n");
+    sb_printf(h,
               "%sint %s__call_async(struct vrpc_channel *ch, const %s *req,\n"
-              "        const struct vrpc_call_opts *opts, %s done, void *arg);\n\n",
-              e->api, mn->prefix, in, mn->done_type);
+              "        const struct vrpc_call_opts *opts, %s *a);\n\n",
+              e->api, mn->prefix, in, mn->async_type);
 
     sb_printf(h,
               "/* Server side: answers the call with *resp (see vrpc_server_call_respond();\n"
@@ -666,13 +677,23 @@ static void emit_method_defs(struct emit_ctx *e, const struct svc_names *sn, con
               mn->prefix, in, out, mn->prefix, out);
 
     sb_printf(c,
-              "int %s__call_async(struct vrpc_channel *ch, const %s *req,\n"
-              "        const struct vrpc_call_opts *opts, %s done, void *arg)\n"
+              "static void %s__async_done(const struct vrpc_status *st, const ProtobufCMessage *resp, void *arg)\n"
               "{\n"
-              "    return vrpc_call_async_typed(ch, &%s__method, (const ProtobufCMessage *)req, opts,\n"
-              "                                 (vrpc_typed_cb)done, arg);\n"
+              "    const %s *a = arg;\n"
+              "\n"
+              "    /* a may be freed by done: nothing touches it after the call. */\n"
+              "    a->done(st, (const %s *)resp, a->arg);\n"
               "}\n\n",
-              mn->prefix, in, mn->done_type, mn->prefix);
+              mn->prefix, mn->async_type, out);
+    sb_printf(c,
+              "int %s__call_async(struct vrpc_channel *ch, const %s *req,\n"
+              "        const struct vrpc_call_opts *opts, %s *a)\n"
+              "{\n"
+              "    if (!a || !a->done)\n"
+              "        return -EINVAL;\n"
+              "    return vrpc_call_async(ch, &%s__method, (const ProtobufCMessage *)req, opts, %s__async_done, a);\n"
+              "}\n\n",
+              mn->prefix, in, mn->async_type, mn->prefix, mn->prefix);
 
     sb_printf(c,
               "int %s__respond(struct vrpc_server_call *call, const %s *resp)\n"
