@@ -4,5 +4,6 @@
 
 #include <verbrpc/common.h>
 #include <verbrpc/sched.h>
+#include <verbrpc/rpc.h>
 
 #endif
