@@ -6,6 +6,7 @@
  * scheduler (async): no user code runs on the poller. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <verbrpc/rpc.h>
@@ -41,6 +42,7 @@ struct vrpc_channel {
     char tname[16];
     char turi[VRPC_URI_MAX + 16];
     struct vrpc_channel_opts o;
+    char src_addr[64];
     struct vrpc_transport *tp;
     struct vrpc_cq *cq;
     struct vrpc_pool *send_pool, *recv_pool;
@@ -401,6 +403,7 @@ static int connect_once(struct vrpc_channel *ch, int64_t deadline_ns)
     ea.cq = ch->cq;
     ea.user = c;
     ea.timeout_ms = (uint32_t)budget_ms;
+    ea.src_addr = ch->src_addr[0] ? ch->src_addr : NULL;
     __atomic_add_fetch(&ch->live_eps, 1, __ATOMIC_RELAXED);
     rc = vrpc_connect(ch->tp, ch->turi, &ea, &c->ep);
     if (rc) {
@@ -730,6 +733,9 @@ int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *opts, s
     ch->live.next = ch->live.prev = &ch->live;
     if (opts)
         ch->o = *opts;
+    if (ch->o.src_addr)
+        snprintf(ch->src_addr, sizeof(ch->src_addr), "%s", ch->o.src_addr);
+    ch->o.src_addr = NULL;
     if (!ch->o.threads)
         ch->o.threads = 2;
     if (!ch->o.max_outstanding)
