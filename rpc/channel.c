@@ -264,13 +264,16 @@ static void on_response(struct vrpc_channel *ch, struct vrpc_conn *c, const stru
     if (vrpc_pending_decide(s, gen)) {
         if (h->status == VRPC_OK) {
             if (h->payload_len > s->resp_cap) {
-                uint8_t *nb = realloc(s->resp, h->payload_len);
+                /* sized once for the largest response we accept, so a slot
+                 * never regrows in steady state */
+                uint32_t want = h->payload_len > ch->own_max_payload ? h->payload_len : ch->own_max_payload;
+                uint8_t *nb = realloc(s->resp, want);
                 if (!nb) {
                     vrpc_status_set(&s->st, VRPC_RESOURCE_EXHAUSTED, "out of memory for the response");
                     goto done;
                 }
                 s->resp = nb;
-                s->resp_cap = h->payload_len;
+                s->resp_cap = want;
             }
             memcpy(s->resp, payload, h->payload_len);
             s->resp_len = h->payload_len;

@@ -315,13 +315,14 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
         return;
     }
     if (size > call->cap) {
-        uint8_t *nb = realloc(call->buf, size);
+        /* sized once for the largest request accepted: no regrowth later */
+        uint8_t *nb = realloc(call->buf, s->max_payload);
         if (!nb) {
             refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "server out of memory");
             return;
         }
         call->buf = nb;
-        call->cap = (uint32_t)size;
+        call->cap = s->max_payload;
     }
     memcpy(call->buf, body, size);
     if (h->md_len && !call->md && !(call->md = malloc(VRPC_MD_MAX * sizeof(*call->md)))) {
@@ -383,7 +384,9 @@ static void on_hello(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8
     }
     for (uint32_t i = 0; i < c->ncalls; i++) {
         c->calls[i].conn = c;
-        vrpc_arena_init(&c->calls[i].arena, 4096, (size_t)s->max_payload * 8 + 65536);
+        /* decoded messages are rarely more than twice their encoding */
+        vrpc_arena_init(&c->calls[i].arena, (size_t)s->max_payload * 2 + 4096,
+                        (size_t)s->max_payload * 8 + 65536);
     }
     c->hello_done = true;
     struct vrpc_wire_hdr a = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_HELLO_ACK};
@@ -498,17 +501,26 @@ static void server_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned 
 
 /* Release the call object (before the response is sent, so the client may
  * reuse the slot the moment it sees the response). Returns the connection,
- * still referenced: the caller sends, then unrefs. */
+ * still referenced: the caller sends, then calls answered(). */
 static struct sconn *release_call(struct vrpc_server_call *call, enum vrpc_code code)
 {
     struct sconn *c = call->conn;
     struct vrpc_server *s = c->s;
     record(call->me, code, call->arrival_ns);
+    (void)s;
     vrpc_arena_reset(&call->arena);
     __atomic_store_n(&call->busy, 0, __ATOMIC_RELEASE);
+    return c;
+}
+
+/* After the response went to the transport: one call fewer in flight (the
+ * drain in vrpc_server_shutdown closes connections only after this). */
+static void answered(struct sconn *c)
+{
+    struct vrpc_server *s = c->s;
     if (__atomic_sub_fetch(&s->inflight, 1, __ATOMIC_ACQ_REL) == 0 && __atomic_load_n(&s->shutting, __ATOMIC_ACQUIRE))
         vrpc_futex_wake_all(&s->inflight);
-    return c;
+    sconn_unref(c);
 }
 
 static int answer_status(struct vrpc_server_call *call, enum vrpc_code code, const char *msg)
@@ -523,7 +535,7 @@ static int answer_status(struct vrpc_server_call *call, enum vrpc_code code, con
         if (rc)
             rc = -ECONNRESET;
     }
-    sconn_unref(c);
+    answered(c);
     return rc;
 }
 
@@ -584,7 +596,7 @@ int vrpc_server_call_respond(struct vrpc_server_call *call, const ProtobufCMessa
     vrpc_wire_hdr_encode(p, &h);
     release_call(call, VRPC_OK); /* resp may live in the call's arena: packed above */
     int rc = vrpc_rpc_send(c->ep, b, VRPC_WIRE_HDR_LEN + (uint32_t)plen, true) ? -ECONNRESET : 0;
-    sconn_unref(c);
+    answered(c);
     return rc;
 }
 
