@@ -210,12 +210,12 @@ static void fail_pending(struct vrpc_channel *ch, struct vrpc_conn *c, enum vrpc
 /* The connection is unusable from now on: fail its calls (once). */
 static void conn_fail(struct vrpc_conn *c, const char *why, bool on_poller)
 {
-    if (__atomic_exchange_n(&c->dead, 1, __ATOMIC_SEQ_CST))
+    /* An RMW on dead, like start_call's: all RMWs of dead are totally
+     * ordered, so either start_call's read sees 1, or it came first and this
+     * exchange (acquire) sees everything before it, i.e. the slot it
+     * published, in the scan below. */
+    if (__atomic_exchange_n(&c->dead, 1, __ATOMIC_ACQ_REL))
         return;
-    /* seq_cst fence: orders our store of dead before the scan's loads of the
-     * slot words, pairing with the fence in start_call between publishing a
-     * slot and loading dead: one of the two sides sees the other. */
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
     if (__atomic_load_n(&c->hello, __ATOMIC_ACQUIRE) == HELLO_WAIT) {
         __atomic_store_n(&c->hello, HELLO_FAILED, __ATOMIC_RELEASE);
         vrpc_futex_wake_all(&c->hello);
@@ -263,7 +263,7 @@ static void on_response(struct vrpc_channel *ch, struct vrpc_conn *c, const stru
     uint32_t gen = vrpc_wire_id_gen(h->request_id);
     if (vrpc_pending_decide(s, gen)) {
         if (h->status == VRPC_OK) {
-            if (h->payload_len > s->resp_cap) {
+            if (!s->resp || h->payload_len > s->resp_cap) {
                 /* sized once for the largest response we accept, so a slot
                  * never regrows in steady state */
                 uint32_t want = h->payload_len > ch->own_max_payload ? h->payload_len : ch->own_max_payload;
@@ -626,10 +626,9 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
         vrpc_timer_arm(ch->wheel, &s->timer, deadline, deadline_fired, ch, id);
     if (o && o->call_id)
         __atomic_store_n(o->call_id, id, __ATOMIC_RELEASE);
-    /* seq_cst fence: orders publishing the slot (alloc) before loading dead,
-     * pairing with conn_fail's fence (see there). */
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    rc = __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE) ? -ENOTCONN : 0;
+    /* Read dead with an RMW (release): pairs with conn_fail's exchange, see
+     * there; a plain load could miss it while the scan misses our slot. */
+    rc = __atomic_fetch_or(&c->dead, 0, __ATOMIC_ACQ_REL) ? -ENOTCONN : 0;
     if (!rc)
         rc = vrpc_rpc_send(c->ep, b, VRPC_WIRE_HDR_LEN + (uint32_t)mdsz + (uint32_t)plen, true);
     else

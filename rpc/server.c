@@ -314,7 +314,7 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
         refuse(c, h->request_id, VRPC_DEADLINE_EXCEEDED, "deadline already passed on arrival");
         return;
     }
-    if (size > call->cap) {
+    if (!call->buf || size > call->cap) {
         /* sized once for the largest request accepted: no regrowth later */
         uint8_t *nb = realloc(call->buf, s->max_payload);
         if (!nb) {
