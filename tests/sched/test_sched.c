@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <verbrpc/sched.h>
 
@@ -215,7 +216,9 @@ static void lw_task(struct vrpc_task *t)
     __atomic_store_n(&lw_done, 1, __ATOMIC_RELEASE);
 }
 
-static void test_no_lost_wakeup(void **state)
+/* fences: 0 to let producers rely on the parking worker's membarrier() (the
+ * default where the kernel has it), 1 to force a fence on both sides. */
+static void no_lost_wakeup(bool fences)
 {
     struct vrpc_sched_config cfg;
     struct vrpc_sched *s;
@@ -223,12 +226,14 @@ static void test_no_lost_wakeup(void **state)
     struct vrpc_task t;
     uint32_t iters = 100000 / test_scale_div();
     uint64_t rng = 88172645463325252ull;
-    (void)state;
 
     vrpc_sched_config_init(&cfg);
     cfg.nworkers = 2;
     cfg.spin_us = 1; /* park almost at once, so that submissions race the parking */
+    if (fences)
+        setenv("VRPC_SCHED_MEMBARRIER", "0", 1); /* read by create only */
     assert_int_equal(vrpc_sched_create(&cfg, &s), 0);
+    unsetenv("VRPC_SCHED_MEMBARRIER");
     assert_int_equal(vrpc_sched_producer_create(s, &p), 0);
     vrpc_task_init(&t, lw_task);
     for (uint32_t i = 0; i < iters; i++) {
@@ -245,12 +250,24 @@ static void test_no_lost_wakeup(void **state)
         test_busy_ns(rng % 8000);
     }
     struct vrpc_sched_worker_stats sum = total_stats(s);
-    print_message("no_lost_wakeup: %u submissions, %llu parks, %llu wake-ups\n", iters,
+    print_message("no_lost_wakeup%s: %u submissions, %llu parks, %llu wake-ups\n", fences ? " (fences)" : "", iters,
                   (unsigned long long)sum.parked, (unsigned long long)sum.woken);
     assert_true(sum.parked > 0);
     assert_true(sum.woken > 0);
     vrpc_sched_producer_destroy(p);
     vrpc_sched_destroy(s);
+}
+
+static void test_no_lost_wakeup(void **state)
+{
+    (void)state;
+    no_lost_wakeup(false);
+}
+
+static void test_no_lost_wakeup_fences(void **state)
+{
+    (void)state;
+    no_lost_wakeup(true);
 }
 
 /* ---- shutdown with work queued ------------------------------------------------- */
@@ -419,6 +436,7 @@ int main(void)
         cmocka_unit_test(test_exactly_once),
         cmocka_unit_test(test_stealing),
         cmocka_unit_test(test_no_lost_wakeup),
+        cmocka_unit_test(test_no_lost_wakeup_fences),
         cmocka_unit_test(test_shutdown_runs_queued),
         cmocka_unit_test(test_shutdown_cancels_queued),
     };
