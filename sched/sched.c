@@ -27,8 +27,9 @@
 #define FAIR_TICK 61 /* every FAIR_TICK-th task comes from the shared queues first */
 #define MAX_WORKERS 4096
 
-/* Where a parked worker sleeps: one event count each, so a waker wakes exactly
- * the worker whose idle bit it claimed. */
+/* One per worker thread: its deque, the event count it sleeps on (one per
+ * worker, so that a waker wakes exactly the worker whose idle bit it claimed),
+ * and state only the worker itself touches. */
 struct vrpc_worker {
     struct vrpc_deque dq;
     _Alignas(64) struct ck_ec32 ec; /* bumped by the claimer of our idle bit, and by destroy */
@@ -53,21 +54,22 @@ struct vrpc_sched_producer {
 };
 
 struct vrpc_sched {
-    struct vrpc_inject inject;             /* unregistered submitters, ring overflow */
-    _Alignas(64) uint64_t ext_inflight;     /* unregistered submits in progress */
-    _Alignas(64) uint32_t stopping;         /* destroy began: non-worker submits fail */
-    uint32_t exiting;                       /* workers must return */
-    _Alignas(64) uint32_t nspinning;        /* idle workers spinning before they park */
-    uint32_t max_spinning;
+    struct vrpc_inject inject;          /* unregistered submitters, ring overflow */
+    _Alignas(64) uint64_t ext_inflight; /* unregistered submits in progress */
+    /* Read-mostly from here to nspinning. */
+    _Alignas(64) uint32_t stopping;        /* destroy began: non-worker submits fail */
+    uint32_t exiting;                      /* workers must return */
     struct vrpc_sched_producer *producers; /* append-at-head list, nodes live until destroy */
     struct vrpc_worker *w;
     uint64_t *idle; /* bit i set: worker i is parked or about to park */
     unsigned nidle_words;
     unsigned n;     /* workers */
     unsigned ninit; /* workers whose deque is initialised */
+    unsigned max_spinning;
     uint64_t spin_ns;
     bool asym_fence; /* parking workers call membarrier(); producers need no fence */
     struct vrpc_sched_config cfg;
+    _Alignas(64) uint32_t nspinning; /* idle workers spinning before they park */
     pthread_mutex_t prod_lock;
 };
 
