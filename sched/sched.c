@@ -247,6 +247,10 @@ static struct vrpc_task *take_from_producers(struct vrpc_worker *w)
             unsigned n = vrpc_ring_pop_batch(&p->ring, batch, want > BATCH ? BATCH : (unsigned)want);
             if (n) {
                 w->prod_cursor = p->next; /* NULL: restart at the head */
+                /* The producer wrote these tasks on another core: start
+                 * fetching them now rather than one miss per task later. */
+                for (unsigned i = 0; i < n; i++)
+                    __builtin_prefetch(batch[i]);
                 /* Pushed newest first, so this worker's LIFO takes run them oldest first. */
                 for (unsigned i = n - 1; i >= 1; i--)
                     local_push(w, batch[i]);
