@@ -616,6 +616,8 @@ int vrpc_sched_submit(struct vrpc_sched *s, struct vrpc_task *t)
 {
     struct vrpc_worker *w = tls_worker;
 
+    if (!s || !t || !t->fn)
+        return -EINVAL;
     if (w && w->s == s) {
         local_push(w, t);
         /* Best effort, no fence: the task cannot be lost, since this worker
@@ -682,8 +684,11 @@ int vrpc_sched_producer_create(struct vrpc_sched *s, struct vrpc_sched_producer 
 
 int vrpc_sched_producer_submit(struct vrpc_sched_producer *p, struct vrpc_task *t)
 {
-    struct vrpc_sched *s = p->s;
+    struct vrpc_sched *s;
 
+    if (!p || !t || !t->fn)
+        return -EINVAL;
+    s = p->s;
     if (vs_load_32(&s->stopping))
         return -ESHUTDOWN;
     if (!vrpc_ring_push(&p->ring, t))
@@ -714,7 +719,7 @@ int vrpc_sched_current_worker(const struct vrpc_sched *s)
 
 unsigned vrpc_sched_nworkers(const struct vrpc_sched *s)
 {
-    return s->n;
+    return s ? s->n : 0;
 }
 
 int vrpc_sched_worker_stats(const struct vrpc_sched *s, unsigned worker, struct vrpc_sched_worker_stats *out)

@@ -435,6 +435,12 @@ static void test_api_contracts(void **state)
     assert_int_equal(vrpc_sched_current_worker(s), -1);
     assert_int_equal(vrpc_sched_worker_stats(s, vrpc_sched_nworkers(s), &ws), -EINVAL);
     assert_int_equal(vrpc_sched_worker_stats(s, 0, &ws), 0);
+    struct vrpc_task t = {0};
+    assert_int_equal(vrpc_sched_submit(s, &t), -EINVAL); /* no function */
+    assert_int_equal(vrpc_sched_submit(s, NULL), -EINVAL);
+    assert_int_equal(vrpc_sched_submit(NULL, &t), -EINVAL);
+    assert_int_equal(vrpc_sched_producer_submit(NULL, &t), -EINVAL);
+    assert_int_equal(vrpc_sched_producer_create(s, NULL), -EINVAL);
     vrpc_sched_destroy(s);
     vrpc_sched_destroy(NULL);
     vrpc_sched_producer_destroy(NULL);
