@@ -17,4 +17,14 @@ void t_listener_close_pending(void **state);
         cmocka_unit_test(t_peer_close), cmocka_unit_test(t_peer_crash),                     \
         cmocka_unit_test(t_close_during_traffic), cmocka_unit_test(t_listener_close_pending),
 
+/* TCP only (bad_peer.c). */
+void t_bad_garbage(void **state);
+void t_bad_huge_header(void **state);
+void t_bad_half_frame(void **state);
+void t_bad_slow_peer(void **state);
+
+#define BAD_PEER_CASES                                                                          \
+    cmocka_unit_test(t_bad_garbage), cmocka_unit_test(t_bad_huge_header),                      \
+        cmocka_unit_test(t_bad_half_frame), cmocka_unit_test(t_bad_slow_peer),
+
 #endif

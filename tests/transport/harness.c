@@ -217,11 +217,10 @@ static void echo_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, vo
             repost_or_put(cq, w->buf);
             break;
         case VRPC_WC_DISCONNECTED:
-            atomic_fetch_add(&e->disconnected, 1);
+            atomic_store(&e->last_disc_status, w->status);
             if (w->status)
                 atomic_fetch_add(&e->disc_err, 1);
             pthread_mutex_lock(&e->mu);
-            e->last_disc_status = w->status;
             for (k = 0; k < e->neps; k++)
                 if (e->eps[k] == w->ep) {
                     e->eps[k] = e->eps[--e->neps];
@@ -229,6 +228,7 @@ static void echo_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, vo
                 }
             pthread_mutex_unlock(&e->mu);
             vrpc_ep_destroy(w->ep);
+            atomic_fetch_add(&e->disconnected, 1); /* last: waiters see the rest */
             break;
         }
     }

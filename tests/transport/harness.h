@@ -57,12 +57,12 @@ struct echo {
     bool repost_only;      /* receive and repost, no echo */
     bool hold;             /* keep received buffers until echo_release() */
     atomic_ulong accepted, disconnected, disc_err, recvs, flushed_recvs, send_err;
+    atomic_int last_disc_status; /* written before disconnected is incremented */
     pthread_mutex_t mu;    /* protects the fields below */
     struct vrpc_ep **eps;  /* accepted, not yet disconnected */
     size_t neps, epcap;
     struct vrpc_buf **held;
     size_t nheld, heldcap;
-    int last_disc_status;
     /* optional per-message hook, on the poller thread */
     void (*on_recv)(struct echo *e, const struct vrpc_wc *wc);
     void *arg;
