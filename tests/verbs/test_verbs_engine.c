@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -252,6 +253,59 @@ static void test_many_connections(void **state)
 	free(seps);
 }
 
+/* Children are fresh processes (fork + exec of this program): a forked copy
+ * would share the parent's device contexts, which librdmacm opens once per
+ * process, so killing it would not tear its queue pairs down. */
+static pid_t g_children[8];
+
+static pid_t spawn(const char *role, uint16_t port, int *ready_rd)
+{
+	int pfd[2];
+	char portstr[16], fdstr[16];
+	pid_t pid;
+	assert_int_equal(pipe(pfd), 0);
+	snprintf(portstr, sizeof(portstr), "%u", port);
+	snprintf(fdstr, sizeof(fdstr), "%d", pfd[1]);
+	fflush(NULL);
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		close(pfd[0]);
+		prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
+		execl("/proc/self/exe", "test_verbs_engine", "--setup", g_setup_name, role, portstr, fdstr, (char *)NULL);
+		_exit(127);
+	}
+	close(pfd[1]);
+	for (size_t i = 0; i < sizeof(g_children) / sizeof(g_children[0]); i++)
+		if (!g_children[i]) {
+			g_children[i] = pid;
+			break;
+		}
+	*ready_rd = pfd[0];
+	return pid;
+}
+
+static void reap(pid_t pid)
+{
+	int status;
+	kill(pid, SIGKILL);
+	waitpid(pid, &status, 0);
+	for (size_t i = 0; i < sizeof(g_children) / sizeof(g_children[0]); i++)
+		if (g_children[i] == pid)
+			g_children[i] = 0;
+}
+
+/* Group teardown: no child may outlive a failed test (it would hold ctest's
+ * output pipe open). */
+static int kill_children(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < sizeof(g_children) / sizeof(g_children[0]); i++)
+		if (g_children[i])
+			reap(g_children[i]);
+	return 0;
+}
+
 /* Child: connects to port and sends `n` messages, then waits to be killed.
  * Never returns. */
 static void child_client(uint16_t port, int n, int ready_fd)
@@ -291,28 +345,23 @@ static void test_sigkill_flush(void **state)
 	struct vrpc_verbs_ep *ep;
 	struct sockaddr_in any = with_port(g_setup.server, 0);
 	unsigned char seen[NSEND] = { 0 };
-	int pfd[2], status, done = 0, flushed = 0;
+	int pfd[1], done = 0, flushed = 0;
 	char c;
 	pid_t pid;
 	(void)state;
 	test_cfg(&cfg);
 	side_open(&srv, &g_setup.server, &cfg);
 	assert_int_equal(vrpc_verbs_listen(srv.ctx, srv.cq, (struct sockaddr *)&any, &l), 0);
-	assert_int_equal(pipe(pfd), 0);
-	fflush(NULL);
-	pid = fork();
-	assert_true(pid >= 0);
-	if (pid == 0)
-		child_client(vrpc_verbs_listener_port(l), 5, pfd[1]);
+	pid = spawn("--child-client", vrpc_verbs_listener_port(l), &pfd[0]);
 	assert_int_equal(vrpc_verbs_accept(l, 20000, &ep), 0);
 	assert_int_equal(read(pfd[0], &c, 1), 1);
+	close(pfd[0]);
 	/* the child never releases its receive buffers: sends beyond its window
 	 * stay queued here */
 	for (uint32_t i = 0; i < NSEND; i++)
 		assert_int_equal(send_bytes(&srv, ep, &i, sizeof(i), i), 0);
 	usleep(200000);
-	kill(pid, SIGKILL);
-	waitpid(pid, &status, 0);
+	reap(pid);
 	while (done < NSEND) {
 		struct vrpc_verbs_wc wc = { 0 };
 		assert_int_equal(vt_next(&srv.sink, &wc, 30000), 0);
@@ -378,18 +427,11 @@ static void child_server(uint16_t port, int ready_fd)
 
 static pid_t start_server(uint16_t port)
 {
-	int pfd[2];
+	int rd;
 	char c;
-	pid_t pid;
-	assert_int_equal(pipe(pfd), 0);
-	fflush(NULL);
-	pid = fork();
-	assert_true(pid >= 0);
-	if (pid == 0)
-		child_server(port, pfd[1]);
-	close(pfd[1]);
-	assert_int_equal(read(pfd[0], &c, 1), 1);
-	close(pfd[0]);
+	pid_t pid = spawn("--child-server", port, &rd);
+	assert_int_equal(read(rd, &c, 1), 1);
+	close(rd);
 	return pid;
 }
 
@@ -415,15 +457,14 @@ static void test_server_restart(void **state)
 	struct sockaddr_in dst = with_port(g_setup.server, port);
 	char why[160];
 	pid_t pid;
-	int status, err = -1;
+	int err = -1;
 	(void)state;
 	pid = start_server(port);
 	test_cfg(&cfg);
 	side_open(&cli, &g_setup.client, &cfg);
 	assert_int_equal(vrpc_verbs_connect(cli.ctx, cli.cq, (struct sockaddr *)&dst, &ep, why, sizeof(why)), 0);
 	echo_once(&cli, ep, 1);
-	kill(pid, SIGKILL);
-	waitpid(pid, &status, 0);
+	reap(pid);
 	for (int i = 0; i < 300 && !vrpc_verbs_ep_error(ep); i++)
 		usleep(20000);
 	assert_int_not_equal(vrpc_verbs_ep_error(ep), 0);
@@ -439,8 +480,7 @@ static void test_server_restart(void **state)
 	assert_int_equal(err, 0);
 	echo_once(&cli, ep, 2);
 	vrpc_verbs_ep_close(ep);
-	kill(pid, SIGKILL);
-	waitpid(pid, &status, 0);
+	reap(pid);
 	side_close(&cli);
 }
 
@@ -492,5 +532,12 @@ int main(int argc, char **argv)
 	}
 	vt_setup_from_env(g_setup_name, &g_setup);
 	signal(SIGPIPE, SIG_IGN);
-	return cmocka_run_group_tests_name(g_setup_name, tests, NULL, NULL);
+	/* child roles: --child-server PORT FD / --child-client PORT FD */
+	for (int i = 1; i + 2 < argc; i++) {
+		if (!strcmp(argv[i], "--child-server"))
+			child_server((uint16_t)atoi(argv[i + 1]), atoi(argv[i + 2]));
+		if (!strcmp(argv[i], "--child-client"))
+			child_client((uint16_t)atoi(argv[i + 1]), 5, atoi(argv[i + 2]));
+	}
+	return cmocka_run_group_tests_name(g_setup_name, tests, NULL, kill_children);
 }
