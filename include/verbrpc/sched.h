@@ -4,18 +4,30 @@
  *
  * Threads and contracts:
  *  - Worker threads are created by vrpc_sched_create() and joined by
- *    vrpc_sched_destroy(). A task's function runs on exactly one worker,
- *    exactly once (unless it was cancelled at destroy, see below).
+ *    vrpc_sched_destroy(). A task's function runs exactly once, on one worker
+ *    (or, for tasks still queued at destroy, on the destroying thread, see
+ *    vrpc_sched_destroy), unless it is cancelled at destroy.
  *  - vrpc_sched_submit() may be called from any thread. From a worker of the
- *    same scheduler it pushes onto that worker's own deque (no atomics beyond
- *    the deque's). From any other thread it takes the lock-free injection path.
+ *    same scheduler it pushes onto that worker's own deque (no atomic
+ *    read-modify-write). From any other thread it takes the lock-free
+ *    injection path (a CAS on a shared list head).
  *  - A thread that submits often and is not a worker (a transport poller)
  *    should register as a producer: vrpc_sched_producer_create() gives it a
  *    private single-producer ring, so its submissions never contend with other
  *    producers. A producer handle is owned by one thread at a time.
  *  - Tasks are intrusive: the caller embeds struct vrpc_task in its own object
  *    and owns its memory; the scheduler never allocates per task. The task
- *    must stay valid until its function has started; the function may free it.
+ *    must stay valid until its function has started; the function may free or
+ *    resubmit it. A task may be queued only once at a time.
+ *  - No ordering between tasks is promised. In practice a worker runs the
+ *    tasks it spawned newest first (cache-warm), idle workers steal the
+ *    oldest, and tasks from non-workers are taken roughly in FIFO order.
+ *  - Idle workers spin for spin_us, then sleep on a futex (ck_ec event count);
+ *    submitting to a sleeping scheduler wakes one worker. Sleeping workers use
+ *    no CPU.
+ *
+ * Design notes (queues, fences, the parking protocol) are in sched/deque.h,
+ * sched/ring.h and sched/sched.c.
  */
 #ifndef VERBRPC_SCHED_H
 #define VERBRPC_SCHED_H
@@ -49,10 +61,13 @@ struct vrpc_sched_producer;
 struct vrpc_sched_config {
     unsigned nworkers;      /* 0: number of online CPUs */
     unsigned deque_size;    /* per-worker deque slots, power of two; 0: 4096 */
-    unsigned spin_us;       /* how long an idle worker spins before parking; 0: 50 us */
-    bool pin_cpus;          /* pin worker i to CPU (i % ncpus) */
+    unsigned spin_us;       /* how long an idle worker keeps looking for work before it
+                               sleeps; 0: 50 us */
+    bool pin_cpus;          /* pin worker i to the (i mod n)-th CPU the process may run on */
     bool cancel_on_destroy; /* destroy drops queued tasks instead of running them;
                                each dropped task's cancel_fn is called (if set) */
+    /* Called on the thread running vrpc_sched_destroy, once per dropped task;
+     * it owns the task again and may free it. */
     void (*cancel_fn)(struct vrpc_task *task, void *arg);
     void *cancel_arg;
 };
@@ -63,18 +78,29 @@ VRPC_API void vrpc_sched_config_init(struct vrpc_sched_config *cfg);
 /* Start the workers. cfg may be NULL for the defaults. */
 VRPC_API int vrpc_sched_create(const struct vrpc_sched_config *cfg, struct vrpc_sched **out);
 
-/* Stop accepting work, then run every queued task (or cancel it when
- * cfg.cancel_on_destroy), join the workers and free everything. Tasks that run
- * during destroy may still submit; those are run too. Safe on NULL. Must not be
- * called from a worker of this scheduler. Producers must be destroyed first. */
+/* Stop accepting work from non-workers (their submits now fail with
+ * -ESHUTDOWN), let each worker finish the task it is running, join the
+ * workers, then empty every queue on the calling thread: each task still
+ * queued is run there (or cancelled when cfg.cancel_on_destroy) in no
+ * particular order. While it runs them the calling thread counts as worker 0
+ * (vrpc_sched_current_worker() returns 0), so tasks that submit more tasks
+ * during destroy are accepted and run too. Finally frees everything.
+ * Safe on NULL. Must not be called from a worker of this scheduler, nor
+ * concurrently with a submit from a thread that could still be using s after
+ * destroy returns. Producers must be destroyed first. */
 VRPC_API void vrpc_sched_destroy(struct vrpc_sched *s);
 
-/* Queue a task. Returns 0, or -ESHUTDOWN once destroy has begun (the task is
- * then not queued and stays the caller's). Never fails for lack of space:
- * a full deque or ring spills to an unbounded intrusive overflow list. */
+/* Queue a task. Returns 0, -EINVAL (NULL s or t, or no t->fn), or -ESHUTDOWN
+ * once destroy has begun and the caller is not a worker (the task is then not
+ * queued and stays the caller's). Never
+ * fails for lack of space: a full deque or ring spills to an unbounded
+ * intrusive overflow list. */
 VRPC_API int vrpc_sched_submit(struct vrpc_sched *s, struct vrpc_task *t);
 
-/* A private submission ring for one non-worker thread (e.g. a poller). */
+/* A private submission ring (cfg.deque_size slots) for one non-worker thread,
+ * e.g. a poller. Cheap to create and destroy: destroyed handles are recycled,
+ * their memory is only freed by vrpc_sched_destroy. Returns 0, -EINVAL,
+ * -ENOMEM, or -ESHUTDOWN once destroy has begun. */
 VRPC_API int vrpc_sched_producer_create(struct vrpc_sched *s, struct vrpc_sched_producer **out);
 /* Only the owning thread may call this. Same return values as vrpc_sched_submit. */
 VRPC_API int vrpc_sched_producer_submit(struct vrpc_sched_producer *p, struct vrpc_task *t);

@@ -4,5 +4,7 @@
 
 #include <verbrpc/common.h>
 #include <verbrpc/sched.h>
+#include <verbrpc/transport.h>
+#include <verbrpc/rpc.h>
 
 #endif

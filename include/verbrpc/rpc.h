@@ -1,0 +1,299 @@
+/* verbrpc RPC core: status codes, method descriptors, channels (client) and
+ * servers. Messages are protobuf-c messages; the wire format is in
+ * docs/PROTOCOL.md. This header is the contract the generated stubs
+ * (protoc-gen-verbrpc) are written against, see /work/coord/RPC_API.md.
+ *
+ * Threads, in one paragraph: any number of threads may call through one
+ * channel at once. A synchronous call blocks its own thread on its own waiter.
+ * An asynchronous call's callback and every server handler run on a worker of
+ * the scheduler (include/verbrpc/sched.h), never on a transport poller. A
+ * handler may answer later, from any thread.
+ *
+ * Return conventions: functions return 0 or a negative errno and write output
+ * pointers only on success, EXCEPT vrpc_call(), which returns the call's
+ * status code (enum vrpc_code, 0 = VRPC_OK, never negative) because a call's
+ * outcome is an RPC status, not a local error. */
+#ifndef VERBRPC_RPC_H
+#define VERBRPC_RPC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <protobuf-c/protobuf-c.h>
+#include <verbrpc/common.h>
+#include <verbrpc/sched.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- status ---------------------------------------------------------------
+ * gRPC's sixteen codes, same numbers and meanings. */
+enum vrpc_code {
+    VRPC_OK = 0,
+    VRPC_CANCELLED = 1,
+    VRPC_UNKNOWN = 2,
+    VRPC_INVALID_ARGUMENT = 3,
+    VRPC_DEADLINE_EXCEEDED = 4,
+    VRPC_NOT_FOUND = 5,
+    VRPC_ALREADY_EXISTS = 6,
+    VRPC_PERMISSION_DENIED = 7,
+    VRPC_RESOURCE_EXHAUSTED = 8,
+    VRPC_FAILED_PRECONDITION = 9,
+    VRPC_ABORTED = 10,
+    VRPC_OUT_OF_RANGE = 11,
+    VRPC_UNIMPLEMENTED = 12,
+    VRPC_INTERNAL = 13,
+    VRPC_UNAVAILABLE = 14,
+    VRPC_DATA_LOSS = 15,
+    VRPC_UNAUTHENTICATED = 16,
+};
+#define VRPC_CODE_COUNT 17
+
+/* Longest status message kept, including the NUL; longer messages are cut. */
+#define VRPC_STATUS_MSG_MAX 160
+
+/* A call's outcome. Fixed size: filling one never allocates. */
+struct vrpc_status {
+    enum vrpc_code code;
+    char message[VRPC_STATUS_MSG_MAX]; /* NUL-terminated, "" when none */
+};
+
+/* "OK", "CANCELLED", ... as gRPC spells them; "UNKNOWN_CODE" for values out of range. */
+VRPC_API const char *vrpc_code_name(enum vrpc_code code);
+
+/* ---- methods --------------------------------------------------------------
+ * One per RPC method; the generator emits them as static const data. */
+struct vrpc_method_desc {
+    const char *full_name;                    /* "/pkg.Service/Method", as gRPC spells it */
+    uint32_t id;                              /* vrpc_method_id(full_name) */
+    const ProtobufCMessageDescriptor *input;  /* request type */
+    const ProtobufCMessageDescriptor *output; /* response type */
+};
+
+/* FNV-1a 32-bit hash of full_name (offset basis 2166136261, prime 16777619),
+ * over the bytes of the string without its NUL. This is the method id on the
+ * wire. */
+VRPC_API uint32_t vrpc_method_id(const char *full_name);
+
+/* ---- metadata -------------------------------------------------------------
+ * Key/value pairs sent with a request, like gRPC's headers. Keys are 1-255
+ * bytes of [a-z0-9-_.] (lowercase, as in HTTP/2); values are any bytes (up to
+ * 65535). At most VRPC_MD_MAX entries per call; the total encoded size also
+ * counts against the message size limit. */
+#define VRPC_MD_MAX 32
+struct vrpc_metadata {
+    const char *key;   /* NUL-terminated */
+    const void *value; /* value_len bytes, need not be NUL-terminated */
+    size_t value_len;
+};
+
+/* ---- time -----------------------------------------------------------------
+ * All deadlines are CLOCK_MONOTONIC nanoseconds. */
+#define VRPC_NO_DEADLINE INT64_MAX
+VRPC_API int64_t vrpc_now_ns(void);
+
+/* ---- client ---------------------------------------------------------------*/
+
+struct vrpc_channel;
+
+/* gRPC's connectivity states. */
+enum vrpc_channel_state {
+    VRPC_CHANNEL_IDLE = 0,              /* no connection yet; the first call connects */
+    VRPC_CHANNEL_CONNECTING = 1,        /* a connect (and handshake) is in progress */
+    VRPC_CHANNEL_READY = 2,             /* connected; calls go out at once */
+    VRPC_CHANNEL_TRANSIENT_FAILURE = 3, /* last connect failed or the connection was
+                                           lost; calls fail fast with UNAVAILABLE until
+                                           the back-off has passed, then one reconnects */
+    VRPC_CHANNEL_SHUTDOWN = 4,          /* vrpc_channel_destroy() has begun */
+};
+VRPC_API const char *vrpc_channel_state_name(enum vrpc_channel_state st);
+
+struct vrpc_channel_opts {
+    struct vrpc_sched *sched;    /* workers for async callbacks; NULL: the channel
+                                    creates its own with `threads` workers. A caller's
+                                    scheduler must outlive the channel. */
+    unsigned threads;            /* workers of the channel's own scheduler; 0: 2 */
+    unsigned pollers;            /* transport poller threads; 0: 1 */
+    int64_t default_timeout_us;  /* deadline of calls whose opts say 0; 0: none */
+    uint32_t max_msg_size;       /* largest request or response payload accepted;
+                                    0: largest that fits the transport's eager size */
+    uint32_t max_outstanding;    /* pending calls at once (further calls wait for a
+                                    slot); the server's limit lowers it; 0: 256 */
+    uint32_t connect_timeout_ms; /* per attempt, including the handshake; 0: 5000 */
+    uint32_t backoff_initial_ms; /* first reconnect delay after a failure; 0: 100 */
+    uint32_t backoff_max_ms;     /* cap of the doubling delay; 0: 5000 */
+    const char *src_addr;        /* bind the local side to this IP literal (on verbs
+                                    it picks the device); NULL: any. Copied. */
+};
+/* Fill *o with the defaults above (all zeros mean defaults, too). */
+VRPC_API void vrpc_channel_opts_init(struct vrpc_channel_opts *o);
+
+/* Create a channel to `uri`: "tcp://host:port", "verbs://ip:port",
+ * "auto://host:port" or a bare "host:port" (= auto: verbs where a usable RDMA
+ * device exists, else TCP); IPv6 hosts in brackets. The channel starts IDLE
+ * and connects on the first call (or vrpc_channel_connect). o may be NULL. */
+VRPC_API int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *o,
+                                 struct vrpc_channel **out);
+
+/* Fail every pending call with CANCELLED (each callback runs once), close the
+ * connection and free the channel. Must not run concurrently with calls being
+ * started on ch, nor from one of ch's callbacks. Safe on NULL. */
+VRPC_API void vrpc_channel_destroy(struct vrpc_channel *ch);
+
+VRPC_API enum vrpc_channel_state vrpc_channel_state(const struct vrpc_channel *ch);
+
+/* Connect now (if not READY) and wait up to timeout_ms for READY.
+ * 0, -ETIMEDOUT, -ECONNREFUSED or another negative errno of the last attempt. */
+VRPC_API int vrpc_channel_connect(struct vrpc_channel *ch, int timeout_ms);
+
+/* Per-call options. A zeroed struct (or NULL) means defaults. */
+#define VRPC_NO_TIMEOUT (-1)
+struct vrpc_call_opts {
+    int64_t timeout_us;                 /* 0: channel default; VRPC_NO_TIMEOUT: none;
+                                           > 0: deadline = now + timeout_us */
+    const struct vrpc_metadata *md;     /* md_count entries, copied into the request
+                                           before the call function returns */
+    size_t md_count;
+    uint64_t *call_id;                  /* if set, the call's id is stored here (atomically,
+                                           with release order) before the request is sent,
+                                           so another thread can pass it to
+                                           vrpc_channel_cancel; 0 is never an id */
+};
+
+/* Synchronous unary call. Blocks the calling thread on its own waiter until
+ * the response, the deadline, a cancel or the connection's loss, whichever
+ * comes first. Returns the status code (0 = VRPC_OK); if st is not NULL it
+ * gets the code and message.
+ * Ownership: req stays the caller's (it is packed before the call is sent).
+ * On VRPC_OK *resp points to the response, unpacked into an arena owned by the
+ * calling thread: it stays valid until this thread's next vrpc_call (on any
+ * channel) or vrpc_thread_release(), and must not be freed by the caller.
+ * On any other code *resp is not written. */
+VRPC_API int vrpc_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
+                       const ProtobufCMessage *req, ProtobufCMessage **resp,
+                       const struct vrpc_call_opts *opts, struct vrpc_status *st);
+
+/* Release the calling thread's response arena (the memory behind the last
+ * vrpc_call's *resp). Optional: it is also freed when the thread exits. */
+VRPC_API void vrpc_thread_release(void);
+
+/* Completion of an asynchronous call. Runs exactly once per accepted call, on
+ * a scheduler worker. resp is NULL unless st->code == VRPC_OK; it and st are
+ * valid only during the callback (unpacked into the worker's arena). */
+typedef void (*vrpc_call_cb)(const struct vrpc_status *st, const ProtobufCMessage *resp, void *arg);
+
+/* Asynchronous unary call. Returns 0 when the call was accepted: cb will run
+ * exactly once, also for failures such as UNAVAILABLE or DEADLINE_EXCEEDED.
+ * Returns -EINVAL (bad arguments) or -ESHUTDOWN (channel being destroyed)
+ * when it was not accepted: cb will not run. May block while the channel has
+ * max_outstanding calls pending (credit back-pressure), at most until the
+ * call's deadline. req stays the caller's (packed before return). */
+VRPC_API int vrpc_call_async(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
+                             const ProtobufCMessage *req, const struct vrpc_call_opts *opts,
+                             vrpc_call_cb cb, void *arg);
+
+/* Cancel the call with this id (from vrpc_call_opts.call_id). If it is still
+ * pending it completes at once with CANCELLED and the server is told. Returns
+ * 0 if this cancel decided the outcome, -ENOENT if the call had already
+ * completed (or the id is unknown). Any thread. */
+VRPC_API int vrpc_channel_cancel(struct vrpc_channel *ch, uint64_t call_id);
+
+/* ---- server ---------------------------------------------------------------*/
+
+struct vrpc_server;
+struct vrpc_server_call;
+
+/* A handler runs on a scheduler worker. req is valid until the call is
+ * answered (respond or fail) and belongs to the call. The handler must answer
+ * exactly once, now or later from any thread. */
+typedef void (*vrpc_handler_fn)(struct vrpc_server_call *call, const ProtobufCMessage *req, void *user);
+
+struct vrpc_server_opts {
+    struct vrpc_sched *sched;      /* workers that run handlers; NULL: own scheduler */
+    unsigned threads;              /* workers of the server's own scheduler; 0: 2 */
+    unsigned pollers;              /* transport poller threads; 0: 1 */
+    uint32_t max_concurrent;       /* calls in flight per connection (credits granted
+                                      to each client); 0: 256 */
+    uint32_t max_msg_size;         /* largest request/response payload; 0: largest
+                                      that fits the transport's eager size */
+    uint32_t max_depth;            /* protobuf nesting limit for requests; 0: 64 */
+};
+VRPC_API void vrpc_server_opts_init(struct vrpc_server_opts *o);
+
+/* o may be NULL. The server does nothing until vrpc_server_start(). */
+VRPC_API int vrpc_server_create(const struct vrpc_server_opts *o, struct vrpc_server **out);
+
+/* Register a handler; only before vrpc_server_start (-EBUSY after). -EINVAL if
+ * m->id != vrpc_method_id(m->full_name) or a descriptor is missing; -EEXIST if
+ * the id (name or hash collision) is already registered. m must outlive s. */
+VRPC_API int vrpc_server_register(struct vrpc_server *s, const struct vrpc_method_desc *m,
+                                  vrpc_handler_fn fn, void *user);
+
+/* Listen on uri (as for channels; port 0 picks a free port) and start serving. */
+VRPC_API int vrpc_server_start(struct vrpc_server *s, const char *uri);
+
+/* The URI actually bound (with the real port) into buf (NUL-terminated).
+ * -ENOSPC if len is too small, -ENOTCONN before start. */
+VRPC_API int vrpc_server_uri(const struct vrpc_server *s, char *buf, size_t len);
+
+/* Graceful shutdown: stop accepting, send GOAWAY on every connection (clients
+ * send new calls elsewhere), wait up to timeout_ms for calls in flight to be
+ * answered, then close every connection (calls still unanswered then are
+ * dropped: their later respond/fail is a no-op returning -ECONNRESET).
+ * Returns 0 if everything drained in time, -ETIMEDOUT otherwise. Idempotent. */
+VRPC_API int vrpc_server_shutdown(struct vrpc_server *s, int timeout_ms);
+
+/* Shut down (timeout 0 if not done already) and free. Safe on NULL. */
+VRPC_API void vrpc_server_destroy(struct vrpc_server *s);
+
+/* Answer with VRPC_OK and resp (packed before return; resp stays the
+ * caller's). Any thread, once per call; the call object is invalid after.
+ * Returns 0, -ECONNRESET if the connection is gone (the call is still
+ * released), -EMSGSIZE if resp exceeds the message limit (the client gets
+ * RESOURCE_EXHAUSTED instead; the call is released), -EINVAL if resp is not of
+ * the method's output type (the client gets INTERNAL). */
+VRPC_API int vrpc_server_call_respond(struct vrpc_server_call *call, const ProtobufCMessage *resp);
+
+/* Answer with a non-OK code and a message (may be NULL). Same contract as
+ * respond. code VRPC_OK is turned into VRPC_UNKNOWN. */
+VRPC_API int vrpc_server_call_fail(struct vrpc_server_call *call, enum vrpc_code code, const char *msg);
+
+/* Accessors, valid from handler start until the call is answered. */
+VRPC_API const struct vrpc_method_desc *vrpc_server_call_method(const struct vrpc_server_call *call);
+/* Absolute deadline (CLOCK_MONOTONIC ns, from the client's budget at arrival)
+ * or VRPC_NO_DEADLINE. */
+VRPC_API int64_t vrpc_server_call_deadline(const struct vrpc_server_call *call);
+/* True once the client cancelled the call (or its connection was lost). */
+VRPC_API bool vrpc_server_call_is_cancelled(const struct vrpc_server_call *call);
+VRPC_API size_t vrpc_server_call_metadata_count(const struct vrpc_server_call *call);
+/* i-th entry; pointers valid until the call is answered. -ERANGE if i is too big. */
+VRPC_API int vrpc_server_call_metadata_at(const struct vrpc_server_call *call, size_t i,
+                                          struct vrpc_metadata *out);
+/* First value for key. -ENOENT if absent. */
+VRPC_API int vrpc_server_call_metadata_get(const struct vrpc_server_call *call, const char *key,
+                                           const void **value, size_t *value_len);
+/* Memory from the call's arena (freed when the call is answered): lets a
+ * handler build its response without malloc. NULL if out of memory. */
+VRPC_API void *vrpc_server_call_alloc(struct vrpc_server_call *call, size_t size);
+
+/* ---- server statistics ----------------------------------------------------
+ * Counters are kept per registered method with relaxed atomics; a snapshot
+ * taken while calls run is approximate but never torn per field. Latencies
+ * are from request arrival to the response being handed to the transport,
+ * from a log-linear histogram (bucket error < 7%). */
+struct vrpc_method_stats {
+    const struct vrpc_method_desc *method;
+    uint64_t calls;                      /* answered calls, any code */
+    uint64_t by_code[VRPC_CODE_COUNT];   /* answered calls per status code */
+    uint64_t latency_p50_us, latency_p90_us, latency_p99_us, latency_max_us;
+};
+/* Copies up to cap entries (registration order) into out and sets *n to the
+ * number of registered methods (which may exceed cap). Any thread. */
+VRPC_API int vrpc_server_stats(const struct vrpc_server *s, struct vrpc_method_stats *out,
+                               size_t cap, size_t *n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

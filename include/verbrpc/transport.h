@@ -1,0 +1,340 @@
+/* verbrpc transport: reliable connections that move messages between hosts,
+ * shaped after RDMA verbs (queue pairs, shared receive queues, completion
+ * queues) so that the verbs backend is thin and the TCP backend emulates verbs.
+ *
+ * Objects
+ *   vrpc_transport  one backend instance (one device on verbs). Created by
+ *                   backend name: "tcp", "verbs", or "auto" (verbs where a
+ *                   usable RDMA device exists, else tcp).
+ *   vrpc_cq         a completion queue, its shared receive queue (SRQ) and
+ *                   exactly one poller thread. No other thread ever polls it.
+ *   vrpc_listener   accepts connections and spreads them over a set of CQs.
+ *   vrpc_ep         one reliable, ordered, message-preserving connection,
+ *                   bound to one CQ for all its completions.
+ *   vrpc_mr         registered memory (a real memory region on verbs).
+ *   vrpc_pool       fixed-size message buffers carved from one vrpc_mr.
+ *
+ * URIs (vrpc_listen, vrpc_connect, vrpc_listener_uri):
+ *   tcp://HOST:PORT        HOST is an IPv4 literal, a bracketed IPv6 literal
+ *   verbs://HOST:PORT      ("tcp://[::1]:7000") or a name resolved with
+ *                          getaddrinfo. On verbs, HOST selects the RDMA device
+ *                          (the one owning that IP). PORT 0 on listen picks a
+ *                          free port; vrpc_listener_uri() reports the bound one.
+ *   The scheme must name the transport's backend (after "auto" resolved it,
+ *   see vrpc_transport_name()); "auto://HOST:PORT" is accepted by any backend.
+ *
+ * Completions
+ *   Every operation's outcome arrives as a struct vrpc_wc on a CQ, handed in
+ *   batches to the callback given at vrpc_cq_create(), on the CQ's poller
+ *   thread. The callback belongs to the layer above (it should only hand work
+ *   on, e.g. to the scheduler); it may call any function of this header except
+ *   the _destroy functions of the CQ it runs on, its transport, and of pools or
+ *   MRs with buffers in flight. It must not block.
+ *   Exactly-once: a call that returns 0 produces exactly one completion; a call
+ *   that returns an error produces none and the caller keeps what it passed.
+ *   Endpoint lifecycle events travel through the same completions:
+ *     VRPC_WC_ACCEPTED   first completion of an accepted endpoint, on the CQ it
+ *                        was assigned to, before any of its receives.
+ *     VRPC_WC_DISCONNECTED  exactly one per endpoint that was ever connected
+ *                        (returned by vrpc_connect or reported ACCEPTED), and
+ *                        the last completion that names it: every send, read
+ *                        and receive of it has completed before. status 0:
+ *                        closed by either side gracefully; negative errno:
+ *                        connection lost or protocol error (-ECONNRESET,
+ *                        -EPROTO, -ETIMEDOUT, ...).
+ *   Sends (and reads) still queued or in flight when an endpoint dies complete
+ *   with status -ECANCELED (flush); the buffer is handed back in wc.buf.
+ *
+ * Credits and the shared receive queue (the rule every backend implements)
+ *   Receive buffers are posted to a CQ, not to an endpoint: all endpoints of a
+ *   CQ draw from them, so receive memory is what the user posts, not a
+ *   per-connection queue. A sender never has more messages in flight to a
+ *   peer than the peer has promised receive buffers for it:
+ *   1. A credit is the receiver's promise that one posted buffer of its CQ is
+ *      kept for that sender. A CQ never promises more credits in total than it
+ *      has receive buffers posted and not yet consumed ("promised <= posted").
+ *   2. Each endpoint has a reservation: the credits its peer holds plus those
+ *      it consumed that are not yet paid back. It starts at 2 (carried in the
+ *      handshake); a CQ with fewer than 2 unpromised buffers refuses the
+ *      connection (-ENOBUFS at connect, logged and refused at accept). So each
+ *      connection needs at least 2 posted buffers on its CQ, and connections
+ *      can never starve each other: a reservation is never taken away.
+ *   3. A message consumes one credit at the sender and one posted buffer at the
+ *      receiver. Unpromised posted buffers (e.g. ones the user reposts) pay the
+ *      consumers back, oldest debt first. While more than a quarter of the
+ *      posted buffers stay unpromised, each payback also grows that endpoint's
+ *      reservation by one, up to vrpc_transport_attr.credits: busy connections
+ *      get deep pipelines, idle ones keep what they have, and a quarter stays
+ *      for new connections.
+ *   4. Returned credits travel in-band: piggybacked on every message, and as an
+ *      explicit credit-only message once half the reservation (at least 1) has
+ *      accumulated or the peer holds none. A credit-only message needs no
+ *      credit on TCP (it uses no receive buffer). On verbs, where it consumes a
+ *      receive, the sender keeps its last credit for credit-only messages
+ *      (hence the minimum reservation of 2), the receiver reposts that buffer
+ *      itself, and credits returned by a credit-only message are only
+ *      piggybacked or accumulated: they never by themselves trigger another
+ *      credit-only message (no credit ping-pong, no deadlock).
+ *   5. Without credits, vrpc_ep_send() queues the message in the endpoint (in
+ *      order, never dropped); queued messages leave as credits arrive. The queue
+ *      is bounded (vrpc_ep_attr.max_queued): when full, vrpc_ep_send() returns
+ *      -EAGAIN and the caller retries after one of that endpoint's send
+ *      completions (back-pressure). Per-endpoint order of successful sends is
+ *      the order of delivery at the peer.
+ *   Sizing: post at least 2 buffers per connection on a CQ, plus what busy
+ *   connections should pipeline (about active peers x credits).
+ *
+ * Threads: all functions are thread-safe unless stated; vrpc_ep_send() may be
+ * called by several threads on one endpoint (their messages interleave, each
+ * thread's own order is kept).
+ */
+#ifndef VERBRPC_TRANSPORT_H
+#define VERBRPC_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <verbrpc/common.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct vrpc_transport;
+struct vrpc_cq;
+struct vrpc_listener;
+struct vrpc_ep;
+struct vrpc_mr;
+struct vrpc_pool;
+
+/* Largest eager message any backend accepts (per-connection eager size is
+ * negotiated as the minimum of both sides' vrpc_transport_attr.eager_size). */
+#define VRPC_EAGER_MAX (1u << 20)
+/* Longest URI vrpc_listener_uri()/vrpc_ep_peer_uri() write, with the NUL. */
+#define VRPC_URI_MAX 80
+
+/* A message buffer. Buffers come from a vrpc_pool; the pool fills every field
+ * but len. The user writes the payload at data[0..len). */
+struct vrpc_buf {
+    void *data;             /* payload start; headroom (if any) lies before it */
+    uint32_t cap;           /* payload capacity in bytes */
+    uint32_t len;           /* payload length (set by the transport on receive) */
+    struct vrpc_mr *mr;     /* the registered memory holding the buffer */
+    struct vrpc_pool *pool; /* owning pool */
+    struct vrpc_buf *next;  /* free for the owner's use while it holds the buffer;
+                               the transport uses it while it owns the buffer */
+    uint64_t priv[4];       /* the transport's, while it owns the buffer */
+};
+
+enum vrpc_wc_opcode {
+    VRPC_WC_RECV = 1,     /* a message arrived in wc.buf (posted with wc.wr_id) */
+    VRPC_WC_SEND,         /* a vrpc_ep_send() finished; wc.buf is the caller's again */
+    VRPC_WC_READ,         /* a vrpc_ep_read() finished */
+    VRPC_WC_ACCEPTED,     /* wc.ep is a new endpoint; wc.wr_id = listener attr user */
+    VRPC_WC_DISCONNECTED, /* wc.ep's final completion; wc.status says why */
+};
+
+/* One completion. For RECV: buf, byte_len (= buf->len), imm, ep (the sender's
+ * endpoint here). For SEND/READ: the wr_id and buf given to the call. status is
+ * 0 or a negative errno; on error byte_len and imm are 0 and, for RECV,
+ * ep is NULL (-ECANCELED: the buffer was flushed by vrpc_cq_destroy()). */
+struct vrpc_wc {
+    uint64_t wr_id;
+    struct vrpc_ep *ep;
+    struct vrpc_buf *buf;
+    uint32_t opcode;   /* enum vrpc_wc_opcode */
+    uint32_t byte_len;
+    uint32_t imm;
+    int32_t status;
+};
+
+/* ---- transport (context) ------------------------------------------------ */
+
+struct vrpc_transport_attr {
+    uint32_t eager_size; /* largest message this side sends or receives;
+                            0: 8192. At most VRPC_EAGER_MAX. */
+    uint32_t credits;    /* most credits one peer's reservation grows to; 0: 32 */
+    uint32_t max_queued; /* default vrpc_ep_attr.max_queued; 0: 1024 */
+    uint32_t idle_timeout_ms; /* a connection with a partial frame that makes no
+                            progress for this long is failed with -ETIMEDOUT
+                            (slow/stuck peers); 0: 10000 */
+    uint32_t connect_timeout_ms; /* vrpc_connect() and the accept handshake; 0: 5000 */
+};
+
+/* Fill *attr with the defaults (all zero means default, too). */
+VRPC_API void vrpc_transport_attr_init(struct vrpc_transport_attr *attr);
+
+/* Open a backend: name "tcp", "verbs" or "auto". attr may be NULL.
+ * Errors: -ENOENT unknown name, -ENODEV no usable device (verbs),
+ * -ENOTSUP backend not compiled in. */
+VRPC_API int vrpc_transport_create(const char *name, const struct vrpc_transport_attr *attr,
+                                   struct vrpc_transport **out);
+/* Destroy after every CQ, listener, endpoint, pool and MR of it. Safe on NULL. */
+VRPC_API void vrpc_transport_destroy(struct vrpc_transport *tp);
+/* "tcp" or "verbs" (what "auto" resolved to). */
+VRPC_API const char *vrpc_transport_name(const struct vrpc_transport *tp);
+/* Bytes the transport keeps before vrpc_buf.data in pool buffers. */
+VRPC_API uint32_t vrpc_transport_headroom(const struct vrpc_transport *tp);
+/* The eager size from attr (after defaults). */
+VRPC_API uint32_t vrpc_transport_eager_size(const struct vrpc_transport *tp);
+
+/* ---- registered memory and pools ----------------------------------------- */
+
+enum vrpc_access {
+    VRPC_ACCESS_LOCAL = 0,           /* send from / receive into it */
+    VRPC_ACCESS_REMOTE_READ = 1 << 0 /* a peer may vrpc_ep_read() it with its rkey */
+};
+
+/* Register [addr, addr+len) (the caller keeps owning the memory and frees it
+ * after vrpc_mr_dereg). access: enum vrpc_access bits. Errors: -ENOMEM, and on
+ * verbs -ENOMEM naming `ulimit -l` when locking fails; -ENOSYS when a backend
+ * lacks remote access. */
+VRPC_API int vrpc_mr_reg(struct vrpc_transport *tp, void *addr, size_t len, unsigned access,
+                         struct vrpc_mr **out);
+/* Deregister; nothing of it may be in flight. Safe on NULL. */
+VRPC_API void vrpc_mr_dereg(struct vrpc_mr *mr);
+/* Remote key to hand to a peer for vrpc_ep_read() (0 on TCP). */
+VRPC_API uint32_t vrpc_mr_rkey(const struct vrpc_mr *mr);
+
+/* A pool of count buffers of buf_size payload bytes each (plus the transport's
+ * headroom), in one registered region. get/put are lock-free and allocate
+ * nothing, from any thread. */
+VRPC_API int vrpc_pool_create(struct vrpc_transport *tp, uint32_t buf_size, uint32_t count,
+                              struct vrpc_pool **out);
+/* Destroy; every buffer must have been put back. Safe on NULL. */
+VRPC_API void vrpc_pool_destroy(struct vrpc_pool *pool);
+/* A free buffer (len 0), or NULL when the pool is empty. The caller owns it. */
+VRPC_API struct vrpc_buf *vrpc_pool_get(struct vrpc_pool *pool);
+/* Give a buffer back to its pool (buf->pool). The caller no longer owns it. */
+VRPC_API void vrpc_pool_put(struct vrpc_buf *buf);
+/* Buffers currently in the pool (a snapshot, for tests and statistics). */
+VRPC_API uint32_t vrpc_pool_avail(const struct vrpc_pool *pool);
+
+/* ---- completion queues --------------------------------------------------- */
+
+/* Called on the CQ's poller thread with n >= 1 completions; see "Completions". */
+typedef void (*vrpc_cq_cb)(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, void *arg);
+
+struct vrpc_cq_attr {
+    vrpc_cq_cb cb;         /* required */
+    void *cb_arg;
+    uint32_t busy_poll_us; /* spin this long without completions before arming
+                              and sleeping; 0: sleep right away (poll, arm,
+                              poll, sleep) */
+    uint32_t depth;        /* completions per callback batch, at most; 0: 64 */
+    uint32_t max_recv;     /* receive buffers postable at once (SRQ size); 0: 4096 */
+    int cpu;               /* pin the poller to this CPU; -1: don't */
+    const char *name;      /* poller thread name (<=15 chars); NULL: "vrpc-cq" */
+};
+
+VRPC_API void vrpc_cq_attr_init(struct vrpc_cq_attr *attr);
+
+/* Create a CQ and start its poller thread. */
+VRPC_API int vrpc_cq_create(struct vrpc_transport *tp, const struct vrpc_cq_attr *attr,
+                            struct vrpc_cq **out);
+/* Stop the poller after delivering, through the callback, every outstanding
+ * completion: endpoints still open on this CQ are failed (their operations
+ * flush, then DISCONNECTED with -ECANCELED), then each still-posted receive
+ * buffer completes with -ECANCELED. The user still vrpc_ep_destroy()s such
+ * endpoints (the callback may do it). Listeners assigning to this CQ must be
+ * destroyed first. Safe on NULL. Not from this CQ's own callback. */
+VRPC_API void vrpc_cq_destroy(struct vrpc_cq *cq);
+
+/* Post n receive buffers (bufs[i] with wr_ids[i]; wr_ids may be NULL for 0)
+ * to the CQ's shared receive queue. Each must have cap >= the transport's
+ * eager size (else -EINVAL). On 0 the transport owns every buffer until its
+ * RECV completion; on error (-EINVAL, -ENOSPC beyond max_recv, -ESHUTDOWN)
+ * none was posted and the caller keeps them all. Any thread. */
+VRPC_API int vrpc_cq_post_recv(struct vrpc_cq *cq, struct vrpc_buf *const *bufs,
+                               const uint64_t *wr_ids, unsigned n);
+
+/* ---- listeners ----------------------------------------------------------- */
+
+struct vrpc_listen_attr {
+    struct vrpc_cq *const *cqs; /* accepted endpoints are spread round-robin */
+    unsigned ncqs;              /* over these CQs (at least one) */
+    uint64_t user;              /* reported as wc.wr_id of VRPC_WC_ACCEPTED */
+    int backlog;                /* 0: 1024 */
+};
+
+/* Listen on uri (port 0: any free port). Each accepted connection appears as a
+ * VRPC_WC_ACCEPTED completion on its CQ; the user then owns the endpoint (and
+ * must vrpc_ep_destroy() it). Errors: -EADDRINUSE, -EADDRNOTAVAIL, -EINVAL
+ * (bad URI), -EPROTONOSUPPORT (scheme of another backend). */
+VRPC_API int vrpc_listen(struct vrpc_transport *tp, const char *uri,
+                         const struct vrpc_listen_attr *attr, struct vrpc_listener **out);
+/* Stop accepting. Connections whose handshake has not finished are refused
+ * (their peers' vrpc_connect() fails); endpoints already reported ACCEPTED are
+ * not affected. Safe on NULL. */
+VRPC_API void vrpc_listener_destroy(struct vrpc_listener *l);
+/* The bound address as a URI ("tcp://127.0.0.1:41234"), NUL-terminated, into
+ * buf of len bytes (VRPC_URI_MAX is enough). -ENOSPC if it does not fit. */
+VRPC_API int vrpc_listener_uri(const struct vrpc_listener *l, char *buf, size_t len);
+
+/* ---- endpoints ----------------------------------------------------------- */
+
+struct vrpc_ep_attr {
+    struct vrpc_cq *cq;     /* required: where all completions of it go */
+    void *user;             /* vrpc_ep_user() from the start */
+    const char *src_addr;   /* bind the local side to this IP literal (source
+                               address; on verbs it picks the device); NULL: any */
+    uint32_t max_queued;    /* sends queued for credits before -EAGAIN;
+                               0: transport attr */
+    uint32_t timeout_ms;    /* connect timeout; 0: transport attr */
+};
+
+VRPC_API void vrpc_ep_attr_init(struct vrpc_ep_attr *attr);
+
+/* Connect to uri; blocks until the connection is established (handshake
+ * done: eager size and credits agreed) or has failed. Errors: -ECONNREFUSED
+ * (nothing listens there, or the server refused: listener closing, no
+ * receive buffers to reserve), -ETIMEDOUT, -EHOSTUNREACH, -EPROTO (handshake:
+ * version/size mismatch), -EINVAL (bad URI), -EPROTONOSUPPORT, -ENOBUFS
+ * (attr->cq has fewer than 2 unpromised receive buffers). On success the
+ * endpoint's completions start on attr->cq; no completion marks the connect. */
+VRPC_API int vrpc_connect(struct vrpc_transport *tp, const char *uri, const struct vrpc_ep_attr *attr,
+                          struct vrpc_ep **out);
+
+/* Send buf->data[0..len) with immediate imm. len <= vrpc_ep_eager_size(ep).
+ * On 0 the transport owns buf until the VRPC_WC_SEND completion (wr_id) on the
+ * endpoint's CQ; status 0 means the bytes were handed to the peer's transport
+ * (TCP: written to the socket; verbs: acknowledged), -ECANCELED a flush.
+ * Errors (caller keeps buf, no completion): -EMSGSIZE len too big, -EAGAIN the
+ * credit queue is full (retry after a send completion of this endpoint),
+ * -ENOTCONN closed or dead. Never blocks. flags: 0. */
+VRPC_API int vrpc_ep_send(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t len, uint32_t imm,
+                          uint64_t wr_id, unsigned flags);
+
+/* Read len bytes from the peer's memory at raddr (registered there with
+ * VRPC_ACCESS_REMOTE_READ, key rkey) into buf->data + off. On 0, one VRPC_WC_READ
+ * completion follows. -ENOSYS on backends without one-sided reads (TCP). */
+VRPC_API int vrpc_ep_read(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t off, uint32_t len,
+                          uint64_t raddr, uint32_t rkey, uint64_t wr_id);
+
+/* Start a graceful close: nothing new is accepted (-ENOTCONN); sends still
+ * waiting for credits flush (-ECANCELED); sends already on the wire are still
+ * delivered where the connection allows; then the endpoint's DISCONNECTED
+ * completion follows (status 0 when the peer confirmed the close, -ETIMEDOUT
+ * if it did not within the idle timeout). Any thread; returns 0, or -ENOTCONN
+ * if already closed or dead (idempotent). */
+VRPC_API int vrpc_ep_close(struct vrpc_ep *ep);
+/* Close if needed and drop the user's reference. The pointer stays valid as a
+ * name in completions until its DISCONNECTED completion has been delivered;
+ * afterwards the memory is freed. Do not call any other function on ep after.
+ * Safe on NULL. */
+VRPC_API void vrpc_ep_destroy(struct vrpc_ep *ep);
+
+VRPC_API void *vrpc_ep_user(const struct vrpc_ep *ep);
+/* Set the user pointer; call before handing ep to other threads (e.g. from the
+ * ACCEPTED completion). */
+VRPC_API void vrpc_ep_set_user(struct vrpc_ep *ep, void *user);
+/* Negotiated per-connection eager size (largest message either way). */
+VRPC_API uint32_t vrpc_ep_eager_size(const struct vrpc_ep *ep);
+/* The peer's address as a URI, like vrpc_listener_uri(). */
+VRPC_API int vrpc_ep_peer_uri(const struct vrpc_ep *ep, char *buf, size_t len);
+/* The CQ the endpoint completes on. */
+VRPC_API struct vrpc_cq *vrpc_ep_cq(const struct vrpc_ep *ep);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

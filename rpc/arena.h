@@ -1,0 +1,32 @@
+/* Bump-pointer arena used as the protobuf-c allocator for unpacking: frees
+ * are no-ops and the whole arena is reset at once. After warm-up a reset
+ * arena holds one block big enough for the largest use seen, so a call in
+ * steady state allocates nothing. Not thread-safe: one owner at a time. */
+#ifndef VRPC_RPC_ARENA_H
+#define VRPC_RPC_ARENA_H
+
+#include <stddef.h>
+#include <protobuf-c/protobuf-c.h>
+
+struct vrpc_arena_chunk;
+
+struct vrpc_arena {
+    unsigned char *base; /* main block */
+    size_t cap, used;
+    struct vrpc_arena_chunk *extra; /* overflow blocks since the last reset */
+    size_t extra_total;
+    size_t limit;        /* total bytes this arena may hold; 0: unlimited */
+    ProtobufCAllocator pb; /* allocator_data = this arena */
+};
+
+/* initial: size of the first block (allocated lazily); limit as above. */
+void vrpc_arena_init(struct vrpc_arena *a, size_t initial, size_t limit);
+/* 16-byte aligned memory valid until the next reset; NULL if over the limit
+ * or out of memory. */
+void *vrpc_arena_alloc(struct vrpc_arena *a, size_t n);
+/* Forget every allocation. If overflow blocks were needed, they are freed and
+ * the main block is regrown once to cover them next time. */
+void vrpc_arena_reset(struct vrpc_arena *a);
+void vrpc_arena_fini(struct vrpc_arena *a);
+
+#endif

@@ -1,0 +1,104 @@
+/* protobuf-c guards: depth pre-check, arena unpack, bounded pack. */
+#include "rpc/pbutil.h"
+
+#include <errno.h>
+
+static int read_varint(const uint8_t *p, size_t len, size_t *off, uint64_t *v)
+{
+    uint64_t r = 0;
+    for (unsigned i = 0; i < 10; i++) {
+        if (*off >= len)
+            return -EBADMSG;
+        uint8_t b = p[(*off)++];
+        r |= (uint64_t)(b & 0x7f) << (7 * i);
+        if (!(b & 0x80)) {
+            *v = r;
+            return 0;
+        }
+    }
+    return -EBADMSG;
+}
+
+static int check(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t len, unsigned depth,
+                 unsigned max_depth)
+{
+    size_t off = 0;
+
+    if (depth > max_depth)
+        return -ELOOP;
+    while (off < len) {
+        uint64_t tag, v;
+        if (read_varint(p, len, &off, &tag))
+            return -EBADMSG;
+        uint64_t field = tag >> 3;
+        if (field == 0 || field > 0x1fffffff)
+            return -EBADMSG;
+        switch (tag & 7) {
+        case 0:
+            if (read_varint(p, len, &off, &v))
+                return -EBADMSG;
+            break;
+        case 1:
+            if (len - off < 8)
+                return -EBADMSG;
+            off += 8;
+            break;
+        case 5:
+            if (len - off < 4)
+                return -EBADMSG;
+            off += 4;
+            break;
+        case 2: {
+            if (read_varint(p, len, &off, &v) || v > len - off)
+                return -EBADMSG;
+            const ProtobufCFieldDescriptor *f =
+                d ? protobuf_c_message_descriptor_get_field(d, (unsigned)field) : NULL;
+            if (f && f->type == PROTOBUF_C_TYPE_MESSAGE) {
+                int rc = check(f->descriptor, p + off, (size_t)v, depth + 1, max_depth);
+                if (rc)
+                    return rc;
+            }
+            off += (size_t)v;
+            break;
+        }
+        default: /* groups (3, 4) and reserved wire types */
+            return -EBADMSG;
+        }
+    }
+    return 0;
+}
+
+int vrpc_pb_check_depth(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len,
+                        unsigned max_depth)
+{
+    return check(d, buf, len, 1, max_depth ? max_depth : VRPC_PB_DEFAULT_MAX_DEPTH);
+}
+
+int vrpc_pb_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len,
+                   unsigned max_depth, struct vrpc_arena *a, ProtobufCMessage **out)
+{
+    int rc = vrpc_pb_check_depth(d, buf, len, max_depth);
+    if (rc)
+        return rc;
+    ProtobufCMessage *m = protobuf_c_message_unpack(d, &a->pb, len, buf);
+    if (!m)
+        return a->limit && a->used + a->extra_total >= a->limit ? -ENOMEM : -EBADMSG;
+    *out = m;
+    return 0;
+}
+
+long vrpc_pb_size(const ProtobufCMessage *msg, size_t cap)
+{
+    size_t n = protobuf_c_message_get_packed_size(msg);
+    return n > cap ? -EMSGSIZE : (long)n;
+}
+
+int vrpc_pb_pack(const ProtobufCMessage *msg, uint8_t *out, size_t cap, size_t *len)
+{
+    long n = vrpc_pb_size(msg, cap);
+    if (n < 0)
+        return (int)n;
+    size_t w = protobuf_c_message_pack(msg, out);
+    *len = w;
+    return 0;
+}

@@ -1,0 +1,33 @@
+/* Safe wrappers around protobuf-c: a nesting-depth guard run before unpack
+ * (protobuf-c 1.4.1 recurses without limit, so a deeply nested message would
+ * overflow the stack), unpack into an arena, and pack with a size check
+ * (protobuf_c_message_pack writes without bounds). Any thread. */
+#ifndef VRPC_RPC_PBUTIL_H
+#define VRPC_RPC_PBUTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <protobuf-c/protobuf-c.h>
+#include "rpc/arena.h"
+
+#define VRPC_PB_DEFAULT_MAX_DEPTH 64
+
+/* Walk the encoded message without decoding it and check that embedded
+ * messages nest at most max_depth levels (the top level is 1). Also rejects
+ * truncated fields, field number 0 and groups (unsupported by protobuf-c).
+ * 0, -ELOOP (too deep) or -EBADMSG (malformed). */
+int vrpc_pb_check_depth(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len,
+                        unsigned max_depth);
+
+/* Depth check, then unpack into the arena. buf stays the caller's and may be
+ * reused after return (protobuf-c copies strings and bytes into the arena).
+ * 0, -ELOOP, -EBADMSG (undecodable) or -ENOMEM (arena limit). */
+int vrpc_pb_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len,
+                   unsigned max_depth, struct vrpc_arena *a, ProtobufCMessage **out);
+
+/* Packed size of msg, or -EMSGSIZE if it exceeds cap. */
+long vrpc_pb_size(const ProtobufCMessage *msg, size_t cap);
+/* Pack msg into out (cap bytes). *len written on success. 0 or -EMSGSIZE. */
+int vrpc_pb_pack(const ProtobufCMessage *msg, uint8_t *out, size_t cap, size_t *len);
+
+#endif

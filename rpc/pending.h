@@ -1,0 +1,115 @@
+/* Per-connection pending-call table of the client: a fixed array of slots, a
+ * request id = slot index + the slot's generation (rpc/wire.h), and the state
+ * word that makes response, deadline, cancel and connection loss race to
+ * exactly one winner.
+ *
+ * Slot life (one 64-bit atomic word per slot: generation << 32 | flags):
+ *   FREE --alloc(owner)--> INUSE
+ *   INUSE --decide(any thread; CAS, exactly one winner)--> INUSE|DECIDED
+ *   ... |WIRE_DONE  set once the server can no longer send for this id
+ *                   (its response arrived, or the connection died)
+ *   ... |OWNER_DONE set once the caller/callback no longer looks at the slot
+ *   when both WIRE_DONE and OWNER_DONE are set the slot returns to FREE with
+ *   generation + 1 (skipping 0), by whichever of the two came second.
+ * So a cancelled or timed-out call keeps its slot (and the server's credit)
+ * until the server answers; a response for a generation that is not the
+ * slot's current one, or for a slot already WIRE_DONE, is a protocol error.
+ *
+ * Thread contract: alloc/lookup/decide/wire_done/owner_done may be called
+ * from any thread; the fields of a slot other than `word` are written by the
+ * owner before the request is sent and by the decide winner before it
+ * publishes the outcome with vrpc_pending_publish (release) and read by the
+ * owner after vrpc_pending_wait returns (acquire). */
+#ifndef VRPC_RPC_PENDING_H
+#define VRPC_RPC_PENDING_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <verbrpc/rpc.h>
+#include <verbrpc/sched.h>
+#include "rpc/timer.h"
+
+#define VRPC_PEND_INUSE 0x1u
+#define VRPC_PEND_DECIDED 0x2u
+#define VRPC_PEND_WIRE_DONE 0x4u
+#define VRPC_PEND_OWNER_DONE 0x8u
+
+struct vrpc_pending;
+
+struct vrpc_pending_slot {
+    uint64_t word;        /* atomic: gen << 32 | VRPC_PEND_* */
+    uint32_t done;        /* futex word: generation whose outcome is published */
+    uint32_t sleeping;    /* the synchronous owner sleeps (or is about to) on done */
+    uint32_t index;
+    struct vrpc_pending *table;
+    /* The call, written by its owner before sending. */
+    void *conn;           /* connection the request goes out on (atomic: read by the loss scan) */
+    const struct vrpc_method_desc *method;
+    vrpc_call_cb cb;      /* NULL for a synchronous call */
+    void *cb_arg;
+    void *cb_ch;          /* the channel, for the async completion task */
+    int64_t deadline_ns;
+    struct vrpc_timer timer;
+    struct vrpc_task task; /* async completion runs as this task */
+    /* The outcome, written by the decide winner before publish. */
+    struct vrpc_status st;
+    uint8_t *resp;        /* response payload copy (grown on demand, kept) */
+    uint32_t resp_len, resp_cap;
+};
+
+struct vrpc_pending {
+    uint32_t n;           /* slots */
+    uint32_t limit;       /* at most this many in use (credits); <= n */
+    uint32_t in_use;
+    uint32_t nfree;
+    uint32_t *free;       /* LIFO stack of free indices, lowest on top initially */
+    bool closed;
+    pthread_mutex_t lock; /* free stack, in_use, limit, closed */
+    pthread_cond_t cond;  /* signalled when a slot frees or the table closes */
+    struct vrpc_pending_slot *slots;
+};
+
+int vrpc_pending_create(uint32_t n, struct vrpc_pending **out);
+/* Slots must all be FREE (or the caller accepts losing them). Safe on NULL. */
+void vrpc_pending_destroy(struct vrpc_pending *p);
+
+/* Lower/raise the number of slots usable at once (clamped to 1..n). The LIFO
+ * free stack guarantees the indices handed out stay below the limit. */
+void vrpc_pending_set_limit(struct vrpc_pending *p, uint32_t limit);
+
+/* Take a free slot for a call on connection conn (stored in slot->conn
+ * before the slot is published INUSE), waiting while limit slots are in use,
+ * at most until deadline_ns (CLOCK_MONOTONIC; VRPC_NO_DEADLINE: forever).
+ * 0, -ETIMEDOUT or -ESHUTDOWN (table closed). */
+int vrpc_pending_alloc(struct vrpc_pending *p, int64_t deadline_ns, void *conn,
+                       struct vrpc_pending_slot **out);
+/* Wake every waiter of alloc and make later allocs fail with -ESHUTDOWN. */
+void vrpc_pending_close(struct vrpc_pending *p);
+
+static inline uint32_t vrpc_pending_gen(const struct vrpc_pending_slot *s)
+{
+    return (uint32_t)(__atomic_load_n(&s->word, __ATOMIC_ACQUIRE) >> 32);
+}
+uint64_t vrpc_pending_id(const struct vrpc_pending_slot *s);
+
+/* The slot that id names if it is in use and still expects the wire (not
+ * WIRE_DONE), else NULL. The answer can change right after; decide and
+ * wire_done re-check. */
+struct vrpc_pending_slot *vrpc_pending_lookup(struct vrpc_pending *p, uint64_t id);
+
+/* Try to decide the outcome of generation gen. True for exactly one caller per
+ * call. The winner fills st/resp and then calls vrpc_pending_publish. */
+bool vrpc_pending_decide(struct vrpc_pending_slot *s, uint32_t gen);
+/* Publish the winner's outcome (release) and wake a synchronous waiter. */
+void vrpc_pending_publish(struct vrpc_pending_slot *s, uint32_t gen);
+/* Wait (spinning briefly, then on the slot's futex) until gen is published. */
+void vrpc_pending_wait(struct vrpc_pending_slot *s, uint32_t gen);
+
+/* Mark that the wire is done with gen. True if this call set the bit (false:
+ * already set, or gen is not current). Frees the slot if the owner is done. */
+bool vrpc_pending_wire_done(struct vrpc_pending_slot *s, uint32_t gen);
+/* Mark that the owner is done with gen. Frees the slot if the wire is done. */
+void vrpc_pending_owner_done(struct vrpc_pending_slot *s, uint32_t gen);
+
+#endif

@@ -1,0 +1,175 @@
+/* Encode/decode of the verbrpc frame header, metadata block and HELLO
+ * settings. Every multi-byte field is little-endian on the wire, written and
+ * read byte by byte so the code is the same on any host. */
+#include "rpc/wire.h"
+
+#include <errno.h>
+#include <string.h>
+
+static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static uint32_t get32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | ((uint64_t)get32(p + 4) << 32); }
+
+void vrpc_wire_hdr_encode(uint8_t out[VRPC_WIRE_HDR_LEN], const struct vrpc_wire_hdr *h)
+{
+    put32(out + 0, VRPC_WIRE_MAGIC);
+    out[4] = h->version;
+    out[5] = h->type;
+    put16(out + 6, h->flags);
+    put32(out + 8, h->method_id);
+    put32(out + 12, h->status);
+    put64(out + 16, h->request_id);
+    put64(out + 24, h->budget_us);
+    put32(out + 32, h->payload_len);
+    put32(out + 36, h->md_len);
+}
+
+int vrpc_wire_hdr_decode(const uint8_t *frame, size_t frame_len, struct vrpc_wire_hdr *out)
+{
+    struct vrpc_wire_hdr h;
+
+    if (frame_len < VRPC_WIRE_HDR_LEN || get32(frame) != VRPC_WIRE_MAGIC)
+        return -EPROTO;
+    h.version = frame[4];
+    h.type = frame[5];
+    h.flags = get16(frame + 6);
+    h.method_id = get32(frame + 8);
+    h.status = get32(frame + 12);
+    h.request_id = get64(frame + 16);
+    h.budget_us = get64(frame + 24);
+    h.payload_len = get32(frame + 32);
+    h.md_len = get32(frame + 36);
+    if (h.version != VRPC_WIRE_VERSION)
+        return -EPROTONOSUPPORT;
+    if (h.type < VRPC_FT_HELLO || h.type > VRPC_FT_MAX || (h.flags & ~VRPC_FF_KNOWN))
+        return -EPROTO;
+    if ((uint64_t)VRPC_WIRE_HDR_LEN + h.md_len + h.payload_len != frame_len)
+        return -EPROTO;
+    switch (h.type) {
+    case VRPC_FT_REQUEST:
+        if (h.request_id == 0 || h.status != 0)
+            return -EPROTO;
+        break;
+    case VRPC_FT_RESPONSE:
+        if (h.request_id == 0 || h.status >= VRPC_CODE_COUNT || h.md_len != 0 || h.flags != 0 ||
+            h.method_id != 0)
+            return -EPROTO;
+        break;
+    case VRPC_FT_CANCEL:
+        if (h.request_id == 0 || h.flags != 0 || h.status != 0 || h.md_len != 0 || h.payload_len != 0)
+            return -EPROTO;
+        break;
+    case VRPC_FT_HELLO:
+    case VRPC_FT_HELLO_ACK:
+        if (h.request_id != 0 || h.flags != 0 || h.status != 0 || h.md_len != 0 ||
+            h.payload_len != VRPC_WIRE_HELLO_LEN)
+            return -EPROTO;
+        break;
+    case VRPC_FT_GOAWAY:
+        if (h.request_id != 0 || h.flags != 0 || h.md_len != 0)
+            return -EPROTO;
+        break;
+    }
+    *out = h;
+    return 0;
+}
+
+static int key_valid(const char *k, size_t len)
+{
+    if (len == 0 || len > VRPC_WIRE_MD_KEY_MAX)
+        return 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = k[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.'))
+            return 0;
+    }
+    return 1;
+}
+
+/* Entry: u16 key_len, u16 value_len, key bytes, one 0 byte, value bytes. */
+long vrpc_wire_md_size(const struct vrpc_metadata *md, size_t n)
+{
+    long total = 0;
+
+    if (n > VRPC_MD_MAX || (n && !md))
+        return -EINVAL;
+    for (size_t i = 0; i < n; i++) {
+        size_t kl = md[i].key ? strlen(md[i].key) : 0;
+        if (!key_valid(md[i].key, kl) || md[i].value_len > VRPC_WIRE_MD_VAL_MAX ||
+            (md[i].value_len && !md[i].value))
+            return -EINVAL;
+        total += 4 + (long)kl + 1 + (long)md[i].value_len;
+    }
+    return total;
+}
+
+void vrpc_wire_md_encode(uint8_t *out, const struct vrpc_metadata *md, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        size_t kl = strlen(md[i].key);
+        put16(out, (uint16_t)kl);
+        put16(out + 2, (uint16_t)md[i].value_len);
+        memcpy(out + 4, md[i].key, kl);
+        out[4 + kl] = 0;
+        if (md[i].value_len)
+            memcpy(out + 5 + kl, md[i].value, md[i].value_len);
+        out += 5 + kl + md[i].value_len;
+    }
+}
+
+int vrpc_wire_md_decode(const uint8_t *buf, size_t len, struct vrpc_metadata *out, size_t cap)
+{
+    size_t off = 0;
+    int n = 0;
+
+    while (off < len) {
+        if (len - off < 5 || (size_t)n >= cap)
+            return -EPROTO;
+        size_t kl = get16(buf + off), vl = get16(buf + off + 2);
+        if (len - off - 4 < kl + 1 + vl)
+            return -EPROTO;
+        const char *key = (const char *)buf + off + 4;
+        if (!key_valid(key, kl) || key[kl] != 0)
+            return -EPROTO;
+        out[n].key = key;
+        out[n].value = buf + off + 5 + kl;
+        out[n].value_len = vl;
+        n++;
+        off += 5 + kl + vl;
+    }
+    return n;
+}
+
+void vrpc_wire_hello_encode(uint8_t out[VRPC_WIRE_HELLO_LEN], const struct vrpc_wire_hello *h)
+{
+    put32(out, h->max_msg_size);
+    put32(out + 4, h->max_concurrent);
+    put32(out + 8, 0);
+    put32(out + 12, 0);
+}
+
+int vrpc_wire_hello_decode(const uint8_t *buf, size_t len, struct vrpc_wire_hello *h)
+{
+    if (len != VRPC_WIRE_HELLO_LEN)
+        return -EPROTO;
+    h->max_msg_size = get32(buf);
+    h->max_concurrent = get32(buf + 4);
+    h->reserved0 = h->reserved1 = 0;
+    if (h->max_concurrent == 0)
+        return -EPROTO;
+    return 0;
+}

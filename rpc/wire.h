@@ -1,0 +1,83 @@
+/* The verbrpc wire format (docs/PROTOCOL.md): the fixed 40-byte frame header,
+ * the metadata block and the HELLO settings, with explicit little-endian
+ * encode/decode so the format never depends on the host. Pure functions: no
+ * I/O, no allocation, any thread. */
+#ifndef VRPC_RPC_WIRE_H
+#define VRPC_RPC_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <verbrpc/rpc.h>
+
+#define VRPC_WIRE_MAGIC 0x43505256u /* bytes 'V' 'R' 'P' 'C' when stored little-endian */
+#define VRPC_WIRE_VERSION 1
+#define VRPC_WIRE_HDR_LEN 40
+#define VRPC_WIRE_HELLO_LEN 16
+#define VRPC_WIRE_MD_KEY_MAX 255
+#define VRPC_WIRE_MD_VAL_MAX 65535
+
+enum vrpc_frame_type {
+    VRPC_FT_HELLO = 1,     /* client -> server, first frame: client settings */
+    VRPC_FT_HELLO_ACK = 2, /* server -> client, answer to HELLO: server settings */
+    VRPC_FT_REQUEST = 3,   /* client -> server: a call */
+    VRPC_FT_RESPONSE = 4,  /* server -> client: a call's outcome */
+    VRPC_FT_CANCEL = 5,    /* client -> server: stop working on request_id */
+    VRPC_FT_GOAWAY = 6,    /* server -> client: no new calls on this connection */
+};
+#define VRPC_FT_MAX VRPC_FT_GOAWAY
+
+/* Frame flags. Undefined bits must be zero; a receiver rejects others. */
+#define VRPC_FF_DEADLINE 0x0001u /* REQUEST: budget_us is meaningful */
+#define VRPC_FF_KNOWN (VRPC_FF_DEADLINE)
+
+struct vrpc_wire_hdr {
+    uint8_t version;
+    uint8_t type;         /* enum vrpc_frame_type */
+    uint16_t flags;
+    uint32_t method_id;   /* REQUEST only, else 0 */
+    uint32_t status;      /* RESPONSE only (enum vrpc_code), else 0 */
+    uint64_t request_id;  /* REQUEST/RESPONSE/CANCEL: nonzero; else 0 */
+    uint64_t budget_us;   /* REQUEST with VRPC_FF_DEADLINE: remaining time in us */
+    uint32_t payload_len; /* bytes after the metadata */
+    uint32_t md_len;      /* bytes of metadata right after the header */
+};
+
+/* Server/client settings carried as the payload of HELLO and HELLO_ACK. */
+struct vrpc_wire_hello {
+    uint32_t max_msg_size;   /* largest payload this side accepts */
+    uint32_t max_concurrent; /* HELLO: slots the client uses; HELLO_ACK: credits granted */
+    uint32_t reserved0, reserved1; /* zero on send, ignored on receipt */
+};
+
+void vrpc_wire_hdr_encode(uint8_t out[VRPC_WIRE_HDR_LEN], const struct vrpc_wire_hdr *h);
+
+/* Decode and validate a whole frame of frame_len bytes (the transport keeps
+ * message boundaries). Checks magic, version, type, flags, per-type field
+ * rules and that header + md_len + payload_len == frame_len exactly.
+ * Returns 0, -EPROTONOSUPPORT (wrong version) or -EPROTO (anything else);
+ * *h is written only on success. */
+int vrpc_wire_hdr_decode(const uint8_t *frame, size_t frame_len, struct vrpc_wire_hdr *h);
+
+/* Size the metadata block of these entries takes; -EINVAL for an invalid key
+ * or value, or more than VRPC_MD_MAX entries. */
+long vrpc_wire_md_size(const struct vrpc_metadata *md, size_t n);
+/* Encode (validated by vrpc_wire_md_size first) into out, which has room. */
+void vrpc_wire_md_encode(uint8_t *out, const struct vrpc_metadata *md, size_t n);
+/* Decode and validate a metadata block in place: entries point into buf (keys
+ * are NUL-terminated on the wire). Up to cap entries; -EPROTO if malformed or
+ * more than cap entries. Returns the entry count. */
+int vrpc_wire_md_decode(const uint8_t *buf, size_t len, struct vrpc_metadata *out, size_t cap);
+
+void vrpc_wire_hello_encode(uint8_t out[VRPC_WIRE_HELLO_LEN], const struct vrpc_wire_hello *h);
+int vrpc_wire_hello_decode(const uint8_t *buf, size_t len, struct vrpc_wire_hello *h);
+
+/* Request id layout: low 32 bits the slot index, high 32 bits the slot's
+ * generation (never 0, so an id is never 0). */
+static inline uint64_t vrpc_wire_make_id(uint32_t slot, uint32_t gen)
+{
+    return ((uint64_t)gen << 32) | slot;
+}
+static inline uint32_t vrpc_wire_id_slot(uint64_t id) { return (uint32_t)id; }
+static inline uint32_t vrpc_wire_id_gen(uint64_t id) { return (uint32_t)(id >> 32); }
+
+#endif

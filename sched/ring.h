@@ -1,0 +1,150 @@
+/* Submission queues from threads that are not workers (private header).
+ *
+ * vrpc_ring: bounded single-producer / multi-consumer ring, one per registered
+ * producer (a transport poller). The producer never waits for anyone
+ * (wait-free); workers take batches with one CAS on head (lock-free). This is
+ * ck_ring's SPMC protocol, written on atomic.h so that ThreadSanitizer can see
+ * the hand-over. ck_ring's multi-producer enqueue is deliberately not used:
+ * its producers commit in ticket order and spin on each other, which collapses
+ * when producers outnumber cores.
+ *
+ * vrpc_inject: unbounded intrusive multi-producer stack for everybody else
+ * (unregistered threads, and producers whose ring is full): push is a CAS loop
+ * (lock-free), and a worker takes everything at once with one exchange
+ * (wait-free), the shape of ck_stack's push_upmc/batch_pop_upmc. Taking the
+ * whole list means there is no ABA problem and no node is ever read after
+ * another thread could have freed it.
+ *
+ * Thread contract:
+ *  - vrpc_ring_push(): the ring's one producer thread at a time (ownership may
+ *    move between threads only through a lock or other happens-before edge).
+ *  - vrpc_ring_pop_batch(), vrpc_ring_empty(): any thread.
+ *  - vrpc_inject_push(): any thread. vrpc_inject_take_all(): any thread. */
+#ifndef VRPC_SCHED_RING_H
+#define VRPC_SCHED_RING_H
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <verbrpc/sched.h>
+
+#include "sched/atomic.h"
+
+struct vrpc_ring {
+    _Alignas(64) uint64_t head; /* next slot to consume; CAS by consumers */
+    _Alignas(64) uint64_t tail; /* next slot to fill; written by the producer */
+    uint64_t head_cache;        /* producer-private: last head seen */
+    struct vrpc_task **buf;
+    uint64_t mask;
+};
+
+static inline int vrpc_ring_init(struct vrpc_ring *r, unsigned size)
+{
+    if (size < 2 || (size & (size - 1)) != 0)
+        return -EINVAL;
+    r->buf = calloc(size, sizeof(*r->buf));
+    if (!r->buf)
+        return -ENOMEM;
+    r->head = r->tail = r->head_cache = 0;
+    r->mask = size - 1;
+    return 0;
+}
+
+static inline void vrpc_ring_fini(struct vrpc_ring *r)
+{
+    free(r->buf);
+    r->buf = NULL;
+}
+
+/* Producer only. false when full (the task is not queued). */
+static inline bool vrpc_ring_push(struct vrpc_ring *r, struct vrpc_task *t)
+{
+    uint64_t tl = r->tail; /* only this thread writes tail */
+
+    if (tl - r->head_cache > r->mask) {
+        r->head_cache = vs_load_64(&r->head);
+        /* The head load before the slot store: consumers read a slot before
+         * their CAS moves head past it, so the slot is free to overwrite. */
+        ck_pr_fence_load_store();
+        if (tl - r->head_cache > r->mask)
+            return false;
+    }
+    vs_store_ptr((void **)&r->buf[tl & r->mask], t);
+    /* The slot store (and the caller's stores to *t) before the tail store
+     * that publishes them. */
+    ck_pr_fence_store();
+    vs_store_64(&r->tail, tl + 1);
+    return true;
+}
+
+/* Any thread. Takes up to max (>= 1) of the oldest tasks into out[], returns
+ * how many (0: empty). Retries when another consumer wins the race. */
+static inline unsigned vrpc_ring_pop_batch(struct vrpc_ring *r, struct vrpc_task **out, unsigned max)
+{
+    for (;;) {
+        uint64_t h = vs_load_64(&r->head);
+        uint64_t tl, n;
+        /* The head load before the tail load, so that tail >= head. */
+        ck_pr_fence_load();
+        tl = vs_load_64(&r->tail);
+        /* The tail load before the slot loads: slots were stored before tail. */
+        ck_pr_fence_load();
+        if ((int64_t)(tl - h) <= 0)
+            return 0;
+        n = tl - h;
+        if (n > max)
+            n = max;
+        for (uint64_t i = 0; i < n; i++)
+            out[i] = vs_load_ptr((void *const *)&r->buf[(h + i) & r->mask]);
+        /* The CAS succeeds only if no consumer took these slots meanwhile, so
+         * the producer cannot have overwritten them (it waits for head). */
+        if (vs_cas_64(&r->head, h, h + n))
+            return (unsigned)n;
+        ck_pr_stall();
+    }
+}
+
+/* Any thread; a hint (may be stale). */
+static inline uint64_t vrpc_ring_size(const struct vrpc_ring *r)
+{
+    uint64_t h = vs_load_64(&r->head);
+    uint64_t tl = vs_load_64(&r->tail);
+    return (int64_t)(tl - h) > 0 ? tl - h : 0;
+}
+
+struct vrpc_inject {
+    _Alignas(64) struct vrpc_task *head; /* newest first, linked through task->next */
+};
+
+/* Any thread. Lock-free. */
+static inline void vrpc_inject_push(struct vrpc_inject *q, struct vrpc_task *t)
+{
+    struct vrpc_task *old;
+    do {
+        old = vs_load_ptr((void *const *)&q->head);
+        t->next = old;
+        /* ->next and the caller's stores to *t before the CAS that publishes t. */
+        ck_pr_fence_store_atomic();
+    } while (!vs_cas_ptr((void **)&q->head, old, t));
+}
+
+/* Any thread. Wait-free. Everything queued, newest first (NULL when empty);
+ * the caller owns the list and walks it through ->next. */
+static inline struct vrpc_task *vrpc_inject_take_all(struct vrpc_inject *q)
+{
+    if (!vs_load_ptr((void *const *)&q->head))
+        return NULL; /* cheap check: no exchange (no cache line steal) when empty */
+    struct vrpc_task *l = vs_fas_ptr((void **)&q->head, NULL);
+    /* The exchange before the loads of the tasks' ->next and fields: they were
+     * stored before the pushers' CAS (atomic RMWs are barriers on x86). */
+    ck_pr_fence_atomic_load();
+    return l;
+}
+
+static inline bool vrpc_inject_empty(const struct vrpc_inject *q)
+{
+    return vs_load_ptr((void *const *)&q->head) == NULL;
+}
+
+#endif

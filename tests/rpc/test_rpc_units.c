@@ -1,0 +1,401 @@
+/* Unit tests of the RPC core pieces that need no transport: wire header and
+ * metadata codecs, the pending-call table (including the decide race), the
+ * timing wheel, the unpack arena and the protobuf-c guards. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "rpc/arena.h"
+#include "rpc/pbutil.h"
+#include "rpc/pending.h"
+#include "rpc/timer.h"
+#include "rpc/wire.h"
+#include "rpc_test.pb-c.h"
+
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define SCALE 10 /* sanitizer builds run 1/10 of the rounds */
+#else
+#define SCALE 1
+#endif
+
+static void test_hdr_roundtrip_and_byte_order(void **state)
+{
+    (void)state;
+    struct vrpc_wire_hdr h = {.version = 1, .type = VRPC_FT_REQUEST, .flags = VRPC_FF_DEADLINE,
+                              .method_id = 0x11223344, .request_id = 0x0102030405060708ull,
+                              .budget_us = 0xa1a2a3a4a5a6a7a8ull, .payload_len = 3, .md_len = 2};
+    uint8_t f[VRPC_WIRE_HDR_LEN + 5] = {0};
+    vrpc_wire_hdr_encode(f, &h);
+    static const uint8_t expect[VRPC_WIRE_HDR_LEN] = {
+        'V', 'R', 'P', 'C', 1, 3, 1, 0, 0x44, 0x33, 0x22, 0x11, 0, 0, 0, 0,
+        8, 7, 6, 5, 4, 3, 2, 1, 0xa8, 0xa7, 0xa6, 0xa5, 0xa4, 0xa3, 0xa2, 0xa1,
+        3, 0, 0, 0, 2, 0, 0, 0};
+    assert_memory_equal(f, expect, sizeof(expect));
+    struct vrpc_wire_hdr d;
+    assert_int_equal(vrpc_wire_hdr_decode(f, sizeof(f), &d), 0);
+    assert_int_equal(d.type, VRPC_FT_REQUEST);
+    assert_int_equal(d.method_id, 0x11223344);
+    assert_true(d.request_id == h.request_id && d.budget_us == h.budget_us);
+    assert_int_equal(d.payload_len, 3);
+    assert_int_equal(d.md_len, 2);
+}
+
+static void test_hdr_rejects_bad_frames(void **state)
+{
+    (void)state;
+    struct vrpc_wire_hdr h = {.version = 1, .type = VRPC_FT_RESPONSE, .request_id = 5, .status = 3};
+    uint8_t f[VRPC_WIRE_HDR_LEN + 4];
+    struct vrpc_wire_hdr d;
+
+    vrpc_wire_hdr_encode(f, &h);
+    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), 0);
+    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN - 1, &d), -EPROTO);   /* short */
+    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN + 4, &d), -EPROTO);   /* len mismatch */
+    f[0] ^= 1;
+    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTO);       /* magic */
+    f[0] ^= 1;
+    f[4] = 2;
+    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTONOSUPPORT);
+    f[4] = 1;
+    f[5] = 99;
+    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTO);       /* type */
+    f[5] = 0;
+    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTO);
+    h.status = 17;
+    vrpc_wire_hdr_encode(f, &h);
+    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTO);       /* status */
+    h.status = 0;
+    h.request_id = 0;
+    vrpc_wire_hdr_encode(f, &h);
+    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTO);       /* id 0 */
+    h = (struct vrpc_wire_hdr){.version = 1, .type = VRPC_FT_REQUEST, .request_id = 1, .flags = 0x8000};
+    vrpc_wire_hdr_encode(f, &h);
+    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTO);       /* flags */
+    h = (struct vrpc_wire_hdr){.version = 1, .type = VRPC_FT_CANCEL, .request_id = 1, .payload_len = 4};
+    vrpc_wire_hdr_encode(f, &h);
+    assert_int_equal(vrpc_wire_hdr_decode(f, sizeof(f), &d), -EPROTO);               /* cancel body */
+    h = (struct vrpc_wire_hdr){.version = 1, .type = VRPC_FT_REQUEST, .request_id = 1,
+                               .payload_len = 0xffffffffu, .md_len = 0xffffffffu};
+    vrpc_wire_hdr_encode(f, &h);
+    assert_int_equal(vrpc_wire_hdr_decode(f, sizeof(f), &d), -EPROTO);               /* 8 GiB claim */
+}
+
+static void test_metadata_codec(void **state)
+{
+    (void)state;
+    struct vrpc_metadata md[2] = {{"x-trace", "abc", 3}, {"k", "\0\1", 2}};
+    long sz = vrpc_wire_md_size(md, 2);
+    assert_int_equal(sz, (4 + 7 + 1 + 3) + (4 + 1 + 1 + 2));
+    uint8_t buf[64];
+    vrpc_wire_md_encode(buf, md, 2);
+    struct vrpc_metadata out[4];
+    assert_int_equal(vrpc_wire_md_decode(buf, (size_t)sz, out, 4), 2);
+    assert_string_equal(out[0].key, "x-trace");
+    assert_int_equal(out[0].value_len, 3);
+    assert_memory_equal(out[0].value, "abc", 3);
+    assert_string_equal(out[1].key, "k");
+    assert_memory_equal(out[1].value, "\0\1", 2);
+    assert_int_equal(vrpc_wire_md_decode(buf, (size_t)sz - 1, out, 4), -EPROTO); /* truncated */
+    assert_int_equal(vrpc_wire_md_decode(buf, (size_t)sz, out, 1), -EPROTO);     /* too many */
+    buf[4] = 'X';                                                                 /* uppercase key */
+    assert_int_equal(vrpc_wire_md_decode(buf, (size_t)sz, out, 4), -EPROTO);
+    struct vrpc_metadata bad[1] = {{"Bad Key", "", 0}};
+    assert_int_equal(vrpc_wire_md_size(bad, 1), -EINVAL);
+    assert_int_equal(vrpc_wire_md_size(md, VRPC_MD_MAX + 1), -EINVAL);
+    assert_int_equal(vrpc_wire_md_decode(buf, 0, out, 4), 0);
+}
+
+static void test_hello_and_ids(void **state)
+{
+    (void)state;
+    uint8_t b[VRPC_WIRE_HELLO_LEN];
+    struct vrpc_wire_hello h = {.max_msg_size = 1 << 20, .max_concurrent = 64}, d;
+    vrpc_wire_hello_encode(b, &h);
+    assert_int_equal(vrpc_wire_hello_decode(b, sizeof(b), &d), 0);
+    assert_int_equal(d.max_msg_size, 1 << 20);
+    assert_int_equal(d.max_concurrent, 64);
+    h.max_concurrent = 0;
+    vrpc_wire_hello_encode(b, &h);
+    assert_int_equal(vrpc_wire_hello_decode(b, sizeof(b), &d), -EPROTO);
+    uint64_t id = vrpc_wire_make_id(7, 9);
+    assert_int_equal(vrpc_wire_id_slot(id), 7);
+    assert_int_equal(vrpc_wire_id_gen(id), 9);
+    /* FNV-1a 32 reference values */
+    assert_int_equal(vrpc_method_id(""), 2166136261u);
+    assert_int_equal(vrpc_method_id("a"), 0xe40c292cu);
+    assert_string_equal(vrpc_code_name(VRPC_UNAVAILABLE), "UNAVAILABLE");
+    assert_string_equal(vrpc_code_name((enum vrpc_code)99), "UNKNOWN_CODE");
+}
+
+static void test_arena_steady_state(void **state)
+{
+    (void)state;
+    struct vrpc_arena a;
+    vrpc_arena_init(&a, 256, 1 << 20);
+    for (int i = 0; i < 100; i++) {
+        void *p = vrpc_arena_alloc(&a, 100);
+        assert_non_null(p);
+        assert_int_equal((uintptr_t)p % 16, 0);
+        memset(p, 0xab, 100);
+    }
+    assert_non_null(a.extra); /* needed overflow the first time */
+    vrpc_arena_reset(&a);
+    assert_null(a.extra);
+    assert_true(a.cap >= 100 * 112);
+    for (int i = 0; i < 100; i++)
+        assert_non_null(vrpc_arena_alloc(&a, 100));
+    assert_null(a.extra); /* second round fits the regrown block */
+    assert_null(vrpc_arena_alloc(&a, 2 << 20)); /* over the limit */
+    vrpc_arena_fini(&a);
+}
+
+/* Encode a chain of `depth` nested Nodes by hand (field 1, wire type 2). */
+static size_t encode_chain(uint8_t *buf, size_t cap, unsigned depth)
+{
+    size_t len = 0;
+    /* innermost: value = 1 */
+    uint8_t tmp[4096];
+    tmp[0] = 0x10, tmp[1] = 1;
+    len = 2;
+    for (unsigned d = 1; d < depth; d++) {
+        assert_true(len + 3 <= sizeof(tmp) && len < 16384);
+        memmove(tmp + 3, tmp, len);
+        tmp[0] = 0x0a;
+        tmp[1] = (uint8_t)(0x80 | (len & 0x7f));
+        tmp[2] = (uint8_t)(len >> 7);
+        len += 3;
+    }
+    assert_true(len <= cap);
+    memcpy(buf, tmp, len);
+    return len;
+}
+
+static void test_depth_guard(void **state)
+{
+    (void)state;
+    uint8_t buf[4096];
+    struct vrpc_arena a;
+    ProtobufCMessage *m;
+
+    vrpc_arena_init(&a, 1024, 1 << 20);
+    size_t len = encode_chain(buf, sizeof(buf), 10);
+    assert_int_equal(vrpc_pb_check_depth(&vrpctest__node__descriptor, buf, len, 64), 0);
+    assert_int_equal(vrpc_pb_unpack(&vrpctest__node__descriptor, buf, len, 64, &a, &m), 0);
+    Vrpctest__Node *n = (Vrpctest__Node *)m;
+    for (int i = 0; i < 9; i++)
+        n = n->child;
+    assert_int_equal(n->value, 1);
+    vrpc_arena_reset(&a);
+
+    len = encode_chain(buf, sizeof(buf), 1000);
+    assert_int_equal(vrpc_pb_check_depth(&vrpctest__node__descriptor, buf, len, 64), -ELOOP);
+    assert_int_equal(vrpc_pb_unpack(&vrpctest__node__descriptor, buf, len, 64, &a, &m), -ELOOP);
+    len = encode_chain(buf, sizeof(buf), 64);
+    assert_int_equal(vrpc_pb_check_depth(&vrpctest__node__descriptor, buf, len, 64), 0);
+    assert_int_equal(vrpc_pb_check_depth(&vrpctest__node__descriptor, buf, len, 63), -ELOOP);
+    /* truncated and group wire types are rejected */
+    assert_int_equal(vrpc_pb_check_depth(&vrpctest__node__descriptor, buf, len - 1, 64), -EBADMSG);
+    static const uint8_t group[] = {0x0b, 0x0c};
+    assert_int_equal(vrpc_pb_check_depth(&vrpctest__node__descriptor, group, 2, 64), -EBADMSG);
+    static const uint8_t badvarint[] = {0x10, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 1};
+    assert_int_equal(vrpc_pb_unpack(&vrpctest__node__descriptor, badvarint, sizeof(badvarint), 64, &a, &m),
+                     -EBADMSG);
+    vrpc_arena_fini(&a);
+}
+
+static void test_pack_size_check(void **state)
+{
+    (void)state;
+    uint8_t payload[100], out[64];
+    memset(payload, 7, sizeof(payload));
+    Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
+    r.payload.data = payload;
+    r.payload.len = sizeof(payload);
+    size_t len = 0;
+    assert_int_equal(vrpc_pb_pack(&r.base, out, sizeof(out), &len), -EMSGSIZE);
+    assert_int_equal(len, 0);
+    r.payload.len = 10;
+    r.seq = 42;
+    assert_int_equal(vrpc_pb_pack(&r.base, out, sizeof(out), &len), 0);
+    struct vrpc_arena a;
+    ProtobufCMessage *m;
+    vrpc_arena_init(&a, 0, 0);
+    assert_int_equal(vrpc_pb_unpack(&vrpctest__echo_request__descriptor, out, len, 0, &a, &m), 0);
+    assert_int_equal(((Vrpctest__EchoRequest *)m)->seq, 42);
+    vrpc_arena_fini(&a);
+}
+
+static void test_pending_ids_and_limit(void **state)
+{
+    (void)state;
+    struct vrpc_pending *p;
+    struct vrpc_pending_slot *s[4], *x;
+    assert_int_equal(vrpc_pending_create(8, &p), 0);
+    vrpc_pending_set_limit(p, 3);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(vrpc_pending_alloc(p, VRPC_NO_DEADLINE, NULL, &s[i]), 0);
+        assert_true(s[i]->index < 3);
+    }
+    /* credits exhausted: times out */
+    assert_int_equal(vrpc_pending_alloc(p, vrpc_now_ns() + 2000000, NULL, &x), -ETIMEDOUT);
+    uint64_t id0 = vrpc_pending_id(s[0]);
+    uint32_t g0 = vrpc_wire_id_gen(id0);
+    assert_ptr_equal(vrpc_pending_lookup(p, id0), s[0]);
+    assert_null(vrpc_pending_lookup(p, id0 + (1ull << 32))); /* wrong generation */
+    assert_null(vrpc_pending_lookup(p, vrpc_wire_make_id(100, g0))); /* out of range */
+    /* cancel wins, response loses; slot stays until the wire is done */
+    assert_true(vrpc_pending_decide(s[0], g0));
+    assert_false(vrpc_pending_decide(s[0], g0));
+    vrpc_pending_owner_done(s[0], g0);
+    assert_int_equal(p->in_use, 3);
+    assert_ptr_equal(vrpc_pending_lookup(p, id0), s[0]);
+    assert_true(vrpc_pending_wire_done(s[0], g0));
+    assert_false(vrpc_pending_wire_done(s[0], g0));
+    assert_int_equal(p->in_use, 2);
+    assert_null(vrpc_pending_lookup(p, id0)); /* freed: the old id is dead */
+    assert_int_equal(vrpc_pending_alloc(p, VRPC_NO_DEADLINE, NULL, &x), 0);
+    assert_ptr_equal(x, s[0]);
+    assert_true(vrpc_pending_id(x) != id0);
+    vrpc_pending_close(p);
+    assert_int_equal(vrpc_pending_alloc(p, VRPC_NO_DEADLINE, NULL, &x), -ESHUTDOWN);
+    vrpc_pending_destroy(p);
+}
+
+/* Four threads race to decide each round's call: exactly one may win. */
+struct race {
+    struct vrpc_pending_slot *slot;
+    uint32_t gen;
+    unsigned round;
+    unsigned arrived;
+    unsigned wins[4];
+    pthread_barrier_t bar;
+    unsigned rounds;
+};
+
+struct racer {
+    struct race *r;
+    int who;
+};
+
+static void *racer_main(void *arg)
+{
+    struct racer *me = arg;
+    struct race *r = me->r;
+    for (unsigned i = 0; i < r->rounds; i++) {
+        pthread_barrier_wait(&r->bar);
+        if (vrpc_pending_decide(r->slot, r->gen)) {
+            r->wins[me->who]++;
+            vrpc_pending_publish(r->slot, r->gen);
+        }
+        if (me->who == 0)
+            vrpc_pending_wire_done(r->slot, r->gen);
+        pthread_barrier_wait(&r->bar);
+    }
+    return NULL;
+}
+
+static void test_pending_decide_race(void **state)
+{
+    (void)state;
+    struct vrpc_pending *p;
+    struct race r = {.rounds = 10000 / SCALE};
+    struct racer rc[4];
+    pthread_t t[4];
+
+    assert_int_equal(vrpc_pending_create(1, &p), 0);
+    pthread_barrier_init(&r.bar, NULL, 5);
+    for (int i = 0; i < 4; i++) {
+        rc[i] = (struct racer){&r, i};
+        pthread_create(&t[i], NULL, racer_main, &rc[i]);
+    }
+    unsigned total_before = 0;
+    for (unsigned i = 0; i < r.rounds; i++) {
+        assert_int_equal(vrpc_pending_alloc(p, VRPC_NO_DEADLINE, NULL, &r.slot), 0);
+        r.gen = vrpc_pending_gen(r.slot);
+        pthread_barrier_wait(&r.bar);
+        pthread_barrier_wait(&r.bar);
+        unsigned total = r.wins[0] + r.wins[1] + r.wins[2] + r.wins[3];
+        assert_int_equal(total, total_before + 1);
+        total_before = total;
+        vrpc_pending_wait(r.slot, r.gen);
+        vrpc_pending_owner_done(r.slot, r.gen); /* frees: wire already done */
+    }
+    for (int i = 0; i < 4; i++)
+        pthread_join(t[i], NULL);
+    assert_int_equal(p->in_use, 0);
+    pthread_barrier_destroy(&r.bar);
+    vrpc_pending_destroy(p);
+}
+
+struct fired {
+    uint64_t arg;
+    int64_t at;
+    unsigned count;
+};
+
+static void on_fire(void *ctx, uint64_t arg)
+{
+    struct fired *f = ctx;
+    f->arg = arg;
+    __atomic_store_n(&f->at, vrpc_now_ns(), __ATOMIC_RELEASE);
+    __atomic_add_fetch(&f->count, 1, __ATOMIC_RELEASE);
+}
+
+static void test_timer_wheel(void **state)
+{
+    (void)state;
+    struct vrpc_timer_wheel *w;
+    struct vrpc_timer t1 = {0}, t2 = {0};
+    struct fired f1 = {0}, f2 = {0};
+    assert_int_equal(vrpc_timer_wheel_create(1000, &w), 0);
+    int64_t now = vrpc_now_ns();
+    vrpc_timer_arm(w, &t1, now + 20000000, on_fire, &f1, 77);
+    vrpc_timer_arm(w, &t2, now + 5000000, on_fire, &f2, 78);
+    assert_int_equal(vrpc_timer_wheel_count(w), 2);
+    assert_true(vrpc_timer_cancel(w, &t2));
+    assert_false(vrpc_timer_cancel(w, &t2));
+    while (!__atomic_load_n(&f1.count, __ATOMIC_ACQUIRE))
+        usleep(1000);
+    assert_true(__atomic_load_n(&f1.at, __ATOMIC_ACQUIRE) >= now + 20000000); /* never early */
+    assert_int_equal(f1.arg, 77);
+    usleep(10000);
+    assert_int_equal(__atomic_load_n(&f2.count, __ATOMIC_ACQUIRE), 0);
+    assert_false(vrpc_timer_cancel(w, &t1)); /* already fired */
+
+    /* many timers, more than one wheel revolution apart and in the past */
+    enum { N = 300 };
+    static struct vrpc_timer ts[N];
+    static struct fired fs;
+    memset(ts, 0, sizeof(ts));
+    memset(&fs, 0, sizeof(fs));
+    now = vrpc_now_ns();
+    for (int i = 0; i < N; i++)
+        vrpc_timer_arm(w, &ts[i], now + (int64_t)(i % 3 == 0 ? -1000000 : (i % 60) * 1000000), on_fire, &fs, (uint64_t)i);
+    while (__atomic_load_n(&fs.count, __ATOMIC_ACQUIRE) < N)
+        usleep(2000);
+    assert_int_equal(vrpc_timer_wheel_count(w), 0);
+    vrpc_timer_wheel_destroy(w);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hdr_roundtrip_and_byte_order),
+        cmocka_unit_test(test_hdr_rejects_bad_frames),
+        cmocka_unit_test(test_metadata_codec),
+        cmocka_unit_test(test_hello_and_ids),
+        cmocka_unit_test(test_arena_steady_state),
+        cmocka_unit_test(test_depth_guard),
+        cmocka_unit_test(test_pack_size_check),
+        cmocka_unit_test(test_pending_ids_and_limit),
+        cmocka_unit_test(test_pending_decide_race),
+        cmocka_unit_test(test_timer_wheel),
+    };
+    return cmocka_run_group_tests_name("rpc_units", tests, NULL, NULL);
+}

@@ -1,0 +1,1358 @@
+/* The TCP backend: emulates the verbs model (shared receive queue per CQ,
+ * credits, completions) over non-blocking sockets with length-prefixed frames.
+ * Senders write straight from the calling thread (writev under the endpoint
+ * lock); the CQ's poller reads straight into posted receive buffers, handles
+ * credits and failures, and is the only thread that ever produces completions.
+ * Wire format: tcp_wire.h. Graceful close is a FIN at a frame boundary. */
+#define _GNU_SOURCE
+#include <endian.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "transport/tcp/tcp_wire.h"
+#include "transport/transport_ops.h"
+
+#define HDR_LEN VRPC_TCP_HDR_LEN
+#define MAGIC VRPC_TCP_MAGIC
+#define VERSION VRPC_TCP_VERSION
+#define MAX_IOV 64
+#define MAX_EVENTS 64
+#define SCAN_NS 100000000ull /* how often the poller checks timeouts */
+
+enum { F_DATA = VRPC_TCP_DATA, F_CREDIT = VRPC_TCP_CREDIT, F_HELLO = VRPC_TCP_HELLO, F_HELLO_ACK = VRPC_TCP_HELLO_ACK };
+
+enum ep_state { S_HANDSHAKE, S_OPEN, S_CLOSING, S_DEAD };
+
+/* A queue of buffers linked through vrpc_buf.next. */
+struct fifo {
+    struct vrpc_buf *head, *tail;
+};
+
+struct tcp_cq;
+struct tcp_listener;
+
+struct tcp_ep {
+    struct vrpc_ep base;
+    struct tcp_cq *cq;
+    atomic_int state;   /* enum ep_state; changed under lock */
+    int fd;             /* -1 once dead; closed by the poller under lock */
+
+    /* Send side, under lock (any thread). */
+    pthread_mutex_t lock;
+    struct fifo wq;       /* admitted frames (header built), not fully written */
+    uint32_t wq_off;      /* bytes of wq.head already written */
+    struct fifo waitq;    /* sends waiting for credits, in order */
+    uint32_t nwait, max_queued;
+    uint32_t send_credits; /* messages we may still send */
+    bool pollout;          /* EPOLLOUT armed */
+    bool shut_wr;
+    bool werr;
+    bool ctrl_queued;
+    struct vrpc_buf ctrl;  /* the one pending credit-only frame */
+    char ctrl_space[HDR_LEN];
+    atomic_uint credit_ret; /* credits to return to the peer (any frame takes them) */
+    _Atomic uint64_t close_ns; /* when vrpc_ep_close was called, 0 if not */
+
+    /* Receive side and accounting: poller only. */
+    union {
+        struct vrpc_tcp_hdr h;
+        uint8_t b[HDR_LEN];
+    } rhdr;
+    uint32_t rhdr_got;
+    struct vrpc_buf *rbuf; /* posted buffer being filled */
+    uint32_t rgot, rlen, rimm;
+    uint64_t frame_ns;     /* when the current partial frame (or handshake) began; 0: idle */
+    uint32_t granted;      /* credits the peer holds or will get (promised buffers) */
+    uint32_t resv;         /* reservation: granted + consumed, not yet paid back */
+    uint32_t target;       /* the most resv may grow to (credits attribute) */
+    bool hungry;
+    bool reported;         /* the user knows it (connect returned / ACCEPTED) */
+    int disc_status;
+    struct tcp_ep *hnext;          /* hungry list */
+    struct tcp_ep *prev, *next;    /* all endpoints of the CQ */
+    struct tcp_ep *anext;          /* adopt list (MPSC) */
+    struct tcp_ep *dnext;          /* dead list / free list */
+    struct tcp_listener *lst;      /* while handshaking on the accept side */
+    uint64_t accept_user;
+    struct vrpc_buf ev_acc, ev_disc; /* pseudo-buffers carrying the lifecycle completions */
+};
+
+struct tcp_cq {
+    struct vrpc_cq base;
+    int epfd, evfd;
+    atomic_int sleeping;              /* poller armed: producers must kick evfd */
+    _Atomic(struct vrpc_buf *) done;  /* MPSC: finished sends and flushes (LIFO) */
+    _Atomic(struct vrpc_buf *) posted_in; /* MPSC: newly posted receives (LIFO) */
+    _Atomic(struct tcp_ep *) adopt;   /* MPSC: new endpoints for this poller */
+    atomic_int avail;                 /* posted receives not promised to any peer */
+    atomic_int posted;                /* posted receives not consumed (<= max_recv) */
+
+    /* Poller only. */
+    struct vrpc_buf *free;            /* posted receive buffers at hand (stack) */
+    struct fifo out;                  /* staged completions */
+    struct tcp_ep *eps;               /* every adopted endpoint */
+    unsigned neps;
+    struct tcp_ep *hungry_head, *hungry_tail;
+    struct tcp_ep *dead;              /* torn down this pass: DISCONNECTED after the drain */
+    struct tcp_ep *reap;              /* never reported: free after this pass */
+    struct epoll_event ev[MAX_EVENTS];
+    int nev;                          /* stashed by cq_wait for the next cq_poll */
+    uint64_t next_scan;
+};
+
+struct tcp_listener {
+    struct vrpc_listener base;
+    int fd, evfd;
+    pthread_t thread;
+    bool started;
+    struct tcp_cq **cqs;
+    unsigned ncqs, rr;
+    uint64_t user;
+    atomic_int refs;     /* the owner's + one per handshaking endpoint */
+    atomic_bool closed;
+};
+
+/* Completion encoding in vrpc_buf.priv while staged. */
+enum { P_WRID, P_EP, P_OPST, P_IMM };
+
+static void stage_fill(struct vrpc_buf *b, uint32_t op, int status, struct tcp_ep *ep, uint32_t imm)
+{
+    b->priv[P_EP] = (uint64_t)(uintptr_t)ep;
+    b->priv[P_OPST] = op | (uint64_t)(uint32_t)status << 32;
+    b->priv[P_IMM] = imm;
+}
+
+static void fifo_push(struct fifo *f, struct vrpc_buf *b)
+{
+    b->next = NULL;
+    if (f->tail)
+        f->tail->next = b;
+    else
+        f->head = b;
+    f->tail = b;
+}
+
+static struct vrpc_buf *fifo_pop(struct fifo *f)
+{
+    struct vrpc_buf *b = f->head;
+    if (b) {
+        f->head = b->next;
+        if (!f->head)
+            f->tail = NULL;
+        b->next = NULL;
+    }
+    return b;
+}
+
+/* ---- poller wake-up --------------------------------------------------------- */
+
+/* Any thread, after publishing work for the poller. Pairs with cq_arm: the
+ * producer publishes then reads sleeping, the poller sets sleeping then reads
+ * the lists (all seq_cst), so one of them always sees the other. */
+static void kick(struct tcp_cq *cq)
+{
+    uint64_t one = 1;
+    if (atomic_load(&cq->sleeping) && atomic_exchange(&cq->sleeping, 0)) {
+        ssize_t r = write(cq->evfd, &one, sizeof one);
+        (void)r;
+    }
+}
+
+/* Push a chain first..last (linked by next) onto an MPSC LIFO. */
+static void mpsc_push(_Atomic(struct vrpc_buf *) *head, struct vrpc_buf *first, struct vrpc_buf *last)
+{
+    struct vrpc_buf *old = atomic_load(head);
+    do
+        last->next = old;
+    while (!atomic_compare_exchange_weak(head, &old, first));
+}
+
+/* Take a whole MPSC LIFO and return it in FIFO order. */
+static struct vrpc_buf *mpsc_take_fifo(_Atomic(struct vrpc_buf *) *head)
+{
+    struct vrpc_buf *b = atomic_exchange(head, NULL), *r = NULL, *n;
+    for (; b; b = n) {
+        n = b->next;
+        b->next = r;
+        r = b;
+    }
+    return r;
+}
+
+/* ---- send side (any thread, ep->lock held) ------------------------------------ */
+
+static void build_hdr(void *at, uint32_t type, uint32_t len, uint32_t imm, uint32_t credits)
+{
+    struct vrpc_tcp_hdr h = {
+        .len = htole32(len), .imm = htole32(imm), .credits = htole16((uint16_t)credits),
+        .type = (uint8_t)type, .version = VERSION, .magic = htole32(MAGIC),
+    };
+    memcpy(at, &h, sizeof h);
+}
+
+static uint32_t take_credit_ret(struct tcp_ep *ep)
+{
+    return atomic_exchange_explicit(&ep->credit_ret, 0, memory_order_relaxed);
+}
+
+static void set_pollout_locked(struct tcp_ep *ep, bool on)
+{
+    struct epoll_event e = { .events = EPOLLIN | EPOLLRDHUP | (on ? EPOLLOUT : 0), .data.ptr = ep };
+    if (ep->pollout == on || ep->fd < 0)
+        return;
+    ep->pollout = on;
+    epoll_ctl(ep->cq->epfd, EPOLL_CTL_MOD, ep->fd, &e);
+}
+
+/* Write as much of wq as the socket takes. Frames fully written complete
+ * (status 0) through the CQ's done list; the credit frame just leaves. */
+static void tx_locked(struct tcp_ep *ep)
+{
+    struct vrpc_buf *first = NULL, *last = NULL;
+    while (ep->wq.head && !ep->werr && ep->fd >= 0) {
+        struct iovec iov[MAX_IOV];
+        struct msghdr msg = { .msg_iov = iov };
+        struct vrpc_buf *b;
+        size_t want = 0, off = ep->wq_off;
+        ssize_t w;
+        int n = 0;
+
+        for (b = ep->wq.head; b && n < MAX_IOV; b = b->next, n++) {
+            iov[n].iov_base = (char *)b->data - HDR_LEN + off;
+            iov[n].iov_len = HDR_LEN + b->len - off;
+            want += iov[n].iov_len;
+            off = 0;
+        }
+        msg.msg_iovlen = (size_t)n;
+        w = sendmsg(ep->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                set_pollout_locked(ep, true);
+            else
+                ep->werr = true; /* the poller sees the socket error and tears down */
+            break;
+        }
+        while (w > 0) {
+            size_t rem;
+            b = ep->wq.head;
+            rem = HDR_LEN + b->len - ep->wq_off;
+            if ((size_t)w < rem) {
+                ep->wq_off += (uint32_t)w;
+                break;
+            }
+            w -= (ssize_t)rem;
+            ep->wq_off = 0;
+            fifo_pop(&ep->wq);
+            if (b == &ep->ctrl) {
+                ep->ctrl_queued = false;
+                continue;
+            }
+            if (last)
+                last->next = b;
+            else
+                first = b;
+            last = b;
+            b->next = NULL;
+        }
+        if ((size_t)w < want && ep->wq.head) {
+            set_pollout_locked(ep, true);
+            break;
+        }
+    }
+    if (!ep->wq.head) {
+        set_pollout_locked(ep, false);
+        if (atomic_load(&ep->state) == S_CLOSING && !ep->shut_wr && ep->fd >= 0) {
+            shutdown(ep->fd, SHUT_WR);
+            ep->shut_wr = true;
+        }
+    }
+    if (first) {
+        mpsc_push(&ep->cq->done, first, last);
+        kick(ep->cq);
+    }
+}
+
+/* Give b (len, imm in place) its header and credits, and queue it for the wire. */
+static void admit_locked(struct tcp_ep *ep, struct vrpc_buf *b)
+{
+    ep->send_credits--;
+    build_hdr((char *)b->data - HDR_LEN, F_DATA, b->len, (uint32_t)b->priv[P_IMM], take_credit_ret(ep));
+    fifo_push(&ep->wq, b);
+}
+
+/* Credits arrived: admit waiting sends in order, then write. */
+static void add_credits_locked(struct tcp_ep *ep, uint32_t c)
+{
+    ep->send_credits += c;
+    while (ep->send_credits && ep->waitq.head) {
+        ep->nwait--;
+        admit_locked(ep, fifo_pop(&ep->waitq));
+    }
+    tx_locked(ep);
+}
+
+/* Queue a credit-only frame carrying whatever credit_ret holds. */
+static void send_credit_locked(struct tcp_ep *ep)
+{
+    uint32_t c;
+    if (ep->ctrl_queued || ep->fd < 0 || ep->shut_wr)
+        return;
+    c = take_credit_ret(ep);
+    if (!c)
+        return;
+    build_hdr(ep->ctrl_space, F_CREDIT, 0, 0, c);
+    ep->ctrl.len = 0;
+    ep->ctrl_queued = true;
+    fifo_push(&ep->wq, &ep->ctrl);
+    if (ep->wq.head == &ep->ctrl)
+        tx_locked(ep);
+}
+
+static int tcp_send(struct vrpc_ep *base, struct vrpc_buf *b, uint32_t len, uint32_t imm, uint64_t wr_id,
+                    unsigned flags)
+{
+    struct tcp_ep *ep = container_of(base, struct tcp_ep, base);
+    bool idle;
+
+    b->len = len;
+    b->priv[P_WRID] = wr_id;
+    stage_fill(b, VRPC_WC_SEND, 0, ep, imm);
+    pthread_mutex_lock(&ep->lock);
+    if (atomic_load(&ep->state) != S_OPEN) {
+        pthread_mutex_unlock(&ep->lock);
+        return -ENOTCONN;
+    }
+    if (ep->waitq.head || !ep->send_credits) {
+        if (ep->nwait >= ep->max_queued) {
+            pthread_mutex_unlock(&ep->lock);
+            return -EAGAIN;
+        }
+        ep->nwait++;
+        fifo_push(&ep->waitq, b);
+        pthread_mutex_unlock(&ep->lock);
+        return 0;
+    }
+    idle = !ep->wq.head;
+    admit_locked(ep, b);
+    if (idle)
+        tx_locked(ep);
+    pthread_mutex_unlock(&ep->lock);
+    return 0;
+}
+
+/* Move every queued send to the done list with -ECANCELED (lock held). */
+static void flush_sends_locked(struct tcp_ep *ep, bool waiting_only)
+{
+    struct vrpc_buf *first = NULL, *last = NULL, *b;
+    struct fifo *qs[2] = { &ep->waitq, waiting_only ? NULL : &ep->wq };
+    int i;
+    for (i = 0; i < 2; i++) {
+        if (!qs[i])
+            continue;
+        while ((b = fifo_pop(qs[i]))) {
+            if (b == &ep->ctrl) {
+                ep->ctrl_queued = false;
+                continue;
+            }
+            stage_fill(b, VRPC_WC_SEND, -ECANCELED, ep, 0);
+            b->len = 0;
+            if (last)
+                last->next = b;
+            else
+                first = b;
+            last = b;
+        }
+    }
+    ep->nwait = 0;
+    if (!waiting_only)
+        ep->wq_off = 0;
+    if (first) {
+        mpsc_push(&ep->cq->done, first, last);
+        kick(ep->cq);
+    }
+}
+
+static int tcp_close(struct vrpc_ep *base)
+{
+    struct tcp_ep *ep = container_of(base, struct tcp_ep, base);
+    pthread_mutex_lock(&ep->lock);
+    if (atomic_load(&ep->state) != S_OPEN) {
+        pthread_mutex_unlock(&ep->lock);
+        return -ENOTCONN;
+    }
+    atomic_store(&ep->state, S_CLOSING);
+    atomic_store(&ep->close_ns, vrpc_tp_now_ns());
+    flush_sends_locked(ep, true);
+    tx_locked(ep); /* shuts the write side down once wq is empty */
+    pthread_mutex_unlock(&ep->lock);
+    kick(ep->cq);
+    return 0;
+}
+
+/* ---- CQ bookkeeping (poller) ------------------------------------------------ */
+
+/* Take exactly want credits from the CQ's unpromised receives, or none. */
+static uint32_t take_avail_exact(struct tcp_cq *cq, uint32_t want)
+{
+    int a = atomic_load(&cq->avail);
+    do {
+        if (a < (int)want)
+            return 0;
+    } while (!atomic_compare_exchange_weak(&cq->avail, &a, a - (int)want));
+    return want;
+}
+
+/* Take up to want credits from the CQ's unpromised receives. */
+static uint32_t take_avail(struct tcp_cq *cq, uint32_t want)
+{
+    int a = atomic_load(&cq->avail), t;
+    do {
+        if (a <= 0)
+            return 0;
+        t = a < (int)want ? a : (int)want;
+    } while (!atomic_compare_exchange_weak(&cq->avail, &a, a - t));
+    return (uint32_t)t;
+}
+
+/* Every connection keeps a reservation of at least MIN_RESV promised
+ * receives; a CQ that cannot reserve that many refuses the connection. */
+#define MIN_RESV 2u
+
+static uint32_t reserve_credits(struct tcp_cq *cq)
+{
+    return take_avail_exact(cq, MIN_RESV);
+}
+
+static void hungry_add(struct tcp_cq *cq, struct tcp_ep *ep)
+{
+    if (ep->hungry)
+        return;
+    ep->hungry = true;
+    ep->hnext = NULL;
+    if (cq->hungry_tail)
+        cq->hungry_tail->hnext = ep;
+    else
+        cq->hungry_head = ep;
+    cq->hungry_tail = ep;
+}
+
+static void hungry_remove(struct tcp_cq *cq, struct tcp_ep *ep)
+{
+    struct tcp_ep **pp, *prev = NULL;
+    if (!ep->hungry)
+        return;
+    for (pp = &cq->hungry_head; *pp; prev = *pp, pp = &(*pp)->hnext)
+        if (*pp == ep) {
+            *pp = ep->hnext;
+            if (cq->hungry_tail == ep)
+                cq->hungry_tail = prev;
+            break;
+        }
+    ep->hungry = false;
+}
+
+/* Pay reposted receives back to the endpoints that consumed them (below their
+ * reservation), oldest first. While the CQ has spare receives (more than a
+ * quarter of those posted stay unpromised, kept for new connections), a
+ * paid-back endpoint's reservation grows by one, up to the credits attribute:
+ * busy connections get deep pipelines, idle ones keep what they had. */
+static void distribute_credits(struct tcp_cq *cq)
+{
+    while (cq->hungry_head && atomic_load(&cq->avail) > 0) {
+        struct tcp_ep *ep = cq->hungry_head;
+        uint32_t got = take_avail(cq, ep->resv - ep->granted), cr;
+        if (!got)
+            break;
+        ep->granted += got;
+        if (ep->granted >= ep->resv) {
+            cq->hungry_head = ep->hnext;
+            if (!cq->hungry_head)
+                cq->hungry_tail = NULL;
+            ep->hungry = false;
+            if (ep->resv < ep->target && atomic_load(&cq->avail) > atomic_load(&cq->posted) / 4 &&
+                take_avail_exact(cq, 1)) {
+                ep->resv++;
+                ep->granted++;
+                got++;
+            }
+        }
+        cr = atomic_fetch_add(&ep->credit_ret, got) + got;
+        /* Explicit update once half the reservation piled up, or when the
+         * peer holds nothing at all (everything promised is still unsent). */
+        if (cr >= (ep->resv / 2 ? ep->resv / 2 : 1) || cr >= ep->granted) {
+            pthread_mutex_lock(&ep->lock);
+            send_credit_locked(ep);
+            pthread_mutex_unlock(&ep->lock);
+        }
+    }
+}
+
+static void take_posted(struct tcp_cq *cq)
+{
+    struct vrpc_buf *b = atomic_exchange(&cq->posted_in, NULL), *n;
+    for (; b; b = n) {
+        n = b->next;
+        b->next = cq->free;
+        cq->free = b;
+    }
+}
+
+static struct vrpc_buf *get_posted(struct tcp_cq *cq)
+{
+    struct vrpc_buf *b;
+    if (!cq->free)
+        take_posted(cq);
+    b = cq->free;
+    if (b)
+        cq->free = b->next;
+    return b;
+}
+
+static void put_posted(struct tcp_cq *cq, struct vrpc_buf *b)
+{
+    b->next = cq->free;
+    cq->free = b;
+}
+
+static void ep_list_remove(struct tcp_cq *cq, struct tcp_ep *ep)
+{
+    if (ep->prev)
+        ep->prev->next = ep->next;
+    else if (cq->eps == ep)
+        cq->eps = ep->next;
+    if (ep->next)
+        ep->next->prev = ep->prev;
+    ep->prev = ep->next = NULL;
+    cq->neps--;
+}
+
+static void listener_unref(struct tcp_listener *l);
+
+/* End a connection: flush its sends, give back its promises and partial
+ * receive, and queue its DISCONNECTED (or free it, if never reported). */
+static void teardown(struct tcp_cq *cq, struct tcp_ep *ep, int status, const char *why)
+{
+    int fd;
+    if (atomic_load(&ep->state) == S_DEAD)
+        return;
+    if (why)
+        vrpc_tp_log("tcp: connection %s: %s (%s)", ep->base.peer_uri[0] ? ep->base.peer_uri : "(accepting)",
+                    why, strerror(status < 0 ? -status : 0));
+    pthread_mutex_lock(&ep->lock);
+    atomic_store(&ep->state, S_DEAD);
+    flush_sends_locked(ep, false);
+    fd = ep->fd;
+    ep->fd = -1;
+    pthread_mutex_unlock(&ep->lock);
+    epoll_ctl(cq->epfd, EPOLL_CTL_DEL, fd, NULL);
+    close(fd);
+    if (ep->rbuf) {
+        put_posted(cq, ep->rbuf);
+        ep->rbuf = NULL;
+    }
+    hungry_remove(cq, ep);
+    atomic_fetch_add(&cq->avail, (int)ep->granted);
+    ep->granted = 0;
+    ep_list_remove(cq, ep);
+    if (ep->lst) {
+        listener_unref(ep->lst);
+        ep->lst = NULL;
+    }
+    ep->disc_status = status;
+    if (ep->reported) {
+        ep->dnext = cq->dead;
+        cq->dead = ep;
+    } else {
+        ep->dnext = cq->reap;
+        cq->reap = ep;
+    }
+}
+
+/* ---- receive side (poller) -------------------------------------------------- */
+
+static void stage(struct tcp_cq *cq, struct vrpc_buf *b)
+{
+    fifo_push(&cq->out, b);
+}
+
+static int handle_hello(struct tcp_cq *cq, struct tcp_ep *ep, const struct vrpc_tcp_hdr *h, const char **why)
+{
+    uint32_t eager = le32toh(h->imm), grant;
+    char ack[HDR_LEN];
+    ssize_t w;
+
+    *why = "unexpected HELLO";
+    if (atomic_load(&ep->state) != S_HANDSHAKE || !ep->lst)
+        return -EPROTO;
+    *why = "refused: the listener is closed";
+    if (atomic_load(&ep->lst->closed))
+        return -ECONNREFUSED;
+    if (eager < ep->base.eager)
+        ep->base.eager = eager;
+    ep->send_credits = le16toh(h->credits);
+    grant = reserve_credits(cq);
+    *why = "refused: no receive buffers left on the CQ to reserve for it (post more receives)";
+    if (!grant)
+        return -ENOBUFS;
+    *why = "cannot send HELLO_ACK";
+    ep->resv = ep->granted = grant;
+    build_hdr(ack, F_HELLO_ACK, 0, ep->base.eager, grant);
+    w = send(ep->fd, ack, HDR_LEN, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w != HDR_LEN)
+        return w < 0 ? -errno : -EIO;
+    ep->base.user = NULL;
+    listener_unref(ep->lst);
+    ep->lst = NULL;
+    atomic_store(&ep->state, S_OPEN);
+    ep->reported = true;
+    ep->frame_ns = 0;
+    atomic_store(&ep->base.refs, 2); /* the user's, from ACCEPTED on, and ours */
+    ep->ev_acc.len = 0;
+    ep->ev_acc.priv[P_WRID] = ep->accept_user;
+    stage_fill(&ep->ev_acc, VRPC_WC_ACCEPTED, 0, ep, 0);
+    stage(cq, &ep->ev_acc);
+    return 0;
+}
+
+/* A complete header is in ep->rhdr. Returns 0 or a negative errno (protocol error). */
+static int handle_hdr(struct tcp_cq *cq, struct tcp_ep *ep, const char **why)
+{
+    struct vrpc_tcp_hdr h = ep->rhdr.h;
+    uint32_t len = le32toh(h.len), credits = le16toh(h.credits);
+    struct vrpc_buf *b;
+
+    ep->rhdr_got = 0;
+    if (le32toh(h.magic) != MAGIC || h.version != VERSION) {
+        *why = "bad frame header (garbage or another protocol)";
+        return -EPROTO;
+    }
+    if (h.type == F_HELLO)
+        return handle_hello(cq, ep, &h, why);
+    if (atomic_load(&ep->state) == S_HANDSHAKE) {
+        *why = "frame before handshake";
+        return -EPROTO;
+    }
+    if (credits) {
+        pthread_mutex_lock(&ep->lock);
+        add_credits_locked(ep, credits);
+        pthread_mutex_unlock(&ep->lock);
+    }
+    if (h.type == F_CREDIT) {
+        if (len) {
+            *why = "credit frame with payload";
+            return -EPROTO;
+        }
+        ep->frame_ns = 0;
+        return 0;
+    }
+    if (h.type != F_DATA) {
+        *why = "unknown frame type";
+        return -EPROTO;
+    }
+    if (len > ep->base.eager) {
+        *why = "frame larger than the negotiated eager size";
+        return -EMSGSIZE;
+    }
+    if (!ep->granted) {
+        *why = "peer sent without credits";
+        return -EPROTO;
+    }
+    b = get_posted(cq);
+    if (!b) { /* cannot happen while promised <= posted holds */
+        *why = "no receive buffer for a credited message";
+        return -ENOBUFS;
+    }
+    ep->granted--;
+    hungry_add(cq, ep);
+    atomic_fetch_sub(&cq->posted, 1);
+    b->len = len;
+    if (!len) {
+        stage_fill(b, VRPC_WC_RECV, 0, ep, le32toh(h.imm));
+        stage(cq, b);
+        ep->frame_ns = 0;
+        return 0;
+    }
+    ep->rbuf = b;
+    ep->rgot = 0;
+    ep->rlen = len;
+    ep->rimm = le32toh(h.imm);
+    return 0;
+}
+
+/* Read what the socket has for ep, a bounded amount per call (level-triggered
+ * epoll calls again), straight into the posted buffer, the next header after. */
+static void rx(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
+{
+    int rounds;
+    for (rounds = 0; rounds < 32 && ep->fd >= 0; rounds++) {
+        struct iovec iov[2];
+        size_t want;
+        ssize_t n;
+        int niov;
+
+        if (!ep->rbuf && ep->rhdr_got == HDR_LEN) {
+            const char *why = NULL;
+            int rc = handle_hdr(cq, ep, &why);
+            if (rc) {
+                teardown(cq, ep, rc, why);
+                return;
+            }
+            continue;
+        }
+        if (ep->rbuf) {
+            iov[0].iov_base = (char *)ep->rbuf->data + ep->rgot;
+            iov[0].iov_len = ep->rlen - ep->rgot;
+            iov[1].iov_base = ep->rhdr.b;
+            iov[1].iov_len = HDR_LEN;
+            niov = 2;
+        } else {
+            iov[0].iov_base = ep->rhdr.b + ep->rhdr_got;
+            iov[0].iov_len = HDR_LEN - ep->rhdr_got;
+            niov = 1;
+        }
+        want = iov[0].iov_len + (niov == 2 ? iov[1].iov_len : 0);
+        n = readv(ep->fd, iov, niov);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return;
+            teardown(cq, ep, -errno, "read failed");
+            return;
+        }
+        if (n == 0) {
+            if (ep->rbuf || ep->rhdr_got)
+                teardown(cq, ep, -EPROTO, "peer closed in the middle of a frame");
+            else if (atomic_load(&ep->state) == S_HANDSHAKE)
+                teardown(cq, ep, -ECONNRESET, "peer closed during the handshake");
+            else
+                teardown(cq, ep, 0, NULL);
+            return;
+        }
+        if (!ep->frame_ns)
+            ep->frame_ns = now;
+        if (ep->rbuf) {
+            size_t p = ep->rlen - ep->rgot;
+            if ((size_t)n < p)
+                p = (size_t)n;
+            ep->rgot += (uint32_t)p;
+            ep->rhdr_got = (uint32_t)((size_t)n - p);
+            if (ep->rgot == ep->rlen) {
+                struct vrpc_buf *b = ep->rbuf;
+                ep->rbuf = NULL;
+                stage_fill(b, VRPC_WC_RECV, 0, ep, ep->rimm);
+                stage(cq, b);
+                ep->frame_ns = ep->rhdr_got ? now : 0;
+            }
+        } else {
+            ep->rhdr_got += (uint32_t)n;
+        }
+        if ((size_t)n < want && !(ep->rhdr_got == HDR_LEN && !ep->rbuf))
+            return; /* drained for now */
+    }
+}
+
+static void on_event(struct tcp_cq *cq, struct tcp_ep *ep, uint32_t events, uint64_t now)
+{
+    if (atomic_load(&ep->state) == S_DEAD)
+        return;
+    if (events & EPOLLERR) {
+        int err = 0;
+        socklen_t l = sizeof err;
+        getsockopt(ep->fd, SOL_SOCKET, SO_ERROR, &err, &l);
+        if (err) {
+            teardown(cq, ep, -err, "socket error");
+            return;
+        }
+    }
+    if (events & EPOLLOUT) {
+        pthread_mutex_lock(&ep->lock);
+        tx_locked(ep);
+        pthread_mutex_unlock(&ep->lock);
+    }
+    if (events & (EPOLLIN | EPOLLHUP | EPOLLRDHUP | EPOLLERR))
+        rx(cq, ep, now);
+}
+
+/* ---- CQ ops --------------------------------------------------------------------- */
+
+static void adopt(struct tcp_cq *cq)
+{
+    struct tcp_ep *ep = atomic_exchange(&cq->adopt, NULL), *n;
+    for (; ep; ep = n) {
+        struct epoll_event e = { .events = EPOLLIN | EPOLLRDHUP, .data.ptr = ep };
+        n = ep->anext;
+        ep->next = cq->eps;
+        ep->prev = NULL;
+        if (cq->eps)
+            cq->eps->prev = ep;
+        cq->eps = ep;
+        cq->neps++;
+        if (epoll_ctl(cq->epfd, EPOLL_CTL_ADD, ep->fd, &e)) {
+            teardown(cq, ep, -errno, "epoll_ctl failed");
+            continue;
+        }
+        if (atomic_load(&ep->state) == S_HANDSHAKE)
+            ep->frame_ns = vrpc_tp_now_ns();
+        else if (ep->granted < ep->resv)
+            hungry_add(cq, ep);
+    }
+}
+
+static void scan_timeouts(struct tcp_cq *cq, uint64_t now)
+{
+    struct tcp_ep *ep, *n;
+    const struct vrpc_transport_attr *a = &cq->base.tp->attr;
+    uint64_t idle = (uint64_t)a->idle_timeout_ms * 1000000u, hs = (uint64_t)a->connect_timeout_ms * 1000000u;
+    for (ep = cq->eps; ep; ep = n) {
+        uint64_t c = atomic_load(&ep->close_ns);
+        n = ep->next;
+        /* (times taken after now are not late: compare as now > t + limit) */
+        if (atomic_load(&ep->state) == S_HANDSHAKE && now > ep->frame_ns + hs)
+            teardown(cq, ep, -ETIMEDOUT, "handshake timed out");
+        else if (ep->frame_ns && now > ep->frame_ns + idle)
+            teardown(cq, ep, -ETIMEDOUT, "frame not completed within the idle timeout (slow or stuck peer)");
+        else if (c && now > c + idle)
+            teardown(cq, ep, -ETIMEDOUT, "peer did not finish the close");
+    }
+}
+
+static void drain_done(struct tcp_cq *cq)
+{
+    struct vrpc_buf *b = mpsc_take_fifo(&cq->done), *n;
+    for (; b; b = n) {
+        n = b->next;
+        stage(cq, b);
+    }
+}
+
+static void finish_dead(struct tcp_cq *cq)
+{
+    struct tcp_ep *ep, *n;
+    /* Everything the dead endpoints' senders pushed is in the done list
+     * (pushed under the endpoint lock before teardown marked them dead). */
+    drain_done(cq);
+    for (ep = cq->dead; ep; ep = n) {
+        n = ep->dnext;
+        ep->ev_disc.len = 0;
+        ep->ev_disc.priv[P_WRID] = 0;
+        stage_fill(&ep->ev_disc, VRPC_WC_DISCONNECTED, ep->disc_status, ep, 0);
+        stage(cq, &ep->ev_disc);
+    }
+    cq->dead = NULL;
+    for (ep = cq->reap; ep; ep = n) {
+        n = ep->dnext;
+        vrpc_ep_unref(&ep->base);
+    }
+    cq->reap = NULL;
+}
+
+static void progress(struct tcp_cq *cq)
+{
+    uint64_t now = vrpc_tp_now_ns();
+    int i, nev;
+
+    nev = cq->nev;
+    cq->nev = 0;
+    /* Busy-polling CQs poll the sockets here; sleeping ones only in cq_wait
+     * (level-triggered, so it returns at once while anything is ready): that
+     * keeps a blocking round trip at about the syscalls of a blocking socket. */
+    if (!nev && cq->base.attr.busy_poll_us)
+        nev = epoll_wait(cq->epfd, cq->ev, MAX_EVENTS, 0);
+    /* Consume the kick before taking the lists it announces: a push that
+     * kicked us is then visible below. (The other order loses a wake-up: a
+     * push after adopt() whose kick is drained here would sleep forever.) */
+    for (i = 0; i < nev; i++)
+        if (!cq->ev[i].data.ptr) {
+            uint64_t v;
+            ssize_t r = read(cq->evfd, &v, sizeof v);
+            (void)r;
+        }
+    adopt(cq);
+    for (i = 0; i < nev; i++)
+        if (cq->ev[i].data.ptr)
+            on_event(cq, cq->ev[i].data.ptr, cq->ev[i].events, now);
+    if (now >= cq->next_scan) {
+        cq->next_scan = now + SCAN_NS;
+        scan_timeouts(cq, now);
+    }
+    distribute_credits(cq);
+    finish_dead(cq);
+}
+
+static int tcp_cq_poll(struct vrpc_cq *base, struct vrpc_wc *wc, unsigned max)
+{
+    struct tcp_cq *cq = container_of(base, struct tcp_cq, base);
+    unsigned n = 0;
+
+    if (!cq->out.head)
+        progress(cq);
+    while (n < max && cq->out.head) {
+        struct vrpc_buf *b = fifo_pop(&cq->out);
+        uint32_t op = (uint32_t)b->priv[P_OPST];
+        struct vrpc_wc *w = &wc[n++];
+        w->wr_id = b->priv[P_WRID];
+        w->ep = (struct vrpc_ep *)(uintptr_t)b->priv[P_EP];
+        w->opcode = op;
+        w->status = (int32_t)(uint32_t)(b->priv[P_OPST] >> 32);
+        w->imm = (uint32_t)b->priv[P_IMM];
+        w->byte_len = b->len;
+        w->buf = (op == VRPC_WC_ACCEPTED || op == VRPC_WC_DISCONNECTED) ? NULL : b;
+    }
+    if (n)
+        atomic_store(&cq->sleeping, 0);
+    return (int)n;
+}
+
+static void tcp_cq_arm(struct vrpc_cq *base)
+{
+    struct tcp_cq *cq = container_of(base, struct tcp_cq, base);
+    atomic_store(&cq->sleeping, 1);
+}
+
+static void tcp_cq_wait(struct vrpc_cq *base, int timeout_ms)
+{
+    struct tcp_cq *cq = container_of(base, struct tcp_cq, base);
+    int n;
+    /* A kick between the arm and now reset sleeping, and the poll after the
+     * arm may have drained its eventfd write: sleeping now would miss every
+     * later push (their producers see sleeping == 0 and do not kick). */
+    if (!atomic_load(&cq->sleeping))
+        return;
+    /* Endpoints need their timeouts checked even when nothing happens. */
+    if (cq->neps && (timeout_ms < 0 || timeout_ms > 100))
+        timeout_ms = 100;
+    n = epoll_wait(cq->epfd, cq->ev, MAX_EVENTS, timeout_ms);
+    cq->nev = n > 0 ? n : 0;
+    atomic_store(&cq->sleeping, 0);
+}
+
+static void tcp_cq_kick(struct vrpc_cq *base)
+{
+    struct tcp_cq *cq = container_of(base, struct tcp_cq, base);
+    uint64_t one = 1;
+    ssize_t r = write(cq->evfd, &one, sizeof one);
+    (void)r;
+}
+
+static void tcp_cq_flush(struct vrpc_cq *base)
+{
+    struct tcp_cq *cq = container_of(base, struct tcp_cq, base);
+    struct vrpc_buf *b;
+    adopt(cq);
+    /* Stage what is already done first, so per-endpoint order holds. */
+    drain_done(cq);
+    while (cq->eps)
+        teardown(cq, cq->eps, -ECANCELED, NULL);
+    finish_dead(cq);
+    take_posted(cq);
+    while ((b = cq->free)) {
+        cq->free = b->next;
+        b->len = 0;
+        stage_fill(b, VRPC_WC_RECV, -ECANCELED, NULL, 0);
+        stage(cq, b);
+    }
+    atomic_store(&cq->posted, 0);
+    atomic_store(&cq->avail, 0);
+}
+
+static int tcp_post_recv(struct vrpc_cq *base, struct vrpc_buf *const *bufs, const uint64_t *wr_ids, unsigned n)
+{
+    struct tcp_cq *cq = container_of(base, struct tcp_cq, base);
+    unsigned i;
+    if (atomic_load_explicit(&base->stopping, memory_order_acquire))
+        return -ESHUTDOWN;
+    if (atomic_fetch_add(&cq->posted, (int)n) + (int)n > (int)base->attr.max_recv) {
+        atomic_fetch_sub(&cq->posted, (int)n);
+        return -ENOSPC;
+    }
+    for (i = 0; i < n; i++) {
+        bufs[i]->priv[P_WRID] = wr_ids ? wr_ids[i] : 0;
+        bufs[i]->next = i + 1 < n ? bufs[i + 1] : NULL;
+    }
+    mpsc_push(&cq->posted_in, bufs[0], bufs[n - 1]);
+    atomic_fetch_add(&cq->avail, (int)n);
+    kick(cq);
+    return 0;
+}
+
+static void tcp_cq_destroy(struct vrpc_cq *base)
+{
+    struct tcp_cq *cq = container_of(base, struct tcp_cq, base);
+    if (cq->epfd >= 0)
+        close(cq->epfd);
+    if (cq->evfd >= 0)
+        close(cq->evfd);
+    free(cq);
+}
+
+static int tcp_cq_create(struct vrpc_transport *tp, const struct vrpc_cq_attr *attr, struct vrpc_cq **out)
+{
+    struct tcp_cq *cq = calloc(1, sizeof *cq);
+    struct epoll_event e = { .events = EPOLLIN, .data.ptr = NULL };
+    int rc;
+    if (!cq)
+        return -ENOMEM;
+    cq->epfd = epoll_create1(EPOLL_CLOEXEC);
+    cq->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (cq->epfd < 0 || cq->evfd < 0 || epoll_ctl(cq->epfd, EPOLL_CTL_ADD, cq->evfd, &e)) {
+        rc = -errno;
+        tcp_cq_destroy(&cq->base);
+        return rc;
+    }
+    *out = &cq->base;
+    return 0;
+}
+
+/* ---- endpoints ---------------------------------------------------------------- */
+
+static struct tcp_ep *ep_alloc(struct vrpc_transport *tp, struct tcp_cq *cq, int fd, void *user, int refs)
+{
+    struct tcp_ep *ep = calloc(1, sizeof *ep);
+    if (!ep)
+        return NULL;
+    vrpc_ep_base_init(&ep->base, tp, &cq->base, user, refs);
+    ep->cq = cq;
+    ep->fd = fd;
+    pthread_mutex_init(&ep->lock, NULL);
+    ep->max_queued = tp->attr.max_queued;
+    ep->target = tp->attr.credits;
+    ep->ctrl.data = ep->ctrl_space + HDR_LEN;
+    atomic_init(&ep->state, S_HANDSHAKE);
+    return ep;
+}
+
+static void tcp_ep_free(struct vrpc_ep *base)
+{
+    struct tcp_ep *ep = container_of(base, struct tcp_ep, base);
+    pthread_mutex_destroy(&ep->lock);
+    free(ep);
+}
+
+static void hand_to_poller(struct tcp_cq *cq, struct tcp_ep *ep)
+{
+    struct tcp_ep *old = atomic_load(&cq->adopt);
+    do
+        ep->anext = old;
+    while (!atomic_compare_exchange_weak(&cq->adopt, &old, ep));
+    kick(cq);
+}
+
+static void set_sock_opts(int fd)
+{
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+/* Blocking helpers for the connecting thread, bounded by deadline_ns. */
+static int wait_fd(int fd, short ev, uint64_t deadline_ns)
+{
+    struct pollfd p = { .fd = fd, .events = ev };
+    for (;;) {
+        uint64_t now = vrpc_tp_now_ns();
+        int r;
+        if (now >= deadline_ns)
+            return -ETIMEDOUT;
+        r = poll(&p, 1, (int)((deadline_ns - now) / 1000000u) + 1);
+        if (r > 0)
+            return 0;
+        if (r < 0 && errno != EINTR)
+            return -errno;
+    }
+}
+
+static int io_full(int fd, void *buf, size_t len, bool wr, uint64_t deadline_ns)
+{
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = wr ? send(fd, (char *)buf + done, len - done, MSG_NOSIGNAL) : recv(fd, (char *)buf + done, len - done, 0);
+        int rc;
+        if (n > 0) {
+            done += (size_t)n;
+            continue;
+        }
+        if (n == 0)
+            return -ECONNRESET;
+        if (errno == EINTR)
+            continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return -errno;
+        if ((rc = wait_fd(fd, wr ? POLLOUT : POLLIN, deadline_ns)))
+            return rc;
+    }
+    return 0;
+}
+
+static int tcp_connect(struct vrpc_transport *tp, const struct vrpc_addr *dst, const struct vrpc_addr *src,
+                       const struct vrpc_ep_attr *attr, struct vrpc_ep **out)
+{
+    struct tcp_cq *cq = container_of(attr->cq, struct tcp_cq, base);
+    uint32_t tmo = attr->timeout_ms ? attr->timeout_ms : tp->attr.connect_timeout_ms, grant;
+    uint64_t deadline = vrpc_tp_now_ns() + (uint64_t)tmo * 1000000u;
+    union {
+        struct vrpc_tcp_hdr h;
+        char b[HDR_LEN];
+    } m;
+    struct tcp_ep *ep;
+    int fd, rc, err = 0;
+    socklen_t l = sizeof err;
+
+    fd = socket(dst->ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    if (src && bind(fd, (const struct sockaddr *)&src->ss, src->len)) {
+        rc = -errno;
+        goto err_fd;
+    }
+    if (connect(fd, (const struct sockaddr *)&dst->ss, dst->len) && errno != EINPROGRESS) {
+        rc = -errno;
+        goto err_fd;
+    }
+    if ((rc = wait_fd(fd, POLLOUT, deadline))) {
+        vrpc_tp_log("tcp: connect: no TCP connection within %u ms", tmo);
+        goto err_fd;
+    }
+    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &l);
+    if (err) {
+        rc = -err;
+        goto err_fd;
+    }
+    set_sock_opts(fd);
+    grant = reserve_credits(cq);
+    if (!grant) {
+        vrpc_tp_log("tcp: connect: no receive buffer left on the CQ to reserve for the peer: post more");
+        rc = -ENOBUFS;
+        goto err_fd;
+    }
+    build_hdr(m.b, F_HELLO, 0, tp->attr.eager_size, grant);
+    if ((rc = io_full(fd, m.b, HDR_LEN, true, deadline)) || (rc = io_full(fd, m.b, HDR_LEN, false, deadline))) {
+        if (rc == -ETIMEDOUT)
+            vrpc_tp_log("tcp: connect: the server did not answer the handshake within %u ms", tmo);
+        goto err_grant;
+    }
+    if (le32toh(m.h.magic) != MAGIC || m.h.version != VERSION || m.h.type != F_HELLO_ACK ||
+        le32toh(m.h.imm) > tp->attr.eager_size) {
+        rc = -EPROTO;
+        goto err_grant;
+    }
+    ep = ep_alloc(tp, cq, fd, attr->user, 2);
+    if (!ep) {
+        rc = -ENOMEM;
+        goto err_grant;
+    }
+    if (attr->max_queued)
+        ep->max_queued = attr->max_queued;
+    ep->base.eager = le32toh(m.h.imm);
+    ep->send_credits = le16toh(m.h.credits);
+    ep->resv = ep->granted = grant;
+    ep->reported = true;
+    atomic_store(&ep->state, S_OPEN);
+    vrpc_addr_format("tcp", (const struct sockaddr *)&dst->ss, ep->base.peer_uri, sizeof ep->base.peer_uri);
+    hand_to_poller(cq, ep);
+    *out = &ep->base;
+    return 0;
+err_grant:
+    atomic_fetch_add(&cq->avail, (int)grant);
+    kick(cq);
+    if (rc == -ECONNRESET)
+        rc = -ECONNREFUSED; /* the listener went away during the handshake */
+err_fd:
+    close(fd);
+    return rc;
+}
+
+/* ---- listener --------------------------------------------------------------------- */
+
+static void listener_unref(struct tcp_listener *l)
+{
+    if (atomic_fetch_sub(&l->refs, 1) == 1) {
+        free(l->cqs);
+        free(l);
+    }
+}
+
+static void *listener_main(void *arg)
+{
+    struct tcp_listener *l = arg;
+    struct pollfd p[2] = { { .fd = l->fd, .events = POLLIN }, { .fd = l->evfd, .events = POLLIN } };
+    while (!atomic_load(&l->closed)) {
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        struct tcp_cq *cq;
+        struct tcp_ep *ep;
+        int fd;
+
+        if (poll(p, 2, -1) < 0 && errno != EINTR)
+            break;
+        if (p[1].revents)
+            break;
+        while ((fd = accept4(l->fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0) {
+            cq = l->cqs[l->rr++ % l->ncqs];
+            set_sock_opts(fd);
+            ep = ep_alloc(l->base.tp, cq, fd, NULL, 1);
+            if (!ep) {
+                close(fd);
+                continue;
+            }
+            vrpc_addr_format("tcp", (struct sockaddr *)&ss, ep->base.peer_uri, sizeof ep->base.peer_uri);
+            atomic_fetch_add(&l->refs, 1);
+            ep->lst = l;
+            ep->accept_user = l->user;
+            hand_to_poller(cq, ep);
+            sl = sizeof ss;
+        }
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+            vrpc_tp_log("tcp: accept: %s (retrying)", strerror(errno));
+            usleep(10000);
+        }
+    }
+    return NULL;
+}
+
+static void tcp_listener_destroy(struct vrpc_listener *base)
+{
+    struct tcp_listener *l = container_of(base, struct tcp_listener, base);
+    uint64_t one = 1;
+    atomic_store(&l->closed, true);
+    if (l->started) {
+        ssize_t r = write(l->evfd, &one, sizeof one);
+        (void)r;
+        pthread_join(l->thread, NULL);
+    }
+    if (l->fd >= 0)
+        close(l->fd);
+    if (l->evfd >= 0)
+        close(l->evfd);
+    listener_unref(l);
+}
+
+static int tcp_listen(struct vrpc_transport *tp, const struct vrpc_addr *addr, const struct vrpc_listen_attr *attr,
+                      struct vrpc_listener **out)
+{
+    struct tcp_listener *l = calloc(1, sizeof *l);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    int one = 1, rc;
+    unsigned i;
+
+    if (!l)
+        return -ENOMEM;
+    l->base.tp = tp;
+    l->fd = l->evfd = -1;
+    atomic_init(&l->refs, 1);
+    atomic_init(&l->closed, false);
+    l->user = attr->user;
+    l->ncqs = attr->ncqs;
+    l->cqs = calloc(attr->ncqs, sizeof *l->cqs);
+    if (!l->cqs) {
+        rc = -ENOMEM;
+        goto err;
+    }
+    for (i = 0; i < attr->ncqs; i++) {
+        if (!attr->cqs[i] || attr->cqs[i]->tp != tp) {
+            rc = -EINVAL;
+            goto err;
+        }
+        l->cqs[i] = container_of(attr->cqs[i], struct tcp_cq, base);
+    }
+    l->fd = socket(addr->ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    l->evfd = eventfd(0, EFD_CLOEXEC);
+    if (l->fd < 0 || l->evfd < 0) {
+        rc = -errno;
+        goto err;
+    }
+    setsockopt(l->fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(l->fd, (const struct sockaddr *)&addr->ss, addr->len) ||
+        listen(l->fd, attr->backlog > 0 ? attr->backlog : 1024) ||
+        getsockname(l->fd, (struct sockaddr *)&ss, &sl)) {
+        rc = -errno;
+        goto err;
+    }
+    vrpc_addr_format("tcp", (struct sockaddr *)&ss, l->base.uri, sizeof l->base.uri);
+    rc = -pthread_create(&l->thread, NULL, listener_main, l);
+    if (rc)
+        goto err;
+    l->started = true;
+    *out = &l->base;
+    return 0;
+err:
+    tcp_listener_destroy(&l->base);
+    return rc;
+}
+
+/* ---- transport and memory --------------------------------------------------------- */
+
+static int tcp_tp_create(const struct vrpc_transport_attr *attr, struct vrpc_transport **out)
+{
+    struct vrpc_transport *tp = calloc(1, sizeof *tp);
+    if (!tp)
+        return -ENOMEM;
+    tp->headroom = HDR_LEN; /* the frame header is written in front of the payload */
+    *out = tp;
+    return 0;
+}
+
+static void tcp_tp_destroy(struct vrpc_transport *tp)
+{
+    free(tp);
+}
+
+static int tcp_mr_reg(struct vrpc_transport *tp, void *addr, size_t len, unsigned access, struct vrpc_mr **out)
+{
+    struct vrpc_mr *mr;
+    if (access & VRPC_ACCESS_REMOTE_READ)
+        return -ENOSYS;
+    mr = calloc(1, sizeof *mr);
+    if (!mr)
+        return -ENOMEM;
+    mr->tp = tp;
+    mr->addr = addr;
+    mr->len = len;
+    mr->access = access;
+    *out = mr;
+    return 0;
+}
+
+static void tcp_mr_dereg(struct vrpc_mr *mr)
+{
+    free(mr);
+}
+
+static int tcp_probe(void)
+{
+    return 0;
+}
+
+const struct vrpc_transport_ops vrpc_tcp_ops = {
+    .name = "tcp",
+    .probe = tcp_probe,
+    .tp_create = tcp_tp_create,
+    .tp_destroy = tcp_tp_destroy,
+    .mr_reg = tcp_mr_reg,
+    .mr_dereg = tcp_mr_dereg,
+    .cq_create = tcp_cq_create,
+    .cq_destroy = tcp_cq_destroy,
+    .cq_poll = tcp_cq_poll,
+    .cq_arm = tcp_cq_arm,
+    .cq_wait = tcp_cq_wait,
+    .cq_kick = tcp_cq_kick,
+    .cq_flush = tcp_cq_flush,
+    .post_recv = tcp_post_recv,
+    .listen = tcp_listen,
+    .listener_destroy = tcp_listener_destroy,
+    .connect = tcp_connect,
+    .send = tcp_send,
+    .read = vrpc_enosys_read,
+    .close = tcp_close,
+    .ep_free = tcp_ep_free,
+};

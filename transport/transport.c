@@ -1,0 +1,428 @@
+/* Transport core: backend selection, the public entry points (argument checks,
+ * then the backend's ops), endpoint reference counting, and the generic poller
+ * thread each CQ runs (poll -> busy-poll -> arm -> poll -> wait). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "transport/transport_ops.h"
+
+/* Every backend compiled in, in "auto" preference order. */
+static const struct vrpc_transport_ops *const backends[] = {
+#ifdef VRPC_BACKEND_VERBS
+    &vrpc_verbs_ops,
+#endif
+    &vrpc_tcp_ops,
+};
+
+int vrpc_enosys_mr_reg(struct vrpc_transport *tp, void *addr, size_t len, unsigned access,
+                       struct vrpc_mr **out)
+{
+    return -ENOSYS;
+}
+
+int vrpc_enosys_read(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t off, uint32_t len, uint64_t raddr,
+                     uint32_t rkey, uint64_t wr_id)
+{
+    return -ENOSYS;
+}
+
+int vrpc_enosys_probe(void)
+{
+    return -ENOSYS;
+}
+
+uint64_t vrpc_tp_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void vrpc_tp_log(const char *fmt, ...)
+{
+    char line[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "vrpc[transport] %s\n", line);
+}
+
+/* ---- transport ------------------------------------------------------------ */
+
+void vrpc_transport_attr_init(struct vrpc_transport_attr *attr)
+{
+    memset(attr, 0, sizeof *attr);
+    attr->eager_size = 8192;
+    attr->credits = 32;
+    attr->max_queued = 1024;
+    attr->idle_timeout_ms = 10000;
+    attr->connect_timeout_ms = 5000;
+}
+
+static void apply_defaults(struct vrpc_transport_attr *a, const struct vrpc_transport_attr *in)
+{
+    struct vrpc_transport_attr d;
+    vrpc_transport_attr_init(&d);
+    *a = in ? *in : d;
+    if (!a->eager_size) a->eager_size = d.eager_size;
+    if (!a->credits) a->credits = d.credits;
+    if (a->credits > 65535) a->credits = 65535;
+    if (!a->max_queued) a->max_queued = d.max_queued;
+    if (!a->idle_timeout_ms) a->idle_timeout_ms = d.idle_timeout_ms;
+    if (!a->connect_timeout_ms) a->connect_timeout_ms = d.connect_timeout_ms;
+}
+
+int vrpc_transport_create(const char *name, const struct vrpc_transport_attr *attr,
+                          struct vrpc_transport **out)
+{
+    const struct vrpc_transport_ops *ops = NULL;
+    struct vrpc_transport_attr a;
+    struct vrpc_transport *tp;
+    size_t i;
+    int rc;
+
+    if (!name || !out)
+        return -EINVAL;
+    apply_defaults(&a, attr);
+    if (a.eager_size > VRPC_EAGER_MAX)
+        return -EINVAL;
+    if (!strcmp(name, "auto")) {
+        for (i = 0; i < sizeof backends / sizeof backends[0]; i++)
+            if (backends[i]->probe() == 0) {
+                ops = backends[i];
+                break;
+            }
+        if (!ops)
+            return -ENODEV;
+    } else {
+        for (i = 0; i < sizeof backends / sizeof backends[0]; i++)
+            if (!strcmp(name, backends[i]->name))
+                ops = backends[i];
+        if (!ops)
+            return strcmp(name, "verbs") ? -ENOENT : -ENOTSUP;
+    }
+    rc = ops->tp_create(&a, &tp);
+    if (rc)
+        return rc;
+    tp->ops = ops;
+    tp->attr = a;
+    *out = tp;
+    return 0;
+}
+
+void vrpc_transport_destroy(struct vrpc_transport *tp)
+{
+    if (tp)
+        tp->ops->tp_destroy(tp);
+}
+
+const char *vrpc_transport_name(const struct vrpc_transport *tp)
+{
+    return tp->ops->name;
+}
+
+uint32_t vrpc_transport_headroom(const struct vrpc_transport *tp)
+{
+    return tp->headroom;
+}
+
+uint32_t vrpc_transport_eager_size(const struct vrpc_transport *tp)
+{
+    return tp->attr.eager_size;
+}
+
+/* ---- memory ----------------------------------------------------------------- */
+
+int vrpc_mr_reg(struct vrpc_transport *tp, void *addr, size_t len, unsigned access, struct vrpc_mr **out)
+{
+    if (!tp || !addr || !len || !out)
+        return -EINVAL;
+    return tp->ops->mr_reg(tp, addr, len, access, out);
+}
+
+void vrpc_mr_dereg(struct vrpc_mr *mr)
+{
+    if (mr)
+        mr->tp->ops->mr_dereg(mr);
+}
+
+uint32_t vrpc_mr_rkey(const struct vrpc_mr *mr)
+{
+    return mr->rkey;
+}
+
+/* ---- CQ and its poller ----------------------------------------------------- */
+
+void vrpc_cq_attr_init(struct vrpc_cq_attr *attr)
+{
+    memset(attr, 0, sizeof *attr);
+    attr->depth = 64;
+    attr->max_recv = 4096;
+    attr->cpu = -1;
+}
+
+static void deliver(struct vrpc_cq *cq, unsigned n)
+{
+    unsigned i;
+    cq->attr.cb(cq, cq->wc, n, cq->attr.cb_arg);
+    /* The transport's reference of an endpoint ends with its DISCONNECTED,
+     * once the layer above has seen it. */
+    for (i = 0; i < n; i++)
+        if (cq->wc[i].opcode == VRPC_WC_DISCONNECTED)
+            vrpc_ep_unref(cq->wc[i].ep);
+}
+
+static void *poller_main(void *arg)
+{
+    struct vrpc_cq *cq = arg;
+    const struct vrpc_transport_ops *ops = cq->tp->ops;
+    uint64_t busy_ns = (uint64_t)cq->attr.busy_poll_us * 1000u, idle_since = vrpc_tp_now_ns();
+    int n;
+
+    for (;;) {
+        n = ops->cq_poll(cq, cq->wc, cq->attr.depth);
+        if (n > 0) {
+            deliver(cq, (unsigned)n);
+            if (busy_ns)
+                idle_since = vrpc_tp_now_ns();
+            continue;
+        }
+        if (atomic_load_explicit(&cq->stopping, memory_order_acquire))
+            break;
+        if (busy_ns && vrpc_tp_now_ns() - idle_since < busy_ns)
+            continue;
+        /* poll -> arm -> poll: a completion landing between the last poll
+         * and the arm is found by the second poll instead of being slept on. */
+        ops->cq_arm(cq);
+        n = ops->cq_poll(cq, cq->wc, cq->attr.depth);
+        if (n > 0) {
+            deliver(cq, (unsigned)n);
+            idle_since = vrpc_tp_now_ns();
+            continue;
+        }
+        if (atomic_load_explicit(&cq->stopping, memory_order_acquire))
+            break;
+        ops->cq_wait(cq, -1);
+        idle_since = vrpc_tp_now_ns();
+    }
+    ops->cq_flush(cq);
+    while ((n = ops->cq_poll(cq, cq->wc, cq->attr.depth)) > 0)
+        deliver(cq, (unsigned)n);
+    return NULL;
+}
+
+int vrpc_cq_create(struct vrpc_transport *tp, const struct vrpc_cq_attr *attr, struct vrpc_cq **out)
+{
+    struct vrpc_cq_attr a;
+    struct vrpc_cq *cq;
+    char name[16];
+    int rc;
+
+    if (!tp || !attr || !attr->cb || !out)
+        return -EINVAL;
+    a = *attr;
+    if (!a.depth) a.depth = 64;
+    if (!a.max_recv) a.max_recv = 4096;
+    snprintf(name, sizeof name, "%s", a.name ? a.name : "vrpc-cq");
+    a.name = NULL;
+    rc = tp->ops->cq_create(tp, &a, &cq);
+    if (rc)
+        return rc;
+    cq->tp = tp;
+    cq->attr = a;
+    atomic_init(&cq->stopping, false);
+    cq->thread_started = false;
+    cq->wc = calloc(a.depth, sizeof *cq->wc);
+    if (!cq->wc) {
+        rc = -ENOMEM;
+        goto err_cq;
+    }
+    rc = -pthread_create(&cq->thread, NULL, poller_main, cq);
+    if (rc)
+        goto err_wc;
+    cq->thread_started = true;
+    pthread_setname_np(cq->thread, name);
+    if (a.cpu >= 0) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(a.cpu, &set);
+        pthread_setaffinity_np(cq->thread, sizeof set, &set);
+    }
+    *out = cq;
+    return 0;
+err_wc:
+    free(cq->wc);
+err_cq:
+    tp->ops->cq_destroy(cq);
+    return rc;
+}
+
+void vrpc_cq_destroy(struct vrpc_cq *cq)
+{
+    if (!cq)
+        return;
+    if (cq->thread_started) {
+        atomic_store_explicit(&cq->stopping, true, memory_order_release);
+        cq->tp->ops->cq_kick(cq);
+        pthread_join(cq->thread, NULL);
+    }
+    free(cq->wc);
+    cq->tp->ops->cq_destroy(cq);
+}
+
+int vrpc_cq_post_recv(struct vrpc_cq *cq, struct vrpc_buf *const *bufs, const uint64_t *wr_ids, unsigned n)
+{
+    unsigned i;
+    if (!cq || (!bufs && n))
+        return -EINVAL;
+    for (i = 0; i < n; i++)
+        if (!bufs[i] || bufs[i]->cap < cq->tp->attr.eager_size)
+            return -EINVAL;
+    if (!n)
+        return 0;
+    return cq->tp->ops->post_recv(cq, bufs, wr_ids, n);
+}
+
+/* ---- listeners and endpoints ------------------------------------------------ */
+
+static int check_scheme(struct vrpc_transport *tp, const struct vrpc_addr *a)
+{
+    if (!strcmp(a->scheme, "auto") || !strcmp(a->scheme, tp->ops->name))
+        return 0;
+    if (strcmp(a->scheme, "tcp") && strcmp(a->scheme, "verbs"))
+        return -EINVAL;
+    return -EPROTONOSUPPORT;
+}
+
+int vrpc_listen(struct vrpc_transport *tp, const char *uri, const struct vrpc_listen_attr *attr,
+                struct vrpc_listener **out)
+{
+    struct vrpc_addr a;
+    int rc;
+    if (!tp || !uri || !attr || !attr->cqs || !attr->ncqs || !out)
+        return -EINVAL;
+    if ((rc = vrpc_addr_parse(uri, &a)) || (rc = check_scheme(tp, &a)))
+        return rc;
+    return tp->ops->listen(tp, &a, attr, out);
+}
+
+void vrpc_listener_destroy(struct vrpc_listener *l)
+{
+    if (l)
+        l->tp->ops->listener_destroy(l);
+}
+
+int vrpc_listener_uri(const struct vrpc_listener *l, char *buf, size_t len)
+{
+    if (strlen(l->uri) >= len)
+        return -ENOSPC;
+    memcpy(buf, l->uri, strlen(l->uri) + 1);
+    return 0;
+}
+
+void vrpc_ep_attr_init(struct vrpc_ep_attr *attr)
+{
+    memset(attr, 0, sizeof *attr);
+}
+
+int vrpc_connect(struct vrpc_transport *tp, const char *uri, const struct vrpc_ep_attr *attr,
+                 struct vrpc_ep **out)
+{
+    struct vrpc_addr dst, src;
+    int rc;
+    if (!tp || !uri || !attr || !attr->cq || attr->cq->tp != tp || !out)
+        return -EINVAL;
+    if ((rc = vrpc_addr_parse(uri, &dst)) || (rc = check_scheme(tp, &dst)))
+        return rc;
+    if (attr->src_addr) {
+        if ((rc = vrpc_addr_parse_ip(attr->src_addr, &src)))
+            return rc;
+        if (src.ss.ss_family != dst.ss.ss_family)
+            return -EINVAL;
+    }
+    return tp->ops->connect(tp, &dst, attr->src_addr ? &src : NULL, attr, out);
+}
+
+void vrpc_ep_base_init(struct vrpc_ep *ep, struct vrpc_transport *tp, struct vrpc_cq *cq, void *user, int refs)
+{
+    ep->tp = tp;
+    ep->cq = cq;
+    ep->user = user;
+    ep->eager = tp->attr.eager_size;
+    atomic_init(&ep->refs, refs);
+    ep->peer_uri[0] = 0;
+}
+
+void vrpc_ep_unref(struct vrpc_ep *ep)
+{
+    /* acq_rel: the last dropper sees every write of the other reference's owner. */
+    if (atomic_fetch_sub_explicit(&ep->refs, 1, memory_order_acq_rel) == 1)
+        ep->tp->ops->ep_free(ep);
+}
+
+int vrpc_ep_send(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t len, uint32_t imm, uint64_t wr_id,
+                 unsigned flags)
+{
+    if (!ep || !buf || len > buf->cap || flags)
+        return -EINVAL;
+    if (len > ep->eager)
+        return -EMSGSIZE;
+    return ep->tp->ops->send(ep, buf, len, imm, wr_id, flags);
+}
+
+int vrpc_ep_read(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t off, uint32_t len, uint64_t raddr,
+                 uint32_t rkey, uint64_t wr_id)
+{
+    if (!ep || !buf || off > buf->cap || len > buf->cap - off)
+        return -EINVAL;
+    return ep->tp->ops->read(ep, buf, off, len, raddr, rkey, wr_id);
+}
+
+int vrpc_ep_close(struct vrpc_ep *ep)
+{
+    if (!ep)
+        return -EINVAL;
+    return ep->tp->ops->close(ep);
+}
+
+void vrpc_ep_destroy(struct vrpc_ep *ep)
+{
+    if (!ep)
+        return;
+    ep->tp->ops->close(ep);
+    vrpc_ep_unref(ep);
+}
+
+void *vrpc_ep_user(const struct vrpc_ep *ep)
+{
+    return ep->user;
+}
+
+void vrpc_ep_set_user(struct vrpc_ep *ep, void *user)
+{
+    ep->user = user;
+}
+
+uint32_t vrpc_ep_eager_size(const struct vrpc_ep *ep)
+{
+    return ep->eager;
+}
+
+int vrpc_ep_peer_uri(const struct vrpc_ep *ep, char *buf, size_t len)
+{
+    if (strlen(ep->peer_uri) >= len)
+        return -ENOSPC;
+    memcpy(buf, ep->peer_uri, strlen(ep->peer_uri) + 1);
+    return 0;
+}
+
+struct vrpc_cq *vrpc_ep_cq(const struct vrpc_ep *ep)
+{
+    return ep->cq;
+}

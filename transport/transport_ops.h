@@ -1,0 +1,156 @@
+/* Private interface between the transport core (transport/ top level) and its
+ * backends (transport/tcp/, transport/verbs/): the base objects every backend
+ * embeds first in its own objects, and the one ops table each backend exports.
+ * The core owns: backend selection, URI parsing, pools, the generic poller
+ * thread (poll -> arm -> poll -> wait), endpoint reference counting. */
+#ifndef VRPC_TRANSPORT_OPS_H
+#define VRPC_TRANSPORT_OPS_H
+
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <verbrpc/transport.h>
+
+#ifndef container_of
+#define container_of(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
+#endif
+
+/* A parsed URI: scheme as written ("tcp", "verbs", "auto") and a socket address. */
+struct vrpc_addr {
+    char scheme[8];
+    struct sockaddr_storage ss;
+    socklen_t len;
+};
+
+/* Parse "scheme://host:port" (host: IPv4, [IPv6] or name). -EINVAL if malformed,
+ * -EHOSTUNREACH if the name does not resolve. */
+int vrpc_addr_parse(const char *uri, struct vrpc_addr *out);
+/* Parse a bare IP literal (v4 or v6, brackets optional) with port 0. */
+int vrpc_addr_parse_ip(const char *ip, struct vrpc_addr *out);
+/* Format "scheme://host:port" into buf; -ENOSPC if it does not fit. */
+int vrpc_addr_format(const char *scheme, const struct sockaddr *sa, char *buf, size_t len);
+
+/* ---- base objects: each backend's object embeds one of these first ----- */
+
+struct vrpc_transport {
+    const struct vrpc_transport_ops *ops;
+    struct vrpc_transport_attr attr; /* defaults applied */
+    uint32_t headroom;               /* bytes before vrpc_buf.data in pool buffers */
+};
+
+struct vrpc_cq {
+    struct vrpc_transport *tp;
+    struct vrpc_cq_attr attr; /* defaults applied; attr.name not kept */
+    pthread_t thread;
+    bool thread_started;
+    atomic_bool stopping; /* set by vrpc_cq_destroy, read by the poller */
+    struct vrpc_wc *wc;   /* attr.depth entries, poller only */
+};
+
+struct vrpc_listener {
+    struct vrpc_transport *tp;
+    char uri[VRPC_URI_MAX]; /* bound address */
+};
+
+struct vrpc_ep {
+    struct vrpc_transport *tp;
+    struct vrpc_cq *cq;
+    void *user;
+    uint32_t eager;       /* negotiated */
+    atomic_int refs;      /* user's + transport's; at 0 ops->ep_free */
+    char peer_uri[VRPC_URI_MAX];
+};
+
+struct vrpc_mr {
+    struct vrpc_transport *tp;
+    void *addr;
+    size_t len;
+    unsigned access;
+    uint32_t lkey, rkey; /* 0 on TCP */
+};
+
+/* ---- the ops table: never NULL members (use the vrpc_enosys_* stubs) ---- */
+
+struct vrpc_transport_ops {
+    const char *name; /* "tcp", "verbs": also the URI scheme */
+    /* 0 when usable on this machine (for "auto"), else a negative errno. */
+    int (*probe)(void);
+    /* Allocate the backend's transport (embedding struct vrpc_transport
+     * first) and set base.headroom; attr has defaults applied. The core sets
+     * base.ops and base.attr afterwards. */
+    int (*tp_create)(const struct vrpc_transport_attr *attr, struct vrpc_transport **out);
+    void (*tp_destroy)(struct vrpc_transport *tp);
+
+    int (*mr_reg)(struct vrpc_transport *tp, void *addr, size_t len, unsigned access,
+                  struct vrpc_mr **out);
+    void (*mr_dereg)(struct vrpc_mr *mr);
+
+    /* Allocate the backend CQ (base first, base.tp/attr set by the core after).
+     * The core then starts the poller thread which calls only cq_poll, cq_arm,
+     * cq_wait and, at stop, cq_flush. */
+    int (*cq_create)(struct vrpc_transport *tp, const struct vrpc_cq_attr *attr, struct vrpc_cq **out);
+    /* Free the CQ; its poller has exited. */
+    void (*cq_destroy)(struct vrpc_cq *cq);
+    /* Poller thread: up to max completions into wc; returns the count (>= 0). */
+    int (*cq_poll)(struct vrpc_cq *cq, struct vrpc_wc *wc, unsigned max);
+    /* Poller thread: arm notification; the core polls once more, then waits. */
+    void (*cq_arm)(struct vrpc_cq *cq);
+    /* Poller thread: sleep until notified (a completion, a kick) or timeout_ms
+     * (-1: none) passes. */
+    void (*cq_wait)(struct vrpc_cq *cq, int timeout_ms);
+    /* Any thread: make the poller's cq_wait return (used to stop it). */
+    void (*cq_kick)(struct vrpc_cq *cq);
+    /* Poller thread, at stop: fail every endpoint still on the CQ and flush
+     * every posted receive (-ECANCELED); subsequent cq_poll calls return those
+     * completions until it returns 0. */
+    void (*cq_flush)(struct vrpc_cq *cq);
+    int (*post_recv)(struct vrpc_cq *cq, struct vrpc_buf *const *bufs, const uint64_t *wr_ids, unsigned n);
+
+    int (*listen)(struct vrpc_transport *tp, const struct vrpc_addr *addr, const struct vrpc_listen_attr *attr,
+                  struct vrpc_listener **out);
+    void (*listener_destroy)(struct vrpc_listener *l);
+
+    /* src may be NULL. On success the endpoint has refs == 2 (user + transport). */
+    int (*connect)(struct vrpc_transport *tp, const struct vrpc_addr *dst, const struct vrpc_addr *src,
+                   const struct vrpc_ep_attr *attr, struct vrpc_ep **out);
+    int (*send)(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t len, uint32_t imm, uint64_t wr_id,
+                unsigned flags);
+    int (*read)(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t off, uint32_t len, uint64_t raddr,
+                uint32_t rkey, uint64_t wr_id);
+    int (*close)(struct vrpc_ep *ep);
+    /* Free the endpoint's memory: both references are gone (the user's, and
+     * the transport's, which the core drops after delivering DISCONNECTED). */
+    void (*ep_free)(struct vrpc_ep *ep);
+};
+
+/* Shared stubs for operations a backend lacks (libfabric's ofi_enosys idea). */
+int vrpc_enosys_mr_reg(struct vrpc_transport *tp, void *addr, size_t len, unsigned access,
+                       struct vrpc_mr **out);
+int vrpc_enosys_read(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t off, uint32_t len, uint64_t raddr,
+                     uint32_t rkey, uint64_t wr_id);
+int vrpc_enosys_probe(void);
+
+/* Drop one reference (e.g. the transport's, from a backend error path of an
+ * endpoint never handed out); frees through ops->ep_free at zero. */
+void vrpc_ep_unref(struct vrpc_ep *ep);
+/* Initialise the base of a new endpoint with refs references. */
+void vrpc_ep_base_init(struct vrpc_ep *ep, struct vrpc_transport *tp, struct vrpc_cq *cq, void *user,
+                       int refs);
+
+/* Monotonic clock in nanoseconds. */
+uint64_t vrpc_tp_now_ns(void);
+
+/* Transport log: one line to stderr, "vrpc[transport] ...". For protocol
+ * errors and the like; never on the hot path of healthy traffic. */
+void vrpc_tp_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#ifdef VRPC_BACKEND_VERBS
+extern const struct vrpc_transport_ops vrpc_verbs_ops;
+#endif
+extern const struct vrpc_transport_ops vrpc_tcp_ops;
+
+#endif
