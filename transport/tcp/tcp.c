@@ -864,7 +864,10 @@ static void progress(struct tcp_cq *cq)
 
     nev = cq->nev;
     cq->nev = 0;
-    if (!nev)
+    /* Busy-polling CQs poll the sockets here; sleeping ones only in cq_wait
+     * (level-triggered, so it returns at once while anything is ready): that
+     * keeps a blocking round trip at about the syscalls of a blocking socket. */
+    if (!nev && cq->base.attr.busy_poll_us)
         nev = epoll_wait(cq->epfd, cq->ev, MAX_EVENTS, 0);
     /* Consume the kick before taking the lists it announces: a push that
      * kicked us is then visible below. (The other order loses a wake-up: a
