@@ -791,6 +791,7 @@ static void adopt(struct tcp_cq *cq)
     struct tcp_ep *ep = atomic_exchange(&cq->adopt, NULL), *n;
     for (; ep; ep = n) {
         struct epoll_event e = { .events = EPOLLIN | EPOLLRDHUP, .data.ptr = ep };
+        int rc;
         n = ep->anext;
         ep->next = cq->eps;
         ep->prev = NULL;
@@ -798,8 +799,15 @@ static void adopt(struct tcp_cq *cq)
             cq->eps->prev = ep;
         cq->eps = ep;
         cq->neps++;
-        if (epoll_ctl(cq->epfd, EPOLL_CTL_ADD, ep->fd, &e)) {
-            teardown(cq, ep, -errno, "epoll_ctl failed");
+        /* A sender may have hit a full socket before we got here (its
+         * EPOLL_CTL_MOD then failed): register EPOLLOUT for it now. */
+        pthread_mutex_lock(&ep->lock);
+        if (ep->pollout)
+            e.events |= EPOLLOUT;
+        rc = epoll_ctl(cq->epfd, EPOLL_CTL_ADD, ep->fd, &e) ? -errno : 0;
+        pthread_mutex_unlock(&ep->lock);
+        if (rc) {
+            teardown(cq, ep, rc, "epoll_ctl failed");
             continue;
         }
         if (atomic_load(&ep->state) == S_HANDSHAKE)
