@@ -26,12 +26,14 @@
 #include "transport/verbs/verbs.h"
 
 #define HDR_LEN 8u
-#define MIN_RESV 2u
+#define MIN_RESV 1u
 /* Receive buffers each connection keeps unpromised for the peer's
- * credit-only messages, which take no credit: a sender has at most one in
- * flight (until its completion) and the receiver reposts it at once, so no
- * credit is ever spent on returning credits (no deadlock, no ping-pong). */
-#define CTL_RESV 2u
+ * credit-only messages, which take no credit. The receiver reposts such a
+ * buffer at once and counts it; every header carries that count (ctl_seen),
+ * and a sender never has more than CTL_RESV credit-only messages the peer has
+ * not confirmed. So returning credits never needs a credit (no deadlock, no
+ * credit ping-pong) and never finds the receive queue empty (no RNR). */
+#define CTL_RESV 1u
 #define CM_TIMEOUT_MS 2000
 #define ACK_BATCH 64
 #define WRID_RECV 1ull /* receive wr_ids are buffer pointers with bit 0 set */
@@ -39,7 +41,7 @@
 struct hdr {
 	uint16_t credits;
 	uint16_t flags;
-	uint32_t rsvd;
+	uint32_t ctl_seen; /* credit-only messages of the peer received and reposted */
 };
 #define HDR_CREDIT_ONLY 1u
 
@@ -99,7 +101,9 @@ struct vep {
 	/* poller only */
 	uint32_t granted, resv, target;
 	uint32_t pending_ctl_min; /* credit_ret that still wants a credit-only message; 0: none */
-	bool hungry, reported, torn, in_todo, counted, reaping, ctl_inflight;
+	bool hungry, reported, torn, in_todo, counted, reaping;
+	uint32_t ctl_sent, peer_ctl_seen; /* ep->lock */
+	atomic_uint ctl_rcvd;
 	struct vep *hnext, *tnext;
 	struct vep *anext; /* CM thread lists */
 	struct vtp_listener *lst;
@@ -479,7 +483,7 @@ static int post_locked(struct vep *ep, struct vrpc_buf *buf, uint32_t len, uint3
 	int rc;
 	h->credits = htons((uint16_t)atomic_exchange(&ep->credit_ret, 0));
 	h->flags = htons(buf ? 0 : HDR_CREDIT_ONLY);
-	h->rsvd = 0;
+	h->ctl_seen = htonl(atomic_load(&ep->ctl_rcvd));
 	memset(&wr, 0, sizeof(wr));
 	sge.addr = (uintptr_t)h;
 	sge.length = HDR_LEN + len;
@@ -512,7 +516,7 @@ static int post_locked(struct vep *ep, struct vrpc_buf *buf, uint32_t len, uint3
 	if (buf)
 		ep->credits--;
 	else
-		ep->ctl_inflight = true;
+		ep->ctl_sent++;
 	return 0;
 }
 
@@ -540,7 +544,8 @@ static void send_credit_locked(struct vep *ep)
 	if ((ep->state != S_OPEN && ep->state != S_CLOSING) || !atomic_load(&ep->credit_ret))
 		return;
 	pump_locked(ep); /* queued data carries the credits if it can go */
-	if (!atomic_load(&ep->credit_ret) || ep->ctl_inflight || ring_used(ep) >= ep->ring_mask)
+	if (!atomic_load(&ep->credit_ret) || ep->ctl_sent - ep->peer_ctl_seen >= CTL_RESV ||
+	    ring_used(ep) >= ep->ring_mask)
 		return;
 	if (post_locked(ep, NULL, 0, 0, 0, false))
 		vrpc_tp_log("verbs: cannot send a credit update");
@@ -925,12 +930,8 @@ static void on_send(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
 		hit = ep->seq_head == seq;
 		ep->head++;
 		ep->seq_head++;
-		if (!s.buf)
-			ep->ctl_inflight = false;
 		if (hit) {
 			pump_locked(ep);
-			if (atomic_load(&ep->credit_ret) >= ep->pending_ctl_min && ep->pending_ctl_min)
-				send_credit_locked(ep);
 			drained = ep->state == S_DEAD && ep->head == ep->tail;
 		}
 		pthread_mutex_unlock(&ep->lock);
@@ -968,24 +969,29 @@ static void on_recv(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
 		stage(cq, VRPC_WC_ACCEPTED, ep, NULL, ep->accept_user, 0, 0, 0);
 	}
 	c = ntohs(h->credits);
-	pthread_mutex_lock(&ep->lock);
-	if (ep->state == S_ACCEPTING)
-		ep->state = S_OPEN; /* data before ESTABLISHED: the client is connected */
-	ep->credits += c;
-	pump_locked(ep);
 	if (ntohs(h->flags) & HDR_CREDIT_ONLY) {
-		/* it used one of the connection's CTL_RESV buffers: repost at once */
-		pthread_mutex_unlock(&ep->lock);
+		/* it used one of the connection's CTL_RESV buffers: repost it at
+		 * once, and count it before anything we send carries the count */
 		b->next = NULL;
 		pthread_mutex_lock(&cq->lock);
 		if (post_srq(cq, b) == 0)
 			atomic_fetch_add(&cq->posted, 1);
 		pthread_mutex_unlock(&cq->lock);
-		return;
+		atomic_fetch_add(&ep->ctl_rcvd, 1);
 	}
+	pthread_mutex_lock(&ep->lock);
+	if (ep->state == S_ACCEPTING)
+		ep->state = S_OPEN; /* data before ESTABLISHED: the client is connected */
+	ep->credits += c;
+	ep->peer_ctl_seen = ntohl(h->ctl_seen);
+	pump_locked(ep);
+	if (ep->pending_ctl_min)
+		send_credit_locked(ep); /* one may have waited for the peer's confirmation */
+	pthread_mutex_unlock(&ep->lock);
+	if (ntohs(h->flags) & HDR_CREDIT_ONLY)
+		return;
 	ep->granted--;
 	hungry_add(cq, ep);
-	pthread_mutex_unlock(&ep->lock);
 	b->len = wc->byte_len - HDR_LEN;
 	stage(cq, VRPC_WC_RECV, ep, b, b->priv[0], 0, b->len,
 	      (wc->wc_flags & IBV_WC_WITH_IMM) ? ntohl(wc->imm_data) : 0);
