@@ -1244,7 +1244,8 @@ static void on_connect_request(struct vtp_listener *l, struct rdma_cm_event *ev)
 	int rc;
 
 	rc = hello_check(tp, ev->param.conn.private_data, ev->param.conn.private_data_len, why, sizeof(why));
-	if (!rc && id->verbs != tp->verbs) {
+	/* the first connection binds the transport to the listener's device */
+	if (!rc && (tp_bind(tp, id->verbs) || !atomic_load(&cq->bound))) {
 		snprintf(why, sizeof(why), "request arrived on another device");
 		rc = -EXDEV;
 	}
@@ -1394,6 +1395,7 @@ static void on_ep_event(struct vep *ep, struct rdma_cm_event *ev)
 
 static void handle_cm_event(struct vtp *tp, struct rdma_cm_event *ev)
 {
+	TRACE("verbs: cm event %s status %d", rdma_event_str(ev->event), ev->status);
 	if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST) {
 		enum obj_kind *k = ev->listen_id->context;
 		struct vtp_listener *l = k ? container_of(k, struct vtp_listener, kind) : NULL;
@@ -1526,8 +1528,6 @@ static int verbs_listen(struct vrpc_transport *tbase, const struct vrpc_addr *ad
 		rc = -EADDRNOTAVAIL;
 		goto err;
 	}
-	if ((rc = tp_bind(tp, l->id->verbs)))
-		goto err;
 	if (rdma_listen(l->id, attr->backlog > 0 ? attr->backlog : 1024)) {
 		rc = err_errno();
 		goto err;
