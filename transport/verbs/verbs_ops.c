@@ -101,7 +101,7 @@ struct vep {
 	/* poller only */
 	uint32_t granted, resv, target;
 	uint32_t pending_ctl_min; /* credit_ret that still wants a credit-only message; 0: none */
-	bool hungry, reported, torn, in_todo, counted, reaping;
+	bool hungry, reported, torn, in_todo, counted, reaping, disc_sent;
 	uint32_t ctl_sent, peer_ctl_seen; /* ep->lock */
 	atomic_uint ctl_rcvd;
 	struct vep *hnext, *tnext;
@@ -520,13 +520,24 @@ static int post_locked(struct vep *ep, struct vrpc_buf *buf, uint32_t len, uint3
 	return 0;
 }
 
+/* Graceful close: once every send accepted before vrpc_ep_close() has been
+ * acknowledged, the DREQ goes out; both sides then see DISCONNECTED. A healthy
+ * endpoint cannot be torn down while its lock is held, so the id is valid. */
+static void close_progress_locked(struct vep *ep)
+{
+	if (ep->state == S_CLOSING && !ep->disc_sent && !ep->wq_head && ep->head == ep->tail && ep->id) {
+		ep->disc_sent = true;
+		rdma_disconnect(ep->id);
+	}
+}
+
 static bool can_post_data(const struct vep *ep) { return ep->credits >= 1 && ring_used(ep) < ep->ring_mask; }
 
 static void pump_locked(struct vep *ep)
 {
 	if (ep->state != S_OPEN && ep->state != S_CLOSING)
 		return;
-	while (ep->wq_head && can_post_data(ep) && ep->state == S_OPEN) {
+	while (ep->wq_head && can_post_data(ep)) {
 		struct vrpc_buf *b = ep->wq_head;
 		bool more = b->next && ep->credits > 1;
 		if (post_locked(ep, b, b->len, (uint32_t)b->priv[1], b->priv[0], more))
@@ -863,7 +874,7 @@ static void service_ep(struct vcq *cq, struct vep *ep)
 		ep->reported = true;
 		stage(cq, VRPC_WC_ACCEPTED, ep, NULL, ep->accept_user, 0, 0, 0);
 	}
-	if (ep->state == S_CLOSING || ep->state == S_DEAD) {
+	if (ep->state == S_DEAD) {
 		wq = ep->wq_head;
 		ep->wq_head = ep->wq_tail = NULL;
 		ep->nwait = 0;
@@ -932,6 +943,7 @@ static void on_send(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
 		ep->seq_head++;
 		if (hit) {
 			pump_locked(ep);
+			close_progress_locked(ep);
 			drained = ep->state == S_DEAD && ep->head == ep->tail;
 		}
 		pthread_mutex_unlock(&ep->lock);
@@ -985,6 +997,7 @@ static void on_recv(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
 	ep->credits += c;
 	ep->peer_ctl_seen = ntohl(h->ctl_seen);
 	pump_locked(ep);
+	close_progress_locked(ep);
 	if (ep->pending_ctl_min)
 		send_credit_locked(ep); /* one may have waited for the peer's confirmation */
 	pthread_mutex_unlock(&ep->lock);
@@ -1636,16 +1649,11 @@ static int verbs_close(struct vrpc_ep *base)
 	pthread_mutex_lock(&ep->lock);
 	if (ep->state == S_OPEN || ep->state == S_ACCEPTING) {
 		ep->state = S_CLOSING;
-		/* DREQ: the peer sees DISCONNECTED; ours follows and fails the QP.
-		 * A healthy endpoint cannot be torn down while we hold its lock. */
-		if (ep->id)
-			rdma_disconnect(ep->id);
+		close_progress_locked(ep); /* else after the last send's completion */
 	} else {
 		rc = -ENOTCONN;
 	}
 	pthread_mutex_unlock(&ep->lock);
-	if (!rc)
-		todo_add(ep); /* flush the sends waiting for credits */
 	return rc;
 }
 
