@@ -768,6 +768,8 @@ int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *opts, s
 
     if ((rc = vrpc_pending_create(ch->o.max_outstanding, &ch->pend)))
         goto fail;
+    if (ch->o.no_spin)
+        ch->pend->wait_spins = 0;
     if ((rc = vrpc_timer_wheel_create(1000, &ch->wheel)))
         goto fail;
     if (ch->o.sched) {
@@ -776,6 +778,8 @@ int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *opts, s
         struct vrpc_sched_config sc;
         vrpc_sched_config_init(&sc);
         sc.nworkers = ch->o.threads;
+        if (ch->o.no_spin)
+            sc.spin_us = 1; /* the scheduler's minimum: 0 means its default */
         if ((rc = vrpc_sched_create(&sc, &ch->sched)))
             goto fail;
         ch->own_sched = true;
@@ -789,7 +793,7 @@ int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *opts, s
     vrpc_cq_attr_init(&ca);
     ca.cb = channel_cq_cb;
     ca.cb_arg = ch;
-    ca.busy_poll_us = 20;
+    ca.busy_poll_us = ch->o.no_spin ? 0 : 20;
     ca.max_recv = RECV_BUFS;
     ca.name = "vrpc-ch-poll";
     if ((rc = vrpc_cq_create(ch->tp, &ca, &ch->cq)))

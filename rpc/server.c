@@ -709,6 +709,8 @@ int vrpc_server_start(struct vrpc_server *s, const char *uri)
         struct vrpc_sched_config sc;
         vrpc_sched_config_init(&sc);
         sc.nworkers = s->o.threads;
+        if (s->o.no_spin)
+            sc.spin_us = 1; /* the scheduler's minimum: 0 means its default */
         if ((rc = vrpc_sched_create(&sc, &s->sched)))
             return rc;
         s->own_sched = true;
@@ -730,7 +732,7 @@ int vrpc_server_start(struct vrpc_server *s, const char *uri)
         vrpc_cq_attr_init(&ca);
         ca.cb = server_cq_cb;
         ca.cb_arg = pl;
-        ca.busy_poll_us = 20;
+        ca.busy_poll_us = s->o.no_spin ? 0 : 20;
         ca.max_recv = SERVER_RECV_BUFS;
         ca.name = "vrpc-srv-poll";
         if ((rc = vrpc_cq_create(s->tp, &ca, &pl->cq)))
