@@ -27,8 +27,9 @@
 #define FAIR_TICK 61 /* every FAIR_TICK-th task comes from the shared queues first */
 #define MAX_WORKERS 4096
 
-/* Where a parked worker sleeps: one event count each, so a waker wakes exactly
- * the worker whose idle bit it claimed. */
+/* One per worker thread: its deque, the event count it sleeps on (one per
+ * worker, so that a waker wakes exactly the worker whose idle bit it claimed),
+ * and state only the worker itself touches. */
 struct vrpc_worker {
     struct vrpc_deque dq;
     _Alignas(64) struct ck_ec32 ec; /* bumped by the claimer of our idle bit, and by destroy */
@@ -53,21 +54,22 @@ struct vrpc_sched_producer {
 };
 
 struct vrpc_sched {
-    struct vrpc_inject inject;             /* unregistered submitters, ring overflow */
-    _Alignas(64) uint64_t ext_inflight;     /* unregistered submits in progress */
-    _Alignas(64) uint32_t stopping;         /* destroy began: non-worker submits fail */
-    uint32_t exiting;                       /* workers must return */
-    _Alignas(64) uint32_t nspinning;        /* idle workers spinning before they park */
-    uint32_t max_spinning;
+    struct vrpc_inject inject;          /* unregistered submitters, ring overflow */
+    _Alignas(64) uint64_t ext_inflight; /* unregistered submits in progress */
+    /* Read-mostly from here to nspinning. */
+    _Alignas(64) uint32_t stopping;        /* destroy began: non-worker submits fail */
+    uint32_t exiting;                      /* workers must return */
     struct vrpc_sched_producer *producers; /* append-at-head list, nodes live until destroy */
     struct vrpc_worker *w;
     uint64_t *idle; /* bit i set: worker i is parked or about to park */
     unsigned nidle_words;
     unsigned n;     /* workers */
     unsigned ninit; /* workers whose deque is initialised */
+    unsigned max_spinning;
     uint64_t spin_ns;
     bool asym_fence; /* parking workers call membarrier(); producers need no fence */
     struct vrpc_sched_config cfg;
+    _Alignas(64) uint32_t nspinning; /* idle workers spinning before they park */
     pthread_mutex_t prod_lock;
 };
 
@@ -245,6 +247,10 @@ static struct vrpc_task *take_from_producers(struct vrpc_worker *w)
             unsigned n = vrpc_ring_pop_batch(&p->ring, batch, want > BATCH ? BATCH : (unsigned)want);
             if (n) {
                 w->prod_cursor = p->next; /* NULL: restart at the head */
+                /* The producer wrote these tasks on another core: start
+                 * fetching them now rather than one miss per task later. */
+                for (unsigned i = 0; i < n; i++)
+                    __builtin_prefetch(batch[i]);
                 /* Pushed newest first, so this worker's LIFO takes run them oldest first. */
                 for (unsigned i = n - 1; i >= 1; i--)
                     local_push(w, batch[i]);
@@ -610,6 +616,8 @@ int vrpc_sched_submit(struct vrpc_sched *s, struct vrpc_task *t)
 {
     struct vrpc_worker *w = tls_worker;
 
+    if (!s || !t || !t->fn)
+        return -EINVAL;
     if (w && w->s == s) {
         local_push(w, t);
         /* Best effort, no fence: the task cannot be lost, since this worker
@@ -676,8 +684,11 @@ int vrpc_sched_producer_create(struct vrpc_sched *s, struct vrpc_sched_producer 
 
 int vrpc_sched_producer_submit(struct vrpc_sched_producer *p, struct vrpc_task *t)
 {
-    struct vrpc_sched *s = p->s;
+    struct vrpc_sched *s;
 
+    if (!p || !t || !t->fn)
+        return -EINVAL;
+    s = p->s;
     if (vs_load_32(&s->stopping))
         return -ESHUTDOWN;
     if (!vrpc_ring_push(&p->ring, t))
@@ -708,7 +719,7 @@ int vrpc_sched_current_worker(const struct vrpc_sched *s)
 
 unsigned vrpc_sched_nworkers(const struct vrpc_sched *s)
 {
-    return s->n;
+    return s ? s->n : 0;
 }
 
 int vrpc_sched_worker_stats(const struct vrpc_sched *s, unsigned worker, struct vrpc_sched_worker_stats *out)

@@ -2,7 +2,10 @@
  * submitted by an external thread) and its submit-to-start latency with the
  * workers awake and parked, next to baselines measured in the same run: a
  * thread pool with one mutex+condvar queue, and a bare futex wake between two
- * threads. Prints what it measured; targets are reported, not asserted. */
+ * threads. Prints what it measured; targets are reported, not asserted.
+ * Throughput cases report ops_per_s (median over the rounds) and no
+ * percentiles; latency cases report p50/p99 and, as ops_per_s, 1 / mean
+ * latency. x_baseline and p50_x_futex are the ratios the targets are about. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <limits.h>
@@ -316,9 +319,36 @@ static void *futex_waiter(void *arg)
     }
 }
 
+/* The k-th CPU this process may run on (k wraps), or -1. */
+static int nth_allowed_cpu(unsigned k)
+{
+    cpu_set_t set;
+    int n;
+    if (sched_getaffinity(0, sizeof(set), &set) != 0 || (n = CPU_COUNT(&set)) == 0)
+        return -1;
+    k %= (unsigned)n;
+    for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
+        if (CPU_ISSET(cpu, &set) && k-- == 0)
+            return cpu;
+    return -1;
+}
+
+static void pin_thread(pthread_t th, int cpu)
+{
+    cpu_set_t one;
+    if (cpu < 0)
+        return;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    pthread_setaffinity_np(th, sizeof(one), &one);
+}
+
 /* Wake-from-sleep latency of the three contenders, sampled in turn (futex,
  * scheduler, pool, futex, ...) so that all see the same machine load; gap_ns
- * between samples lets the scheduler's worker spin out and park. */
+ * between samples lets the scheduler's worker spin out and park. With two or
+ * more CPUs the waker (this thread) runs on the second allowed CPU and every
+ * sleeper on the first, so that each wake crosses CPUs the same way (where a
+ * sleeper lands otherwise decides whether a wake costs 5 or 70 us here). */
 static void run_wake_latency(unsigned nworkers, unsigned n, uint64_t gap_ns, struct vrpc_bench_samples *fx,
                              struct vrpc_bench_samples *sched, struct vrpc_bench_samples *pool, uint64_t *parks)
 {
@@ -331,14 +361,24 @@ static void run_wake_latency(unsigned nworkers, unsigned n, uint64_t gap_ns, str
     pthread_t th;
     int rc;
 
+    cpu_set_t saved;
+    bool pin = ncpu >= 2 && sched_getaffinity(0, sizeof(saved), &saved) == 0;
+
     fx_word = fx_seen = fx_stop = 0;
     if ((rc = pthread_create(&th, NULL, futex_waiter, NULL)) != 0)
         die("pthread_create", rc);
     vrpc_sched_config_init(&cfg);
     cfg.nworkers = nworkers;
+    cfg.pin_cpus = pin; /* worker i on the i-th allowed CPU */
     if ((rc = vrpc_sched_create(&cfg, &s)) != 0 || (rc = vrpc_sched_producer_create(s, &prod)) != 0)
         die("vrpc_sched_create", rc);
     mp = mpool_create(nworkers);
+    if (pin) {
+        pin_thread(th, nth_allowed_cpu(0));
+        for (unsigned i = 0; i < mp->n; i++)
+            pin_thread(mp->th[i], nth_allowed_cpu(i));
+        pin_thread(pthread_self(), nth_allowed_cpu(nworkers));
+    }
     vrpc_task_init(&lt.t, lat_fn);
     *parks = 0;
     for (uint32_t i = 1; i <= n + n / 10; i++) { /* the first 10% warm up */
@@ -381,6 +421,8 @@ static void run_wake_latency(unsigned nworkers, unsigned n, uint64_t gap_ns, str
     mpool_destroy(mp);
     vrpc_sched_producer_destroy(prod);
     vrpc_sched_destroy(s);
+    if (pin)
+        pthread_setaffinity_np(pthread_self(), sizeof(saved), &saved);
 }
 
 /* ---- idle CPU --------------------------------------------------------------- */
@@ -438,7 +480,7 @@ int main(int argc, char **argv)
     ncpu = nc > 0 ? (unsigned)nc : 1;
     uint64_t spawn_n = opts.quick ? 200000 : 4000000;
     uint64_t submit_n = opts.quick ? 100000 : 2000000;
-    unsigned rounds = opts.quick ? 1 : 3;
+    unsigned rounds = opts.quick ? 1 : 5;
     unsigned lat_n = opts.quick ? 300 : 3000;
     unsigned lat_awake_n = opts.quick ? 3000 : 50000;
     uint64_t gap = 300000; /* 300 us between wake samples: workers spin 50 us, then park */

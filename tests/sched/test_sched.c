@@ -162,13 +162,24 @@ static void st_work(struct vrpc_task *t)
     test_busy_ns(2000);
 }
 
+/* Puts all the work into its own worker's deque, then stays busy until the
+ * other worker has taken 1% of it (or 10 s pass), so that on a loaded
+ * machine the share does not depend on when the thief gets a CPU. */
 static void st_seed(struct vrpc_task *t)
 {
+    int me = vrpc_sched_current_worker(st.s);
+    struct vrpc_sched_worker_stats ws;
+    uint64_t deadline = test_now_ns() + 10000000000ull;
     (void)t;
-    __atomic_store_n(&st.seeded_on, vrpc_sched_current_worker(st.s), __ATOMIC_RELAXED);
+
+    __atomic_store_n(&st.seeded_on, me, __ATOMIC_RELAXED);
     for (uint32_t i = 0; i < st.n; i++)
         if (vrpc_sched_submit(st.s, &st.items[i].t) != 0)
             fail_async();
+    do {
+        if (vrpc_sched_worker_stats(st.s, me == 0 ? 1 : 0, &ws) != 0)
+            fail_async();
+    } while (ws.stolen < st.n / 100 && test_now_ns() < deadline);
 }
 
 static void test_stealing(void **state)
@@ -180,7 +191,7 @@ static void test_stealing(void **state)
     vrpc_sched_config_init(&cfg);
     cfg.nworkers = 2; /* even on one CPU */
     cfg.deque_size = 32768;
-    st.n = 20000 / (test_scale_div() > 4 ? 4 : test_scale_div()); /* ~40 ms of work on one core */
+    st.n = 20000; /* ~40 ms of work on one core */
     st.items = calloc(st.n, sizeof(*st.items));
     assert_non_null(st.items);
     for (uint32_t i = 0; i < st.n; i++)
@@ -424,6 +435,12 @@ static void test_api_contracts(void **state)
     assert_int_equal(vrpc_sched_current_worker(s), -1);
     assert_int_equal(vrpc_sched_worker_stats(s, vrpc_sched_nworkers(s), &ws), -EINVAL);
     assert_int_equal(vrpc_sched_worker_stats(s, 0, &ws), 0);
+    struct vrpc_task t = {0};
+    assert_int_equal(vrpc_sched_submit(s, &t), -EINVAL); /* no function */
+    assert_int_equal(vrpc_sched_submit(s, NULL), -EINVAL);
+    assert_int_equal(vrpc_sched_submit(NULL, &t), -EINVAL);
+    assert_int_equal(vrpc_sched_producer_submit(NULL, &t), -EINVAL);
+    assert_int_equal(vrpc_sched_producer_create(s, NULL), -EINVAL);
     vrpc_sched_destroy(s);
     vrpc_sched_destroy(NULL);
     vrpc_sched_producer_destroy(NULL);
