@@ -617,8 +617,8 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
     uint8_t *p = b->data;
     if (mdsz)
         vrpc_wire_md_encode(p + VRPC_WIRE_HDR_LEN, o->md, o->md_count);
-    size_t plen = 0;
-    vrpc_pb_pack(req, p + VRPC_WIRE_HDR_LEN + mdsz, b->cap - VRPC_WIRE_HDR_LEN - (size_t)mdsz, &plen);
+    /* need <= max_payload <= eager - header = room in b: checked above */
+    size_t plen = vrpc_pb_pack_sized(req, p + VRPC_WIRE_HDR_LEN + mdsz);
     h.payload_len = (uint32_t)plen;
     vrpc_wire_hdr_encode(p, &h);
 

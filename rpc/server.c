@@ -588,9 +588,9 @@ int vrpc_server_call_respond(struct vrpc_server_call *call, const ProtobufCMessa
         return -ECONNRESET;
     }
     struct vrpc_buf *b = vrpc_rpc_buf_get(c->s->send_pool, true);
-    size_t plen = 0;
     uint8_t *p = b->data;
-    vrpc_pb_pack(resp, p + VRPC_WIRE_HDR_LEN, b->cap - VRPC_WIRE_HDR_LEN, &plen);
+    /* size <= client_max_payload <= eager - header = room in b: checked above */
+    size_t plen = vrpc_pb_pack_sized(resp, p + VRPC_WIRE_HDR_LEN);
     struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
                               .request_id = call->req_id, .payload_len = (uint32_t)plen};
     vrpc_wire_hdr_encode(p, &h);

@@ -21,8 +21,8 @@ VG=(valgrind --tool=callgrind --quiet)
 
 ir() { awk '/^(summary|totals):/ { print $2; exit }' "$1"; }
 
-# start_server IMPL CALLS [valgrind-out]: starts a server in the background,
-# echoes its address once it listens.
+# start_server IMPL CALLS [valgrind-out]: starts a server in the background
+# (SERVER_PID), sets ADDR once it listens.
 start_server() {
     local impl=$1 calls=$2 out=${3:-} pre=()
     [[ -n $out ]] && pre=("${VG[@]}" --callgrind-out-file="$out")
@@ -34,7 +34,7 @@ start_server() {
     fi
     SERVER_PID=$!
     for _ in $(seq 1 600); do [[ -s $TMP/addr ]] && break; sleep 0.1; done
-    head -1 "$TMP/addr"
+    ADDR=$(head -1 "$TMP/addr")
 }
 
 run_client() { # impl addr calls [valgrind-out]
@@ -51,11 +51,11 @@ measure() { # impl side -> instructions per call
     local impl=$1 side=$2 n ir1 ir2
     for n in "$N" $((2 * N)); do
         if [[ $side == client ]]; then
-            addr=$(start_server "$impl" "$n")
-            run_client "$impl" "$addr" "$n" "$TMP/$impl.$side.$n"
+            start_server "$impl" "$n"
+            run_client "$impl" "$ADDR" "$n" "$TMP/$impl.$side.$n" >&2
         else
-            addr=$(start_server "$impl" "$n" "$TMP/$impl.$side.$n")
-            run_client "$impl" "$addr" "$n"
+            start_server "$impl" "$n" "$TMP/$impl.$side.$n"
+            run_client "$impl" "$ADDR" "$n" >&2
         fi
         wait "$SERVER_PID"
     done
@@ -69,7 +69,8 @@ impls=(verbrpc)
 declare -A R
 for impl in "${impls[@]}"; do
     for side in client server; do
-        R[$impl.$side]=$(measure "$impl" "$side")
+        measure "$impl" "$side" >"$TMP/result"
+        R[$impl.$side]=$(cat "$TMP/result")
         if [[ $JSON == --json ]]; then
             name="cpu:${impl}_${side}_instr_per_call"
             [[ $impl == grpc ]] && name="baseline:$name"
