@@ -480,7 +480,7 @@ static int by_p50(const void *a, const void *b)
     return x->p50 < y->p50 ? -1 : x->p50 > y->p50;
 }
 
-#define ROUNDS 3
+#define ROUNDS 5
 
 /* The baseline and the transport ping-pong alternate ROUNDS times (this
  * machine is shared and noisy); each reports its round with the median p50,

@@ -310,12 +310,13 @@ VRPC_API int vrpc_ep_send(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t len
 VRPC_API int vrpc_ep_read(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t off, uint32_t len,
                           uint64_t raddr, uint32_t rkey, uint64_t wr_id);
 
-/* Start a graceful close: nothing new is accepted (-ENOTCONN); sends still
- * waiting for credits flush (-ECANCELED); sends already on the wire are still
- * delivered where the connection allows; then the endpoint's DISCONNECTED
- * completion follows (status 0 when the peer confirmed the close, -ETIMEDOUT
- * if it did not within the idle timeout). Any thread; returns 0, or -ENOTCONN
- * if already closed or dead (idempotent). */
+/* Start a graceful close: nothing new is accepted (-ENOTCONN); every send
+ * accepted before is still delivered, in order, as the peer's credits allow
+ * (the peer keeps receiving until the stream ends); then the write side
+ * closes, and DISCONNECTED follows once the peer has closed too (status 0).
+ * If that takes longer than the idle timeout, the endpoint fails with
+ * -ETIMEDOUT and what is left flushes. Any thread; returns 0, or -ENOTCONN if
+ * already closed or dead (idempotent). */
 VRPC_API int vrpc_ep_close(struct vrpc_ep *ep);
 /* Close if needed and drop the user's reference. The pointer stays valid as a
  * name in completions until its DISCONNECTED completion has been delivered;

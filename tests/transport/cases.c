@@ -346,6 +346,39 @@ void t_peer_close(void **state)
     assert_int_equal(atomic_load(&e.flushed_recvs), ec.nbufs - held);
 }
 
+/* A graceful close with sends still waiting for credits: they are delivered
+ * (in order) once the peer frees buffers, then DISCONNECTED (status 0). */
+void t_close_delivers_queued(void **state)
+{
+    struct echo_cfg ec = { .ncq = 1, .nbufs = 4, .hold = true, .repost_only = true };
+    struct echo e;
+    struct client c;
+    struct counts k;
+    struct vrpc_ep *ep;
+    unsigned i, nsend = 12;
+
+    memset(&k, 0, sizeof k);
+    assert_int_equal(echo_start(&e, &ec), 0);
+    assert_int_equal(client_start(&c, NULL, 32, 8, 0, counts_cb, &k), 0);
+    assert_int_equal(client_connect(&c, e.uri, &ep), 0);
+    for (i = 0; i < nsend; i++)
+        assert_int_equal(vrpc_ep_send(ep, vrpc_pool_get(c.pool), 8, i, i, 0), 0);
+    assert_true(wait_until(&e.recvs, 1, WAIT_MS));
+    assert_int_equal(vrpc_ep_close(ep), 0);
+    usleep(50000);
+    assert_true(atomic_load(&e.recvs) <= ec.nbufs); /* the rest waits for credits */
+    assert_int_equal(atomic_load(&k.disc), 0);
+    echo_release(&e); /* buffers come back: credits flow, the queue drains */
+    assert_true(wait_until(&e.recvs, nsend, WAIT_MS));
+    assert_true(wait_until(&k.disc, 1, WAIT_MS));
+    assert_int_equal(atomic_load(&k.disc_status), 0);
+    assert_int_equal(atomic_load(&k.send_ok), nsend);
+    assert_int_equal(atomic_load(&k.send_err), 0);
+    vrpc_ep_destroy(ep);
+    client_stop(&c);
+    echo_stop(&e);
+}
+
 /* ---- peer crash ------------------------------------------------------------ */
 
 /* Child: a server that accepts, receives into few buffers and never reposts,

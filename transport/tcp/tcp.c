@@ -271,7 +271,8 @@ static void tx_locked(struct tcp_ep *ep)
     }
     if (!ep->wq.head) {
         set_pollout_locked(ep, false);
-        if (atomic_load(&ep->state) == S_CLOSING && !ep->shut_wr && ep->fd >= 0) {
+        /* a graceful close ends the stream once every accepted send is out */
+        if (atomic_load(&ep->state) == S_CLOSING && !ep->waitq.head && !ep->shut_wr && ep->fd >= 0) {
             shutdown(ep->fd, SHUT_WR);
             ep->shut_wr = true;
         }
@@ -351,14 +352,12 @@ static int tcp_send(struct vrpc_ep *base, struct vrpc_buf *b, uint32_t len, uint
 }
 
 /* Move every queued send to the done list with -ECANCELED (lock held). */
-static void flush_sends_locked(struct tcp_ep *ep, bool waiting_only)
+static void flush_sends_locked(struct tcp_ep *ep)
 {
     struct vrpc_buf *first = NULL, *last = NULL, *b;
-    struct fifo *qs[2] = { &ep->waitq, waiting_only ? NULL : &ep->wq };
+    struct fifo *qs[2] = { &ep->wq, &ep->waitq }; /* admission order */
     int i;
     for (i = 0; i < 2; i++) {
-        if (!qs[i])
-            continue;
         while ((b = fifo_pop(qs[i]))) {
             if (b == &ep->ctrl) {
                 ep->ctrl_queued = false;
@@ -374,8 +373,7 @@ static void flush_sends_locked(struct tcp_ep *ep, bool waiting_only)
         }
     }
     ep->nwait = 0;
-    if (!waiting_only)
-        ep->wq_off = 0;
+    ep->wq_off = 0;
     if (first) {
         mpsc_push(&ep->cq->done, first, last);
         kick(ep->cq);
@@ -392,8 +390,9 @@ static int tcp_close(struct vrpc_ep *base)
     }
     atomic_store(&ep->state, S_CLOSING);
     atomic_store(&ep->close_ns, vrpc_tp_now_ns());
-    flush_sends_locked(ep, true);
-    tx_locked(ep); /* shuts the write side down once wq is empty */
+    /* Sends waiting for credits still go as credits arrive (the peer keeps
+     * reading until our FIN); the write side shuts once both queues drain. */
+    tx_locked(ep);
     pthread_mutex_unlock(&ep->lock);
     kick(ep->cq);
     return 0;
@@ -550,7 +549,7 @@ static void teardown(struct tcp_cq *cq, struct tcp_ep *ep, int status, const cha
                     why, strerror(status < 0 ? -status : 0));
     pthread_mutex_lock(&ep->lock);
     atomic_store(&ep->state, S_DEAD);
-    flush_sends_locked(ep, false);
+    flush_sends_locked(ep);
     fd = ep->fd;
     ep->fd = -1;
     pthread_mutex_unlock(&ep->lock);
@@ -694,8 +693,6 @@ static int handle_hdr(struct tcp_cq *cq, struct tcp_ep *ep, struct vrpc_buf **sp
     return 0;
 }
 
-static void rx(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now);
-
 /* Bytes already read from ep's stream (the carry of a speculative read) go
  * where the socket's bytes would have gone: header, then payload buffers.
  * *spec, if not NULL, is the posted buffer holding the carry itself: it is
@@ -783,9 +780,9 @@ static void rx_spec(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
         ep->rhdr_got += (uint32_t)n;
         if (!ep->frame_ns)
             ep->frame_ns = now;
-        if ((size_t)n == hrem)
-            rx(cq, ep, now); /* a whole header and nothing after it (yet) */
-        return; /* short: LT epoll calls again when more arrives */
+        if ((size_t)n == hrem && (rc = handle_hdr(cq, ep, NULL, &why)))
+            teardown(cq, ep, rc, why); /* a whole header, nothing after it yet */
+        return; /* level-triggered epoll reports the socket again when more arrives */
     }
     extra = (size_t)n - hrem;
     ep->rhdr_got = HDR_LEN;
@@ -818,8 +815,8 @@ static void rx_spec(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
         ep->frame_ns = 0;
     else if (!ep->frame_ns)
         ep->frame_ns = now;
-    if ((size_t)n == hrem + (size_t)iov[1].iov_len && ep->fd >= 0)
-        rx(cq, ep, now); /* filled the whole buffer: more may be waiting */
+    /* One read per readiness report: level-triggered epoll reports the socket
+     * again if more is waiting, and other connections get their turn. */
 }
 
 /* Read what the socket has for ep, a bounded amount per call (level-triggered
