@@ -371,7 +371,7 @@ static void run_grpc(struct grpc_res *gr)
                    "scripts/install-deps.sh --bench)\n");
         return;
     }
-    snprintf(cmd, sizeof(cmd), "%s/grpc_echo_bench --duration-ms %u --server-ip %s%s", self, g.duration_ms,
+    snprintf(cmd, sizeof(cmd), "%s/grpc_echo_bench --run --duration-ms %u --server-ip %s%s", self, g.duration_ms,
              g.server_ip, g.bo.json ? " --json" : "");
     FILE *p = popen(cmd, "r");
     if (!p)
