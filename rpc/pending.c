@@ -72,7 +72,8 @@ void vrpc_pending_set_limit(struct vrpc_pending *p, uint32_t limit)
     pthread_mutex_unlock(&p->lock);
 }
 
-int vrpc_pending_alloc(struct vrpc_pending *p, int64_t deadline_ns, struct vrpc_pending_slot **out)
+int vrpc_pending_alloc(struct vrpc_pending *p, int64_t deadline_ns, void *conn,
+                       struct vrpc_pending_slot **out)
 {
     int rc = 0;
 
@@ -95,6 +96,8 @@ int vrpc_pending_alloc(struct vrpc_pending *p, int64_t deadline_ns, struct vrpc_
         struct vrpc_pending_slot *s = &p->slots[p->free[--p->nfree]];
         p->in_use++;
         uint64_t w = __atomic_load_n(&s->word, __ATOMIC_RELAXED);
+        __atomic_store_n(&s->conn, conn, __ATOMIC_RELAXED);
+        /* release: conn is visible to whoever sees INUSE (the loss scan). */
         __atomic_store_n(&s->word, WORD(GEN(w), VRPC_PEND_INUSE), __ATOMIC_RELEASE);
         *out = s;
     }
@@ -117,7 +120,10 @@ static void slot_free(struct vrpc_pending_slot *s)
     pthread_mutex_lock(&p->lock);
     p->free[p->nfree++] = s->index;
     p->in_use--;
-    pthread_cond_signal(&p->cond);
+    if (p->closed)
+        pthread_cond_broadcast(&p->cond); /* the destroyer waits for in_use == 0 */
+    else
+        pthread_cond_signal(&p->cond);
     pthread_mutex_unlock(&p->lock);
 }
 

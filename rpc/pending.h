@@ -44,10 +44,11 @@ struct vrpc_pending_slot {
     uint32_t index;
     struct vrpc_pending *table;
     /* The call, written by its owner before sending. */
-    void *conn;           /* connection the request went out on */
+    void *conn;           /* connection the request goes out on (atomic: read by the loss scan) */
     const struct vrpc_method_desc *method;
     vrpc_call_cb cb;      /* NULL for a synchronous call */
     void *cb_arg;
+    void *cb_ch;          /* the channel, for the async completion task */
     int64_t deadline_ns;
     struct vrpc_timer timer;
     struct vrpc_task task; /* async completion runs as this task */
@@ -77,10 +78,12 @@ void vrpc_pending_destroy(struct vrpc_pending *p);
  * free stack guarantees the indices handed out stay below the limit. */
 void vrpc_pending_set_limit(struct vrpc_pending *p, uint32_t limit);
 
-/* Take a free slot, waiting while limit slots are in use, at most until
- * deadline_ns (CLOCK_MONOTONIC; VRPC_NO_DEADLINE: forever).
+/* Take a free slot for a call on connection conn (stored in slot->conn
+ * before the slot is published INUSE), waiting while limit slots are in use,
+ * at most until deadline_ns (CLOCK_MONOTONIC; VRPC_NO_DEADLINE: forever).
  * 0, -ETIMEDOUT or -ESHUTDOWN (table closed). */
-int vrpc_pending_alloc(struct vrpc_pending *p, int64_t deadline_ns, struct vrpc_pending_slot **out);
+int vrpc_pending_alloc(struct vrpc_pending *p, int64_t deadline_ns, void *conn,
+                       struct vrpc_pending_slot **out);
 /* Wake every waiter of alloc and make later allocs fail with -ESHUTDOWN. */
 void vrpc_pending_close(struct vrpc_pending *p);
 

@@ -42,7 +42,9 @@ static inline bool vs_cas_ptr(void **p, void *old, void *v)
     return __atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
 }
 static inline void *vs_fas_ptr(void **p, void *v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
+static inline void vs_fas_64(uint64_t *p, uint64_t v) { __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
 static inline void vs_faa_64(uint64_t *p, int64_t d) { __atomic_fetch_add(p, (uint64_t)d, __ATOMIC_SEQ_CST); }
+static inline uint32_t vs_faa_32(uint32_t *p, int32_t d) { return __atomic_fetch_add(p, (uint32_t)d, __ATOMIC_SEQ_CST); }
 static inline void vs_bts_64(uint64_t *p, unsigned bit)
 {
     __atomic_fetch_or(p, UINT64_C(1) << bit, __ATOMIC_SEQ_CST);
@@ -68,7 +70,9 @@ static inline void vs_store_ptr(void **p, void *v) { ck_pr_store_ptr(p, v); }
 static inline bool vs_cas_64(uint64_t *p, uint64_t old, uint64_t v) { return ck_pr_cas_64(p, old, v); }
 static inline bool vs_cas_ptr(void **p, void *old, void *v) { return ck_pr_cas_ptr(p, old, v); }
 static inline void *vs_fas_ptr(void **p, void *v) { return ck_pr_fas_ptr(p, v); }
+static inline void vs_fas_64(uint64_t *p, uint64_t v) { (void)ck_pr_fas_64(p, v); }
 static inline void vs_faa_64(uint64_t *p, int64_t d) { ck_pr_add_64(p, (uint64_t)d); }
+static inline uint32_t vs_faa_32(uint32_t *p, int32_t d) { return ck_pr_faa_32(p, (uint32_t)d); }
 static inline void vs_bts_64(uint64_t *p, unsigned bit) { ck_pr_bts_64(p, bit); }
 static inline bool vs_btr_64(uint64_t *p, unsigned bit) { return ck_pr_btr_64(p, bit); }
 static inline uint64_t vs_load_stat(const uint64_t *p) { return ck_pr_load_64(p); }

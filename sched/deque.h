@@ -85,11 +85,15 @@ static inline struct vrpc_task *vrpc_deque_take(struct vrpc_deque *d)
     struct vrpc_task *x;
     uint64_t t;
 
-    vs_store_64(&d->bottom, b);
-    /* The bottom store before the top load (store-load, a real fence even on
-     * x86): pairs with the fence in steal, so that for the last task either
-     * the thief sees the lowered bottom or we see its advanced top. */
-    ck_pr_fence_memory();
+    /* The bottom store must be ordered before the top load (store-load, the
+     * one ordering x86 does not give for free): it pairs with the fence in
+     * steal, so that for the last task either the thief sees the lowered
+     * bottom or we see its advanced top. An exchange is the store: a locked
+     * instruction orders like mfence on x86 at a third of its cost here. */
+    vs_fas_64(&d->bottom, b);
+    /* The exchange before the top load, on CPUs where atomics do not order
+     * later loads by themselves (no-op on x86). */
+    ck_pr_fence_atomic_load();
     t = vs_load_64(&d->top);
     if ((int64_t)(b - t) < 0) { /* empty: restore bottom */
         vs_store_64(&d->bottom, b + 1);
@@ -119,8 +123,9 @@ static inline enum vrpc_steal_result vrpc_deque_steal(struct vrpc_deque *d, stru
      * victims), before paying for the fence. A stale read only delays. */
     if ((int64_t)(vs_load_64(&d->bottom) - t) <= 0)
         return VRPC_STEAL_EMPTY;
-    /* The top load before the bottom load: pairs with the fence in take
-     * (Le et al. use a seq_cst fence here too). */
+    /* The top load before the bottom load: pairs with the exchange in take
+     * (Le et al. use a seq_cst fence here). Paid only when the victim looks
+     * non-empty. */
     ck_pr_fence_memory();
     b = vs_load_64(&d->bottom);
     /* The bottom load before the slot load: the owner stored the slot before

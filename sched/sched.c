@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <linux/membarrier.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -26,8 +27,9 @@
 #define FAIR_TICK 61 /* every FAIR_TICK-th task comes from the shared queues first */
 #define MAX_WORKERS 4096
 
-/* Where a parked worker sleeps: one event count each, so a waker wakes exactly
- * the worker whose idle bit it claimed. */
+/* One per worker thread: its deque, the event count it sleeps on (one per
+ * worker, so that a waker wakes exactly the worker whose idle bit it claimed),
+ * and state only the worker itself touches. */
 struct vrpc_worker {
     struct vrpc_deque dq;
     _Alignas(64) struct ck_ec32 ec; /* bumped by the claimer of our idle bit, and by destroy */
@@ -52,22 +54,29 @@ struct vrpc_sched_producer {
 };
 
 struct vrpc_sched {
-    struct vrpc_inject inject;             /* unregistered submitters, ring overflow */
-    _Alignas(64) uint64_t ext_inflight;     /* unregistered submits in progress */
-    _Alignas(64) uint32_t stopping;         /* destroy began: non-worker submits fail */
-    uint32_t exiting;                       /* workers must return */
+    struct vrpc_inject inject;          /* unregistered submitters, ring overflow */
+    _Alignas(64) uint64_t ext_inflight; /* unregistered submits in progress */
+    /* Read-mostly from here to nspinning. */
+    _Alignas(64) uint32_t stopping;        /* destroy began: non-worker submits fail */
+    uint32_t exiting;                      /* workers must return */
     struct vrpc_sched_producer *producers; /* append-at-head list, nodes live until destroy */
     struct vrpc_worker *w;
     uint64_t *idle; /* bit i set: worker i is parked or about to park */
     unsigned nidle_words;
     unsigned n;     /* workers */
     unsigned ninit; /* workers whose deque is initialised */
+    unsigned max_spinning;
     uint64_t spin_ns;
+    bool asym_fence; /* parking workers call membarrier(); producers need no fence */
     struct vrpc_sched_config cfg;
+    _Alignas(64) uint32_t nspinning; /* idle workers spinning before they park */
     pthread_mutex_t prod_lock;
 };
 
-static __thread struct vrpc_worker *tls_worker;
+/* initial-exec: one load instead of a __tls_get_addr call per submit in the
+ * shared library; a pointer fits the static TLS that glibc reserves for
+ * libraries loaded with dlopen. */
+static __thread struct vrpc_worker *tls_worker __attribute__((tls_model("initial-exec")));
 
 /* ---- ck_ec glue: futexes ------------------------------------------------ */
 
@@ -103,6 +112,32 @@ static const struct ck_ec_ops ec_ops = {
     .initial_wait_ns = 1000000000u,
 };
 static const struct ck_ec_mode ec_mode = {.ops = &ec_ops, .single_producer = false};
+
+/* ---- asymmetric fence ------------------------------------------------------
+ * The parking protocol is a Dekker handshake: a parking worker stores its idle
+ * bit then loads the queues, a producer stores a task then loads the idle
+ * bits, and each side needs a store-load fence between the two. Producers are
+ * the hot side, so where the kernel offers membarrier(PRIVATE_EXPEDITED) the
+ * parking worker pays for both: the call makes every running thread of the
+ * process execute a full barrier, which is what the producer's fence would
+ * have done, and producer_submit needs only a compiler barrier. */
+
+static bool membarrier_registered;
+
+static void membarrier_register(void)
+{
+    long cmds = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+    if (cmds > 0 && (cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED) &&
+        syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0)
+        membarrier_registered = true;
+}
+
+static bool membarrier_available(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, membarrier_register);
+    return membarrier_registered;
+}
 
 static uint64_t now_ns(void)
 {
@@ -212,6 +247,10 @@ static struct vrpc_task *take_from_producers(struct vrpc_worker *w)
             unsigned n = vrpc_ring_pop_batch(&p->ring, batch, want > BATCH ? BATCH : (unsigned)want);
             if (n) {
                 w->prod_cursor = p->next; /* NULL: restart at the head */
+                /* The producer wrote these tasks on another core: start
+                 * fetching them now rather than one miss per task later. */
+                for (unsigned i = 0; i < n; i++)
+                    __builtin_prefetch(batch[i]);
                 /* Pushed newest first, so this worker's LIFO takes run them oldest first. */
                 for (unsigned i = n - 1; i >= 1; i--)
                     local_push(w, batch[i]);
@@ -326,17 +365,26 @@ static struct vrpc_task *idle_wait(struct vrpc_worker *w)
     struct vrpc_sched *s = w->s;
     uint64_t *word = &s->idle[w->idx / 64];
     unsigned bit = w->idx % 64;
-    uint64_t deadline = now_ns() + s->spin_ns;
+    uint64_t deadline;
     struct vrpc_task *t;
     uint32_t snap;
 
-    do {
-        ck_pr_stall();
-        if ((t = find_work(w)))
-            return t;
-        if (vs_load_32(&s->exiting))
-            return NULL;
-    } while (now_ns() < deadline);
+    /* Spin only if fewer than half the workers (at least one) already do: on
+     * a machine with more busy threads than CPUs a crowd of spinners would
+     * steal time from the producers they wait for. (Yielding instead does not
+     * work: the kernel's EEVDF scheduler charges a yielding thread, which then
+     * waits hundreds of microseconds to run once woken.) */
+    if (vs_faa_32(&s->nspinning, 1) < s->max_spinning) {
+        deadline = now_ns() + s->spin_ns;
+        do {
+            ck_pr_stall();
+            if ((t = find_work(w)) || vs_load_32(&s->exiting)) {
+                vs_faa_32(&s->nspinning, -1);
+                return t;
+            }
+        } while (now_ns() < deadline);
+    }
+    vs_faa_32(&s->nspinning, -1);
 
     snap = ck_ec32_value(&w->ec);
     vs_bts_64(word, bit);
@@ -345,6 +393,10 @@ static struct vrpc_task *idle_wait(struct vrpc_worker *w)
      * it sees our bit and bumps our event count (after our snapshot, so the
      * wait below returns), or we see its task here. */
     ck_pr_fence_atomic_load();
+    /* With the asymmetric fence, producers skip theirs: this call executes it
+     * for them (see membarrier_register). It cannot fail once registered. */
+    if (s->asym_fence)
+        syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
     if ((t = find_work(w)) || vs_load_32(&s->exiting)) {
         /* Take the bit back. If a waker claimed it first, its bump is spurious. */
         vs_btr_64(word, bit);
@@ -454,6 +506,10 @@ int vrpc_sched_create(const struct vrpc_sched_config *cfg, struct vrpc_sched **o
     }
     s->n = s->cfg.nworkers;
     s->spin_ns = (uint64_t)s->cfg.spin_us * 1000u;
+    s->max_spinning = s->n / 2 ? s->n / 2 : 1;
+    /* VRPC_SCHED_MEMBARRIER=0 forces the symmetric fences (tests cover both). */
+    const char *mb = getenv("VRPC_SCHED_MEMBARRIER");
+    s->asym_fence = !(mb && strcmp(mb, "0") == 0) && membarrier_available();
     s->nidle_words = (s->n + 63) / 64;
     s->idle = zalloc_aligned(s->nidle_words * sizeof(*s->idle));
     s->w = zalloc_aligned(s->n * sizeof(*s->w));
@@ -560,6 +616,8 @@ int vrpc_sched_submit(struct vrpc_sched *s, struct vrpc_task *t)
 {
     struct vrpc_worker *w = tls_worker;
 
+    if (!s || !t || !t->fn)
+        return -EINVAL;
     if (w && w->s == s) {
         local_push(w, t);
         /* Best effort, no fence: the task cannot be lost, since this worker
@@ -626,15 +684,19 @@ int vrpc_sched_producer_create(struct vrpc_sched *s, struct vrpc_sched_producer 
 
 int vrpc_sched_producer_submit(struct vrpc_sched_producer *p, struct vrpc_task *t)
 {
-    struct vrpc_sched *s = p->s;
+    struct vrpc_sched *s;
 
+    if (!p || !t || !t->fn)
+        return -EINVAL;
+    s = p->s;
     if (vs_load_32(&s->stopping))
         return -ESHUTDOWN;
     if (!vrpc_ring_push(&p->ring, t))
         vrpc_inject_push(&s->inject, t);
-    /* The store publishing t before the idle-bit loads (store-load; pairs with
-     * the fence in idle_wait). */
-    ck_pr_fence_store_load();
+    if (s->asym_fence)
+        ck_pr_barrier(); /* compiler only: a parking worker's membarrier() fences us */
+    else /* the store publishing t before the idle-bit loads (store-load, pairs with idle_wait) */
+        ck_pr_fence_store_load();
     if (any_idle(s))
         wake_one(s);
     return 0;
@@ -657,7 +719,7 @@ int vrpc_sched_current_worker(const struct vrpc_sched *s)
 
 unsigned vrpc_sched_nworkers(const struct vrpc_sched *s)
 {
-    return s->n;
+    return s ? s->n : 0;
 }
 
 int vrpc_sched_worker_stats(const struct vrpc_sched *s, unsigned worker, struct vrpc_sched_worker_stats *out)

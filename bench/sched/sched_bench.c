@@ -2,7 +2,10 @@
  * submitted by an external thread) and its submit-to-start latency with the
  * workers awake and parked, next to baselines measured in the same run: a
  * thread pool with one mutex+condvar queue, and a bare futex wake between two
- * threads. Prints what it measured; targets are reported, not asserted. */
+ * threads. Prints what it measured; targets are reported, not asserted.
+ * Throughput cases report ops_per_s (median over the rounds) and no
+ * percentiles; latency cases report p50/p99 and, as ops_per_s, 1 / mean
+ * latency. x_baseline and p50_x_futex are the ratios the targets are about. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <limits.h>
@@ -273,24 +276,15 @@ static void lat_fn(struct vrpc_task *t)
     __atomic_store_n(&lat_done, 1, __ATOMIC_RELEASE);
 }
 
-/* gap_ns: pause between samples (long enough for the workers to park). */
-static void run_latency(bool pool, unsigned nworkers, unsigned spin_us, unsigned n, uint64_t gap_ns,
-                        struct vrpc_bench_samples *out, uint64_t *parks)
+/* Submit-to-start latency with the worker awake (spinning between tasks). */
+static void run_awake_latency(unsigned nworkers, unsigned n, struct vrpc_bench_samples *out)
 {
     struct lat_task lt;
 
-    eng_start(pool, nworkers, spin_us, true);
+    /* Workers spin for up to a second between tasks: they never park here. */
+    eng_start(false, nworkers, 1000000, true);
     vrpc_task_init(&lt.t, lat_fn);
-    uint64_t parked0 = 0;
-    if (!pool) {
-        struct vrpc_sched_worker_stats ws;
-        for (unsigned i = 0; i < nworkers; i++)
-            if (vrpc_sched_worker_stats(eng.s, i, &ws) == 0)
-                parked0 += ws.parked;
-    }
     for (unsigned i = 0; i < n + n / 10; i++) { /* the first 10% warm up */
-        if (gap_ns)
-            sleep_ns(gap_ns);
         __atomic_store_n(&lat_done, 0, __ATOMIC_RELAXED);
         lt.t0 = vrpc_bench_now_ns();
         eng_submit(&lt.t);
@@ -298,14 +292,6 @@ static void run_latency(bool pool, unsigned nworkers, unsigned spin_us, unsigned
             ;
         if (i >= n / 10)
             vrpc_bench_samples_add(out, __atomic_load_n(&lat_ns, __ATOMIC_RELAXED));
-    }
-    if (!pool && parks) {
-        struct vrpc_sched_worker_stats ws;
-        *parks = 0;
-        for (unsigned i = 0; i < nworkers; i++)
-            if (vrpc_sched_worker_stats(eng.s, i, &ws) == 0)
-                *parks += ws.parked;
-        *parks -= parked0;
     }
     eng_stop();
 }
@@ -333,28 +319,110 @@ static void *futex_waiter(void *arg)
     }
 }
 
-static void run_futex(unsigned n, uint64_t gap_ns, struct vrpc_bench_samples *out)
+/* The k-th CPU this process may run on (k wraps), or -1. */
+static int nth_allowed_cpu(unsigned k)
 {
+    cpu_set_t set;
+    int n;
+    if (sched_getaffinity(0, sizeof(set), &set) != 0 || (n = CPU_COUNT(&set)) == 0)
+        return -1;
+    k %= (unsigned)n;
+    for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
+        if (CPU_ISSET(cpu, &set) && k-- == 0)
+            return cpu;
+    return -1;
+}
+
+static void pin_thread(pthread_t th, int cpu)
+{
+    cpu_set_t one;
+    if (cpu < 0)
+        return;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    pthread_setaffinity_np(th, sizeof(one), &one);
+}
+
+/* Wake-from-sleep latency of the three contenders, sampled in turn (futex,
+ * scheduler, pool, futex, ...) so that all see the same machine load; gap_ns
+ * between samples lets the scheduler's worker spin out and park. With two or
+ * more CPUs the waker (this thread) runs on the second allowed CPU and every
+ * sleeper on the first, so that each wake crosses CPUs the same way (where a
+ * sleeper lands otherwise decides whether a wake costs 5 or 70 us here). */
+static void run_wake_latency(unsigned nworkers, unsigned n, uint64_t gap_ns, struct vrpc_bench_samples *fx,
+                             struct vrpc_bench_samples *sched, struct vrpc_bench_samples *pool, uint64_t *parks)
+{
+    struct vrpc_sched_config cfg;
+    struct vrpc_sched *s;
+    struct vrpc_sched_producer *prod;
+    struct vrpc_sched_worker_stats ws;
+    struct mpool *mp;
+    struct lat_task lt;
     pthread_t th;
     int rc;
+
+    cpu_set_t saved;
+    bool pin = ncpu >= 2 && sched_getaffinity(0, sizeof(saved), &saved) == 0;
 
     fx_word = fx_seen = fx_stop = 0;
     if ((rc = pthread_create(&th, NULL, futex_waiter, NULL)) != 0)
         die("pthread_create", rc);
-    for (uint32_t i = 1; i <= n + n / 10; i++) {
+    vrpc_sched_config_init(&cfg);
+    cfg.nworkers = nworkers;
+    cfg.pin_cpus = pin; /* worker i on the i-th allowed CPU */
+    if ((rc = vrpc_sched_create(&cfg, &s)) != 0 || (rc = vrpc_sched_producer_create(s, &prod)) != 0)
+        die("vrpc_sched_create", rc);
+    mp = mpool_create(nworkers);
+    if (pin) {
+        pin_thread(th, nth_allowed_cpu(0));
+        for (unsigned i = 0; i < mp->n; i++)
+            pin_thread(mp->th[i], nth_allowed_cpu(i));
+        pin_thread(pthread_self(), nth_allowed_cpu(nworkers));
+    }
+    vrpc_task_init(&lt.t, lat_fn);
+    *parks = 0;
+    for (uint32_t i = 1; i <= n + n / 10; i++) { /* the first 10% warm up */
+        bool keep = i > n / 10;
+
         sleep_ns(gap_ns);
         __atomic_store_n(&fx_t0, vrpc_bench_now_ns(), __ATOMIC_RELAXED);
         __atomic_store_n(&fx_word, i, __ATOMIC_RELEASE);
         syscall(SYS_futex, &fx_word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
         while (__atomic_load_n(&fx_seen, __ATOMIC_ACQUIRE) != i)
             ;
-        if (i > n / 10)
-            vrpc_bench_samples_add(out, __atomic_load_n(&fx_lat, __ATOMIC_RELAXED));
+        if (keep)
+            vrpc_bench_samples_add(fx, __atomic_load_n(&fx_lat, __ATOMIC_RELAXED));
+
+        sleep_ns(gap_ns);
+        __atomic_store_n(&lat_done, 0, __ATOMIC_RELAXED);
+        lt.t0 = vrpc_bench_now_ns();
+        vrpc_sched_producer_submit(prod, &lt.t);
+        while (!__atomic_load_n(&lat_done, __ATOMIC_ACQUIRE))
+            ;
+        if (keep)
+            vrpc_bench_samples_add(sched, __atomic_load_n(&lat_ns, __ATOMIC_RELAXED));
+
+        sleep_ns(gap_ns);
+        __atomic_store_n(&lat_done, 0, __ATOMIC_RELAXED);
+        lt.t0 = vrpc_bench_now_ns();
+        mpool_submit(mp, &lt.t);
+        while (!__atomic_load_n(&lat_done, __ATOMIC_ACQUIRE))
+            ;
+        if (keep)
+            vrpc_bench_samples_add(pool, __atomic_load_n(&lat_ns, __ATOMIC_RELAXED));
     }
+    for (unsigned i = 0; i < nworkers; i++)
+        if (vrpc_sched_worker_stats(s, i, &ws) == 0)
+            *parks += ws.parked;
     __atomic_store_n(&fx_stop, 1, __ATOMIC_RELEASE);
     __atomic_store_n(&fx_word, n + n / 10 + 1, __ATOMIC_RELEASE);
     syscall(SYS_futex, &fx_word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
     pthread_join(th, NULL);
+    mpool_destroy(mp);
+    vrpc_sched_producer_destroy(prod);
+    vrpc_sched_destroy(s);
+    if (pin)
+        pthread_setaffinity_np(pthread_self(), sizeof(saved), &saved);
 }
 
 /* ---- idle CPU --------------------------------------------------------------- */
@@ -383,6 +451,17 @@ static double run_idle_cpu(uint64_t window_ns)
 
 /* ---- main ----------------------------------------------------------------------- */
 
+static double median(double *v, unsigned n)
+{
+    for (unsigned i = 1; i < n; i++) /* insertion sort: n <= 5 */
+        for (unsigned j = i; j > 0 && v[j - 1] > v[j]; j--) {
+            double x = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = x;
+        }
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 static void report_lat(const char *name, struct vrpc_bench_samples *s, const char *extra)
 {
     double mean = vrpc_bench_mean_us(s);
@@ -401,7 +480,7 @@ int main(int argc, char **argv)
     ncpu = nc > 0 ? (unsigned)nc : 1;
     uint64_t spawn_n = opts.quick ? 200000 : 4000000;
     uint64_t submit_n = opts.quick ? 100000 : 2000000;
-    uint64_t pool_n = opts.quick ? 50000 : 500000; /* the pool is much slower: fewer tasks, same rate */
+    unsigned rounds = opts.quick ? 1 : 5;
     unsigned lat_n = opts.quick ? 300 : 3000;
     unsigned lat_awake_n = opts.quick ? 3000 : 50000;
     uint64_t gap = 300000; /* 300 us between wake samples: workers spin 50 us, then park */
@@ -414,28 +493,33 @@ int main(int argc, char **argv)
         printf("sched_bench: %u CPUs, %u workers (latency cases: %u)%s\n", ncpu, ncpu, lat_workers,
                opts.quick ? ", --quick" : "");
 
-    /* Throughput, tasks spawned by workers. */
-    double pool_spawn = run_spawn(true, pool_n);
-    double sched_spawn = run_spawn(false, spawn_n);
-    snprintf(extra, sizeof(extra), "\"workers\":%u,\"tasks\":%llu", ncpu, (unsigned long long)pool_n);
-    vrpc_bench_report(&opts, "baseline:mutex_pool:spawn_empty", pool_spawn, VRPC_BENCH_NONE, VRPC_BENCH_NONE, extra);
-    snprintf(extra, sizeof(extra), "\"workers\":%u,\"tasks\":%llu,\"x_baseline\":%.1f", ncpu,
-             (unsigned long long)spawn_n, sched_spawn / pool_spawn);
-    vrpc_bench_report(&opts, "sched:spawn_empty", sched_spawn, VRPC_BENCH_NONE, VRPC_BENCH_NONE, extra);
-
-    /* Throughput, tasks submitted by one external thread. */
-    double pool_sub = run_submit(true, false, tasks, pool_n);
-    double sched_sub = run_submit(false, true, tasks, submit_n);
-    double sched_sub_unreg = run_submit(false, false, tasks, submit_n);
-    snprintf(extra, sizeof(extra), "\"workers\":%u,\"tasks\":%llu", ncpu, (unsigned long long)pool_n);
-    vrpc_bench_report(&opts, "baseline:mutex_pool:submit_empty", pool_sub, VRPC_BENCH_NONE, VRPC_BENCH_NONE, extra);
-    snprintf(extra, sizeof(extra), "\"workers\":%u,\"tasks\":%llu,\"x_baseline\":%.1f", ncpu,
-             (unsigned long long)submit_n, sched_sub / pool_sub);
-    vrpc_bench_report(&opts, "sched:submit_empty:producer", sched_sub, VRPC_BENCH_NONE, VRPC_BENCH_NONE, extra);
-    snprintf(extra, sizeof(extra), "\"workers\":%u,\"tasks\":%llu,\"x_baseline\":%.1f", ncpu,
-             (unsigned long long)submit_n, sched_sub_unreg / pool_sub);
-    vrpc_bench_report(&opts, "sched:submit_empty:unregistered", sched_sub_unreg, VRPC_BENCH_NONE, VRPC_BENCH_NONE,
-                      extra);
+    /* Throughput: baseline and scheduler alternate for `rounds` rounds and
+     * the median of each is reported, so that both see similar machine load. */
+    double pool_spawn[5], sched_spawn[5], pool_sub[5], sched_sub[5], sched_sub_unreg[5];
+    for (unsigned r = 0; r < rounds; r++) {
+        pool_spawn[r] = run_spawn(true, spawn_n);
+        sched_spawn[r] = run_spawn(false, spawn_n);
+        pool_sub[r] = run_submit(true, false, tasks, submit_n);
+        sched_sub[r] = run_submit(false, true, tasks, submit_n);
+        sched_sub_unreg[r] = run_submit(false, false, tasks, submit_n);
+    }
+    double ps = median(pool_spawn, rounds), ss = median(sched_spawn, rounds);
+    double pu = median(pool_sub, rounds), su = median(sched_sub, rounds), uu = median(sched_sub_unreg, rounds);
+    snprintf(extra, sizeof(extra), "\"workers\":%u,\"tasks\":%llu,\"rounds\":%u", ncpu,
+             (unsigned long long)spawn_n, rounds);
+    vrpc_bench_report(&opts, "baseline:mutex_pool:spawn_empty", ps, VRPC_BENCH_NONE, VRPC_BENCH_NONE, extra);
+    snprintf(extra, sizeof(extra), "\"workers\":%u,\"tasks\":%llu,\"rounds\":%u,\"x_baseline\":%.1f", ncpu,
+             (unsigned long long)spawn_n, rounds, ss / ps);
+    vrpc_bench_report(&opts, "sched:spawn_empty", ss, VRPC_BENCH_NONE, VRPC_BENCH_NONE, extra);
+    snprintf(extra, sizeof(extra), "\"workers\":%u,\"tasks\":%llu,\"rounds\":%u", ncpu,
+             (unsigned long long)submit_n, rounds);
+    vrpc_bench_report(&opts, "baseline:mutex_pool:submit_empty", pu, VRPC_BENCH_NONE, VRPC_BENCH_NONE, extra);
+    snprintf(extra, sizeof(extra), "\"workers\":%u,\"tasks\":%llu,\"rounds\":%u,\"x_baseline\":%.1f", ncpu,
+             (unsigned long long)submit_n, rounds, su / pu);
+    vrpc_bench_report(&opts, "sched:submit_empty:producer", su, VRPC_BENCH_NONE, VRPC_BENCH_NONE, extra);
+    snprintf(extra, sizeof(extra), "\"workers\":%u,\"tasks\":%llu,\"rounds\":%u,\"x_baseline\":%.1f", ncpu,
+             (unsigned long long)submit_n, rounds, uu / pu);
+    vrpc_bench_report(&opts, "sched:submit_empty:unregistered", uu, VRPC_BENCH_NONE, VRPC_BENCH_NONE, extra);
 
     /* Latency, submit to start. */
     struct vrpc_bench_samples fx, parked, awake, pool_parked;
@@ -444,11 +528,8 @@ int main(int argc, char **argv)
     vrpc_bench_samples_init(&parked, lat_n);
     vrpc_bench_samples_init(&pool_parked, lat_n);
     vrpc_bench_samples_init(&awake, lat_awake_n);
-    run_futex(lat_n, gap, &fx);
-    run_latency(false, lat_workers, 0, lat_n, gap, &parked, &parks);
-    run_latency(true, lat_workers, 0, lat_n, gap, &pool_parked, NULL);
-    /* Awake: workers spin for up to a second between tasks, so never park. */
-    run_latency(false, lat_workers, 1000000, lat_awake_n, 0, &awake, NULL);
+    run_wake_latency(lat_workers, lat_n, gap, &fx, &parked, &pool_parked, &parks);
+    run_awake_latency(lat_workers, lat_awake_n, &awake);
 
     report_lat("baseline:futex_wake", &fx, "\"threads\":2");
     snprintf(extra, sizeof(extra), "\"workers\":%u", lat_workers);
@@ -467,7 +548,7 @@ int main(int argc, char **argv)
     if (!opts.json)
         printf("targets (reported, not asserted): spawn %.1fx and submit %.1fx the mutex pool (want >= 5x); "
                "wake from parked p50 %.2fx the bare futex wake (want <= 2x)\n",
-               sched_spawn / pool_spawn, sched_sub / pool_sub,
+               ss / ps, su / pu,
                vrpc_bench_pct_us(&parked, 50) / vrpc_bench_pct_us(&fx, 50));
     vrpc_bench_samples_free(&fx);
     vrpc_bench_samples_free(&parked);

@@ -123,6 +123,8 @@ struct vrpc_channel_opts {
     uint32_t connect_timeout_ms; /* per attempt, including the handshake; 0: 5000 */
     uint32_t backoff_initial_ms; /* first reconnect delay after a failure; 0: 100 */
     uint32_t backoff_max_ms;     /* cap of the doubling delay; 0: 5000 */
+    const char *src_addr;        /* bind the local side to this IP literal (on verbs
+                                    it picks the device); NULL: any. Copied. */
 };
 /* Fill *o with the defaults above (all zeros mean defaults, too). */
 VRPC_API void vrpc_channel_opts_init(struct vrpc_channel_opts *o);

@@ -90,8 +90,9 @@ VRPC_API int vrpc_sched_create(const struct vrpc_sched_config *cfg, struct vrpc_
  * destroy returns. Producers must be destroyed first. */
 VRPC_API void vrpc_sched_destroy(struct vrpc_sched *s);
 
-/* Queue a task. Returns 0, or -ESHUTDOWN once destroy has begun and the caller
- * is not a worker (the task is then not queued and stays the caller's). Never
+/* Queue a task. Returns 0, -EINVAL (NULL s or t, or no t->fn), or -ESHUTDOWN
+ * once destroy has begun and the caller is not a worker (the task is then not
+ * queued and stays the caller's). Never
  * fails for lack of space: a full deque or ring spills to an unbounded
  * intrusive overflow list. */
 VRPC_API int vrpc_sched_submit(struct vrpc_sched *s, struct vrpc_task *t);

@@ -47,36 +47,42 @@
  *
  * Credits and the shared receive queue (the rule every backend implements)
  *   Receive buffers are posted to a CQ, not to an endpoint: all endpoints of a
- *   CQ draw from them, so receive memory is what the user posts, independent of
- *   the number of connections. A sender never has more messages in flight to a
+ *   CQ draw from them, so receive memory is what the user posts, not a
+ *   per-connection queue. A sender never has more messages in flight to a
  *   peer than the peer has promised receive buffers for it:
  *   1. A credit is the receiver's promise that one posted buffer of its CQ is
  *      kept for that sender. A CQ never promises more credits in total than it
  *      has receive buffers posted and not yet consumed ("promised <= posted").
- *   2. At connection each side grants the other min(credits attr, what its CQ
- *      can still promise), at most 65535, possibly 0.
- *   3. A message consumes one credit at the sender and one promised buffer at
- *      the receiver. When the user reposts a buffer (vrpc_cq_post_recv), the CQ
- *      promises it again to the endpoint that waits longest for credits below
- *      its target (initial request), round-robin; so credits circulate to busy
- *      peers and a CQ with few buffers still serves many connections.
+ *   2. Each endpoint has a reservation: the credits its peer holds plus those
+ *      it consumed that are not yet paid back. It starts at 2 (carried in the
+ *      handshake); a CQ with fewer than 2 unpromised buffers refuses the
+ *      connection (-ENOBUFS at connect, logged and refused at accept). So each
+ *      connection needs at least 2 posted buffers on its CQ, and connections
+ *      can never starve each other: a reservation is never taken away.
+ *   3. A message consumes one credit at the sender and one posted buffer at the
+ *      receiver. Unpromised posted buffers (e.g. ones the user reposts) pay the
+ *      consumers back, oldest debt first. While more than a quarter of the
+ *      posted buffers stay unpromised, each payback also grows that endpoint's
+ *      reservation by one, up to vrpc_transport_attr.credits: busy connections
+ *      get deep pipelines, idle ones keep what they have, and a quarter stays
+ *      for new connections.
  *   4. Returned credits travel in-band: piggybacked on every message, and as an
- *      explicit credit-only message once half of the target (at least 1) has
- *      accumulated or the peer is at zero. A credit-only message never needs a
+ *      explicit credit-only message once half the reservation (at least 1) has
+ *      accumulated or the peer holds none. A credit-only message needs no
  *      credit on TCP (it uses no receive buffer). On verbs, where it consumes a
- *      receive, the sender keeps its last credit for credit-only messages, the
- *      receiver reposts that buffer itself, and credits returned by a
- *      credit-only message are only piggybacked or accumulated: they never by
- *      themselves trigger another credit-only message (no credit ping-pong,
- *      no deadlock).
+ *      receive, the sender keeps its last credit for credit-only messages
+ *      (hence the minimum reservation of 2), the receiver reposts that buffer
+ *      itself, and credits returned by a credit-only message are only
+ *      piggybacked or accumulated: they never by themselves trigger another
+ *      credit-only message (no credit ping-pong, no deadlock).
  *   5. Without credits, vrpc_ep_send() queues the message in the endpoint (in
  *      order, never dropped); queued messages leave as credits arrive. The queue
  *      is bounded (vrpc_ep_attr.max_queued): when full, vrpc_ep_send() returns
  *      -EAGAIN and the caller retries after one of that endpoint's send
  *      completions (back-pressure). Per-endpoint order of successful sends is
  *      the order of delivery at the peer.
- *   Idle peers keep the credits they hold (no revocation yet): size the posted
- *   buffers to about (active peers x credits).
+ *   Sizing: post at least 2 buffers per connection on a CQ, plus what busy
+ *   connections should pipeline (about active peers x credits).
  *
  * Threads: all functions are thread-safe unless stated; vrpc_ep_send() may be
  * called by several threads on one endpoint (their messages interleave, each
@@ -146,7 +152,7 @@ struct vrpc_wc {
 struct vrpc_transport_attr {
     uint32_t eager_size; /* largest message this side sends or receives;
                             0: 8192. At most VRPC_EAGER_MAX. */
-    uint32_t credits;    /* credits each endpoint asks for / grants; 0: 32 */
+    uint32_t credits;    /* most credits one peer's reservation grows to; 0: 32 */
     uint32_t max_queued; /* default vrpc_ep_attr.max_queued; 0: 1024 */
     uint32_t idle_timeout_ms; /* a connection with a partial frame that makes no
                             progress for this long is failed with -ETIMEDOUT
@@ -280,8 +286,10 @@ VRPC_API void vrpc_ep_attr_init(struct vrpc_ep_attr *attr);
 
 /* Connect to uri; blocks until the connection is established (handshake
  * done: eager size and credits agreed) or has failed. Errors: -ECONNREFUSED
- * (nothing listens there), -ETIMEDOUT, -EHOSTUNREACH, -EPROTO (handshake:
- * version/size mismatch), -EINVAL (bad URI), -EPROTONOSUPPORT. On success the
+ * (nothing listens there, or the server refused: listener closing, no
+ * receive buffers to reserve), -ETIMEDOUT, -EHOSTUNREACH, -EPROTO (handshake:
+ * version/size mismatch), -EINVAL (bad URI), -EPROTONOSUPPORT, -ENOBUFS
+ * (attr->cq has fewer than 2 unpromised receive buffers). On success the
  * endpoint's completions start on attr->cq; no completion marks the connect. */
 VRPC_API int vrpc_connect(struct vrpc_transport *tp, const char *uri, const struct vrpc_ep_attr *attr,
                           struct vrpc_ep **out);
@@ -302,12 +310,13 @@ VRPC_API int vrpc_ep_send(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t len
 VRPC_API int vrpc_ep_read(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t off, uint32_t len,
                           uint64_t raddr, uint32_t rkey, uint64_t wr_id);
 
-/* Start a graceful close: nothing new is accepted (-ENOTCONN); sends still
- * waiting for credits flush (-ECANCELED); sends already on the wire are still
- * delivered where the connection allows; then the endpoint's DISCONNECTED
- * completion follows (status 0 when the peer confirmed the close, -ETIMEDOUT
- * if it did not within the idle timeout). Any thread; returns 0, or -ENOTCONN
- * if already closed or dead (idempotent). */
+/* Start a graceful close: nothing new is accepted (-ENOTCONN); every send
+ * accepted before is still delivered, in order, as the peer's credits allow
+ * (the peer keeps receiving until the stream ends); then the write side
+ * closes, and DISCONNECTED follows once the peer has closed too (status 0).
+ * If that takes longer than the idle timeout, the endpoint fails with
+ * -ETIMEDOUT and what is left flushes. Any thread; returns 0, or -ENOTCONN if
+ * already closed or dead (idempotent). */
 VRPC_API int vrpc_ep_close(struct vrpc_ep *ep);
 /* Close if needed and drop the user's reference. The pointer stays valid as a
  * name in completions until its DISCONNECTED completion has been delivered;

@@ -239,11 +239,11 @@ static void test_pending_ids_and_limit(void **state)
     assert_int_equal(vrpc_pending_create(8, &p), 0);
     vrpc_pending_set_limit(p, 3);
     for (int i = 0; i < 3; i++) {
-        assert_int_equal(vrpc_pending_alloc(p, VRPC_NO_DEADLINE, &s[i]), 0);
+        assert_int_equal(vrpc_pending_alloc(p, VRPC_NO_DEADLINE, NULL, &s[i]), 0);
         assert_true(s[i]->index < 3);
     }
     /* credits exhausted: times out */
-    assert_int_equal(vrpc_pending_alloc(p, vrpc_now_ns() + 2000000, &x), -ETIMEDOUT);
+    assert_int_equal(vrpc_pending_alloc(p, vrpc_now_ns() + 2000000, NULL, &x), -ETIMEDOUT);
     uint64_t id0 = vrpc_pending_id(s[0]);
     uint32_t g0 = vrpc_wire_id_gen(id0);
     assert_ptr_equal(vrpc_pending_lookup(p, id0), s[0]);
@@ -259,11 +259,11 @@ static void test_pending_ids_and_limit(void **state)
     assert_false(vrpc_pending_wire_done(s[0], g0));
     assert_int_equal(p->in_use, 2);
     assert_null(vrpc_pending_lookup(p, id0)); /* freed: the old id is dead */
-    assert_int_equal(vrpc_pending_alloc(p, VRPC_NO_DEADLINE, &x), 0);
+    assert_int_equal(vrpc_pending_alloc(p, VRPC_NO_DEADLINE, NULL, &x), 0);
     assert_ptr_equal(x, s[0]);
     assert_true(vrpc_pending_id(x) != id0);
     vrpc_pending_close(p);
-    assert_int_equal(vrpc_pending_alloc(p, VRPC_NO_DEADLINE, &x), -ESHUTDOWN);
+    assert_int_equal(vrpc_pending_alloc(p, VRPC_NO_DEADLINE, NULL, &x), -ESHUTDOWN);
     vrpc_pending_destroy(p);
 }
 
@@ -316,7 +316,7 @@ static void test_pending_decide_race(void **state)
     }
     unsigned total_before = 0;
     for (unsigned i = 0; i < r.rounds; i++) {
-        assert_int_equal(vrpc_pending_alloc(p, VRPC_NO_DEADLINE, &r.slot), 0);
+        assert_int_equal(vrpc_pending_alloc(p, VRPC_NO_DEADLINE, NULL, &r.slot), 0);
         r.gen = vrpc_pending_gen(r.slot);
         pthread_barrier_wait(&r.bar);
         pthread_barrier_wait(&r.bar);

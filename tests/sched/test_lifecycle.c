@@ -21,7 +21,7 @@ static void count(struct vrpc_task *t)
 
 static void test_create_destroy_1000(void **state)
 {
-    unsigned rounds = test_scale_div() >= 20 ? 200 : 1000; /* TSan: thread start/stop is slow */
+    unsigned rounds = test_tsan_extra_div() > 1 ? 250 : 1000; /* TSan: thread start/stop is slow */
     struct vrpc_task t[8];
     (void)state;
 

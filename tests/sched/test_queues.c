@@ -119,7 +119,7 @@ static void *deque_thief(void *arg)
 
 static void test_deque_exactly_once(void **state)
 {
-    uint32_t n = 1000000 / test_scale_div();
+    uint32_t n = 1000000 / (test_scale_div() * test_tsan_extra_div());
     struct qctx *c = qctx_new(n);
     pthread_t th[2];
     struct vrpc_task *t;
@@ -160,7 +160,7 @@ static void *ring_consumer(void *arg)
 
 static void test_ring_exactly_once(void **state)
 {
-    uint32_t n = 1000000 / test_scale_div();
+    uint32_t n = 1000000 / (test_scale_div() * test_tsan_extra_div());
     struct qctx *c = qctx_new(n);
     pthread_t th[3];
     (void)state;
@@ -193,7 +193,7 @@ static void *inject_pusher(void *arg)
 
 static void test_inject_exactly_once(void **state)
 {
-    uint32_t n = 600000 / test_scale_div();
+    uint32_t n = 600000 / (test_scale_div() * test_tsan_extra_div());
     struct qctx *c = qctx_new(n);
     struct pusher p[3];
     pthread_t th[3];

@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <verbrpc/sched.h>
 
@@ -161,13 +162,24 @@ static void st_work(struct vrpc_task *t)
     test_busy_ns(2000);
 }
 
+/* Puts all the work into its own worker's deque, then stays busy until the
+ * other worker has taken 1% of it (or 10 s pass), so that on a loaded
+ * machine the share does not depend on when the thief gets a CPU. */
 static void st_seed(struct vrpc_task *t)
 {
+    int me = vrpc_sched_current_worker(st.s);
+    struct vrpc_sched_worker_stats ws;
+    uint64_t deadline = test_now_ns() + 10000000000ull;
     (void)t;
-    __atomic_store_n(&st.seeded_on, vrpc_sched_current_worker(st.s), __ATOMIC_RELAXED);
+
+    __atomic_store_n(&st.seeded_on, me, __ATOMIC_RELAXED);
     for (uint32_t i = 0; i < st.n; i++)
         if (vrpc_sched_submit(st.s, &st.items[i].t) != 0)
             fail_async();
+    do {
+        if (vrpc_sched_worker_stats(st.s, me == 0 ? 1 : 0, &ws) != 0)
+            fail_async();
+    } while (ws.stolen < st.n / 100 && test_now_ns() < deadline);
 }
 
 static void test_stealing(void **state)
@@ -179,7 +191,7 @@ static void test_stealing(void **state)
     vrpc_sched_config_init(&cfg);
     cfg.nworkers = 2; /* even on one CPU */
     cfg.deque_size = 32768;
-    st.n = 20000 / (test_scale_div() > 4 ? 4 : test_scale_div()); /* ~40 ms of work on one core */
+    st.n = 20000; /* ~40 ms of work on one core */
     st.items = calloc(st.n, sizeof(*st.items));
     assert_non_null(st.items);
     for (uint32_t i = 0; i < st.n; i++)
@@ -215,7 +227,9 @@ static void lw_task(struct vrpc_task *t)
     __atomic_store_n(&lw_done, 1, __ATOMIC_RELEASE);
 }
 
-static void test_no_lost_wakeup(void **state)
+/* fences: 0 to let producers rely on the parking worker's membarrier() (the
+ * default where the kernel has it), 1 to force a fence on both sides. */
+static void no_lost_wakeup(bool fences)
 {
     struct vrpc_sched_config cfg;
     struct vrpc_sched *s;
@@ -223,12 +237,14 @@ static void test_no_lost_wakeup(void **state)
     struct vrpc_task t;
     uint32_t iters = 100000 / test_scale_div();
     uint64_t rng = 88172645463325252ull;
-    (void)state;
 
     vrpc_sched_config_init(&cfg);
     cfg.nworkers = 2;
     cfg.spin_us = 1; /* park almost at once, so that submissions race the parking */
+    if (fences)
+        setenv("VRPC_SCHED_MEMBARRIER", "0", 1); /* read by create only */
     assert_int_equal(vrpc_sched_create(&cfg, &s), 0);
+    unsetenv("VRPC_SCHED_MEMBARRIER");
     assert_int_equal(vrpc_sched_producer_create(s, &p), 0);
     vrpc_task_init(&t, lw_task);
     for (uint32_t i = 0; i < iters; i++) {
@@ -245,12 +261,24 @@ static void test_no_lost_wakeup(void **state)
         test_busy_ns(rng % 8000);
     }
     struct vrpc_sched_worker_stats sum = total_stats(s);
-    print_message("no_lost_wakeup: %u submissions, %llu parks, %llu wake-ups\n", iters,
+    print_message("no_lost_wakeup%s: %u submissions, %llu parks, %llu wake-ups\n", fences ? " (fences)" : "", iters,
                   (unsigned long long)sum.parked, (unsigned long long)sum.woken);
     assert_true(sum.parked > 0);
     assert_true(sum.woken > 0);
     vrpc_sched_producer_destroy(p);
     vrpc_sched_destroy(s);
+}
+
+static void test_no_lost_wakeup(void **state)
+{
+    (void)state;
+    no_lost_wakeup(false);
+}
+
+static void test_no_lost_wakeup_fences(void **state)
+{
+    (void)state;
+    no_lost_wakeup(true);
 }
 
 /* ---- shutdown with work queued ------------------------------------------------- */
@@ -407,6 +435,12 @@ static void test_api_contracts(void **state)
     assert_int_equal(vrpc_sched_current_worker(s), -1);
     assert_int_equal(vrpc_sched_worker_stats(s, vrpc_sched_nworkers(s), &ws), -EINVAL);
     assert_int_equal(vrpc_sched_worker_stats(s, 0, &ws), 0);
+    struct vrpc_task t = {0};
+    assert_int_equal(vrpc_sched_submit(s, &t), -EINVAL); /* no function */
+    assert_int_equal(vrpc_sched_submit(s, NULL), -EINVAL);
+    assert_int_equal(vrpc_sched_submit(NULL, &t), -EINVAL);
+    assert_int_equal(vrpc_sched_producer_submit(NULL, &t), -EINVAL);
+    assert_int_equal(vrpc_sched_producer_create(s, NULL), -EINVAL);
     vrpc_sched_destroy(s);
     vrpc_sched_destroy(NULL);
     vrpc_sched_producer_destroy(NULL);
@@ -419,6 +453,7 @@ int main(void)
         cmocka_unit_test(test_exactly_once),
         cmocka_unit_test(test_stealing),
         cmocka_unit_test(test_no_lost_wakeup),
+        cmocka_unit_test(test_no_lost_wakeup_fences),
         cmocka_unit_test(test_shutdown_runs_queued),
         cmocka_unit_test(test_shutdown_cancels_queued),
     };

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 struct opts g_opt;
 
@@ -104,6 +105,54 @@ bool coll_wait(struct coll *c, uint32_t opcode, struct vrpc_ep *ep, int ms, stru
     }
 }
 
+bool coll_wait_n(struct coll *c, uint32_t opcode, size_t n, int ms)
+{
+    int i;
+    for (i = 0; i < ms; i += 5) {
+        if (coll_count(c, opcode, NULL) >= n)
+            return true;
+        usleep(5000);
+    }
+    return coll_count(c, opcode, NULL) >= n;
+}
+
+void counts_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, void *arg)
+{
+    struct counts *k = arg;
+    unsigned i;
+    for (i = 0; i < n; i++) {
+        const struct vrpc_wc *w = &wc[i];
+        if (w->ep && w->ep == k->dead)
+            atomic_fetch_add(&k->after_disc, 1);
+        switch (w->opcode) {
+        case VRPC_WC_SEND:
+            atomic_fetch_add(w->status ? &k->send_err : &k->send_ok, 1);
+            vrpc_pool_put(w->buf);
+            break;
+        case VRPC_WC_RECV:
+            if (w->status) {
+                atomic_fetch_add(&k->recv_flush, 1);
+                vrpc_pool_put(w->buf);
+                break;
+            }
+            atomic_fetch_add(&k->recv_ok, 1);
+            if (k->on_recv)
+                k->on_recv(k, w);
+            if (vrpc_cq_post_recv(cq, &w->buf, NULL, 1))
+                vrpc_pool_put(w->buf);
+            break;
+        case VRPC_WC_ACCEPTED:
+            atomic_fetch_add(&k->accepted, 1);
+            break;
+        case VRPC_WC_DISCONNECTED:
+            atomic_store(&k->disc_status, w->status);
+            k->dead = w->ep;
+            atomic_fetch_add(&k->disc, 1);
+            break;
+        }
+    }
+}
+
 size_t coll_count(struct coll *c, uint32_t opcode, struct vrpc_ep *ep)
 {
     size_t i, k = 0;
@@ -146,9 +195,9 @@ static void echo_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, vo
                 vrpc_pool_put(w->buf);
                 break;
             }
-            atomic_fetch_add(&e->recvs, 1);
             if (e->on_recv)
                 e->on_recv(e, w);
+            atomic_fetch_add(&e->recvs, 1); /* after on_recv: waiters see its effects */
             if (e->hold) {
                 pthread_mutex_lock(&e->mu);
                 if (e->nheld == e->heldcap) {
@@ -168,11 +217,10 @@ static void echo_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, vo
             repost_or_put(cq, w->buf);
             break;
         case VRPC_WC_DISCONNECTED:
-            atomic_fetch_add(&e->disconnected, 1);
+            atomic_store(&e->last_disc_status, w->status);
             if (w->status)
                 atomic_fetch_add(&e->disc_err, 1);
             pthread_mutex_lock(&e->mu);
-            e->last_disc_status = w->status;
             for (k = 0; k < e->neps; k++)
                 if (e->eps[k] == w->ep) {
                     e->eps[k] = e->eps[--e->neps];
@@ -180,6 +228,7 @@ static void echo_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, vo
                 }
             pthread_mutex_unlock(&e->mu);
             vrpc_ep_destroy(w->ep);
+            atomic_fetch_add(&e->disconnected, 1); /* last: waiters see the rest */
             break;
         }
     }
@@ -196,6 +245,10 @@ int echo_start(struct echo *e, const struct echo_cfg *cfg)
     memset(e, 0, sizeof *e);
     pthread_mutex_init(&e->mu, NULL);
     e->ncq = cfg->ncq ? cfg->ncq : 1;
+    e->hold = cfg->hold;
+    e->repost_only = cfg->repost_only;
+    e->on_recv = cfg->on_recv;
+    e->arg = cfg->arg;
     if ((rc = vrpc_transport_create(g_opt.backend, cfg->tattr, &e->tp)))
         return rc;
     if ((rc = vrpc_pool_create(e->tp, vrpc_transport_eager_size(e->tp), cfg->nbufs, &e->pool)))
@@ -276,7 +329,7 @@ void echo_stop(struct echo *e)
 /* ---- client ---- */
 
 int client_start(struct client *c, const struct vrpc_transport_attr *tattr, unsigned nbufs, unsigned nrecv,
-                 uint32_t busy_poll_us)
+                 uint32_t busy_poll_us, vrpc_cq_cb cb, void *arg)
 {
     struct vrpc_cq_attr ca;
     unsigned i;
@@ -288,12 +341,18 @@ int client_start(struct client *c, const struct vrpc_transport_attr *tattr, unsi
     if ((rc = vrpc_pool_create(c->tp, vrpc_transport_eager_size(c->tp), nbufs, &c->pool)))
         return rc;
     vrpc_cq_attr_init(&ca);
-    ca.cb = coll_cb;
-    ca.cb_arg = &c->coll;
+    ca.cb = cb ? cb : coll_cb;
+    ca.cb_arg = cb ? arg : &c->coll;
     ca.busy_poll_us = busy_poll_us;
     ca.name = "client-cq";
+    if (cb) {
+        struct counts *k = arg;
+        k->pool = c->pool;
+    }
     if ((rc = vrpc_cq_create(c->tp, &ca, &c->cq)))
         return rc;
+    if (cb)
+        ((struct counts *)arg)->cq = c->cq;
     for (i = 0; i < nrecv; i++) {
         struct vrpc_buf *b = vrpc_pool_get(c->pool);
         if (!b)
@@ -317,6 +376,7 @@ void client_stop(struct client *c)
 {
     size_t i;
     vrpc_cq_destroy(c->cq);
+    c->cq = NULL;
     for (i = 0; i < c->coll.n; i++)
         if (c->coll.wc[i].buf)
             vrpc_pool_put(c->coll.wc[i].buf);

@@ -55,14 +55,14 @@ struct echo {
     char uri[VRPC_URI_MAX];
     bool no_echo;          /* receive only: hold the buffer (hold list) */
     bool repost_only;      /* receive and repost, no echo */
-    bool hold;             /* keep received buffers until echo_release() */
+    atomic_bool hold;      /* keep received buffers until echo_release() */
     atomic_ulong accepted, disconnected, disc_err, recvs, flushed_recvs, send_err;
+    atomic_int last_disc_status; /* written before disconnected is incremented */
     pthread_mutex_t mu;    /* protects the fields below */
     struct vrpc_ep **eps;  /* accepted, not yet disconnected */
     size_t neps, epcap;
     struct vrpc_buf **held;
     size_t nheld, heldcap;
-    int last_disc_status;
     /* optional per-message hook, on the poller thread */
     void (*on_recv)(struct echo *e, const struct vrpc_wc *wc);
     void *arg;
@@ -73,6 +73,9 @@ struct echo_cfg {
     unsigned ncq;                            /* 1 or 2 */
     unsigned nbufs;                          /* receive buffers posted */
     uint32_t busy_poll_us;
+    bool hold, repost_only; /* copied to struct echo before the poller starts */
+    void (*on_recv)(struct echo *e, const struct vrpc_wc *wc);
+    void *arg;
 };
 
 /* Start an echo server listening on listen_uri(). */
@@ -90,8 +93,25 @@ struct client {
     struct coll coll;
 };
 
+/* cb NULL: completions go to c->coll; else to cb(arg). */
 int client_start(struct client *c, const struct vrpc_transport_attr *tattr, unsigned nbufs, unsigned nrecv,
-                 uint32_t busy_poll_us);
+                 uint32_t busy_poll_us, vrpc_cq_cb cb, void *arg);
+
+/* Wait until the collector holds at least n completions with this opcode. */
+bool coll_wait_n(struct coll *c, uint32_t opcode, size_t n, int ms);
+
+/* A counting CQ callback for traffic cases: sends go back to pool, receives
+ * are reposted to cq (or put back when that fails), lifecycle is recorded. */
+struct counts {
+    struct vrpc_pool *pool;
+    struct vrpc_cq *cq;
+    atomic_ulong send_ok, send_err, recv_ok, recv_flush, disc, after_disc, accepted;
+    atomic_int disc_status;
+    struct vrpc_ep *dead; /* the endpoint whose DISCONNECTED was seen last */
+    void (*on_recv)(struct counts *k, const struct vrpc_wc *wc);
+    void *arg;
+};
+void counts_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, void *arg);
 /* Connect to uri with g_opt.client_ip as source. */
 int client_connect(struct client *c, const char *uri, struct vrpc_ep **ep);
 void client_stop(struct client *c);

@@ -71,7 +71,8 @@ struct tcp_ep {
     uint32_t rgot, rlen, rimm;
     uint64_t frame_ns;     /* when the current partial frame (or handshake) began; 0: idle */
     uint32_t granted;      /* credits the peer holds or will get (promised buffers) */
-    uint32_t target;
+    uint32_t resv;         /* reservation: granted + consumed, not yet paid back */
+    uint32_t target;       /* the most resv may grow to (credits attribute) */
     bool hungry;
     bool reported;         /* the user knows it (connect returned / ACCEPTED) */
     int disc_status;
@@ -270,7 +271,8 @@ static void tx_locked(struct tcp_ep *ep)
     }
     if (!ep->wq.head) {
         set_pollout_locked(ep, false);
-        if (atomic_load(&ep->state) == S_CLOSING && !ep->shut_wr && ep->fd >= 0) {
+        /* a graceful close ends the stream once every accepted send is out */
+        if (atomic_load(&ep->state) == S_CLOSING && !ep->waitq.head && !ep->shut_wr && ep->fd >= 0) {
             shutdown(ep->fd, SHUT_WR);
             ep->shut_wr = true;
         }
@@ -350,14 +352,12 @@ static int tcp_send(struct vrpc_ep *base, struct vrpc_buf *b, uint32_t len, uint
 }
 
 /* Move every queued send to the done list with -ECANCELED (lock held). */
-static void flush_sends_locked(struct tcp_ep *ep, bool waiting_only)
+static void flush_sends_locked(struct tcp_ep *ep)
 {
     struct vrpc_buf *first = NULL, *last = NULL, *b;
-    struct fifo *qs[2] = { &ep->waitq, waiting_only ? NULL : &ep->wq };
+    struct fifo *qs[2] = { &ep->wq, &ep->waitq }; /* admission order */
     int i;
     for (i = 0; i < 2; i++) {
-        if (!qs[i])
-            continue;
         while ((b = fifo_pop(qs[i]))) {
             if (b == &ep->ctrl) {
                 ep->ctrl_queued = false;
@@ -373,8 +373,7 @@ static void flush_sends_locked(struct tcp_ep *ep, bool waiting_only)
         }
     }
     ep->nwait = 0;
-    if (!waiting_only)
-        ep->wq_off = 0;
+    ep->wq_off = 0;
     if (first) {
         mpsc_push(&ep->cq->done, first, last);
         kick(ep->cq);
@@ -391,14 +390,26 @@ static int tcp_close(struct vrpc_ep *base)
     }
     atomic_store(&ep->state, S_CLOSING);
     atomic_store(&ep->close_ns, vrpc_tp_now_ns());
-    flush_sends_locked(ep, true);
-    tx_locked(ep); /* shuts the write side down once wq is empty */
+    /* Sends waiting for credits still go as credits arrive (the peer keeps
+     * reading until our FIN); the write side shuts once both queues drain. */
+    tx_locked(ep);
     pthread_mutex_unlock(&ep->lock);
     kick(ep->cq);
     return 0;
 }
 
 /* ---- CQ bookkeeping (poller) ------------------------------------------------ */
+
+/* Take exactly want credits from the CQ's unpromised receives, or none. */
+static uint32_t take_avail_exact(struct tcp_cq *cq, uint32_t want)
+{
+    int a = atomic_load(&cq->avail);
+    do {
+        if (a < (int)want)
+            return 0;
+    } while (!atomic_compare_exchange_weak(&cq->avail, &a, a - (int)want));
+    return want;
+}
 
 /* Take up to want credits from the CQ's unpromised receives. */
 static uint32_t take_avail(struct tcp_cq *cq, uint32_t want)
@@ -410,6 +421,15 @@ static uint32_t take_avail(struct tcp_cq *cq, uint32_t want)
         t = a < (int)want ? a : (int)want;
     } while (!atomic_compare_exchange_weak(&cq->avail, &a, a - t));
     return (uint32_t)t;
+}
+
+/* Every connection keeps a reservation of at least MIN_RESV promised
+ * receives; a CQ that cannot reserve that many refuses the connection. */
+#define MIN_RESV 2u
+
+static uint32_t reserve_credits(struct tcp_cq *cq)
+{
+    return take_avail_exact(cq, MIN_RESV);
 }
 
 static void hungry_add(struct tcp_cq *cq, struct tcp_ep *ep)
@@ -440,25 +460,35 @@ static void hungry_remove(struct tcp_cq *cq, struct tcp_ep *ep)
     ep->hungry = false;
 }
 
-/* Promise newly available receives to hungry endpoints, oldest first. */
+/* Pay reposted receives back to the endpoints that consumed them (below their
+ * reservation), oldest first. While the CQ has spare receives (more than a
+ * quarter of those posted stay unpromised, kept for new connections), a
+ * paid-back endpoint's reservation grows by one, up to the credits attribute:
+ * busy connections get deep pipelines, idle ones keep what they had. */
 static void distribute_credits(struct tcp_cq *cq)
 {
     while (cq->hungry_head && atomic_load(&cq->avail) > 0) {
         struct tcp_ep *ep = cq->hungry_head;
-        uint32_t got = take_avail(cq, ep->target - ep->granted), cr;
+        uint32_t got = take_avail(cq, ep->resv - ep->granted), cr;
         if (!got)
             break;
         ep->granted += got;
-        cr = atomic_fetch_add(&ep->credit_ret, got) + got;
-        if (ep->granted >= ep->target) {
+        if (ep->granted >= ep->resv) {
             cq->hungry_head = ep->hnext;
             if (!cq->hungry_head)
                 cq->hungry_tail = NULL;
             ep->hungry = false;
+            if (ep->resv < ep->target && atomic_load(&cq->avail) > atomic_load(&cq->posted) / 4 &&
+                take_avail_exact(cq, 1)) {
+                ep->resv++;
+                ep->granted++;
+                got++;
+            }
         }
-        /* Explicit update once half the target piled up, or when the peer
-         * holds nothing at all (everything promised is still unsent). */
-        if (cr >= (ep->target / 2 ? ep->target / 2 : 1) || cr >= ep->granted) {
+        cr = atomic_fetch_add(&ep->credit_ret, got) + got;
+        /* Explicit update once half the reservation piled up, or when the
+         * peer holds nothing at all (everything promised is still unsent). */
+        if (cr >= (ep->resv / 2 ? ep->resv / 2 : 1) || cr >= ep->granted) {
             pthread_mutex_lock(&ep->lock);
             send_credit_locked(ep);
             pthread_mutex_unlock(&ep->lock);
@@ -519,7 +549,7 @@ static void teardown(struct tcp_cq *cq, struct tcp_ep *ep, int status, const cha
                     why, strerror(status < 0 ? -status : 0));
     pthread_mutex_lock(&ep->lock);
     atomic_store(&ep->state, S_DEAD);
-    flush_sends_locked(ep, false);
+    flush_sends_locked(ep);
     fd = ep->fd;
     ep->fd = -1;
     pthread_mutex_unlock(&ep->lock);
@@ -554,21 +584,27 @@ static void stage(struct tcp_cq *cq, struct vrpc_buf *b)
     fifo_push(&cq->out, b);
 }
 
-static int handle_hello(struct tcp_cq *cq, struct tcp_ep *ep, const struct vrpc_tcp_hdr *h)
+static int handle_hello(struct tcp_cq *cq, struct tcp_ep *ep, const struct vrpc_tcp_hdr *h, const char **why)
 {
     uint32_t eager = le32toh(h->imm), grant;
     char ack[HDR_LEN];
     ssize_t w;
 
+    *why = "unexpected HELLO";
     if (atomic_load(&ep->state) != S_HANDSHAKE || !ep->lst)
         return -EPROTO;
+    *why = "refused: the listener is closed";
     if (atomic_load(&ep->lst->closed))
         return -ECONNREFUSED;
     if (eager < ep->base.eager)
         ep->base.eager = eager;
     ep->send_credits = le16toh(h->credits);
-    grant = take_avail(cq, ep->target);
-    ep->granted = grant;
+    grant = reserve_credits(cq);
+    *why = "refused: no receive buffers left on the CQ to reserve for it (post more receives)";
+    if (!grant)
+        return -ENOBUFS;
+    *why = "cannot send HELLO_ACK";
+    ep->resv = ep->granted = grant;
     build_hdr(ack, F_HELLO_ACK, 0, ep->base.eager, grant);
     w = send(ep->fd, ack, HDR_LEN, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (w != HDR_LEN)
@@ -584,13 +620,11 @@ static int handle_hello(struct tcp_cq *cq, struct tcp_ep *ep, const struct vrpc_
     ep->ev_acc.priv[P_WRID] = ep->accept_user;
     stage_fill(&ep->ev_acc, VRPC_WC_ACCEPTED, 0, ep, 0);
     stage(cq, &ep->ev_acc);
-    if (ep->granted < ep->target)
-        hungry_add(cq, ep);
     return 0;
 }
 
 /* A complete header is in ep->rhdr. Returns 0 or a negative errno (protocol error). */
-static int handle_hdr(struct tcp_cq *cq, struct tcp_ep *ep, const char **why)
+static int handle_hdr(struct tcp_cq *cq, struct tcp_ep *ep, struct vrpc_buf **spec, const char **why)
 {
     struct vrpc_tcp_hdr h = ep->rhdr.h;
     uint32_t len = le32toh(h.len), credits = le16toh(h.credits);
@@ -601,10 +635,8 @@ static int handle_hdr(struct tcp_cq *cq, struct tcp_ep *ep, const char **why)
         *why = "bad frame header (garbage or another protocol)";
         return -EPROTO;
     }
-    if (h.type == F_HELLO) {
-        *why = "handshake failed";
-        return handle_hello(cq, ep, &h);
-    }
+    if (h.type == F_HELLO)
+        return handle_hello(cq, ep, &h, why);
     if (atomic_load(&ep->state) == S_HANDSHAKE) {
         *why = "frame before handshake";
         return -EPROTO;
@@ -634,14 +666,18 @@ static int handle_hdr(struct tcp_cq *cq, struct tcp_ep *ep, const char **why)
         *why = "peer sent without credits";
         return -EPROTO;
     }
-    b = get_posted(cq);
+    if (spec && *spec) { /* the buffer the payload was read into already */
+        b = *spec;
+        *spec = NULL;
+    } else {
+        b = get_posted(cq);
+    }
     if (!b) { /* cannot happen while promised <= posted holds */
         *why = "no receive buffer for a credited message";
         return -ENOBUFS;
     }
     ep->granted--;
-    if (ep->granted < ep->target)
-        hungry_add(cq, ep);
+    hungry_add(cq, ep);
     atomic_fetch_sub(&cq->posted, 1);
     b->len = len;
     if (!len) {
@@ -657,6 +693,134 @@ static int handle_hdr(struct tcp_cq *cq, struct tcp_ep *ep, const char **why)
     return 0;
 }
 
+static void rx(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now);
+
+/* Bytes already read from ep's stream (the carry of a speculative read) go
+ * where the socket's bytes would have gone: header, then payload buffers.
+ * *spec, if not NULL, is the posted buffer holding the carry itself: it is
+ * owed to the next DATA frame (the credit for that frame may be exactly that
+ * buffer), so the carry moves to its front (memmove) when one comes. */
+static int consume(struct tcp_cq *cq, struct tcp_ep *ep, const char *p, size_t len, uint64_t now,
+                   struct vrpc_buf **spec, const char **why)
+{
+    while (len) {
+        size_t k;
+        if (ep->rbuf) {
+            k = ep->rlen - ep->rgot < len ? ep->rlen - ep->rgot : len;
+            if ((char *)ep->rbuf->data + ep->rgot != p)
+                memcpy((char *)ep->rbuf->data + ep->rgot, p, k);
+            ep->rgot += (uint32_t)k;
+        } else {
+            k = HDR_LEN - ep->rhdr_got < len ? HDR_LEN - ep->rhdr_got : len;
+            memcpy(ep->rhdr.b + ep->rhdr_got, p, k);
+            ep->rhdr_got += (uint32_t)k;
+        }
+        p += k;
+        len -= k;
+        if (ep->rbuf && ep->rgot == ep->rlen) {
+            struct vrpc_buf *b = ep->rbuf;
+            ep->rbuf = NULL;
+            stage_fill(b, VRPC_WC_RECV, 0, ep, ep->rimm);
+            stage(cq, b);
+            ep->frame_ns = 0;
+        } else if (!ep->rbuf && ep->rhdr_got == HDR_LEN) {
+            struct vrpc_buf *had = spec ? *spec : NULL;
+            int rc = handle_hdr(cq, ep, spec, why);
+            if (rc)
+                return rc;
+            if (had && !*spec) {
+                /* that frame took the carry's own buffer: slide the rest of
+                 * the carry to its front, where the payload belongs */
+                memmove(had->data, p, len);
+                p = had->data;
+                spec = NULL;
+            }
+        }
+    }
+    if ((ep->rbuf || ep->rhdr_got) && !ep->frame_ns)
+        ep->frame_ns = now;
+    return 0;
+}
+
+/* Header read with a speculative payload: one readv into the header and a
+ * posted buffer, so a small message costs one read, not two. Bytes beyond
+ * that frame (pipelined frames) are copied on to where they belong. */
+static void rx_spec(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
+{
+    struct vrpc_buf *spec = get_posted(cq);
+    struct iovec iov[2];
+    size_t hrem = HDR_LEN - ep->rhdr_got, extra, used = 0;
+    const char *why = NULL;
+    char *base;
+    ssize_t n;
+    int rc;
+
+    if (!spec)
+        return; /* cannot happen while granted > 0; the plain path would catch it */
+    base = spec->data;
+    iov[0].iov_base = ep->rhdr.b + ep->rhdr_got;
+    iov[0].iov_len = hrem;
+    iov[1].iov_base = base;
+    iov[1].iov_len = spec->cap;
+    do
+        n = readv(ep->fd, iov, 2);
+    while (n < 0 && errno == EINTR);
+    if (n <= 0) {
+        put_posted(cq, spec);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        if (n < 0)
+            teardown(cq, ep, -errno, "read failed");
+        else if (ep->rhdr_got)
+            teardown(cq, ep, -EPROTO, "peer closed in the middle of a frame");
+        else
+            teardown(cq, ep, 0, NULL);
+        return;
+    }
+    if ((size_t)n <= hrem) {
+        put_posted(cq, spec);
+        ep->rhdr_got += (uint32_t)n;
+        if (!ep->frame_ns)
+            ep->frame_ns = now;
+        if ((size_t)n == hrem)
+            rx(cq, ep, now); /* a whole header and nothing after it (yet) */
+        return; /* short: LT epoll calls again when more arrives */
+    }
+    extra = (size_t)n - hrem;
+    ep->rhdr_got = HDR_LEN;
+    rc = handle_hdr(cq, ep, &spec, &why);
+    if (!rc && !spec) {
+        /* spec holds this frame's payload from offset 0 */
+        if (ep->rbuf) {
+            used = extra < ep->rlen ? extra : ep->rlen;
+            ep->rgot = (uint32_t)used;
+        }
+        /* (zero-length DATA was staged with spec; used stays 0) */
+        if (ep->rbuf && ep->rgot == ep->rlen) {
+            struct vrpc_buf *b = ep->rbuf;
+            ep->rbuf = NULL;
+            stage_fill(b, VRPC_WC_RECV, 0, ep, ep->rimm);
+            stage(cq, b);
+            ep->frame_ns = 0;
+        }
+    }
+    /* what follows the frame is copied on before anyone sees the buffer */
+    if (!rc && extra > used)
+        rc = consume(cq, ep, base + used, extra - used, now, spec ? &spec : NULL, &why);
+    if (spec)
+        put_posted(cq, spec);
+    if (rc) {
+        teardown(cq, ep, rc, why);
+        return;
+    }
+    if (!ep->rbuf && !ep->rhdr_got)
+        ep->frame_ns = 0;
+    else if (!ep->frame_ns)
+        ep->frame_ns = now;
+    if ((size_t)n == hrem + (size_t)iov[1].iov_len && ep->fd >= 0)
+        rx(cq, ep, now); /* filled the whole buffer: more may be waiting */
+}
+
 /* Read what the socket has for ep, a bounded amount per call (level-triggered
  * epoll calls again), straight into the posted buffer, the next header after. */
 static void rx(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
@@ -670,7 +834,7 @@ static void rx(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
 
         if (!ep->rbuf && ep->rhdr_got == HDR_LEN) {
             const char *why = NULL;
-            int rc = handle_hdr(cq, ep, &why);
+            int rc = handle_hdr(cq, ep, NULL, &why);
             if (rc) {
                 teardown(cq, ep, rc, why);
                 return;
@@ -684,6 +848,10 @@ static void rx(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
             iov[1].iov_len = HDR_LEN;
             niov = 2;
         } else {
+            if (ep->granted && atomic_load(&ep->state) != S_HANDSHAKE) {
+                rx_spec(cq, ep, now);
+                return;
+            }
             iov[0].iov_base = ep->rhdr.b + ep->rhdr_got;
             iov[0].iov_len = HDR_LEN - ep->rhdr_got;
             niov = 1;
@@ -759,6 +927,7 @@ static void adopt(struct tcp_cq *cq)
     struct tcp_ep *ep = atomic_exchange(&cq->adopt, NULL), *n;
     for (; ep; ep = n) {
         struct epoll_event e = { .events = EPOLLIN | EPOLLRDHUP, .data.ptr = ep };
+        int rc;
         n = ep->anext;
         ep->next = cq->eps;
         ep->prev = NULL;
@@ -766,13 +935,20 @@ static void adopt(struct tcp_cq *cq)
             cq->eps->prev = ep;
         cq->eps = ep;
         cq->neps++;
-        if (epoll_ctl(cq->epfd, EPOLL_CTL_ADD, ep->fd, &e)) {
-            teardown(cq, ep, -errno, "epoll_ctl failed");
+        /* A sender may have hit a full socket before we got here (its
+         * EPOLL_CTL_MOD then failed): register EPOLLOUT for it now. */
+        pthread_mutex_lock(&ep->lock);
+        if (ep->pollout)
+            e.events |= EPOLLOUT;
+        rc = epoll_ctl(cq->epfd, EPOLL_CTL_ADD, ep->fd, &e) ? -errno : 0;
+        pthread_mutex_unlock(&ep->lock);
+        if (rc) {
+            teardown(cq, ep, rc, "epoll_ctl failed");
             continue;
         }
         if (atomic_load(&ep->state) == S_HANDSHAKE)
             ep->frame_ns = vrpc_tp_now_ns();
-        else if (ep->granted < ep->target)
+        else if (ep->granted < ep->resv)
             hungry_add(cq, ep);
     }
 }
@@ -785,11 +961,12 @@ static void scan_timeouts(struct tcp_cq *cq, uint64_t now)
     for (ep = cq->eps; ep; ep = n) {
         uint64_t c = atomic_load(&ep->close_ns);
         n = ep->next;
-        if (atomic_load(&ep->state) == S_HANDSHAKE && now - ep->frame_ns > hs)
+        /* (times taken after now are not late: compare as now > t + limit) */
+        if (atomic_load(&ep->state) == S_HANDSHAKE && now > ep->frame_ns + hs)
             teardown(cq, ep, -ETIMEDOUT, "handshake timed out");
-        else if (ep->frame_ns && now - ep->frame_ns > idle)
+        else if (ep->frame_ns && now > ep->frame_ns + idle)
             teardown(cq, ep, -ETIMEDOUT, "frame not completed within the idle timeout (slow or stuck peer)");
-        else if (c && now - c > idle)
+        else if (c && now > c + idle)
             teardown(cq, ep, -ETIMEDOUT, "peer did not finish the close");
     }
 }
@@ -829,20 +1006,26 @@ static void progress(struct tcp_cq *cq)
     uint64_t now = vrpc_tp_now_ns();
     int i, nev;
 
-    adopt(cq);
     nev = cq->nev;
     cq->nev = 0;
-    if (!nev)
+    /* Busy-polling CQs poll the sockets here; sleeping ones only in cq_wait
+     * (level-triggered, so it returns at once while anything is ready): that
+     * keeps a blocking round trip at about the syscalls of a blocking socket. */
+    if (!nev && cq->base.attr.busy_poll_us)
         nev = epoll_wait(cq->epfd, cq->ev, MAX_EVENTS, 0);
-    for (i = 0; i < nev; i++) {
+    /* Consume the kick before taking the lists it announces: a push that
+     * kicked us is then visible below. (The other order loses a wake-up: a
+     * push after adopt() whose kick is drained here would sleep forever.) */
+    for (i = 0; i < nev; i++)
         if (!cq->ev[i].data.ptr) {
             uint64_t v;
             ssize_t r = read(cq->evfd, &v, sizeof v);
             (void)r;
-            continue;
         }
-        on_event(cq, cq->ev[i].data.ptr, cq->ev[i].events, now);
-    }
+    adopt(cq);
+    for (i = 0; i < nev; i++)
+        if (cq->ev[i].data.ptr)
+            on_event(cq, cq->ev[i].data.ptr, cq->ev[i].events, now);
     if (now >= cq->next_scan) {
         cq->next_scan = now + SCAN_NS;
         scan_timeouts(cq, now);
@@ -885,6 +1068,11 @@ static void tcp_cq_wait(struct vrpc_cq *base, int timeout_ms)
 {
     struct tcp_cq *cq = container_of(base, struct tcp_cq, base);
     int n;
+    /* A kick between the arm and now reset sleeping, and the poll after the
+     * arm may have drained its eventfd write: sleeping now would miss every
+     * later push (their producers see sleeping == 0 and do not kick). */
+    if (!atomic_load(&cq->sleeping))
+        return;
     /* Endpoints need their timeouts checked even when nothing happens. */
     if (cq->neps && (timeout_ms < 0 || timeout_ms > 100))
         timeout_ms = 100;
@@ -1074,18 +1262,28 @@ static int tcp_connect(struct vrpc_transport *tp, const struct vrpc_addr *dst, c
         rc = -errno;
         goto err_fd;
     }
-    if ((rc = wait_fd(fd, POLLOUT, deadline)))
+    if ((rc = wait_fd(fd, POLLOUT, deadline))) {
+        vrpc_tp_log("tcp: connect: no TCP connection within %u ms", tmo);
         goto err_fd;
+    }
     getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &l);
     if (err) {
         rc = -err;
         goto err_fd;
     }
     set_sock_opts(fd);
-    grant = take_avail(cq, tp->attr.credits);
+    grant = reserve_credits(cq);
+    if (!grant) {
+        vrpc_tp_log("tcp: connect: no receive buffer left on the CQ to reserve for the peer: post more");
+        rc = -ENOBUFS;
+        goto err_fd;
+    }
     build_hdr(m.b, F_HELLO, 0, tp->attr.eager_size, grant);
-    if ((rc = io_full(fd, m.b, HDR_LEN, true, deadline)) || (rc = io_full(fd, m.b, HDR_LEN, false, deadline)))
+    if ((rc = io_full(fd, m.b, HDR_LEN, true, deadline)) || (rc = io_full(fd, m.b, HDR_LEN, false, deadline))) {
+        if (rc == -ETIMEDOUT)
+            vrpc_tp_log("tcp: connect: the server did not answer the handshake within %u ms", tmo);
         goto err_grant;
+    }
     if (le32toh(m.h.magic) != MAGIC || m.h.version != VERSION || m.h.type != F_HELLO_ACK ||
         le32toh(m.h.imm) > tp->attr.eager_size) {
         rc = -EPROTO;
@@ -1100,7 +1298,7 @@ static int tcp_connect(struct vrpc_transport *tp, const struct vrpc_addr *dst, c
         ep->max_queued = attr->max_queued;
     ep->base.eager = le32toh(m.h.imm);
     ep->send_credits = le16toh(m.h.credits);
-    ep->granted = grant;
+    ep->resv = ep->granted = grant;
     ep->reported = true;
     atomic_store(&ep->state, S_OPEN);
     vrpc_addr_format("tcp", (const struct sockaddr *)&dst->ss, ep->base.peer_uri, sizeof ep->base.peer_uri);

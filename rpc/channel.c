@@ -1,0 +1,855 @@
+/* The client side: a channel holds one connection at a time to one server,
+ * with its pending-call table, its deadline wheel and its CQ poller. Calls
+ * from any number of threads go out through it; responses are matched to
+ * calls by request id on the poller, which only copies bytes, decides the
+ * outcome and wakes the caller (sync) or submits the completion to the
+ * scheduler (async): no user code runs on the poller. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <verbrpc/rpc.h>
+#include <verbrpc/sched.h>
+#include <verbrpc/transport.h>
+#include "rpc/futex.h"
+#include "rpc/internal.h"
+#include "rpc/pbutil.h"
+#include "rpc/pending.h"
+#include "rpc/status.h"
+#include "rpc/timer.h"
+#include "rpc/wire.h"
+
+#define RECV_BUFS 128
+#define HELLO_WAIT 0u
+#define HELLO_OK 1u
+#define HELLO_FAILED 2u
+
+struct vrpc_conn {
+    struct vrpc_channel *ch;
+    struct vrpc_ep *ep;
+    uint32_t refs;        /* atomic; the ep (until DISCONNECTED), the channel's
+                             current pointer, and each call using it */
+    uint32_t dead;        /* atomic 0/1: lost, closing or protocol error */
+    uint32_t goaway;      /* atomic 0/1: server said GOAWAY */
+    uint32_t hello;       /* futex: HELLO_WAIT/OK/FAILED */
+    uint32_t max_payload; /* md + message bytes the server accepts (after HELLO_ACK) */
+    struct vrpc_conn *next, *prev; /* channel's list of live endpoints, under conn_lock */
+    bool gone;                     /* DISCONNECTED delivered (under conn_lock) */
+};
+
+struct vrpc_channel {
+    char tname[16];
+    char turi[VRPC_URI_MAX + 16];
+    struct vrpc_channel_opts o;
+    char src_addr[64];
+    struct vrpc_transport *tp;
+    struct vrpc_cq *cq;
+    struct vrpc_pool *send_pool, *recv_pool;
+    struct vrpc_sched *sched;
+    bool own_sched;
+    struct vrpc_sched_producer *prod; /* used by the poller thread only */
+    struct vrpc_timer_wheel *wheel;
+    struct vrpc_pending *pend;
+    uint32_t own_max_payload;
+
+    pthread_mutex_t conn_lock; /* conn pointer and its reference */
+    struct vrpc_conn *conn;
+    pthread_mutex_t connect_mu; /* one connect attempt at a time; backoff fields */
+    int64_t next_attempt_ns;
+    uint32_t backoff_ms;
+    int last_err;
+    int state; /* atomic enum vrpc_channel_state */
+
+    uint32_t live_eps; /* futex: endpoints whose DISCONNECTED has not arrived */
+    struct vrpc_conn live; /* list head of those endpoints' conns (under conn_lock) */
+    uint32_t posted;   /* receive buffers posted, for destroy */
+};
+
+/* Completion of an asynchronous call that failed before it got a slot. */
+struct early_fail {
+    struct vrpc_task task;
+    vrpc_call_cb cb;
+    void *arg;
+    struct vrpc_status st;
+};
+
+static void set_state(struct vrpc_channel *ch, enum vrpc_channel_state st)
+{
+    __atomic_store_n(&ch->state, (int)st, __ATOMIC_RELEASE);
+}
+
+enum vrpc_channel_state vrpc_channel_state(const struct vrpc_channel *ch)
+{
+    return (enum vrpc_channel_state)__atomic_load_n(&ch->state, __ATOMIC_ACQUIRE);
+}
+
+void vrpc_channel_opts_init(struct vrpc_channel_opts *o) { memset(o, 0, sizeof(*o)); }
+
+/* The last reference destroys the endpoint: only then can no other thread
+ * be sending on it (the transport forbids any call after vrpc_ep_destroy). */
+static void conn_unref(struct vrpc_conn *c)
+{
+    if (c && __atomic_sub_fetch(&c->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+        vrpc_ep_destroy(c->ep);
+        free(c);
+    }
+}
+
+static void conn_ref(struct vrpc_conn *c) { __atomic_add_fetch(&c->refs, 1, __ATOMIC_RELAXED); }
+
+/* ---- completing a call ------------------------------------------------- */
+
+/* Async completion on a worker: unpack, run the callback, release. */
+static void async_done_task(struct vrpc_task *t)
+{
+    struct vrpc_pending_slot *s = container_of(t, struct vrpc_pending_slot, task);
+    struct vrpc_channel *ch = s->cb_ch;
+    uint32_t gen = vrpc_pending_gen(s);
+    const ProtobufCMessage *msg = NULL;
+
+    if (s->st.code == VRPC_OK) {
+        struct vrpc_arena *a = vrpc_rpc_tls_arena();
+        ProtobufCMessage *m = NULL;
+        int rc = -ENOMEM;
+        if (a) {
+            vrpc_arena_reset(a);
+            rc = vrpc_pb_unpack(s->method->output, s->resp, s->resp_len, 0, a, &m);
+        }
+        if (rc)
+            vrpc_status_set(&s->st, VRPC_INTERNAL, "response does not decode as %s (%d)",
+                            s->method->output->name, rc);
+        else
+            msg = m;
+    }
+    s->cb(&s->st, msg, s->cb_arg);
+    if (s->deadline_ns != VRPC_NO_DEADLINE)
+        vrpc_timer_cancel(ch->wheel, &s->timer);
+    /* unref before owner_done: once every slot is free the channel's destroy
+     * may go on to destroy the CQ, and our reference must be gone by then */
+    conn_unref(__atomic_load_n((struct vrpc_conn **)&s->conn, __ATOMIC_RELAXED));
+    vrpc_pending_owner_done(s, gen);
+}
+
+/* Hand the decided outcome to its owner. on_poller: we run on the CQ poller
+ * and may use the channel's producer ring. */
+static void complete(struct vrpc_channel *ch, struct vrpc_pending_slot *s, uint32_t gen, bool on_poller)
+{
+    if (s->cb) {
+        vrpc_task_init(&s->task, async_done_task);
+        int rc = on_poller ? vrpc_sched_producer_submit(ch->prod, &s->task)
+                           : vrpc_sched_submit(ch->sched, &s->task);
+        if (rc) /* the scheduler is shutting down: run here rather than lose it */
+            async_done_task(&s->task);
+    } else {
+        vrpc_pending_publish(s, gen);
+    }
+}
+
+static void send_cancel(struct vrpc_channel *ch, struct vrpc_conn *c, uint64_t id)
+{
+    if (!c || __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
+        return;
+    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_CANCEL, .request_id = id};
+    /* Best effort and never blocking: without a buffer the server simply
+     * finishes the call and its response is dropped. */
+    vrpc_rpc_send_simple(c->ep, ch->send_pool, &h, NULL, 0, false);
+}
+
+static void deadline_fired(void *ctx, uint64_t id)
+{
+    struct vrpc_channel *ch = ctx;
+    uint32_t idx = vrpc_wire_id_slot(id), gen = vrpc_wire_id_gen(id);
+    if (idx >= ch->pend->n)
+        return;
+    struct vrpc_pending_slot *s = &ch->pend->slots[idx];
+    if (!vrpc_pending_decide(s, gen))
+        return;
+    vrpc_status_set(&s->st, VRPC_DEADLINE_EXCEEDED, "deadline exceeded");
+    send_cancel(ch, __atomic_load_n((struct vrpc_conn **)&s->conn, __ATOMIC_ACQUIRE), id);
+    complete(ch, s, gen, false);
+}
+
+int vrpc_channel_cancel(struct vrpc_channel *ch, uint64_t id)
+{
+    uint32_t idx = vrpc_wire_id_slot(id), gen = vrpc_wire_id_gen(id);
+    if (!ch || id == 0 || idx >= ch->pend->n)
+        return -ENOENT;
+    struct vrpc_pending_slot *s = &ch->pend->slots[idx];
+    if (!vrpc_pending_decide(s, gen))
+        return -ENOENT;
+    vrpc_status_set(&s->st, VRPC_CANCELLED, "cancelled by the client");
+    send_cancel(ch, __atomic_load_n((struct vrpc_conn **)&s->conn, __ATOMIC_ACQUIRE), id);
+    complete(ch, s, gen, false);
+    return 0;
+}
+
+/* Fail every call pending on c with code (exactly once each, by decide) and
+ * mark their wire side done: no response will come on a dead connection. */
+static void fail_pending(struct vrpc_channel *ch, struct vrpc_conn *c, enum vrpc_code code,
+                         const char *why, bool on_poller)
+{
+    struct vrpc_pending *p = ch->pend;
+    for (uint32_t i = 0; i < p->n; i++) {
+        struct vrpc_pending_slot *s = &p->slots[i];
+        uint64_t w = __atomic_load_n(&s->word, __ATOMIC_ACQUIRE);
+        if (!((uint32_t)w & VRPC_PEND_INUSE))
+            continue;
+        if (c && __atomic_load_n((struct vrpc_conn **)&s->conn, __ATOMIC_ACQUIRE) != c)
+            continue;
+        uint32_t gen = (uint32_t)(w >> 32);
+        if (vrpc_pending_decide(s, gen)) {
+            vrpc_status_set(&s->st, code, "%s", why);
+            complete(ch, s, gen, on_poller);
+        }
+        if (c)
+            vrpc_pending_wire_done(s, gen);
+    }
+}
+
+/* The connection is unusable from now on: fail its calls (once). */
+static void conn_fail(struct vrpc_conn *c, const char *why, bool on_poller)
+{
+    /* An RMW on dead, like start_call's: all RMWs of dead are totally
+     * ordered, so either start_call's read sees 1, or it came first and this
+     * exchange (acquire) sees everything before it, i.e. the slot it
+     * published, in the scan below. */
+    if (__atomic_exchange_n(&c->dead, 1, __ATOMIC_ACQ_REL))
+        return;
+    if (__atomic_load_n(&c->hello, __ATOMIC_ACQUIRE) == HELLO_WAIT) {
+        __atomic_store_n(&c->hello, HELLO_FAILED, __ATOMIC_RELEASE);
+        vrpc_futex_wake_all(&c->hello);
+    }
+    fail_pending(c->ch, c, VRPC_UNAVAILABLE, why, on_poller);
+    struct vrpc_channel *ch = c->ch;
+    struct vrpc_conn *drop = NULL;
+    pthread_mutex_lock(&ch->conn_lock);
+    if (ch->conn == c) {
+        ch->conn = NULL;
+        drop = c;
+        if (vrpc_channel_state(ch) != VRPC_CHANNEL_SHUTDOWN) {
+            /* The first reconnect after losing a working connection is
+             * immediate; back-off applies to failed attempts. No connect_mu
+             * here: a connector holding it may be waiting for this poller. */
+            __atomic_store_n(&ch->next_attempt_ns, vrpc_now_ns(), __ATOMIC_RELAXED);
+            __atomic_store_n(&ch->last_err, -ECONNRESET, __ATOMIC_RELAXED);
+            set_state(ch, VRPC_CHANNEL_TRANSIENT_FAILURE);
+        }
+    }
+    pthread_mutex_unlock(&ch->conn_lock);
+    conn_unref(drop);
+}
+
+/* ---- the poller ----------------------------------------------------------- */
+
+static void protocol_error(struct vrpc_conn *c, const char *what, int rc)
+{
+    char peer[VRPC_URI_MAX] = "?";
+    vrpc_ep_peer_uri(c->ep, peer, sizeof(peer));
+    vrpc_rpc_log("protocol error from server %s: %s (%s); closing the connection", peer, what,
+                 rc == -EPROTONOSUPPORT ? "unsupported version" : "malformed");
+    conn_fail(c, "connection closed after a protocol error from the server", true);
+    vrpc_ep_close(c->ep);
+}
+
+static void on_response(struct vrpc_channel *ch, struct vrpc_conn *c, const struct vrpc_wire_hdr *h,
+                        const uint8_t *payload)
+{
+    struct vrpc_pending_slot *s = vrpc_pending_lookup(ch->pend, h->request_id);
+    if (!s || __atomic_load_n((struct vrpc_conn **)&s->conn, __ATOMIC_ACQUIRE) != c) {
+        protocol_error(c, "response to a request id that is not pending", -EPROTO);
+        return;
+    }
+    uint32_t gen = vrpc_wire_id_gen(h->request_id);
+    if (vrpc_pending_decide(s, gen)) {
+        if (h->status == VRPC_OK) {
+            if (!s->resp || h->payload_len > s->resp_cap) {
+                /* sized once for the largest response we accept, so a slot
+                 * never regrows in steady state */
+                uint32_t want = h->payload_len > ch->own_max_payload ? h->payload_len : ch->own_max_payload;
+                uint8_t *nb = realloc(s->resp, want);
+                if (!nb) {
+                    vrpc_status_set(&s->st, VRPC_RESOURCE_EXHAUSTED, "out of memory for the response");
+                    goto done;
+                }
+                s->resp = nb;
+                s->resp_cap = want;
+            }
+            memcpy(s->resp, payload, h->payload_len);
+            s->resp_len = h->payload_len;
+            s->st.code = VRPC_OK;
+            s->st.message[0] = 0;
+        } else {
+            vrpc_status_set_bytes(&s->st, (enum vrpc_code)h->status, payload, h->payload_len);
+        }
+    done:
+        vrpc_pending_wire_done(s, gen);
+        complete(ch, s, gen, true);
+    } else {
+        vrpc_pending_wire_done(s, gen); /* late answer to a cancelled/timed-out call */
+    }
+}
+
+static void on_recv(struct vrpc_channel *ch, struct vrpc_conn *c, const uint8_t *f, uint32_t len)
+{
+    struct vrpc_wire_hdr h;
+    int rc;
+
+    if (__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
+        return;
+    if ((rc = vrpc_wire_hdr_decode(f, len, &h))) {
+        protocol_error(c, "bad frame header", rc);
+        return;
+    }
+    const uint8_t *payload = f + VRPC_WIRE_HDR_LEN + h.md_len;
+    uint32_t hello = __atomic_load_n(&c->hello, __ATOMIC_ACQUIRE);
+    if (h.type == VRPC_FT_HELLO_ACK) {
+        struct vrpc_wire_hello st;
+        if (hello != HELLO_WAIT || vrpc_wire_hello_decode(payload, h.payload_len, &st)) {
+            protocol_error(c, "unexpected or malformed HELLO_ACK", -EPROTO);
+            return;
+        }
+        uint32_t eager = vrpc_ep_eager_size(c->ep);
+        c->max_payload = st.max_msg_size;
+        if (c->max_payload > eager - VRPC_WIRE_HDR_LEN)
+            c->max_payload = eager - VRPC_WIRE_HDR_LEN;
+        vrpc_pending_set_limit(ch->pend, st.max_concurrent);
+        __atomic_store_n(&c->hello, HELLO_OK, __ATOMIC_RELEASE);
+        vrpc_futex_wake_all(&c->hello);
+        return;
+    }
+    if (hello != HELLO_OK) {
+        protocol_error(c, "frame before HELLO_ACK", -EPROTO);
+        return;
+    }
+    switch (h.type) {
+    case VRPC_FT_RESPONSE:
+        on_response(ch, c, &h, payload);
+        break;
+    case VRPC_FT_GOAWAY:
+        __atomic_store_n(&c->goaway, 1, __ATOMIC_RELEASE);
+        pthread_mutex_lock(&ch->conn_lock);
+        if (ch->conn == c) {
+            ch->conn = NULL;
+            set_state(ch, VRPC_CHANNEL_IDLE);
+            pthread_mutex_unlock(&ch->conn_lock);
+            conn_unref(c);
+        } else {
+            pthread_mutex_unlock(&ch->conn_lock);
+        }
+        break;
+    default:
+        protocol_error(c, "frame type a server must not send", -EPROTO);
+    }
+}
+
+static void channel_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, void *arg)
+{
+    struct vrpc_channel *ch = arg;
+    for (unsigned i = 0; i < n; i++) {
+        const struct vrpc_wc *w = &wc[i];
+        switch (w->opcode) {
+        case VRPC_WC_RECV:
+            if (w->status == 0 && w->ep)
+                on_recv(ch, vrpc_ep_user(w->ep), w->buf->data, w->byte_len);
+            if (w->status == -ECANCELED || vrpc_cq_post_recv(cq, &w->buf, NULL, 1)) {
+                vrpc_pool_put(w->buf);
+                __atomic_sub_fetch(&ch->posted, 1, __ATOMIC_RELAXED);
+            }
+            break;
+        case VRPC_WC_SEND:
+            vrpc_pool_put(w->buf);
+            break;
+        case VRPC_WC_DISCONNECTED: {
+            struct vrpc_conn *c = vrpc_ep_user(w->ep);
+            conn_fail(c, w->status ? "connection lost" : "connection closed", true);
+            pthread_mutex_lock(&ch->conn_lock);
+            c->gone = true;
+            if (c->next) {
+                c->prev->next = c->next;
+                c->next->prev = c->prev;
+            }
+            pthread_mutex_unlock(&ch->conn_lock);
+            conn_unref(c); /* the endpoint's reference */
+            __atomic_sub_fetch(&ch->live_eps, 1, __ATOMIC_RELEASE);
+            vrpc_futex_wake_all(&ch->live_eps);
+            break;
+        }
+        default:
+            break;
+        }
+    }
+}
+
+/* ---- connecting ---------------------------------------------------------- */
+
+/* One connect attempt (connect_mu held). Returns 0 with ch->conn set. */
+static int connect_once(struct vrpc_channel *ch, int64_t deadline_ns)
+{
+    struct vrpc_conn *c = calloc(1, sizeof(*c));
+    struct vrpc_ep_attr ea;
+    int rc;
+
+    if (!c)
+        return -ENOMEM;
+    c->ch = ch;
+    c->refs = 2; /* ours (handed to ch->conn on success) and the endpoint's
+                    (dropped when its DISCONNECTED arrives) */
+    set_state(ch, VRPC_CHANNEL_CONNECTING);
+    int64_t now = vrpc_now_ns();
+    int64_t budget_ms = ch->o.connect_timeout_ms;
+    if (deadline_ns != VRPC_NO_DEADLINE && (deadline_ns - now) / 1000000 < budget_ms)
+        budget_ms = (deadline_ns - now) / 1000000;
+    if (budget_ms < 1)
+        budget_ms = 1;
+    vrpc_ep_attr_init(&ea);
+    ea.cq = ch->cq;
+    ea.user = c;
+    ea.timeout_ms = (uint32_t)budget_ms;
+    ea.src_addr = ch->src_addr[0] ? ch->src_addr : NULL;
+    __atomic_add_fetch(&ch->live_eps, 1, __ATOMIC_RELAXED);
+    rc = vrpc_connect(ch->tp, ch->turi, &ea, &c->ep);
+    if (rc) {
+        __atomic_sub_fetch(&ch->live_eps, 1, __ATOMIC_RELAXED);
+        free(c);
+        return rc;
+    }
+    pthread_mutex_lock(&ch->conn_lock);
+    if (!c->gone) { /* its DISCONNECTED may already have come and gone */
+        c->next = ch->live.next;
+        c->prev = &ch->live;
+        ch->live.next->prev = c;
+        ch->live.next = c;
+    }
+    pthread_mutex_unlock(&ch->conn_lock);
+    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_HELLO};
+    uint8_t hp[VRPC_WIRE_HELLO_LEN];
+    struct vrpc_wire_hello hs = {.max_msg_size = ch->own_max_payload, .max_concurrent = ch->pend->n};
+    vrpc_wire_hello_encode(hp, &hs);
+    h.payload_len = sizeof(hp);
+    rc = vrpc_rpc_send_simple(c->ep, ch->send_pool, &h, hp, sizeof(hp), true);
+    int64_t end = now + budget_ms * 1000000;
+    uint32_t hv;
+    while (!rc && (hv = __atomic_load_n(&c->hello, __ATOMIC_ACQUIRE)) == HELLO_WAIT) {
+        int64_t left = end - vrpc_now_ns();
+        if (left <= 0) {
+            rc = -ETIMEDOUT;
+            break;
+        }
+        vrpc_rpc_futex_wait_ns(&c->hello, HELLO_WAIT, left);
+    }
+    if (!rc && __atomic_load_n(&c->hello, __ATOMIC_ACQUIRE) != HELLO_OK)
+        rc = -ECONNRESET;
+    if (rc) {
+        conn_fail(c, "handshake failed", false);
+        vrpc_ep_close(c->ep);
+        conn_unref(c);
+        return rc;
+    }
+    pthread_mutex_lock(&ch->conn_lock);
+    struct vrpc_conn *old = ch->conn;
+    ch->conn = c; /* takes our reference */
+    set_state(ch, VRPC_CHANNEL_READY);
+    pthread_mutex_unlock(&ch->conn_lock);
+    conn_unref(old);
+    return 0;
+}
+
+/* A referenced usable connection, connecting if needed. -EAGAIN means the
+ * channel is backing off after failed attempts. */
+static int get_conn(struct vrpc_channel *ch, int64_t deadline_ns, bool force, struct vrpc_conn **out)
+{
+    struct vrpc_conn *c;
+    int rc;
+
+    pthread_mutex_lock(&ch->conn_lock);
+    c = ch->conn;
+    if (c && !__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE) && !__atomic_load_n(&c->goaway, __ATOMIC_ACQUIRE)) {
+        conn_ref(c);
+        pthread_mutex_unlock(&ch->conn_lock);
+        *out = c;
+        return 0;
+    }
+    pthread_mutex_unlock(&ch->conn_lock);
+
+    pthread_mutex_lock(&ch->connect_mu);
+    for (;;) {
+        if (vrpc_channel_state(ch) == VRPC_CHANNEL_SHUTDOWN) {
+            rc = -ESHUTDOWN;
+            break;
+        }
+        pthread_mutex_lock(&ch->conn_lock);
+        c = ch->conn; /* another thread may have connected meanwhile */
+        if (c && !__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE) && !__atomic_load_n(&c->goaway, __ATOMIC_ACQUIRE)) {
+            conn_ref(c);
+            pthread_mutex_unlock(&ch->conn_lock);
+            *out = c;
+            rc = 0;
+            break;
+        }
+        pthread_mutex_unlock(&ch->conn_lock);
+        if (!force && vrpc_now_ns() < __atomic_load_n(&ch->next_attempt_ns, __ATOMIC_RELAXED)) {
+            rc = -EAGAIN;
+            break;
+        }
+        rc = connect_once(ch, deadline_ns);
+        if (rc == 0) {
+            ch->backoff_ms = 0;
+            __atomic_store_n(&ch->next_attempt_ns, 0, __ATOMIC_RELAXED);
+            continue; /* pick it up (with a reference) above */
+        }
+        __atomic_store_n(&ch->last_err, rc, __ATOMIC_RELAXED);
+        ch->backoff_ms = ch->backoff_ms ? ch->backoff_ms * 2 : ch->o.backoff_initial_ms;
+        if (ch->backoff_ms > ch->o.backoff_max_ms)
+            ch->backoff_ms = ch->o.backoff_max_ms;
+        __atomic_store_n(&ch->next_attempt_ns, vrpc_now_ns() + (int64_t)ch->backoff_ms * 1000000,
+                         __ATOMIC_RELAXED);
+        if (vrpc_channel_state(ch) != VRPC_CHANNEL_SHUTDOWN)
+            set_state(ch, VRPC_CHANNEL_TRANSIENT_FAILURE);
+        break;
+    }
+    pthread_mutex_unlock(&ch->connect_mu);
+    return rc;
+}
+
+int vrpc_channel_connect(struct vrpc_channel *ch, int timeout_ms)
+{
+    struct vrpc_conn *c;
+    int64_t end = vrpc_now_ns() + (int64_t)timeout_ms * 1000000;
+    int rc;
+    for (;;) {
+        rc = get_conn(ch, end, true, &c);
+        if (rc == 0) {
+            conn_unref(c);
+            return 0;
+        }
+        if (rc == -ESHUTDOWN || vrpc_now_ns() >= end)
+            return rc == -EAGAIN ? -ETIMEDOUT : rc;
+        int64_t wait = __atomic_load_n(&ch->next_attempt_ns, __ATOMIC_RELAXED) - vrpc_now_ns();
+        if (wait > end - vrpc_now_ns())
+            wait = end - vrpc_now_ns();
+        if (wait > 0) {
+            struct timespec ts = {.tv_sec = wait / 1000000000, .tv_nsec = wait % 1000000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+/* ---- calls ------------------------------------------------------------------ */
+
+static void early_fail_task(struct vrpc_task *t)
+{
+    struct early_fail *e = container_of(t, struct early_fail, task);
+    e->cb(&e->st, NULL, e->arg);
+    free(e);
+}
+
+static int64_t call_deadline(const struct vrpc_channel *ch, const struct vrpc_call_opts *o)
+{
+    int64_t t = o ? o->timeout_us : 0;
+    if (t == 0)
+        t = ch->o.default_timeout_us;
+    if (t <= 0)
+        return VRPC_NO_DEADLINE;
+    return vrpc_now_ns() + t * 1000;
+}
+
+/* Start a call: connect, take a slot, pack and send. Returns 0 with *out set
+ * (the slot's outcome will be decided by someone), or fills st and returns
+ * its code (nothing pending). */
+static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
+                      const ProtobufCMessage *req, const struct vrpc_call_opts *o, vrpc_call_cb cb,
+                      void *arg, struct vrpc_status *st, struct vrpc_pending_slot **out)
+{
+    int64_t deadline = call_deadline(ch, o);
+    struct vrpc_conn *c;
+    struct vrpc_pending_slot *s;
+    long mdsz = 0;
+    int rc;
+
+    if (o && o->md_count && (mdsz = vrpc_wire_md_size(o->md, o->md_count)) < 0) {
+        vrpc_status_set(st, VRPC_INVALID_ARGUMENT, "invalid metadata");
+        return VRPC_INVALID_ARGUMENT;
+    }
+    rc = get_conn(ch, deadline, false, &c);
+    if (rc) {
+        if (rc == -ESHUTDOWN)
+            vrpc_status_set(st, VRPC_UNAVAILABLE, "channel is shutting down");
+        else if (rc == -EAGAIN)
+            vrpc_status_set(st, VRPC_UNAVAILABLE, "channel in back-off after: %s", strerror(-__atomic_load_n(&ch->last_err, __ATOMIC_RELAXED)));
+        else
+            vrpc_status_set(st, VRPC_UNAVAILABLE, "connect failed: %s", strerror(-rc));
+        return VRPC_UNAVAILABLE;
+    }
+    size_t need = protobuf_c_message_get_packed_size(req) + (size_t)mdsz;
+    if (need > c->max_payload) {
+        conn_unref(c);
+        vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED, "request of %zu bytes exceeds the limit of %u",
+                        need, c->max_payload);
+        return VRPC_RESOURCE_EXHAUSTED;
+    }
+    rc = vrpc_pending_alloc(ch->pend, deadline, c, &s);
+    if (rc) {
+        conn_unref(c);
+        if (rc == -ETIMEDOUT) {
+            vrpc_status_set(st, VRPC_DEADLINE_EXCEEDED, "deadline exceeded waiting for a call credit");
+            return VRPC_DEADLINE_EXCEEDED;
+        }
+        vrpc_status_set(st, VRPC_UNAVAILABLE, "channel is shutting down");
+        return VRPC_UNAVAILABLE;
+    }
+    uint32_t gen = vrpc_pending_gen(s);
+    uint64_t id = vrpc_wire_make_id(s->index, gen);
+    s->method = m;
+    s->cb = cb;
+    s->cb_arg = arg;
+    s->cb_ch = ch;
+    s->deadline_ns = deadline;
+
+    struct vrpc_buf *b = vrpc_rpc_buf_get(ch->send_pool, true);
+    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST,
+                              .method_id = m->id, .request_id = id, .md_len = (uint32_t)mdsz};
+    if (deadline != VRPC_NO_DEADLINE) {
+        int64_t left = deadline - vrpc_now_ns();
+        h.flags = VRPC_FF_DEADLINE;
+        h.budget_us = left > 0 ? (uint64_t)(left / 1000) : 0;
+    }
+    uint8_t *p = b->data;
+    if (mdsz)
+        vrpc_wire_md_encode(p + VRPC_WIRE_HDR_LEN, o->md, o->md_count);
+    size_t plen = 0;
+    vrpc_pb_pack(req, p + VRPC_WIRE_HDR_LEN + mdsz, b->cap - VRPC_WIRE_HDR_LEN - (size_t)mdsz, &plen);
+    h.payload_len = (uint32_t)plen;
+    vrpc_wire_hdr_encode(p, &h);
+
+    if (deadline != VRPC_NO_DEADLINE)
+        vrpc_timer_arm(ch->wheel, &s->timer, deadline, deadline_fired, ch, id);
+    if (o && o->call_id)
+        __atomic_store_n(o->call_id, id, __ATOMIC_RELEASE);
+    /* Read dead with an RMW (release): pairs with conn_fail's exchange, see
+     * there; a plain load could miss it while the scan misses our slot. */
+    rc = __atomic_fetch_or(&c->dead, 0, __ATOMIC_ACQ_REL) ? -ENOTCONN : 0;
+    if (!rc)
+        rc = vrpc_rpc_send(c->ep, b, VRPC_WIRE_HDR_LEN + (uint32_t)mdsz + (uint32_t)plen, true);
+    else
+        vrpc_pool_put(b);
+    if (rc) {
+        if (vrpc_pending_decide(s, gen)) {
+            vrpc_status_set(&s->st, VRPC_UNAVAILABLE, "send failed: %s", strerror(-rc));
+            complete(ch, s, gen, false);
+        }
+        vrpc_pending_wire_done(s, gen);
+    }
+    *out = s;
+    return 0;
+}
+
+int vrpc_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m, const ProtobufCMessage *req,
+              ProtobufCMessage **resp, const struct vrpc_call_opts *opts, struct vrpc_status *st)
+{
+    struct vrpc_status local;
+    struct vrpc_pending_slot *s;
+    int code;
+
+    if (!st)
+        st = &local;
+    if (!ch || !m || !req || !resp || req->descriptor != m->input) {
+        vrpc_status_set(st, VRPC_INVALID_ARGUMENT, "bad arguments to vrpc_call");
+        return VRPC_INVALID_ARGUMENT;
+    }
+    code = start_call(ch, m, req, opts, NULL, NULL, st, &s);
+    if (code)
+        return code;
+    uint32_t gen = vrpc_pending_gen(s);
+    vrpc_pending_wait(s, gen);
+    struct vrpc_conn *c = __atomic_load_n((struct vrpc_conn **)&s->conn, __ATOMIC_RELAXED);
+    code = s->st.code;
+    if (code == VRPC_OK) {
+        struct vrpc_arena *a = vrpc_rpc_tls_arena();
+        ProtobufCMessage *msg = NULL;
+        int rc = -ENOMEM;
+        if (a) {
+            vrpc_arena_reset(a);
+            rc = vrpc_pb_unpack(m->output, s->resp, s->resp_len, 0, a, &msg);
+        }
+        if (rc) {
+            code = VRPC_INTERNAL;
+            vrpc_status_set(st, VRPC_INTERNAL, "response does not decode as %s (%d)", m->output->name, rc);
+        } else {
+            *resp = msg;
+            st->code = VRPC_OK;
+            st->message[0] = 0;
+        }
+    } else if (st != &local) {
+        *st = s->st;
+    }
+    if (s->deadline_ns != VRPC_NO_DEADLINE)
+        vrpc_timer_cancel(ch->wheel, &s->timer);
+    conn_unref(c); /* before owner_done, see async_done_task */
+    vrpc_pending_owner_done(s, gen);
+    return code;
+}
+
+int vrpc_call_async(struct vrpc_channel *ch, const struct vrpc_method_desc *m, const ProtobufCMessage *req,
+                    const struct vrpc_call_opts *opts, vrpc_call_cb cb, void *arg)
+{
+    struct vrpc_pending_slot *s;
+    struct vrpc_status st;
+
+    if (!ch || !m || !req || !cb || req->descriptor != m->input)
+        return -EINVAL;
+    if (vrpc_channel_state(ch) == VRPC_CHANNEL_SHUTDOWN)
+        return -ESHUTDOWN;
+    if (start_call(ch, m, req, opts, cb, arg, &st, &s)) {
+        struct early_fail *e = malloc(sizeof(*e));
+        if (!e)
+            return -ENOMEM;
+        vrpc_task_init(&e->task, early_fail_task);
+        e->cb = cb;
+        e->arg = arg;
+        e->st = st;
+        if (vrpc_sched_submit(ch->sched, &e->task)) {
+            free(e);
+            return -ESHUTDOWN;
+        }
+    }
+    return 0;
+}
+
+/* ---- create / destroy ------------------------------------------------------ */
+
+int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *opts, struct vrpc_channel **out)
+{
+    struct vrpc_channel *ch;
+    struct vrpc_transport_attr ta;
+    struct vrpc_cq_attr ca;
+    int rc;
+
+    if (!uri || !out)
+        return -EINVAL;
+    ch = calloc(1, sizeof(*ch));
+    if (!ch)
+        return -ENOMEM;
+    pthread_mutex_init(&ch->conn_lock, NULL);
+    pthread_mutex_init(&ch->connect_mu, NULL);
+    ch->live.next = ch->live.prev = &ch->live;
+    if (opts)
+        ch->o = *opts;
+    if (ch->o.src_addr)
+        snprintf(ch->src_addr, sizeof(ch->src_addr), "%s", ch->o.src_addr);
+    ch->o.src_addr = NULL;
+    if (!ch->o.threads)
+        ch->o.threads = 2;
+    if (!ch->o.max_outstanding)
+        ch->o.max_outstanding = 256;
+    if (!ch->o.connect_timeout_ms)
+        ch->o.connect_timeout_ms = 5000;
+    if (!ch->o.backoff_initial_ms)
+        ch->o.backoff_initial_ms = 100;
+    if (!ch->o.backoff_max_ms)
+        ch->o.backoff_max_ms = 5000;
+    set_state(ch, VRPC_CHANNEL_IDLE);
+    if ((rc = vrpc_rpc_parse_uri(uri, ch->tname, sizeof(ch->tname), ch->turi, sizeof(ch->turi))))
+        goto fail;
+
+    vrpc_transport_attr_init(&ta);
+    ta.eager_size = VRPC_RPC_DEFAULT_EAGER;
+    if (ch->o.max_msg_size && ch->o.max_msg_size + VRPC_WIRE_HDR_LEN > ta.eager_size)
+        ta.eager_size = ch->o.max_msg_size + VRPC_WIRE_HDR_LEN > VRPC_EAGER_MAX
+                            ? VRPC_EAGER_MAX : ch->o.max_msg_size + VRPC_WIRE_HDR_LEN;
+    ta.max_queued = ch->o.max_outstanding * 2 + 64;
+    ta.connect_timeout_ms = ch->o.connect_timeout_ms;
+    if ((rc = vrpc_transport_create(ch->tname, &ta, &ch->tp)))
+        goto fail;
+    uint32_t eager = vrpc_transport_eager_size(ch->tp);
+    ch->own_max_payload = eager - VRPC_WIRE_HDR_LEN;
+    if (ch->o.max_msg_size && ch->o.max_msg_size < ch->own_max_payload)
+        ch->own_max_payload = ch->o.max_msg_size;
+
+    if ((rc = vrpc_pending_create(ch->o.max_outstanding, &ch->pend)))
+        goto fail;
+    if ((rc = vrpc_timer_wheel_create(1000, &ch->wheel)))
+        goto fail;
+    if (ch->o.sched) {
+        ch->sched = ch->o.sched;
+    } else {
+        struct vrpc_sched_config sc;
+        vrpc_sched_config_init(&sc);
+        sc.nworkers = ch->o.threads;
+        if ((rc = vrpc_sched_create(&sc, &ch->sched)))
+            goto fail;
+        ch->own_sched = true;
+    }
+    if ((rc = vrpc_sched_producer_create(ch->sched, &ch->prod)))
+        goto fail;
+    if ((rc = vrpc_pool_create(ch->tp, eager, ch->o.max_outstanding + 64, &ch->send_pool)))
+        goto fail;
+    if ((rc = vrpc_pool_create(ch->tp, eager, RECV_BUFS, &ch->recv_pool)))
+        goto fail;
+    vrpc_cq_attr_init(&ca);
+    ca.cb = channel_cq_cb;
+    ca.cb_arg = ch;
+    ca.busy_poll_us = 20;
+    ca.max_recv = RECV_BUFS;
+    ca.name = "vrpc-ch-poll";
+    if ((rc = vrpc_cq_create(ch->tp, &ca, &ch->cq)))
+        goto fail;
+    for (unsigned i = 0; i < RECV_BUFS; i++) {
+        struct vrpc_buf *b = vrpc_pool_get(ch->recv_pool);
+        if (!b || vrpc_cq_post_recv(ch->cq, &b, NULL, 1)) {
+            if (b)
+                vrpc_pool_put(b);
+            break;
+        }
+        __atomic_add_fetch(&ch->posted, 1, __ATOMIC_RELAXED);
+    }
+    *out = ch;
+    return 0;
+fail:
+    vrpc_channel_destroy(ch);
+    return rc;
+}
+
+void vrpc_channel_destroy(struct vrpc_channel *ch)
+{
+    if (!ch)
+        return;
+    set_state(ch, VRPC_CHANNEL_SHUTDOWN);
+    if (ch->pend) {
+        vrpc_pending_close(ch->pend);
+        /* every pending call completes once, with CANCELLED */
+        fail_pending(ch, NULL, VRPC_CANCELLED, "channel destroyed", false);
+    }
+    pthread_mutex_lock(&ch->connect_mu); /* no connect in progress from here on */
+    pthread_mutex_lock(&ch->conn_lock);
+    struct vrpc_conn *c = ch->conn;
+    ch->conn = NULL;
+    for (struct vrpc_conn *l = ch->live.next; l != &ch->live; l = l->next)
+        vrpc_ep_close(l->ep); /* each one's DISCONNECTED follows */
+    pthread_mutex_unlock(&ch->conn_lock);
+    pthread_mutex_unlock(&ch->connect_mu);
+    conn_unref(c);
+    /* Wait for every endpoint's DISCONNECTED (it fails the wire side of the
+     * calls on it), then for the owners of all slots to finish. */
+    uint32_t v;
+    while ((v = __atomic_load_n(&ch->live_eps, __ATOMIC_ACQUIRE)) != 0)
+        vrpc_rpc_futex_wait_ns(&ch->live_eps, v, 10000000);
+    if (ch->pend) {
+        pthread_mutex_lock(&ch->pend->lock);
+        while (ch->pend->in_use)
+            pthread_cond_wait(&ch->pend->cond, &ch->pend->lock);
+        pthread_mutex_unlock(&ch->pend->lock);
+    }
+    vrpc_cq_destroy(ch->cq); /* flushes the posted receive buffers to the pool */
+    vrpc_sched_producer_destroy(ch->prod);
+    if (ch->own_sched)
+        vrpc_sched_destroy(ch->sched);
+    vrpc_pool_destroy(ch->recv_pool);
+    vrpc_pool_destroy(ch->send_pool);
+    vrpc_timer_wheel_destroy(ch->wheel);
+    vrpc_pending_destroy(ch->pend);
+    vrpc_transport_destroy(ch->tp);
+    pthread_mutex_destroy(&ch->conn_lock);
+    pthread_mutex_destroy(&ch->connect_mu);
+    free(ch);
+}

@@ -1,0 +1,836 @@
+/* The server side: method registry, per-connection call tables bounded by
+ * the credits granted in HELLO_ACK, the poller path that validates a request
+ * and hands it to a scheduler worker, handlers answering from any thread,
+ * per-method statistics, and graceful shutdown (GOAWAY, drain, close). */
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <verbrpc/rpc.h>
+#include <verbrpc/sched.h>
+#include <verbrpc/transport.h>
+#include "rpc/futex.h"
+#include "rpc/internal.h"
+#include "rpc/pbutil.h"
+#include "rpc/status.h"
+#include "rpc/wire.h"
+
+#define SERVER_RECV_BUFS 512
+#define SERVER_SEND_BUFS 1024
+#define HIST_BUCKETS 496
+
+struct method_entry {
+    const struct vrpc_method_desc *m;
+    vrpc_handler_fn fn;
+    void *user;
+    /* statistics, relaxed atomics */
+    uint64_t calls;
+    uint64_t by_code[VRPC_CODE_COUNT];
+    uint64_t max_us;
+    uint64_t hist[HIST_BUCKETS];
+};
+
+struct sconn;
+
+struct vrpc_server_call {
+    struct vrpc_task task;
+    struct sconn *conn;
+    struct method_entry *me;
+    uint64_t req_id;
+    uint32_t busy;      /* atomic: 1 from arrival until answered */
+    uint32_t cancelled; /* atomic */
+    int64_t arrival_ns, deadline_ns;
+    uint8_t *buf;       /* copy of metadata + payload */
+    uint32_t cap, len, md_len;
+    size_t nmd;
+    struct vrpc_metadata *md; /* VRPC_MD_MAX entries, allocated on first use */
+    struct vrpc_arena arena;
+};
+
+struct poller {
+    struct vrpc_server *s;
+    struct vrpc_cq *cq;
+    struct vrpc_sched_producer *prod; /* this poller thread's ring */
+};
+
+struct sconn {
+    struct vrpc_server *s;
+    struct vrpc_ep *ep;
+    struct poller *poller;
+    uint32_t refs;    /* atomic: the endpoint (until DISCONNECTED) + each busy call */
+    uint32_t dead;    /* atomic */
+    uint32_t goaway;  /* atomic */
+    bool hello_done;  /* poller only */
+    uint32_t client_max_payload;
+    uint32_t ncalls;
+    struct vrpc_server_call *calls;
+    struct sconn *next, *prev; /* server list, under s->lock */
+};
+
+struct vrpc_server {
+    struct vrpc_server_opts o;
+    uint32_t max_payload;
+    struct method_entry *methods; /* registration order */
+    size_t nmethods, capmethods;
+    struct method_entry **index;  /* open addressing by id, built at start */
+    uint32_t index_mask;
+    bool started;
+
+    struct vrpc_transport *tp;
+    struct poller *pollers;
+    unsigned npollers;
+    struct vrpc_listener *listener;
+    struct vrpc_pool *send_pool, *recv_pool;
+    struct vrpc_sched *sched;
+    bool own_sched;
+    char uri[VRPC_URI_MAX];
+
+    pthread_mutex_t lock;  /* conns list, shutdown */
+    struct sconn conns;    /* list head */
+    uint32_t nconns;       /* futex: sconns not yet freed */
+    uint32_t inflight;     /* futex: calls arrived and not yet answered */
+    uint32_t shutting;     /* atomic */
+    bool shut_done;
+    int shut_rc;
+};
+
+/* ---- statistics ------------------------------------------------------------ */
+
+static unsigned hist_idx(uint64_t us)
+{
+    if (us < 8)
+        return (unsigned)us;
+    unsigned e = 63u - (unsigned)__builtin_clzll(us);
+    return (e - 2) * 8 + (unsigned)((us >> (e - 3)) & 7);
+}
+
+static uint64_t hist_mid(unsigned idx)
+{
+    if (idx < 8)
+        return idx;
+    unsigned e = idx / 8 + 2, sub = idx % 8;
+    uint64_t w = 1ull << (e - 3);
+    return ((8ull + sub) << (e - 3)) + w / 2;
+}
+
+static void record(struct method_entry *me, enum vrpc_code code, int64_t arrival_ns)
+{
+    if (!me)
+        return;
+    int64_t d = (vrpc_now_ns() - arrival_ns) / 1000;
+    uint64_t us = d > 0 ? (uint64_t)d : 0;
+    __atomic_add_fetch(&me->calls, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&me->by_code[code], 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&me->hist[hist_idx(us)], 1, __ATOMIC_RELAXED);
+    uint64_t m = __atomic_load_n(&me->max_us, __ATOMIC_RELAXED);
+    while (us > m && !__atomic_compare_exchange_n(&me->max_us, &m, us, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        ;
+}
+
+int vrpc_server_stats(const struct vrpc_server *s, struct vrpc_method_stats *out, size_t cap, size_t *n)
+{
+    if (!s || (cap && !out) || !n)
+        return -EINVAL;
+    for (size_t i = 0; i < s->nmethods && i < cap; i++) {
+        const struct method_entry *me = &s->methods[i];
+        struct vrpc_method_stats *o = &out[i];
+        uint64_t h[HIST_BUCKETS], total = 0;
+        memset(o, 0, sizeof(*o));
+        o->method = me->m;
+        o->calls = __atomic_load_n(&me->calls, __ATOMIC_RELAXED);
+        for (int c = 0; c < VRPC_CODE_COUNT; c++)
+            o->by_code[c] = __atomic_load_n(&me->by_code[c], __ATOMIC_RELAXED);
+        for (unsigned b = 0; b < HIST_BUCKETS; b++)
+            total += h[b] = __atomic_load_n(&me->hist[b], __ATOMIC_RELAXED);
+        o->latency_max_us = __atomic_load_n(&me->max_us, __ATOMIC_RELAXED);
+        if (!total)
+            continue;
+        const double qs[3] = {0.50, 0.90, 0.99};
+        uint64_t *dst[3] = {&o->latency_p50_us, &o->latency_p90_us, &o->latency_p99_us};
+        for (int q = 0; q < 3; q++) {
+            uint64_t want = (uint64_t)(qs[q] * (double)total), acc = 0;
+            if (want == 0)
+                want = 1;
+            for (unsigned b = 0; b < HIST_BUCKETS; b++) {
+                acc += h[b];
+                if (acc >= want) {
+                    *dst[q] = hist_mid(b);
+                    break;
+                }
+            }
+        }
+    }
+    *n = s->nmethods;
+    return 0;
+}
+
+/* ---- registry ---------------------------------------------------------------- */
+
+void vrpc_server_opts_init(struct vrpc_server_opts *o) { memset(o, 0, sizeof(*o)); }
+
+int vrpc_server_register(struct vrpc_server *s, const struct vrpc_method_desc *m, vrpc_handler_fn fn,
+                         void *user)
+{
+    if (!s || !m || !fn || !m->full_name || !m->input || !m->output ||
+        m->id != vrpc_method_id(m->full_name))
+        return -EINVAL;
+    if (s->started)
+        return -EBUSY;
+    for (size_t i = 0; i < s->nmethods; i++)
+        if (s->methods[i].m->id == m->id)
+            return -EEXIST;
+    if (s->nmethods == s->capmethods) {
+        size_t nc = s->capmethods ? s->capmethods * 2 : 8;
+        struct method_entry *nm = realloc(s->methods, nc * sizeof(*nm));
+        if (!nm)
+            return -ENOMEM;
+        s->methods = nm;
+        s->capmethods = nc;
+    }
+    struct method_entry *me = &s->methods[s->nmethods++];
+    memset(me, 0, sizeof(*me));
+    me->m = m;
+    me->fn = fn;
+    me->user = user;
+    return 0;
+}
+
+static int build_index(struct vrpc_server *s)
+{
+    uint32_t size = 16;
+    while (size < s->nmethods * 2)
+        size *= 2;
+    s->index = calloc(size, sizeof(*s->index));
+    if (!s->index)
+        return -ENOMEM;
+    s->index_mask = size - 1;
+    for (size_t i = 0; i < s->nmethods; i++) {
+        uint32_t h = s->methods[i].m->id & s->index_mask;
+        while (s->index[h])
+            h = (h + 1) & s->index_mask;
+        s->index[h] = &s->methods[i];
+    }
+    return 0;
+}
+
+static struct method_entry *lookup(const struct vrpc_server *s, uint32_t id)
+{
+    for (uint32_t h = id & s->index_mask;; h = (h + 1) & s->index_mask) {
+        struct method_entry *me = s->index[h];
+        if (!me || me->m->id == id)
+            return me;
+    }
+}
+
+/* ---- connections ------------------------------------------------------------- */
+
+static void sconn_unref(struct sconn *c)
+{
+    if (!c || __atomic_sub_fetch(&c->refs, 1, __ATOMIC_ACQ_REL) != 0)
+        return;
+    struct vrpc_server *s = c->s;
+    vrpc_ep_destroy(c->ep);
+    for (uint32_t i = 0; i < c->ncalls; i++) {
+        free(c->calls[i].buf);
+        free(c->calls[i].md);
+        vrpc_arena_fini(&c->calls[i].arena);
+    }
+    free(c->calls);
+    free(c);
+    __atomic_sub_fetch(&s->nconns, 1, __ATOMIC_RELEASE);
+    vrpc_futex_wake_all(&s->nconns);
+}
+
+static void conn_protocol_error(struct sconn *c, const char *what, int rc)
+{
+    char peer[VRPC_URI_MAX] = "?";
+    if (__atomic_exchange_n(&c->dead, 1, __ATOMIC_ACQ_REL))
+        return;
+    vrpc_ep_peer_uri(c->ep, peer, sizeof(peer));
+    vrpc_rpc_log("protocol error from client %s: %s (%s); closing the connection", peer, what,
+                 rc == -EPROTONOSUPPORT ? "unsupported version" : "malformed");
+    vrpc_ep_close(c->ep);
+}
+
+/* A header-only RESPONSE from the poller (request refused before it got a
+ * call object). Never waits: without a send buffer the answer is dropped and
+ * logged (the client's deadline covers it). */
+static void refuse(struct sconn *c, uint64_t id, enum vrpc_code code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void refuse(struct sconn *c, uint64_t id, enum vrpc_code code, const char *fmt, ...)
+{
+    char msg[VRPC_STATUS_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        n = 0;
+    if ((size_t)n >= sizeof(msg))
+        n = sizeof(msg) - 1;
+    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
+                              .status = (uint32_t)code, .request_id = id};
+    if (vrpc_rpc_send_simple(c->ep, c->s->send_pool, &h, msg, (uint32_t)n, false) == -ENOBUFS)
+        vrpc_rpc_log("no send buffer to answer %s to a request; answer dropped", vrpc_code_name(code));
+}
+
+static void call_task(struct vrpc_task *t);
+
+static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8_t *body)
+{
+    struct vrpc_server *s = c->s;
+    uint32_t slot = vrpc_wire_id_slot(h->request_id);
+
+    if (slot >= c->ncalls) {
+        conn_protocol_error(c, "request beyond the granted call credits", -EPROTO);
+        return;
+    }
+    struct vrpc_server_call *call = &c->calls[slot];
+    if (__atomic_load_n(&call->busy, __ATOMIC_ACQUIRE)) {
+        conn_protocol_error(c, "request id reuses a call still in flight", -EPROTO);
+        return;
+    }
+    if (__atomic_load_n(&c->goaway, __ATOMIC_ACQUIRE)) {
+        refuse(c, h->request_id, VRPC_UNAVAILABLE, "server is shutting down");
+        return;
+    }
+    struct method_entry *me = lookup(s, h->method_id);
+    int64_t now = vrpc_now_ns();
+    if (!me) {
+        refuse(c, h->request_id, VRPC_UNIMPLEMENTED, "unknown method id 0x%08x", h->method_id);
+        return;
+    }
+    uint64_t size = (uint64_t)h->md_len + h->payload_len;
+    if (size > s->max_payload) {
+        record(me, VRPC_RESOURCE_EXHAUSTED, now);
+        refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "request of %llu bytes exceeds the limit of %u",
+               (unsigned long long)size, s->max_payload);
+        return;
+    }
+    if ((h->flags & VRPC_FF_DEADLINE) && h->budget_us == 0) {
+        record(me, VRPC_DEADLINE_EXCEEDED, now);
+        refuse(c, h->request_id, VRPC_DEADLINE_EXCEEDED, "deadline already passed on arrival");
+        return;
+    }
+    if (!call->buf || size > call->cap) {
+        /* sized once for the largest request accepted: no regrowth later */
+        uint8_t *nb = realloc(call->buf, s->max_payload);
+        if (!nb) {
+            refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "server out of memory");
+            return;
+        }
+        call->buf = nb;
+        call->cap = s->max_payload;
+    }
+    memcpy(call->buf, body, size);
+    if (h->md_len && !call->md && !(call->md = malloc(VRPC_MD_MAX * sizeof(*call->md)))) {
+        refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "server out of memory");
+        return;
+    }
+    int nmd = h->md_len ? vrpc_wire_md_decode(call->buf, h->md_len, call->md, VRPC_MD_MAX) : 0;
+    if (nmd < 0) {
+        conn_protocol_error(c, "malformed metadata", nmd);
+        return;
+    }
+    call->nmd = (size_t)nmd;
+    call->len = (uint32_t)size;
+    call->md_len = h->md_len;
+    call->me = me;
+    call->req_id = h->request_id;
+    call->arrival_ns = now;
+    call->deadline_ns = (h->flags & VRPC_FF_DEADLINE)
+                            ? (h->budget_us > (uint64_t)(INT64_MAX - now) / 1000 ? VRPC_NO_DEADLINE
+                                                                                  : now + (int64_t)h->budget_us * 1000)
+                            : VRPC_NO_DEADLINE;
+    __atomic_store_n(&call->cancelled, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&call->busy, 1, __ATOMIC_RELEASE);
+    __atomic_add_fetch(&c->refs, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&s->inflight, 1, __ATOMIC_RELAXED);
+    vrpc_task_init(&call->task, call_task);
+    if (vrpc_sched_producer_submit(c->poller->prod, &call->task))
+        call_task(&call->task); /* scheduler shutting down: answer here (it will fail fast) */
+}
+
+static void on_cancel(struct sconn *c, uint64_t id)
+{
+    uint32_t slot = vrpc_wire_id_slot(id);
+    if (slot >= c->ncalls)
+        return;
+    struct vrpc_server_call *call = &c->calls[slot];
+    /* req_id is written by this poller thread only, so reading it is safe;
+     * busy tells whether it is still the call in flight */
+    if (__atomic_load_n(&call->busy, __ATOMIC_ACQUIRE) && call->req_id == id)
+        __atomic_store_n(&call->cancelled, 1, __ATOMIC_RELEASE);
+}
+
+static void on_hello(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8_t *payload)
+{
+    struct vrpc_server *s = c->s;
+    struct vrpc_wire_hello hs;
+    if (vrpc_wire_hello_decode(payload, h->payload_len, &hs)) {
+        conn_protocol_error(c, "malformed HELLO", -EPROTO);
+        return;
+    }
+    uint32_t eager = vrpc_ep_eager_size(c->ep);
+    c->client_max_payload = hs.max_msg_size < eager - VRPC_WIRE_HDR_LEN ? hs.max_msg_size : eager - VRPC_WIRE_HDR_LEN;
+    c->ncalls = s->o.max_concurrent;
+    c->calls = calloc(c->ncalls, sizeof(*c->calls));
+    if (!c->calls) {
+        c->ncalls = 0;
+        conn_protocol_error(c, "out of memory for the call table", -ENOMEM);
+        return;
+    }
+    for (uint32_t i = 0; i < c->ncalls; i++) {
+        c->calls[i].conn = c;
+        /* decoded messages are rarely more than twice their encoding */
+        vrpc_arena_init(&c->calls[i].arena, (size_t)s->max_payload * 2 + 4096,
+                        (size_t)s->max_payload * 8 + 65536);
+    }
+    c->hello_done = true;
+    struct vrpc_wire_hdr a = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_HELLO_ACK};
+    uint8_t p[VRPC_WIRE_HELLO_LEN];
+    struct vrpc_wire_hello ack = {.max_msg_size = s->max_payload, .max_concurrent = c->ncalls};
+    vrpc_wire_hello_encode(p, &ack);
+    if (vrpc_rpc_send_simple(c->ep, s->send_pool, &a, p, sizeof(p), false))
+        conn_protocol_error(c, "cannot send HELLO_ACK", -ENOBUFS);
+}
+
+static void on_recv(struct sconn *c, const uint8_t *f, uint32_t len)
+{
+    struct vrpc_wire_hdr h;
+    int rc;
+
+    if (__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
+        return;
+    if ((rc = vrpc_wire_hdr_decode(f, len, &h))) {
+        conn_protocol_error(c, "bad frame header", rc);
+        return;
+    }
+    const uint8_t *body = f + VRPC_WIRE_HDR_LEN;
+    if (!c->hello_done) {
+        if (h.type != VRPC_FT_HELLO)
+            conn_protocol_error(c, "first frame is not HELLO", -EPROTO);
+        else
+            on_hello(c, &h, body);
+        return;
+    }
+    switch (h.type) {
+    case VRPC_FT_REQUEST:
+        on_request(c, &h, body);
+        break;
+    case VRPC_FT_CANCEL:
+        on_cancel(c, h.request_id);
+        break;
+    default:
+        conn_protocol_error(c, "frame type a client must not send", -EPROTO);
+    }
+}
+
+static void on_disconnected(struct sconn *c)
+{
+    struct vrpc_server *s = c->s;
+    __atomic_store_n(&c->dead, 1, __ATOMIC_RELEASE);
+    for (uint32_t i = 0; i < c->ncalls; i++)
+        if (__atomic_load_n(&c->calls[i].busy, __ATOMIC_ACQUIRE))
+            __atomic_store_n(&c->calls[i].cancelled, 1, __ATOMIC_RELEASE);
+    pthread_mutex_lock(&s->lock);
+    c->prev->next = c->next;
+    c->next->prev = c->prev;
+    pthread_mutex_unlock(&s->lock);
+    sconn_unref(c); /* the endpoint's reference */
+}
+
+static void on_accepted(struct poller *pl, struct vrpc_ep *ep)
+{
+    struct vrpc_server *s = pl->s;
+    struct sconn *c = calloc(1, sizeof(*c));
+    if (!c) {
+        vrpc_rpc_log("out of memory accepting a connection; closing it");
+        vrpc_ep_destroy(ep);
+        return;
+    }
+    c->s = s;
+    c->ep = ep;
+    c->poller = pl;
+    c->refs = 1;
+    vrpc_ep_set_user(ep, c);
+    __atomic_add_fetch(&s->nconns, 1, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&s->lock);
+    c->next = s->conns.next;
+    c->prev = &s->conns;
+    s->conns.next->prev = c;
+    s->conns.next = c;
+    bool shutting = __atomic_load_n(&s->shutting, __ATOMIC_ACQUIRE);
+    pthread_mutex_unlock(&s->lock);
+    if (shutting) {
+        __atomic_store_n(&c->dead, 1, __ATOMIC_RELEASE);
+        vrpc_ep_close(ep);
+    }
+}
+
+static void server_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, void *arg)
+{
+    struct poller *pl = arg;
+    for (unsigned i = 0; i < n; i++) {
+        const struct vrpc_wc *w = &wc[i];
+        switch (w->opcode) {
+        case VRPC_WC_RECV:
+            if (w->status == 0 && w->ep)
+                on_recv(vrpc_ep_user(w->ep), w->buf->data, w->byte_len);
+            if (w->status == -ECANCELED || vrpc_cq_post_recv(cq, &w->buf, NULL, 1))
+                vrpc_pool_put(w->buf);
+            break;
+        case VRPC_WC_SEND:
+            vrpc_pool_put(w->buf);
+            break;
+        case VRPC_WC_ACCEPTED:
+            on_accepted(pl, w->ep);
+            break;
+        case VRPC_WC_DISCONNECTED:
+            on_disconnected(vrpc_ep_user(w->ep));
+            break;
+        default:
+            break;
+        }
+    }
+}
+
+/* ---- calls: worker side ----------------------------------------------------- */
+
+/* Release the call object (before the response is sent, so the client may
+ * reuse the slot the moment it sees the response). Returns the connection,
+ * still referenced: the caller sends, then calls answered(). */
+static struct sconn *release_call(struct vrpc_server_call *call, enum vrpc_code code)
+{
+    struct sconn *c = call->conn;
+    struct vrpc_server *s = c->s;
+    record(call->me, code, call->arrival_ns);
+    (void)s;
+    vrpc_arena_reset(&call->arena);
+    __atomic_store_n(&call->busy, 0, __ATOMIC_RELEASE);
+    return c;
+}
+
+/* After the response went to the transport: one call fewer in flight (the
+ * drain in vrpc_server_shutdown closes connections only after this). */
+static void answered(struct sconn *c)
+{
+    struct vrpc_server *s = c->s;
+    if (__atomic_sub_fetch(&s->inflight, 1, __ATOMIC_ACQ_REL) == 0 && __atomic_load_n(&s->shutting, __ATOMIC_ACQUIRE))
+        vrpc_futex_wake_all(&s->inflight);
+    sconn_unref(c);
+}
+
+static int answer_status(struct vrpc_server_call *call, enum vrpc_code code, const char *msg)
+{
+    uint64_t id = call->req_id;
+    struct sconn *c = release_call(call, code);
+    int rc = -ECONNRESET;
+    if (!__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE)) {
+        struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
+                                  .status = (uint32_t)code, .request_id = id};
+        rc = vrpc_rpc_send_simple(c->ep, c->s->send_pool, &h, msg, msg ? (uint32_t)strlen(msg) : 0, true);
+        if (rc)
+            rc = -ECONNRESET;
+    }
+    answered(c);
+    return rc;
+}
+
+static void call_task(struct vrpc_task *t)
+{
+    struct vrpc_server_call *call = container_of(t, struct vrpc_server_call, task);
+    struct vrpc_server *s = call->conn->s;
+    ProtobufCMessage *req;
+    int rc;
+
+    if (__atomic_load_n(&call->cancelled, __ATOMIC_ACQUIRE)) {
+        answer_status(call, VRPC_CANCELLED, "cancelled by the client");
+        return;
+    }
+    if (call->deadline_ns != VRPC_NO_DEADLINE && vrpc_now_ns() >= call->deadline_ns) {
+        answer_status(call, VRPC_DEADLINE_EXCEEDED, "deadline passed before the handler started");
+        return;
+    }
+    rc = vrpc_pb_unpack(call->me->m->input, call->buf + call->md_len, call->len - call->md_len,
+                        s->o.max_depth, &call->arena, &req);
+    if (rc) {
+        char msg[VRPC_STATUS_MSG_MAX];
+        snprintf(msg, sizeof(msg), "request does not decode as %s: %s", call->me->m->input->name,
+                 rc == -ELOOP ? "nested too deeply" : rc == -ENOMEM ? "too large when decoded" : "malformed");
+        answer_status(call, VRPC_INVALID_ARGUMENT, msg);
+        return;
+    }
+    call->me->fn(call, req, call->me->user);
+}
+
+int vrpc_server_call_respond(struct vrpc_server_call *call, const ProtobufCMessage *resp)
+{
+    if (!call || !resp)
+        return -EINVAL;
+    if (resp->descriptor != call->me->m->output) {
+        answer_status(call, VRPC_INTERNAL, "handler answered with the wrong message type");
+        return -EINVAL;
+    }
+    struct sconn *c = call->conn;
+    uint32_t limit = c->client_max_payload;
+    size_t size = protobuf_c_message_get_packed_size(resp);
+    if (size > limit) {
+        char msg[96];
+        snprintf(msg, sizeof(msg), "response of %zu bytes exceeds the limit of %u", size, limit);
+        answer_status(call, VRPC_RESOURCE_EXHAUSTED, msg);
+        return -EMSGSIZE;
+    }
+    if (__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE)) {
+        answer_status(call, VRPC_UNAVAILABLE, NULL);
+        return -ECONNRESET;
+    }
+    struct vrpc_buf *b = vrpc_rpc_buf_get(c->s->send_pool, true);
+    size_t plen = 0;
+    uint8_t *p = b->data;
+    vrpc_pb_pack(resp, p + VRPC_WIRE_HDR_LEN, b->cap - VRPC_WIRE_HDR_LEN, &plen);
+    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
+                              .request_id = call->req_id, .payload_len = (uint32_t)plen};
+    vrpc_wire_hdr_encode(p, &h);
+    release_call(call, VRPC_OK); /* resp may live in the call's arena: packed above */
+    int rc = vrpc_rpc_send(c->ep, b, VRPC_WIRE_HDR_LEN + (uint32_t)plen, true) ? -ECONNRESET : 0;
+    answered(c);
+    return rc;
+}
+
+int vrpc_server_call_fail(struct vrpc_server_call *call, enum vrpc_code code, const char *msg)
+{
+    if (!call)
+        return -EINVAL;
+    if (code == VRPC_OK || (unsigned)code >= VRPC_CODE_COUNT)
+        code = VRPC_UNKNOWN;
+    char m[VRPC_STATUS_MSG_MAX];
+    snprintf(m, sizeof(m), "%s", msg ? msg : "");
+    return answer_status(call, code, m);
+}
+
+const struct vrpc_method_desc *vrpc_server_call_method(const struct vrpc_server_call *call)
+{
+    return call->me->m;
+}
+
+int64_t vrpc_server_call_deadline(const struct vrpc_server_call *call) { return call->deadline_ns; }
+
+bool vrpc_server_call_is_cancelled(const struct vrpc_server_call *call)
+{
+    return __atomic_load_n(&call->cancelled, __ATOMIC_ACQUIRE);
+}
+
+size_t vrpc_server_call_metadata_count(const struct vrpc_server_call *call) { return call->nmd; }
+
+int vrpc_server_call_metadata_at(const struct vrpc_server_call *call, size_t i, struct vrpc_metadata *out)
+{
+    if (i >= call->nmd)
+        return -ERANGE;
+    *out = call->md[i];
+    return 0;
+}
+
+int vrpc_server_call_metadata_get(const struct vrpc_server_call *call, const char *key, const void **value,
+                                  size_t *value_len)
+{
+    for (size_t i = 0; i < call->nmd; i++) {
+        if (strcmp(call->md[i].key, key) == 0) {
+            *value = call->md[i].value;
+            *value_len = call->md[i].value_len;
+            return 0;
+        }
+    }
+    return -ENOENT;
+}
+
+void *vrpc_server_call_alloc(struct vrpc_server_call *call, size_t size)
+{
+    return vrpc_arena_alloc(&call->arena, size);
+}
+
+/* ---- create / start / shutdown ------------------------------------------------ */
+
+int vrpc_server_create(const struct vrpc_server_opts *o, struct vrpc_server **out)
+{
+    if (!out)
+        return -EINVAL;
+    struct vrpc_server *s = calloc(1, sizeof(*s));
+    if (!s)
+        return -ENOMEM;
+    if (o)
+        s->o = *o;
+    if (!s->o.threads)
+        s->o.threads = 2;
+    if (!s->o.pollers)
+        s->o.pollers = 1;
+    if (!s->o.max_concurrent)
+        s->o.max_concurrent = 256;
+    if (!s->o.max_depth)
+        s->o.max_depth = VRPC_PB_DEFAULT_MAX_DEPTH;
+    pthread_mutex_init(&s->lock, NULL);
+    s->conns.next = s->conns.prev = &s->conns;
+    *out = s;
+    return 0;
+}
+
+int vrpc_server_start(struct vrpc_server *s, const char *uri)
+{
+    char tname[16], turi[VRPC_URI_MAX + 16];
+    struct vrpc_transport_attr ta;
+    int rc;
+
+    if (!s || !uri)
+        return -EINVAL;
+    if (s->started)
+        return -EBUSY;
+    if ((rc = vrpc_rpc_parse_uri(uri, tname, sizeof(tname), turi, sizeof(turi))))
+        return rc;
+    if ((rc = build_index(s)))
+        return rc;
+    s->started = true;
+    vrpc_transport_attr_init(&ta);
+    ta.eager_size = VRPC_RPC_DEFAULT_EAGER;
+    if (s->o.max_msg_size && s->o.max_msg_size + VRPC_WIRE_HDR_LEN > ta.eager_size)
+        ta.eager_size = s->o.max_msg_size + VRPC_WIRE_HDR_LEN > VRPC_EAGER_MAX
+                            ? VRPC_EAGER_MAX : s->o.max_msg_size + VRPC_WIRE_HDR_LEN;
+    ta.max_queued = s->o.max_concurrent * 2 + 64;
+    if ((rc = vrpc_transport_create(tname, &ta, &s->tp)))
+        return rc;
+    uint32_t eager = vrpc_transport_eager_size(s->tp);
+    s->max_payload = eager - VRPC_WIRE_HDR_LEN;
+    if (s->o.max_msg_size && s->o.max_msg_size < s->max_payload)
+        s->max_payload = s->o.max_msg_size;
+    if (s->o.sched) {
+        s->sched = s->o.sched;
+    } else {
+        struct vrpc_sched_config sc;
+        vrpc_sched_config_init(&sc);
+        sc.nworkers = s->o.threads;
+        if ((rc = vrpc_sched_create(&sc, &s->sched)))
+            return rc;
+        s->own_sched = true;
+    }
+    if ((rc = vrpc_pool_create(s->tp, eager, SERVER_SEND_BUFS, &s->send_pool)))
+        return rc;
+    if ((rc = vrpc_pool_create(s->tp, eager, SERVER_RECV_BUFS * s->o.pollers, &s->recv_pool)))
+        return rc;
+    s->pollers = calloc(s->o.pollers, sizeof(*s->pollers));
+    if (!s->pollers)
+        return -ENOMEM;
+    struct vrpc_cq *cqs[64];
+    for (unsigned i = 0; i < s->o.pollers && i < 64; i++) {
+        struct poller *pl = &s->pollers[i];
+        struct vrpc_cq_attr ca;
+        pl->s = s;
+        if ((rc = vrpc_sched_producer_create(s->sched, &pl->prod)))
+            return rc;
+        vrpc_cq_attr_init(&ca);
+        ca.cb = server_cq_cb;
+        ca.cb_arg = pl;
+        ca.busy_poll_us = 20;
+        ca.max_recv = SERVER_RECV_BUFS;
+        ca.name = "vrpc-srv-poll";
+        if ((rc = vrpc_cq_create(s->tp, &ca, &pl->cq)))
+            return rc;
+        s->npollers++;
+        cqs[i] = pl->cq;
+        for (unsigned k = 0; k < SERVER_RECV_BUFS; k++) {
+            struct vrpc_buf *b = vrpc_pool_get(s->recv_pool);
+            if (!b)
+                break;
+            if (vrpc_cq_post_recv(pl->cq, &b, NULL, 1)) {
+                vrpc_pool_put(b);
+                break;
+            }
+        }
+    }
+    struct vrpc_listen_attr la = {.cqs = cqs, .ncqs = s->npollers};
+    if ((rc = vrpc_listen(s->tp, turi, &la, &s->listener)))
+        return rc;
+    return vrpc_listener_uri(s->listener, s->uri, sizeof(s->uri));
+}
+
+int vrpc_server_uri(const struct vrpc_server *s, char *buf, size_t len)
+{
+    if (!s || !s->listener || !s->uri[0])
+        return -ENOTCONN;
+    size_t n = strlen(s->uri);
+    if (n + 1 > len)
+        return -ENOSPC;
+    memcpy(buf, s->uri, n + 1);
+    return 0;
+}
+
+int vrpc_server_shutdown(struct vrpc_server *s, int timeout_ms)
+{
+    if (!s)
+        return -EINVAL;
+    pthread_mutex_lock(&s->lock);
+    if (s->shut_done) {
+        pthread_mutex_unlock(&s->lock);
+        return s->shut_rc;
+    }
+    __atomic_store_n(&s->shutting, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_unlock(&s->lock);
+
+    vrpc_listener_destroy(s->listener);
+    s->listener = NULL;
+    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_GOAWAY};
+    pthread_mutex_lock(&s->lock);
+    for (struct sconn *c = s->conns.next; c != &s->conns; c = c->next) {
+        __atomic_store_n(&c->goaway, 1, __ATOMIC_RELEASE);
+        if (!__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
+            vrpc_rpc_send_simple(c->ep, s->send_pool, &h, "server shutting down", 20, false);
+    }
+    pthread_mutex_unlock(&s->lock);
+
+    int64_t end = vrpc_now_ns() + (int64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000;
+    uint32_t v;
+    int rc = 0;
+    while ((v = __atomic_load_n(&s->inflight, __ATOMIC_ACQUIRE)) != 0) {
+        int64_t left = end - vrpc_now_ns();
+        if (left <= 0) {
+            rc = -ETIMEDOUT;
+            break;
+        }
+        vrpc_rpc_futex_wait_ns(&s->inflight, v, left < 10000000 ? left : 10000000);
+    }
+    pthread_mutex_lock(&s->lock);
+    for (struct sconn *c = s->conns.next; c != &s->conns; c = c->next)
+        vrpc_ep_close(c->ep);
+    s->shut_done = true;
+    s->shut_rc = rc;
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+void vrpc_server_destroy(struct vrpc_server *s)
+{
+    if (!s)
+        return;
+    if (s->started)
+        vrpc_server_shutdown(s, 0);
+    /* Every connection is closing; wait until each is freed: its DISCONNECTED
+     * has arrived and every call on it has been answered (a handler that never
+     * answers blocks here: see rpc.h). */
+    uint32_t v;
+    while ((v = __atomic_load_n(&s->nconns, __ATOMIC_ACQUIRE)) != 0)
+        vrpc_rpc_futex_wait_ns(&s->nconns, v, 10000000);
+    for (unsigned i = 0; i < s->npollers; i++)
+        vrpc_cq_destroy(s->pollers[i].cq);
+    for (unsigned i = 0; s->pollers && i < s->o.pollers; i++)
+        vrpc_sched_producer_destroy(s->pollers[i].prod);
+    if (s->own_sched)
+        vrpc_sched_destroy(s->sched);
+    vrpc_pool_destroy(s->recv_pool);
+    vrpc_pool_destroy(s->send_pool);
+    vrpc_transport_destroy(s->tp);
+    free(s->pollers);
+    free(s->index);
+    free(s->methods);
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+}
