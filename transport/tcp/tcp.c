@@ -693,8 +693,6 @@ static int handle_hdr(struct tcp_cq *cq, struct tcp_ep *ep, struct vrpc_buf **sp
     return 0;
 }
 
-static void rx(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now);
-
 /* Bytes already read from ep's stream (the carry of a speculative read) go
  * where the socket's bytes would have gone: header, then payload buffers.
  * *spec, if not NULL, is the posted buffer holding the carry itself: it is
@@ -782,9 +780,9 @@ static void rx_spec(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
         ep->rhdr_got += (uint32_t)n;
         if (!ep->frame_ns)
             ep->frame_ns = now;
-        if ((size_t)n == hrem)
-            rx(cq, ep, now); /* a whole header and nothing after it (yet) */
-        return; /* short: LT epoll calls again when more arrives */
+        if ((size_t)n == hrem && (rc = handle_hdr(cq, ep, NULL, &why)))
+            teardown(cq, ep, rc, why); /* a whole header, nothing after it yet */
+        return; /* level-triggered epoll reports the socket again when more arrives */
     }
     extra = (size_t)n - hrem;
     ep->rhdr_got = HDR_LEN;
@@ -817,8 +815,8 @@ static void rx_spec(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
         ep->frame_ns = 0;
     else if (!ep->frame_ns)
         ep->frame_ns = now;
-    if ((size_t)n == hrem + (size_t)iov[1].iov_len && ep->fd >= 0)
-        rx(cq, ep, now); /* filled the whole buffer: more may be waiting */
+    /* One read per readiness report: level-triggered epoll reports the socket
+     * again if more is waiting, and other connections get their turn. */
 }
 
 /* Read what the socket has for ep, a bounded amount per call (level-triggered
