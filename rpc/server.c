@@ -11,6 +11,7 @@
 #include <verbrpc/rpc.h>
 #include <verbrpc/sched.h>
 #include <verbrpc/transport.h>
+#include "rpc/builtins.h"
 #include "rpc/futex.h"
 #include "rpc/internal.h"
 #include "rpc/pbutil.h"
@@ -672,6 +673,12 @@ int vrpc_server_create(const struct vrpc_server_opts *o, struct vrpc_server **ou
         s->o.max_depth = VRPC_PB_DEFAULT_MAX_DEPTH;
     pthread_mutex_init(&s->lock, NULL);
     s->conns.next = s->conns.prev = &s->conns;
+    /* Every server serves the built-in Health and Stats services (idl/). */
+    int rc = vrpc_builtins_register(s);
+    if (rc) {
+        vrpc_server_destroy(s);
+        return rc;
+    }
     *out = s;
     return 0;
 }
