@@ -154,9 +154,10 @@ struct vrpc_transport_attr {
                             0: 8192. At most VRPC_EAGER_MAX. */
     uint32_t credits;    /* most credits one peer's reservation grows to; 0: 32 */
     uint32_t max_queued; /* default vrpc_ep_attr.max_queued; 0: 1024 */
-    uint32_t idle_timeout_ms; /* a connection with a partial frame that makes no
-                            progress for this long is failed with -ETIMEDOUT
-                            (slow/stuck peers); 0: 10000 */
+    uint32_t idle_timeout_ms; /* a connection whose incoming frame, or whose
+                            graceful close, is not complete this long after it
+                            began is failed with -ETIMEDOUT (slow or stuck
+                            peers); 0: 10000 */
     uint32_t connect_timeout_ms; /* vrpc_connect() and the accept handshake; 0: 5000 */
 };
 
