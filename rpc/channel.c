@@ -617,8 +617,8 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
     uint8_t *p = b->data;
     if (mdsz)
         vrpc_wire_md_encode(p + VRPC_WIRE_HDR_LEN, o->md, o->md_count);
-    size_t plen = 0;
-    vrpc_pb_pack(req, p + VRPC_WIRE_HDR_LEN + mdsz, b->cap - VRPC_WIRE_HDR_LEN - (size_t)mdsz, &plen);
+    /* need <= max_payload <= eager - header = room in b: checked above */
+    size_t plen = vrpc_pb_pack_sized(req, p + VRPC_WIRE_HDR_LEN + mdsz);
     h.payload_len = (uint32_t)plen;
     vrpc_wire_hdr_encode(p, &h);
 
@@ -768,6 +768,8 @@ int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *opts, s
 
     if ((rc = vrpc_pending_create(ch->o.max_outstanding, &ch->pend)))
         goto fail;
+    if (ch->o.no_spin)
+        ch->pend->wait_spins = 0;
     if ((rc = vrpc_timer_wheel_create(1000, &ch->wheel)))
         goto fail;
     if (ch->o.sched) {
@@ -776,6 +778,8 @@ int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *opts, s
         struct vrpc_sched_config sc;
         vrpc_sched_config_init(&sc);
         sc.nworkers = ch->o.threads;
+        if (ch->o.no_spin)
+            sc.spin_us = 1; /* the scheduler's minimum: 0 means its default */
         if ((rc = vrpc_sched_create(&sc, &ch->sched)))
             goto fail;
         ch->own_sched = true;
@@ -789,7 +793,7 @@ int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *opts, s
     vrpc_cq_attr_init(&ca);
     ca.cb = channel_cq_cb;
     ca.cb_arg = ch;
-    ca.busy_poll_us = 20;
+    ca.busy_poll_us = ch->o.no_spin ? 0 : 20;
     ca.max_recv = RECV_BUFS;
     ca.name = "vrpc-ch-poll";
     if ((rc = vrpc_cq_create(ch->tp, &ca, &ch->cq)))

@@ -74,10 +74,20 @@ int vrpc_pb_check_depth(const ProtobufCMessageDescriptor *d, const uint8_t *buf,
     return check(d, buf, len, 1, max_depth ? max_depth : VRPC_PB_DEFAULT_MAX_DEPTH);
 }
 
+/* A message type without message-typed fields cannot nest: its unpack
+ * recursion is one level deep whatever the bytes say. */
+static int may_nest(const ProtobufCMessageDescriptor *d)
+{
+    for (unsigned i = 0; i < d->n_fields; i++)
+        if (d->fields[i].type == PROTOBUF_C_TYPE_MESSAGE)
+            return 1;
+    return 0;
+}
+
 int vrpc_pb_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len,
                    unsigned max_depth, struct vrpc_arena *a, ProtobufCMessage **out)
 {
-    int rc = vrpc_pb_check_depth(d, buf, len, max_depth);
+    int rc = may_nest(d) ? vrpc_pb_check_depth(d, buf, len, max_depth) : 0;
     if (rc)
         return rc;
     ProtobufCMessage *m = protobuf_c_message_unpack(d, &a->pb, len, buf);
@@ -98,7 +108,11 @@ int vrpc_pb_pack(const ProtobufCMessage *msg, uint8_t *out, size_t cap, size_t *
     long n = vrpc_pb_size(msg, cap);
     if (n < 0)
         return (int)n;
-    size_t w = protobuf_c_message_pack(msg, out);
-    *len = w;
+    *len = protobuf_c_message_pack(msg, out);
     return 0;
+}
+
+size_t vrpc_pb_pack_sized(const ProtobufCMessage *msg, uint8_t *out)
+{
+    return protobuf_c_message_pack(msg, out);
 }

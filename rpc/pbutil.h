@@ -19,7 +19,8 @@
 int vrpc_pb_check_depth(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len,
                         unsigned max_depth);
 
-/* Depth check, then unpack into the arena. buf stays the caller's and may be
+/* Depth check (skipped for types without message-typed fields, which cannot
+ * nest), then unpack into the arena. buf stays the caller's and may be
  * reused after return (protobuf-c copies strings and bytes into the arena).
  * 0, -ELOOP, -EBADMSG (undecodable) or -ENOMEM (arena limit). */
 int vrpc_pb_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len,
@@ -27,6 +28,9 @@ int vrpc_pb_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size
 
 /* Packed size of msg, or -EMSGSIZE if it exceeds cap. */
 long vrpc_pb_size(const ProtobufCMessage *msg, size_t cap);
+/* Pack msg into out when the caller has already checked that its packed
+ * size (vrpc_pb_size) fits: packing then cannot overrun. Returns the length. */
+size_t vrpc_pb_pack_sized(const ProtobufCMessage *msg, uint8_t *out);
 /* Pack msg into out (cap bytes). *len written on success. 0 or -EMSGSIZE. */
 int vrpc_pb_pack(const ProtobufCMessage *msg, uint8_t *out, size_t cap, size_t *len);
 

@@ -34,6 +34,7 @@ int vrpc_pending_create(uint32_t n, struct vrpc_pending **out)
         return -ENOMEM;
     }
     p->n = p->limit = p->nfree = n;
+    p->wait_spins = WAIT_SPINS;
     for (uint32_t i = 0; i < n; i++) {
         p->slots[i].index = i;
         p->slots[i].table = p;
@@ -170,7 +171,7 @@ void vrpc_pending_publish(struct vrpc_pending_slot *s, uint32_t gen)
 
 void vrpc_pending_wait(struct vrpc_pending_slot *s, uint32_t gen)
 {
-    for (int i = 0; i < WAIT_SPINS; i++) {
+    for (uint32_t i = 0; i < s->table->wait_spins; i++) {
         if (__atomic_load_n(&s->done, __ATOMIC_ACQUIRE) == gen)
             return;
         __builtin_ia32_pause();

@@ -65,6 +65,7 @@ struct vrpc_pending {
     uint32_t nfree;
     uint32_t *free;       /* LIFO stack of free indices, lowest on top initially */
     bool closed;
+    uint32_t wait_spins;  /* vrpc_pending_wait spins this often before sleeping */
     pthread_mutex_t lock; /* free stack, in_use, limit, closed */
     pthread_cond_t cond;  /* signalled when a slot frees or the table closes */
     struct vrpc_pending_slot *slots;

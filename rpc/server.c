@@ -11,6 +11,7 @@
 #include <verbrpc/rpc.h>
 #include <verbrpc/sched.h>
 #include <verbrpc/transport.h>
+#include "rpc/builtins.h"
 #include "rpc/futex.h"
 #include "rpc/internal.h"
 #include "rpc/pbutil.h"
@@ -588,9 +589,9 @@ int vrpc_server_call_respond(struct vrpc_server_call *call, const ProtobufCMessa
         return -ECONNRESET;
     }
     struct vrpc_buf *b = vrpc_rpc_buf_get(c->s->send_pool, true);
-    size_t plen = 0;
     uint8_t *p = b->data;
-    vrpc_pb_pack(resp, p + VRPC_WIRE_HDR_LEN, b->cap - VRPC_WIRE_HDR_LEN, &plen);
+    /* size <= client_max_payload <= eager - header = room in b: checked above */
+    size_t plen = vrpc_pb_pack_sized(resp, p + VRPC_WIRE_HDR_LEN);
     struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
                               .request_id = call->req_id, .payload_len = (uint32_t)plen};
     vrpc_wire_hdr_encode(p, &h);
@@ -672,6 +673,12 @@ int vrpc_server_create(const struct vrpc_server_opts *o, struct vrpc_server **ou
         s->o.max_depth = VRPC_PB_DEFAULT_MAX_DEPTH;
     pthread_mutex_init(&s->lock, NULL);
     s->conns.next = s->conns.prev = &s->conns;
+    /* Every server serves the built-in Health and Stats services (idl/). */
+    int rc = vrpc_builtins_register(s);
+    if (rc) {
+        vrpc_server_destroy(s);
+        return rc;
+    }
     *out = s;
     return 0;
 }
@@ -709,6 +716,8 @@ int vrpc_server_start(struct vrpc_server *s, const char *uri)
         struct vrpc_sched_config sc;
         vrpc_sched_config_init(&sc);
         sc.nworkers = s->o.threads;
+        if (s->o.no_spin)
+            sc.spin_us = 1; /* the scheduler's minimum: 0 means its default */
         if ((rc = vrpc_sched_create(&sc, &s->sched)))
             return rc;
         s->own_sched = true;
@@ -730,7 +739,7 @@ int vrpc_server_start(struct vrpc_server *s, const char *uri)
         vrpc_cq_attr_init(&ca);
         ca.cb = server_cq_cb;
         ca.cb_arg = pl;
-        ca.busy_poll_us = 20;
+        ca.busy_poll_us = s->o.no_spin ? 0 : 20;
         ca.max_recv = SERVER_RECV_BUFS;
         ca.name = "vrpc-srv-poll";
         if ((rc = vrpc_cq_create(s->tp, &ca, &pl->cq)))

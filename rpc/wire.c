@@ -1,28 +1,47 @@
 /* Encode/decode of the verbrpc frame header, metadata block and HELLO
- * settings. Every multi-byte field is little-endian on the wire, written and
- * read byte by byte so the code is the same on any host. */
+ * settings. Every multi-byte field is little-endian on the wire; the
+ * accessors convert explicitly, so the code is right on any host. */
 #include "rpc/wire.h"
 
+#include <endian.h>
 #include <errno.h>
 #include <string.h>
 
-static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+/* Little-endian accessors: memcpy plus htole/letoh, which compile to plain
+ * loads and stores on little-endian hosts and to byte swaps elsewhere. */
+static void put16(uint8_t *p, uint16_t v)
+{
+    v = htole16(v);
+    memcpy(p, &v, 2);
+}
 static void put32(uint8_t *p, uint32_t v)
 {
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
+    v = htole32(v);
+    memcpy(p, &v, 4);
 }
 static void put64(uint8_t *p, uint64_t v)
 {
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
+    v = htole64(v);
+    memcpy(p, &v, 8);
 }
-static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static uint16_t get16(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return le16toh(v);
+}
 static uint32_t get32(const uint8_t *p)
 {
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return le32toh(v);
 }
-static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | ((uint64_t)get32(p + 4) << 32); }
+static uint64_t get64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return le64toh(v);
+}
 
 void vrpc_wire_hdr_encode(uint8_t out[VRPC_WIRE_HDR_LEN], const struct vrpc_wire_hdr *h)
 {

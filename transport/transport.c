@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <time.h>
 
 #include "transport/transport_ops.h"
@@ -195,8 +196,12 @@ static void *poller_main(void *arg)
         }
         if (atomic_load_explicit(&cq->stopping, memory_order_acquire))
             break;
-        if (busy_ns && vrpc_tp_now_ns() - idle_since < busy_ns)
+        if (busy_ns && vrpc_tp_now_ns() - idle_since < busy_ns) {
+            /* spinning: let a runnable thread of this CPU go first (on an
+             * oversubscribed machine the peer we wait for may be one) */
+            sched_yield();
             continue;
+        }
         /* poll -> arm -> poll: a completion landing between the last poll
          * and the arm is found by the second poll instead of being slept on. */
         ops->cq_arm(cq);

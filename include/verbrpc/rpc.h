@@ -125,6 +125,9 @@ struct vrpc_channel_opts {
     uint32_t backoff_max_ms;     /* cap of the doubling delay; 0: 5000 */
     const char *src_addr;        /* bind the local side to this IP literal (on verbs
                                     it picks the device); NULL: any. Copied. */
+    bool no_spin;                /* never busy-wait (poller, own workers, synchronous
+                                    waiters sleep at once): lower latency is traded
+                                    for CPU; for CPU accounting, e.g. under callgrind */
 };
 /* Fill *o with the defaults above (all zeros mean defaults, too). */
 VRPC_API void vrpc_channel_opts_init(struct vrpc_channel_opts *o);
@@ -218,6 +221,7 @@ struct vrpc_server_opts {
     uint32_t max_msg_size;         /* largest request/response payload; 0: largest
                                       that fits the transport's eager size */
     uint32_t max_depth;            /* protobuf nesting limit for requests; 0: 64 */
+    bool no_spin;                  /* never busy-wait (see vrpc_channel_opts) */
 };
 VRPC_API void vrpc_server_opts_init(struct vrpc_server_opts *o);
 

@@ -154,9 +154,10 @@ struct vrpc_transport_attr {
                             0: 8192. At most VRPC_EAGER_MAX. */
     uint32_t credits;    /* most credits one peer's reservation grows to; 0: 32 */
     uint32_t max_queued; /* default vrpc_ep_attr.max_queued; 0: 1024 */
-    uint32_t idle_timeout_ms; /* a connection with a partial frame that makes no
-                            progress for this long is failed with -ETIMEDOUT
-                            (slow/stuck peers); 0: 10000 */
+    uint32_t idle_timeout_ms; /* a connection whose incoming frame, or whose
+                            graceful close, is not complete this long after it
+                            began is failed with -ETIMEDOUT (slow or stuck
+                            peers); 0: 10000 */
     uint32_t connect_timeout_ms; /* vrpc_connect() and the accept handshake; 0: 5000 */
 };
 
@@ -310,12 +311,13 @@ VRPC_API int vrpc_ep_send(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t len
 VRPC_API int vrpc_ep_read(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t off, uint32_t len,
                           uint64_t raddr, uint32_t rkey, uint64_t wr_id);
 
-/* Start a graceful close: nothing new is accepted (-ENOTCONN); sends still
- * waiting for credits flush (-ECANCELED); sends already on the wire are still
- * delivered where the connection allows; then the endpoint's DISCONNECTED
- * completion follows (status 0 when the peer confirmed the close, -ETIMEDOUT
- * if it did not within the idle timeout). Any thread; returns 0, or -ENOTCONN
- * if already closed or dead (idempotent). */
+/* Start a graceful close: nothing new is accepted (-ENOTCONN); every send
+ * accepted before is still delivered, in order, as the peer's credits allow
+ * (the peer keeps receiving until the stream ends); then the write side
+ * closes, and DISCONNECTED follows once the peer has closed too (status 0).
+ * If that takes longer than the idle timeout, the endpoint fails with
+ * -ETIMEDOUT and what is left flushes. Any thread; returns 0, or -ENOTCONN if
+ * already closed or dead (idempotent). */
 VRPC_API int vrpc_ep_close(struct vrpc_ep *ep);
 /* Close if needed and drop the user's reference. The pointer stays valid as a
  * name in completions until its DISCONNECTED completion has been delivered;

@@ -34,6 +34,13 @@ static uint32_t ref_csum(size_t n, uint32_t seed)
     return csum(ref, n);
 }
 
+static uint32_t ref_csum_big(size_t n, uint32_t seed)
+{
+    static unsigned char ref[VRPC_EAGER_MAX];
+    fill(ref, n, seed);
+    return csum(ref, n);
+}
+
 static bool wait_until(atomic_ulong *v, unsigned long want, int ms)
 {
     int i;
@@ -139,10 +146,70 @@ void t_credits_burst(void **state)
         assert_int_equal(o.next[i], total / BURST_THREADS);
     assert_int_equal(atomic_load(&k.send_ok), total);
     assert_int_equal(atomic_load(&k.send_err), 0);
-    assert_true(eagain > 0); /* the bounded queue pushed back at least once */
     vrpc_ep_destroy(ep);
     assert_true(wait_until(&k.disc, 1, WAIT_MS));
     assert_int_equal(atomic_load(&k.disc_status), 0);
+    client_stop(&c);
+    echo_stop(&e);
+}
+
+/* ---- pipelined frames of mixed sizes --------------------------------------- */
+
+struct mixed {
+    uint32_t eager, next;
+    unsigned long bad;
+};
+
+static uint32_t mixed_size(uint32_t seq, uint32_t eager)
+{
+    /* small and large, zero and eager-sized, in a scrambled order */
+    return seq % 5 == 0 ? 0 : seq % 7 == 0 ? eager : (seq * 7919u) % (eager + 1);
+}
+
+static void mixed_check(struct echo *e, const struct vrpc_wc *w)
+{
+    struct mixed *m = e->arg;
+    uint32_t want = mixed_size(m->next, m->eager);
+    if (w->imm != m->next || w->byte_len != want || csum(w->buf->data, want) != ref_csum_big(want, m->next))
+        m->bad++;
+    m->next++;
+}
+
+/* Back-to-back frames of every size class from one sender: the receiver's
+ * reads span frame boundaries (one read may hold the end of one frame and the
+ * start of several more); every message arrives whole, in order, intact. */
+void t_pipelined_sizes(void **state)
+{
+    struct mixed m = { 0 };
+    struct echo_cfg ec = { .ncq = 1, .nbufs = 128, .repost_only = true, .on_recv = mixed_check, .arg = &m };
+    struct echo e;
+    struct client c;
+    struct counts k;
+    struct vrpc_ep *ep;
+    unsigned total = scaled(4000), seq;
+
+    memset(&k, 0, sizeof k);
+    assert_int_equal(echo_start(&e, &ec), 0);
+    assert_int_equal(client_start(&c, NULL, 256, 8, 0, counts_cb, &k), 0);
+    assert_int_equal(client_connect(&c, e.uri, &ep), 0);
+    m.eager = vrpc_ep_eager_size(ep);
+    for (seq = 0; seq < total; seq++) {
+        uint32_t size = mixed_size(seq, m.eager);
+        struct vrpc_buf *b;
+        int rc;
+        while (!(b = vrpc_pool_get(c.pool)))
+            sched_yield();
+        fill(b->data, size, seq);
+        while ((rc = vrpc_ep_send(ep, b, size, seq, seq, 0)) == -EAGAIN)
+            sched_yield();
+        assert_int_equal(rc, 0);
+    }
+    assert_true(wait_until(&e.recvs, total, 60000));
+    assert_int_equal(m.bad, 0);
+    assert_int_equal(m.next, total);
+    assert_true(wait_until(&k.send_ok, total, WAIT_MS));
+    vrpc_ep_destroy(ep);
+    assert_true(wait_until(&k.disc, 1, WAIT_MS));
     client_stop(&c);
     echo_stop(&e);
 }
@@ -225,16 +292,31 @@ void t_peer_close(void **state)
     struct client c;
     struct counts k;
     struct vrpc_ep *ep, *sep;
-    unsigned i, nsend = 10, nrecv = 8, held;
+    struct vrpc_transport_attr ca;
+    unsigned i, nsend = 0, nrecv = 8, held;
+    int rc = 0;
 
     vrpc_transport_attr_init(&sa);
     sa.credits = 4;
     memset(&k, 0, sizeof k);
     assert_int_equal(echo_start(&e, &ec), 0);
-    assert_int_equal(client_start(&c, NULL, 32, nrecv, 0, counts_cb, &k), 0);
+    vrpc_transport_attr_init(&ca);
+    ca.max_queued = 6;
+    assert_int_equal(client_start(&c, &ca, 32, nrecv, 0, counts_cb, &k), 0);
     assert_int_equal(client_connect(&c, e.uri, &ep), 0);
-    for (i = 0; i < nsend; i++)
-        assert_int_equal(vrpc_ep_send(ep, vrpc_pool_get(c.pool), 8, i, i, 0), 0);
+    /* Back-pressure: the server has 4 buffers and keeps them, we may queue 6:
+     * sends are accepted until the queue is full, then -EAGAIN (buffer kept). */
+    for (i = 0; i < 100; i++) {
+        struct vrpc_buf *b = vrpc_pool_get(c.pool);
+        rc = vrpc_ep_send(ep, b, 8, i, i, 0);
+        if (rc) {
+            vrpc_pool_put(b);
+            break;
+        }
+        nsend++;
+    }
+    assert_int_equal(rc, -EAGAIN);
+    assert_true(nsend >= ca.max_queued && nsend <= ca.max_queued + ec.nbufs);
     assert_true(wait_until(&e.recvs, 1, WAIT_MS));
     usleep(50000);
     /* the receiver holds its buffers: credits hold the rest back */
@@ -262,6 +344,39 @@ void t_peer_close(void **state)
     assert_true(wait_until(&e.disconnected, 1, WAIT_MS));
     echo_stop(&e);
     assert_int_equal(atomic_load(&e.flushed_recvs), ec.nbufs - held);
+}
+
+/* A graceful close with sends still waiting for credits: they are delivered
+ * (in order) once the peer frees buffers, then DISCONNECTED (status 0). */
+void t_close_delivers_queued(void **state)
+{
+    struct echo_cfg ec = { .ncq = 1, .nbufs = 4, .hold = true, .repost_only = true };
+    struct echo e;
+    struct client c;
+    struct counts k;
+    struct vrpc_ep *ep;
+    unsigned i, nsend = 12;
+
+    memset(&k, 0, sizeof k);
+    assert_int_equal(echo_start(&e, &ec), 0);
+    assert_int_equal(client_start(&c, NULL, 32, 8, 0, counts_cb, &k), 0);
+    assert_int_equal(client_connect(&c, e.uri, &ep), 0);
+    for (i = 0; i < nsend; i++)
+        assert_int_equal(vrpc_ep_send(ep, vrpc_pool_get(c.pool), 8, i, i, 0), 0);
+    assert_true(wait_until(&e.recvs, 1, WAIT_MS));
+    assert_int_equal(vrpc_ep_close(ep), 0);
+    usleep(50000);
+    assert_true(atomic_load(&e.recvs) <= ec.nbufs); /* the rest waits for credits */
+    assert_int_equal(atomic_load(&k.disc), 0);
+    echo_release(&e); /* buffers come back: credits flow, the queue drains */
+    assert_true(wait_until(&e.recvs, nsend, WAIT_MS));
+    assert_true(wait_until(&k.disc, 1, WAIT_MS));
+    assert_int_equal(atomic_load(&k.disc_status), 0);
+    assert_int_equal(atomic_load(&k.send_ok), nsend);
+    assert_int_equal(atomic_load(&k.send_err), 0);
+    vrpc_ep_destroy(ep);
+    client_stop(&c);
+    echo_stop(&e);
 }
 
 /* ---- peer crash ------------------------------------------------------------ */
@@ -443,26 +558,31 @@ void t_close_during_traffic(void **state)
 
 /* ---- listener close with pending accepts -------------------------------------- */
 
+#define CONNECT_MAX 150
+
 struct connector {
     struct client *c;
     const char *uri;
+    atomic_ulong *total_ok;
     unsigned ok, refused, other;
     int other_rc;
-    struct vrpc_ep *eps[64];
+    struct vrpc_ep *eps[CONNECT_MAX];
 };
 
+/* Connect until refused (then a few more, all refused), at most CONNECT_MAX. */
 static void *connector_main(void *arg)
 {
     struct connector *x = arg;
     unsigned i;
-    for (i = 0; i < 64; i++) {
+    for (i = 0; i < CONNECT_MAX && x->refused < 5; i++) {
         struct vrpc_ep *ep;
         int rc = client_connect(x->c, x->uri, &ep);
-        if (rc == 0)
+        if (rc == 0) {
             x->eps[x->ok++] = ep;
-        else if (rc == -ECONNREFUSED || rc == -ECONNRESET)
+            atomic_fetch_add(x->total_ok, 1);
+        } else if (rc == -ECONNREFUSED || rc == -ECONNRESET) {
             x->refused++;
-        else {
+        } else {
             x->other++;
             x->other_rc = rc;
         }
@@ -470,27 +590,27 @@ static void *connector_main(void *arg)
     return NULL;
 }
 
-/* Destroying a listener while clients keep connecting: each connect either
- * succeeds (and the server saw ACCEPTED for it) or fails with a clear
- * refusal; nothing hangs or leaks. */
 void t_listener_close_pending(void **state)
 {
     struct echo e;
-    struct echo_cfg ec = { .ncq = 1, .nbufs = 512 };
+    struct echo_cfg ec = { .ncq = 1, .nbufs = 1024 };
     struct client c;
     struct connector x[3];
     pthread_t th[3];
+    atomic_ulong total_ok = 0;
     unsigned i, j, ok = 0, refused = 0;
 
     assert_int_equal(echo_start(&e, &ec), 0);
-    assert_int_equal(client_start(&c, NULL, 520, 512, 0, NULL, NULL), 0);
+    assert_int_equal(client_start(&c, NULL, 1040, 1024, 0, NULL, NULL), 0);
     for (i = 0; i < 3; i++) {
         memset(&x[i], 0, sizeof x[i]);
         x[i].c = &c;
         x[i].uri = e.uri;
+        x[i].total_ok = &total_ok;
         assert_int_equal(pthread_create(&th[i], NULL, connector_main, &x[i]), 0);
     }
-    usleep(2000);
+    /* destroy the listener while the connectors are busy */
+    assert_true(wait_until(&total_ok, 8, WAIT_MS));
     vrpc_listener_destroy(e.l);
     e.l = NULL;
     for (i = 0; i < 3; i++) {
@@ -502,7 +622,7 @@ void t_listener_close_pending(void **state)
         refused += x[i].refused;
     }
     printf("  %u connects succeeded, %u refused around the listener's destruction\n", ok, refused);
-    assert_int_equal(ok + refused, 3 * 64);
+    assert_true(ok >= 8);
     assert_true(refused > 0);
     assert_true(wait_until(&e.accepted, ok, WAIT_MS));
     usleep(20000);

@@ -6,15 +6,19 @@
 int peer_child_main(const char *backend, const char *uri);
 
 void t_credits_burst(void **state);
+void t_pipelined_sizes(void **state);
 void t_many_connections(void **state);
 void t_peer_close(void **state);
+void t_close_delivers_queued(void **state);
 void t_peer_crash(void **state);
 void t_close_during_traffic(void **state);
 void t_listener_close_pending(void **state);
 
 #define CONFORMANCE_CASES                                                                   \
-    cmocka_unit_test(t_credits_burst), cmocka_unit_test(t_many_connections),                \
-        cmocka_unit_test(t_peer_close), cmocka_unit_test(t_peer_crash),                     \
+    cmocka_unit_test(t_credits_burst), cmocka_unit_test(t_pipelined_sizes),                   \
+        cmocka_unit_test(t_many_connections),                \
+        cmocka_unit_test(t_peer_close), cmocka_unit_test(t_close_delivers_queued),          \
+        cmocka_unit_test(t_peer_crash),                     \
         cmocka_unit_test(t_close_during_traffic), cmocka_unit_test(t_listener_close_pending),
 
 /* TCP only (bad_peer.c). */

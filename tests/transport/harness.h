@@ -55,7 +55,7 @@ struct echo {
     char uri[VRPC_URI_MAX];
     bool no_echo;          /* receive only: hold the buffer (hold list) */
     bool repost_only;      /* receive and repost, no echo */
-    bool hold;             /* keep received buffers until echo_release() */
+    atomic_bool hold;      /* keep received buffers until echo_release() */
     atomic_ulong accepted, disconnected, disc_err, recvs, flushed_recvs, send_err;
     atomic_int last_disc_status; /* written before disconnected is incremented */
     pthread_mutex_t mu;    /* protects the fields below */

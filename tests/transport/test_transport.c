@@ -97,6 +97,54 @@ static void t_connect_refused(void **state)
     client_stop(&c);
 }
 
+/* IPv6 URIs: tcp://[::1]:0 listens, reports a bracketed URI, and carries a
+ * message. (TCP only: the verbs set-ups are IPv4.) */
+static void t_ipv6_uri(void **state)
+{
+    struct vrpc_transport *tp;
+    struct vrpc_listener *l;
+    struct vrpc_listen_attr la;
+    struct client c;
+    struct vrpc_ep *ep;
+    struct vrpc_wc w;
+    char uri[VRPC_URI_MAX];
+    int rc;
+
+    if (strcmp(g_opt.backend, "tcp"))
+        skip();
+    assert_int_equal(client_start(&c, NULL, 16, 8, 0, NULL, NULL), 0);
+    memset(&la, 0, sizeof la);
+    la.cqs = &c.cq;
+    la.ncqs = 1;
+    tp = c.tp;
+    rc = vrpc_listen(tp, "tcp://[::1]:0", &la, &l);
+    if (rc == -EADDRNOTAVAIL || rc == -EAFNOSUPPORT) {
+        client_stop(&c);
+        printf("  no IPv6 loopback here: %s\n", strerror(-rc));
+        skip();
+    }
+    assert_int_equal(rc, 0);
+    assert_int_equal(vrpc_listener_uri(l, uri, sizeof uri), 0);
+    assert_memory_equal(uri, "tcp://[::1]:", 12);
+    /* one CQ serves both ends: the accepted side and the connecting side */
+    assert_int_equal(client_connect(&c, uri, &ep), 0);
+    assert_true(coll_wait(&c.coll, VRPC_WC_ACCEPTED, NULL, WAIT_MS, &w));
+    struct vrpc_ep *sep = w.ep;
+    struct vrpc_buf *b = vrpc_pool_get(c.pool);
+    memcpy(b->data, "v6", 2);
+    assert_int_equal(vrpc_ep_send(ep, b, 2, 6, 0, 0), 0);
+    assert_true(coll_wait(&c.coll, VRPC_WC_RECV, sep, WAIT_MS, &w));
+    assert_int_equal(w.byte_len, 2);
+    assert_memory_equal(w.buf->data, "v6", 2);
+    assert_int_equal(vrpc_cq_post_recv(c.cq, &w.buf, NULL, 1), 0);
+    vrpc_listener_destroy(l);
+    vrpc_ep_destroy(ep);
+    vrpc_ep_destroy(sep);
+    assert_true(coll_wait(&c.coll, VRPC_WC_DISCONNECTED, ep, WAIT_MS, &w));
+    assert_true(coll_wait(&c.coll, VRPC_WC_DISCONNECTED, sep, WAIT_MS, &w));
+    client_stop(&c);
+}
+
 /* Ping-pong with checksummed payloads of every size 0..eager: boundaries and
  * immediates kept, the echo is byte-identical. */
 static void t_pingpong_sizes(void **state)
@@ -235,6 +283,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(t_connect_accept),
         cmocka_unit_test(t_connect_refused),
+        cmocka_unit_test(t_ipv6_uri),
         cmocka_unit_test(t_pingpong_sizes),
         CONFORMANCE_CASES
     };

@@ -271,7 +271,8 @@ static void tx_locked(struct tcp_ep *ep)
     }
     if (!ep->wq.head) {
         set_pollout_locked(ep, false);
-        if (atomic_load(&ep->state) == S_CLOSING && !ep->shut_wr && ep->fd >= 0) {
+        /* a graceful close ends the stream once every accepted send is out */
+        if (atomic_load(&ep->state) == S_CLOSING && !ep->waitq.head && !ep->shut_wr && ep->fd >= 0) {
             shutdown(ep->fd, SHUT_WR);
             ep->shut_wr = true;
         }
@@ -351,14 +352,12 @@ static int tcp_send(struct vrpc_ep *base, struct vrpc_buf *b, uint32_t len, uint
 }
 
 /* Move every queued send to the done list with -ECANCELED (lock held). */
-static void flush_sends_locked(struct tcp_ep *ep, bool waiting_only)
+static void flush_sends_locked(struct tcp_ep *ep)
 {
     struct vrpc_buf *first = NULL, *last = NULL, *b;
-    struct fifo *qs[2] = { &ep->waitq, waiting_only ? NULL : &ep->wq };
+    struct fifo *qs[2] = { &ep->wq, &ep->waitq }; /* admission order */
     int i;
     for (i = 0; i < 2; i++) {
-        if (!qs[i])
-            continue;
         while ((b = fifo_pop(qs[i]))) {
             if (b == &ep->ctrl) {
                 ep->ctrl_queued = false;
@@ -374,8 +373,7 @@ static void flush_sends_locked(struct tcp_ep *ep, bool waiting_only)
         }
     }
     ep->nwait = 0;
-    if (!waiting_only)
-        ep->wq_off = 0;
+    ep->wq_off = 0;
     if (first) {
         mpsc_push(&ep->cq->done, first, last);
         kick(ep->cq);
@@ -392,8 +390,9 @@ static int tcp_close(struct vrpc_ep *base)
     }
     atomic_store(&ep->state, S_CLOSING);
     atomic_store(&ep->close_ns, vrpc_tp_now_ns());
-    flush_sends_locked(ep, true);
-    tx_locked(ep); /* shuts the write side down once wq is empty */
+    /* Sends waiting for credits still go as credits arrive (the peer keeps
+     * reading until our FIN); the write side shuts once both queues drain. */
+    tx_locked(ep);
     pthread_mutex_unlock(&ep->lock);
     kick(ep->cq);
     return 0;
@@ -550,7 +549,7 @@ static void teardown(struct tcp_cq *cq, struct tcp_ep *ep, int status, const cha
                     why, strerror(status < 0 ? -status : 0));
     pthread_mutex_lock(&ep->lock);
     atomic_store(&ep->state, S_DEAD);
-    flush_sends_locked(ep, false);
+    flush_sends_locked(ep);
     fd = ep->fd;
     ep->fd = -1;
     pthread_mutex_unlock(&ep->lock);
@@ -625,7 +624,7 @@ static int handle_hello(struct tcp_cq *cq, struct tcp_ep *ep, const struct vrpc_
 }
 
 /* A complete header is in ep->rhdr. Returns 0 or a negative errno (protocol error). */
-static int handle_hdr(struct tcp_cq *cq, struct tcp_ep *ep, const char **why)
+static int handle_hdr(struct tcp_cq *cq, struct tcp_ep *ep, struct vrpc_buf **spec, const char **why)
 {
     struct vrpc_tcp_hdr h = ep->rhdr.h;
     uint32_t len = le32toh(h.len), credits = le16toh(h.credits);
@@ -667,7 +666,12 @@ static int handle_hdr(struct tcp_cq *cq, struct tcp_ep *ep, const char **why)
         *why = "peer sent without credits";
         return -EPROTO;
     }
-    b = get_posted(cq);
+    if (spec && *spec) { /* the buffer the payload was read into already */
+        b = *spec;
+        *spec = NULL;
+    } else {
+        b = get_posted(cq);
+    }
     if (!b) { /* cannot happen while promised <= posted holds */
         *why = "no receive buffer for a credited message";
         return -ENOBUFS;
@@ -689,6 +693,132 @@ static int handle_hdr(struct tcp_cq *cq, struct tcp_ep *ep, const char **why)
     return 0;
 }
 
+/* Bytes already read from ep's stream (the carry of a speculative read) go
+ * where the socket's bytes would have gone: header, then payload buffers.
+ * *spec, if not NULL, is the posted buffer holding the carry itself: it is
+ * owed to the next DATA frame (the credit for that frame may be exactly that
+ * buffer), so the carry moves to its front (memmove) when one comes. */
+static int consume(struct tcp_cq *cq, struct tcp_ep *ep, const char *p, size_t len, uint64_t now,
+                   struct vrpc_buf **spec, const char **why)
+{
+    while (len) {
+        size_t k;
+        if (ep->rbuf) {
+            k = ep->rlen - ep->rgot < len ? ep->rlen - ep->rgot : len;
+            if ((char *)ep->rbuf->data + ep->rgot != p)
+                memcpy((char *)ep->rbuf->data + ep->rgot, p, k);
+            ep->rgot += (uint32_t)k;
+        } else {
+            k = HDR_LEN - ep->rhdr_got < len ? HDR_LEN - ep->rhdr_got : len;
+            memcpy(ep->rhdr.b + ep->rhdr_got, p, k);
+            ep->rhdr_got += (uint32_t)k;
+        }
+        p += k;
+        len -= k;
+        if (ep->rbuf && ep->rgot == ep->rlen) {
+            struct vrpc_buf *b = ep->rbuf;
+            ep->rbuf = NULL;
+            stage_fill(b, VRPC_WC_RECV, 0, ep, ep->rimm);
+            stage(cq, b);
+            ep->frame_ns = 0;
+        } else if (!ep->rbuf && ep->rhdr_got == HDR_LEN) {
+            struct vrpc_buf *had = spec ? *spec : NULL;
+            int rc = handle_hdr(cq, ep, spec, why);
+            if (rc)
+                return rc;
+            if (had && !*spec) {
+                /* that frame took the carry's own buffer: slide the rest of
+                 * the carry to its front, where the payload belongs */
+                memmove(had->data, p, len);
+                p = had->data;
+                spec = NULL;
+            }
+        }
+    }
+    if ((ep->rbuf || ep->rhdr_got) && !ep->frame_ns)
+        ep->frame_ns = now;
+    return 0;
+}
+
+/* Header read with a speculative payload: one readv into the header and a
+ * posted buffer, so a small message costs one read, not two. Bytes beyond
+ * that frame (pipelined frames) are copied on to where they belong. */
+static void rx_spec(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
+{
+    struct vrpc_buf *spec = get_posted(cq);
+    struct iovec iov[2];
+    size_t hrem = HDR_LEN - ep->rhdr_got, extra, used = 0;
+    const char *why = NULL;
+    char *base;
+    ssize_t n;
+    int rc;
+
+    if (!spec)
+        return; /* cannot happen while granted > 0; the plain path would catch it */
+    base = spec->data;
+    iov[0].iov_base = ep->rhdr.b + ep->rhdr_got;
+    iov[0].iov_len = hrem;
+    iov[1].iov_base = base;
+    iov[1].iov_len = spec->cap;
+    do
+        n = readv(ep->fd, iov, 2);
+    while (n < 0 && errno == EINTR);
+    if (n <= 0) {
+        put_posted(cq, spec);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        if (n < 0)
+            teardown(cq, ep, -errno, "read failed");
+        else if (ep->rhdr_got)
+            teardown(cq, ep, -EPROTO, "peer closed in the middle of a frame");
+        else
+            teardown(cq, ep, 0, NULL);
+        return;
+    }
+    if ((size_t)n <= hrem) {
+        put_posted(cq, spec);
+        ep->rhdr_got += (uint32_t)n;
+        if (!ep->frame_ns)
+            ep->frame_ns = now;
+        if ((size_t)n == hrem && (rc = handle_hdr(cq, ep, NULL, &why)))
+            teardown(cq, ep, rc, why); /* a whole header, nothing after it yet */
+        return; /* level-triggered epoll reports the socket again when more arrives */
+    }
+    extra = (size_t)n - hrem;
+    ep->rhdr_got = HDR_LEN;
+    rc = handle_hdr(cq, ep, &spec, &why);
+    if (!rc && !spec) {
+        /* spec holds this frame's payload from offset 0 */
+        if (ep->rbuf) {
+            used = extra < ep->rlen ? extra : ep->rlen;
+            ep->rgot = (uint32_t)used;
+        }
+        /* (zero-length DATA was staged with spec; used stays 0) */
+        if (ep->rbuf && ep->rgot == ep->rlen) {
+            struct vrpc_buf *b = ep->rbuf;
+            ep->rbuf = NULL;
+            stage_fill(b, VRPC_WC_RECV, 0, ep, ep->rimm);
+            stage(cq, b);
+            ep->frame_ns = 0;
+        }
+    }
+    /* what follows the frame is copied on before anyone sees the buffer */
+    if (!rc && extra > used)
+        rc = consume(cq, ep, base + used, extra - used, now, spec ? &spec : NULL, &why);
+    if (spec)
+        put_posted(cq, spec);
+    if (rc) {
+        teardown(cq, ep, rc, why);
+        return;
+    }
+    if (!ep->rbuf && !ep->rhdr_got)
+        ep->frame_ns = 0;
+    else if (!ep->frame_ns)
+        ep->frame_ns = now;
+    /* One read per readiness report: level-triggered epoll reports the socket
+     * again if more is waiting, and other connections get their turn. */
+}
+
 /* Read what the socket has for ep, a bounded amount per call (level-triggered
  * epoll calls again), straight into the posted buffer, the next header after. */
 static void rx(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
@@ -702,7 +832,7 @@ static void rx(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
 
         if (!ep->rbuf && ep->rhdr_got == HDR_LEN) {
             const char *why = NULL;
-            int rc = handle_hdr(cq, ep, &why);
+            int rc = handle_hdr(cq, ep, NULL, &why);
             if (rc) {
                 teardown(cq, ep, rc, why);
                 return;
@@ -716,6 +846,10 @@ static void rx(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
             iov[1].iov_len = HDR_LEN;
             niov = 2;
         } else {
+            if (ep->granted && atomic_load(&ep->state) != S_HANDSHAKE) {
+                rx_spec(cq, ep, now);
+                return;
+            }
             iov[0].iov_base = ep->rhdr.b + ep->rhdr_got;
             iov[0].iov_len = HDR_LEN - ep->rhdr_got;
             niov = 1;
@@ -791,6 +925,7 @@ static void adopt(struct tcp_cq *cq)
     struct tcp_ep *ep = atomic_exchange(&cq->adopt, NULL), *n;
     for (; ep; ep = n) {
         struct epoll_event e = { .events = EPOLLIN | EPOLLRDHUP, .data.ptr = ep };
+        int rc;
         n = ep->anext;
         ep->next = cq->eps;
         ep->prev = NULL;
@@ -798,8 +933,15 @@ static void adopt(struct tcp_cq *cq)
             cq->eps->prev = ep;
         cq->eps = ep;
         cq->neps++;
-        if (epoll_ctl(cq->epfd, EPOLL_CTL_ADD, ep->fd, &e)) {
-            teardown(cq, ep, -errno, "epoll_ctl failed");
+        /* A sender may have hit a full socket before we got here (its
+         * EPOLL_CTL_MOD then failed): register EPOLLOUT for it now. */
+        pthread_mutex_lock(&ep->lock);
+        if (ep->pollout)
+            e.events |= EPOLLOUT;
+        rc = epoll_ctl(cq->epfd, EPOLL_CTL_ADD, ep->fd, &e) ? -errno : 0;
+        pthread_mutex_unlock(&ep->lock);
+        if (rc) {
+            teardown(cq, ep, rc, "epoll_ctl failed");
             continue;
         }
         if (atomic_load(&ep->state) == S_HANDSHAKE)

@@ -1,0 +1,1808 @@
+/* The verbs backend behind the transport interface (vrpc_verbs_ops): rdma_cm
+ * connections, RC queue pairs sending SEND_WITH_IMM, one SRQ per CQ fed with
+ * the user's posted buffers, credits per transport.h's rule, selective
+ * signalling and inline sends. A transport instance binds to one device, the
+ * first one an address names (listen host, connect source or route); MRs, CQs
+ * and posted receives made before that wait for the binding.
+ * rdma-core's error conventions become -errno here and nowhere above. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <infiniband/verbs.h>
+#include <poll.h>
+#include <pthread.h>
+#include <rdma/rdma_cma.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "transport/transport_ops.h"
+#include "transport/verbs/verbs.h"
+
+#define HDR_LEN 8u
+#define MIN_RESV 1u
+/* Receive buffers each connection keeps unpromised for the peer's
+ * credit-only messages, which take no credit. The receiver reposts such a
+ * buffer at once and counts it; every header carries that count (ctl_seen),
+ * and a sender never has more than CTL_RESV credit-only messages the peer has
+ * not confirmed. So returning credits never needs a credit (no deadlock, no
+ * credit ping-pong) and never finds the receive queue empty (no RNR). */
+#define CTL_RESV 1u
+#define CM_TIMEOUT_MS 2000
+#define ACK_BATCH 64
+#define WRID_RECV 1ull /* receive wr_ids are buffer pointers with bit 0 set */
+
+struct hdr {
+	uint16_t credits;
+	uint16_t flags;
+	uint32_t ctl_seen; /* credit-only messages of the peer received and reposted */
+};
+#define HDR_CREDIT_ONLY 1u
+
+struct hello {
+	uint32_t magic;
+	uint16_t version;
+	uint16_t credits;
+	uint32_t eager_size;
+	uint32_t rsvd;
+};
+struct rejectmsg {
+	uint32_t magic;
+	uint16_t version;
+	uint16_t code;
+	char why[48];
+};
+#define HELLO_MAGIC 0x56525043u
+_Static_assert(sizeof(struct hello) <= 56, "connect private data is at most 56 bytes");
+_Static_assert(sizeof(struct hdr) == HDR_LEN, "header size");
+
+/* ---- objects ----------------------------------------------------------------- */
+
+enum obj_kind { K_EP = 1, K_LISTENER };
+enum ep_state { S_CONNECTING, S_ACCEPTING, S_OPEN, S_CLOSING, S_DEAD };
+
+struct vtp;
+struct vcq;
+
+struct sent {
+	struct vrpc_buf *buf; /* NULL: credit-only */
+	uint64_t wr_id;
+};
+
+struct vep {
+	struct vrpc_ep base;
+	enum obj_kind kind; /* id->context points here */
+	struct vtp *tp;
+	struct vcq *cq;
+	struct rdma_cm_id *id;
+	struct ibv_qp *qp;
+	uint32_t qpn, max_inline;
+
+	pthread_mutex_t lock; /* send side and state */
+	pthread_cond_t cond;
+	enum ep_state state;
+	int status;            /* DISCONNECTED status */
+	char why[128];
+	uint32_t credits;      /* we may send this many */
+	uint32_t unsignaled, sig_every;
+	struct sent *ring;     /* posted sends in order */
+	uint32_t ring_mask, head, tail;
+	uint64_t seq_head;
+	struct vrpc_buf *wq_head, *wq_tail; /* sends waiting for credits */
+	uint32_t nwait, max_queued;
+	atomic_uint credit_ret; /* credits to return (any message carries them) */
+
+	/* poller only */
+	uint32_t granted, resv, target;
+	uint32_t pending_ctl_min; /* credit_ret that still wants a credit-only message; 0: none */
+	bool hungry, reported, torn, in_todo, counted, reaping, disc_sent;
+	uint32_t ctl_sent, peer_ctl_seen; /* ep->lock */
+	atomic_uint ctl_rcvd;
+	struct vep *hnext, *tnext;
+	struct vep *anext; /* CM thread lists */
+	struct vtp_listener *lst;
+	uint64_t accept_user;
+};
+
+struct vcq {
+	struct vrpc_cq base;
+	struct vtp *tp;
+	int evfd;
+	atomic_int sleeping;
+	struct ibv_comp_channel *chan;
+	struct ibv_cq *cq;
+	struct ibv_srq *srq;
+	atomic_bool bound;
+	unsigned unacked;
+	atomic_int posted, avail; /* posted receives; of which unpromised */
+	uint32_t max_recv;
+
+	pthread_mutex_t lock;
+	struct vrpc_buf *pend_head; /* posted before the device was bound */
+	struct vrpc_buf *posted_list;
+	struct vep *todo;           /* endpoints that need the poller */
+	struct vep **map;           /* qpn -> endpoint */
+	uint32_t map_mask;
+	struct vcq *next; /* tp's list */
+
+	/* poller only */
+	struct vrpc_wc *stage;
+	unsigned st_head, st_tail, st_cap;
+	struct vep *hungry_head, *hungry_tail;
+	struct ibv_wc wcs[32];
+};
+
+struct vtp_listener {
+	struct vrpc_listener base;
+	enum obj_kind kind;
+	struct vtp *tp;
+	struct rdma_cm_id *id;
+	struct vcq **cqs;
+	unsigned ncqs, rr;
+	uint64_t user;
+	bool closing;
+};
+
+struct vmr {
+	struct vrpc_mr base;
+	struct ibv_mr *mr;
+	struct vmr *next;
+};
+
+struct vtp {
+	struct vrpc_transport base;
+	struct vrpc_verbs_cfg cfg;
+	struct rdma_event_channel *ech;
+	int epfd, wakefd;
+	pthread_t cm;
+	bool cm_started;
+	atomic_bool stop;
+
+	pthread_mutex_t lock; /* binding, lists, cmd */
+	pthread_cond_t cond;
+	struct ibv_context *verbs;
+	struct ibv_pd *pd;
+	struct ibv_device_attr dattr;
+	struct vmr *mrs;
+	struct vcq *cqs;
+	struct vep *reap;
+	void (*cmd)(void *);
+	void *cmd_arg;
+	bool cmd_done;
+};
+
+/* ---- helpers ----------------------------------------------------------------- */
+
+static int err_errno(void) { return errno > 0 ? -errno : -EIO; }
+
+static int g_trace = -1; /* VRPC_VERBS_TRACE=1: log completions and credits */
+#define TRACE(...)                                                                                  \
+	do {                                                                                        \
+		if (g_trace < 0)                                                                    \
+			g_trace = getenv("VRPC_VERBS_TRACE") != NULL;                               \
+		if (g_trace)                                                                        \
+			vrpc_tp_log(__VA_ARGS__);                                                   \
+	} while (0)
+
+static void wake(int fd)
+{
+	uint64_t one = 1;
+	ssize_t r = write(fd, &one, sizeof(one));
+	(void)r;
+}
+
+static void drain(int fd)
+{
+	uint64_t v;
+	ssize_t r = read(fd, &v, sizeof(v));
+	(void)r;
+}
+
+static uint32_t pow2(uint32_t x)
+{
+	uint32_t p = 1;
+	while (p < x)
+		p <<= 1;
+	return p;
+}
+
+static int memlock_error(size_t bytes, int err, const char *dev)
+{
+	struct rlimit rl;
+	char lim[32] = "unknown";
+	if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
+		if (rl.rlim_cur == RLIM_INFINITY)
+			snprintf(lim, sizeof(lim), "unlimited");
+		else
+			snprintf(lim, sizeof(lim), "%llu KiB", (unsigned long long)rl.rlim_cur / 1024);
+	}
+	vrpc_tp_log("verbs: cannot register %zu bytes on %s: %s. The locked-memory limit (ulimit -l) is %s; "
+		    "raise it: `ulimit -l unlimited`, memlock in /etc/security/limits.conf, "
+		    "or LimitMEMLOCK=infinity for a systemd service",
+		    bytes, dev, strerror(-err), lim);
+	return -ENOMEM;
+}
+
+/* ---- binding the transport to its device --------------------------------------- */
+
+static int mr_register(struct vtp *tp, struct vmr *m)
+{
+	int acc = IBV_ACCESS_LOCAL_WRITE | ((m->base.access & VRPC_ACCESS_REMOTE_READ) ? IBV_ACCESS_REMOTE_READ : 0);
+	m->mr = ibv_reg_mr(tp->pd, m->base.addr, m->base.len, acc);
+	if (!m->mr) {
+		int err = err_errno();
+		if (err == -ENOMEM || err == -EPERM || err == -EAGAIN)
+			return memlock_error(m->base.len, err, ibv_get_device_name(tp->verbs->device));
+		vrpc_tp_log("verbs: ibv_reg_mr(%zu bytes): %s", m->base.len, strerror(-err));
+		return err;
+	}
+	m->base.lkey = m->mr->lkey;
+	m->base.rkey = m->mr->rkey;
+	return 0;
+}
+
+/* Posted receives are linked through priv[2]/priv[3] (cq->lock) so that
+ * cq_flush can hand each back exactly once. */
+static void posted_link(struct vcq *cq, struct vrpc_buf *b)
+{
+	b->priv[2] = 0;
+	b->priv[3] = (uintptr_t)cq->posted_list;
+	if (cq->posted_list)
+		cq->posted_list->priv[2] = (uintptr_t)b;
+	cq->posted_list = b;
+}
+
+static void posted_unlink(struct vcq *cq, struct vrpc_buf *b)
+{
+	struct vrpc_buf *prev = (struct vrpc_buf *)(uintptr_t)b->priv[2], *next = (struct vrpc_buf *)(uintptr_t)b->priv[3];
+	if (prev)
+		prev->priv[3] = (uintptr_t)next;
+	else
+		cq->posted_list = next;
+	if (next)
+		next->priv[2] = (uintptr_t)prev;
+}
+
+/* cq->lock held. */
+static int post_srq(struct vcq *cq, struct vrpc_buf *list)
+{
+	struct ibv_recv_wr wrs[16], *bad;
+	struct ibv_sge sges[16];
+	int rc = 0;
+	while (list && !rc) {
+		unsigned n = 0;
+		for (; list && n < 16; list = list->next, n++) {
+			posted_link(cq, list);
+			sges[n].addr = (uintptr_t)list->data - HDR_LEN;
+			sges[n].length = list->cap + HDR_LEN;
+			sges[n].lkey = list->mr->lkey;
+			wrs[n].wr_id = (uintptr_t)list | WRID_RECV;
+			wrs[n].sg_list = &sges[n];
+			wrs[n].num_sge = 1;
+			wrs[n].next = n ? NULL : NULL;
+			if (n)
+				wrs[n - 1].next = &wrs[n];
+		}
+		rc = vrpc_verbs_err_pos(ibv_post_srq_recv(cq->srq, wrs, &bad));
+	}
+	return rc;
+}
+
+static int cq_bind(struct vtp *tp, struct vcq *cq)
+{
+	struct ibv_srq_init_attr sa;
+	int cqe = (int)cq->max_recv * 2 + 1024, rc;
+	struct vrpc_buf *pend;
+	if (cqe > tp->dattr.max_cqe)
+		cqe = tp->dattr.max_cqe;
+	cq->chan = ibv_create_comp_channel(tp->verbs);
+	if (!cq->chan)
+		return err_errno();
+	fcntl(cq->chan->fd, F_SETFL, fcntl(cq->chan->fd, F_GETFL) | O_NONBLOCK);
+	cq->cq = ibv_create_cq(tp->verbs, cqe, cq, cq->chan, 0);
+	if (!cq->cq)
+		return err_errno();
+	memset(&sa, 0, sizeof(sa));
+	sa.attr.max_wr = cq->max_recv < (uint32_t)tp->dattr.max_srq_wr ? cq->max_recv : (uint32_t)tp->dattr.max_srq_wr;
+	sa.attr.max_sge = 1;
+	cq->srq = ibv_create_srq(tp->pd, &sa);
+	if (!cq->srq)
+		return err_errno();
+	pthread_mutex_lock(&cq->lock);
+	pend = cq->pend_head;
+	cq->pend_head = NULL;
+	rc = post_srq(cq, pend);
+	pthread_mutex_unlock(&cq->lock);
+	if (rc)
+		return rc;
+	atomic_store(&cq->bound, true);
+	wake(cq->evfd);
+	return 0;
+}
+
+/* Binds tp to `verbs` once: PD, pending MRs, pending CQs. -EXDEV when tp is
+ * already on another device. */
+static int tp_bind(struct vtp *tp, struct ibv_context *verbs)
+{
+	int rc = 0;
+	pthread_mutex_lock(&tp->lock);
+	if (tp->verbs) {
+		rc = tp->verbs == verbs ? 0 : -EXDEV;
+		if (rc)
+			vrpc_tp_log("verbs: address is on device %s, this transport uses %s (one device per transport)",
+				    ibv_get_device_name(verbs->device), ibv_get_device_name(tp->verbs->device));
+		goto out;
+	}
+	if ((rc = vrpc_verbs_err_pos(ibv_query_device(verbs, &tp->dattr))))
+		goto out;
+	tp->pd = ibv_alloc_pd(verbs);
+	if (!tp->pd) {
+		rc = err_errno();
+		goto out;
+	}
+	tp->verbs = verbs;
+	for (struct vmr *m = tp->mrs; m && !rc; m = m->next)
+		rc = mr_register(tp, m);
+	for (struct vcq *c = tp->cqs; c && !rc; c = c->next)
+		rc = cq_bind(tp, c);
+	if (rc)
+		vrpc_tp_log("verbs: cannot set up device %s: %s", ibv_get_device_name(verbs->device), strerror(-rc));
+out:
+	pthread_mutex_unlock(&tp->lock);
+	return rc;
+}
+
+/* ---- completion staging (poller only) ---------------------------------------- */
+
+static void stage(struct vcq *cq, uint32_t op, struct vep *ep, struct vrpc_buf *buf, uint64_t wr_id, int status,
+		  uint32_t len, uint32_t imm)
+{
+	struct vrpc_wc *w;
+	if (cq->st_tail - cq->st_head == cq->st_cap) {
+		/* grow (rare: only when one poll produces more than the ring holds) */
+		unsigned ncap = cq->st_cap * 2, n = cq->st_tail - cq->st_head;
+		struct vrpc_wc *ns = malloc(ncap * sizeof(*ns));
+		if (!ns)
+			abort();
+		for (unsigned i = 0; i < n; i++)
+			ns[i] = cq->stage[(cq->st_head + i) % cq->st_cap];
+		free(cq->stage);
+		cq->stage = ns;
+		cq->st_cap = ncap;
+		cq->st_head = 0;
+		cq->st_tail = n;
+	}
+	w = &cq->stage[cq->st_tail++ % cq->st_cap];
+	w->opcode = op;
+	w->ep = ep ? &ep->base : NULL;
+	w->buf = buf;
+	w->wr_id = wr_id;
+	w->status = status;
+	w->byte_len = status ? 0 : len;
+	w->imm = status ? 0 : imm;
+}
+
+/* ---- credits (poller only, except credit_ret) ------------------------------------ */
+
+static bool take_avail_exact(struct vcq *cq, int want)
+{
+	int a = atomic_load(&cq->avail);
+	do {
+		if (a < want)
+			return false;
+	} while (!atomic_compare_exchange_weak(&cq->avail, &a, a - want));
+	return true;
+}
+
+static uint32_t take_avail(struct vcq *cq, uint32_t want)
+{
+	int a = atomic_load(&cq->avail), t;
+	do {
+		if (a <= 0)
+			return 0;
+		t = a < (int)want ? a : (int)want;
+	} while (!atomic_compare_exchange_weak(&cq->avail, &a, a - t));
+	return (uint32_t)t;
+}
+
+static void hungry_add(struct vcq *cq, struct vep *ep)
+{
+	if (ep->hungry)
+		return;
+	ep->hungry = true;
+	ep->hnext = NULL;
+	if (cq->hungry_tail)
+		cq->hungry_tail->hnext = ep;
+	else
+		cq->hungry_head = ep;
+	cq->hungry_tail = ep;
+}
+
+static void hungry_remove(struct vcq *cq, struct vep *ep)
+{
+	struct vep **pp, *prev = NULL;
+	if (!ep->hungry)
+		return;
+	for (pp = &cq->hungry_head; *pp; prev = *pp, pp = &(*pp)->hnext)
+		if (*pp == ep) {
+			*pp = ep->hnext;
+			if (cq->hungry_tail == ep)
+				cq->hungry_tail = prev;
+			break;
+		}
+	ep->hungry = false;
+}
+
+static void send_credit_locked(struct vep *ep);
+
+static void distribute(struct vcq *cq)
+{
+	while (cq->hungry_head && atomic_load(&cq->avail) > 0) {
+		struct vep *ep = cq->hungry_head;
+		uint32_t got = take_avail(cq, ep->resv - ep->granted), cr;
+		if (!got)
+			break;
+		ep->granted += got;
+		if (ep->granted >= ep->resv) {
+			cq->hungry_head = ep->hnext;
+			if (!cq->hungry_head)
+				cq->hungry_tail = NULL;
+			ep->hungry = false;
+			if (ep->resv < ep->target && atomic_load(&cq->avail) > atomic_load(&cq->posted) / 4 &&
+			    take_avail_exact(cq, 1)) {
+				ep->resv++;
+				ep->granted++;
+				got++;
+			}
+		}
+		cr = atomic_fetch_add(&ep->credit_ret, got) + got;
+		if (cr >= (ep->resv / 2 ? ep->resv / 2 : 1) || cr >= ep->granted) {
+			pthread_mutex_lock(&ep->lock);
+			ep->pending_ctl_min = 1;
+			send_credit_locked(ep);
+			pthread_mutex_unlock(&ep->lock);
+		}
+	}
+}
+
+/* ---- sending (ep->lock) ------------------------------------------------------------ */
+
+static uint32_t ring_used(const struct vep *ep) { return ep->tail - ep->head; }
+
+static int post_locked(struct vep *ep, struct vrpc_buf *buf, uint32_t len, uint32_t imm, uint64_t wr_id, bool more)
+{
+	struct ibv_send_wr wr, *bad;
+	struct ibv_sge sge;
+	struct hdr ctl, *h = buf ? (struct hdr *)((char *)buf->data - HDR_LEN) : &ctl;
+	int rc;
+	h->credits = htons((uint16_t)atomic_exchange(&ep->credit_ret, 0));
+	h->flags = htons(buf ? 0 : HDR_CREDIT_ONLY);
+	h->ctl_seen = htonl(atomic_load(&ep->ctl_rcvd));
+	memset(&wr, 0, sizeof(wr));
+	sge.addr = (uintptr_t)h;
+	sge.length = HDR_LEN + len;
+	sge.lkey = buf ? buf->mr->lkey : 0;
+	wr.wr_id = (ep->seq_head + ring_used(ep)) << 1;
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	wr.opcode = IBV_WR_SEND_WITH_IMM;
+	wr.imm_data = htonl(imm);
+	if (sge.length <= ep->max_inline)
+		wr.send_flags |= IBV_SEND_INLINE;
+	/* selective signalling: a signalled completion retires every earlier
+	 * send of the QP; signal every sig_every, when nothing follows, and
+	 * before the ring could fill */
+	if (!more || ep->unsignaled + 1 >= ep->sig_every || ring_used(ep) + 2 > ep->ring_mask) {
+		wr.send_flags |= IBV_SEND_SIGNALED;
+		ep->unsignaled = 0;
+	} else {
+		ep->unsignaled++;
+	}
+	rc = ibv_post_send(ep->qp, &wr, &bad);
+	TRACE("verbs: post qpn %u len %u credits %u ret %u ctl %d rc %d", ep->qpn, len, ep->credits, ntohs(h->credits),
+	      !buf, rc);
+	if (rc) {
+		atomic_fetch_add(&ep->credit_ret, ntohs(h->credits));
+		return vrpc_verbs_err_pos(rc);
+	}
+	ep->ring[ep->tail & ep->ring_mask] = (struct sent){ .buf = buf, .wr_id = wr_id };
+	ep->tail++;
+	if (buf)
+		ep->credits--;
+	else
+		ep->ctl_sent++;
+	return 0;
+}
+
+/* Graceful close: once every send accepted before vrpc_ep_close() has been
+ * acknowledged, the DREQ goes out; both sides then see DISCONNECTED. A healthy
+ * endpoint cannot be torn down while its lock is held, so the id is valid. */
+static void close_progress_locked(struct vep *ep)
+{
+	if (ep->state == S_CLOSING && !ep->disc_sent && !ep->wq_head && ep->head == ep->tail && ep->id) {
+		ep->disc_sent = true;
+		rdma_disconnect(ep->id);
+	}
+}
+
+static bool can_post_data(const struct vep *ep) { return ep->credits >= 1 && ring_used(ep) < ep->ring_mask; }
+
+static void pump_locked(struct vep *ep)
+{
+	if (ep->state != S_OPEN && ep->state != S_CLOSING)
+		return;
+	while (ep->wq_head && can_post_data(ep)) {
+		struct vrpc_buf *b = ep->wq_head;
+		bool more = b->next && ep->credits > 1;
+		if (post_locked(ep, b, b->len, (uint32_t)b->priv[1], b->priv[0], more))
+			return;
+		ep->wq_head = b->next;
+		if (!ep->wq_head)
+			ep->wq_tail = NULL;
+		ep->nwait--;
+	}
+}
+
+/* A credit-only message, on the last credit if need be. */
+static void send_credit_locked(struct vep *ep)
+{
+	if ((ep->state != S_OPEN && ep->state != S_CLOSING) || !atomic_load(&ep->credit_ret))
+		return;
+	pump_locked(ep); /* queued data carries the credits if it can go */
+	if (!atomic_load(&ep->credit_ret) || ep->ctl_sent - ep->peer_ctl_seen >= CTL_RESV ||
+	    ring_used(ep) >= ep->ring_mask)
+		return;
+	if (post_locked(ep, NULL, 0, 0, 0, false))
+		vrpc_tp_log("verbs: cannot send a credit update");
+	else
+		ep->pending_ctl_min = 0;
+}
+
+/* ---- endpoint failure and teardown -------------------------------------------------- */
+
+static void todo_add(struct vep *ep)
+{
+	struct vcq *cq = ep->cq;
+	pthread_mutex_lock(&cq->lock);
+	if (!ep->in_todo) {
+		ep->in_todo = true;
+		ep->tnext = cq->todo;
+		cq->todo = ep;
+	}
+	pthread_mutex_unlock(&cq->lock);
+	wake(cq->evfd);
+}
+
+/* Fails the endpoint once (any thread but the CM thread's teardown): QP to
+ * error so posted sends flush; the poller flushes the queued ones. */
+static void ep_fail(struct vep *ep, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void ep_fail(struct vep *ep, int status, const char *fmt, ...)
+{
+	va_list ap;
+	pthread_mutex_lock(&ep->lock);
+	if (ep->state == S_DEAD) {
+		pthread_mutex_unlock(&ep->lock);
+		return;
+	}
+	ep->state = S_DEAD;
+	ep->status = status;
+	va_start(ap, fmt);
+	vsnprintf(ep->why, sizeof(ep->why), fmt, ap);
+	va_end(ap);
+	if (ep->qp) {
+		struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
+		ibv_modify_qp(ep->qp, &a, IBV_QP_STATE);
+	}
+	pthread_cond_broadcast(&ep->cond);
+	pthread_mutex_unlock(&ep->lock);
+	if (status && status != -ECANCELED && ep->reported)
+		vrpc_tp_log("verbs: connection %s failed: %s", ep->base.peer_uri, ep->why);
+	todo_add(ep);
+}
+
+/* ---- QP ------------------------------------------------------------------------------ */
+
+static int qp_create(struct vep *ep)
+{
+	struct vtp *tp = ep->tp;
+	static const uint32_t inl[] = { 256, 128, 64, 16 };
+	struct ibv_qp_init_attr ia;
+	int err = -EINVAL;
+	for (size_t i = 0; i < sizeof(inl) / sizeof(inl[0]); i++) {
+		memset(&ia, 0, sizeof(ia));
+		ia.send_cq = ep->cq->cq;
+		ia.recv_cq = ep->cq->cq;
+		ia.srq = ep->cq->srq;
+		ia.qp_type = IBV_QPT_RC;
+		ia.cap.max_send_wr = ep->ring_mask + 1;
+		ia.cap.max_send_sge = 1;
+		ia.cap.max_inline_data = inl[i];
+		ep->qp = ibv_create_qp(tp->pd, &ia);
+		if (ep->qp)
+			break;
+		err = err_errno();
+		if (err != -EINVAL)
+			break;
+	}
+	if (!ep->qp) {
+		vrpc_tp_log("verbs: ibv_create_qp: %s (credit-only messages need inline data)", strerror(-err));
+		return err;
+	}
+	ep->qpn = ep->qp->qp_num;
+	ep->max_inline = ia.cap.max_inline_data;
+	pthread_mutex_lock(&ep->cq->lock);
+	for (uint32_t i = ep->qpn & ep->cq->map_mask;; i = (i + 1) & ep->cq->map_mask)
+		if (!ep->cq->map[i]) {
+			ep->cq->map[i] = ep;
+			break;
+		}
+	pthread_mutex_unlock(&ep->cq->lock);
+	return 0;
+}
+
+static void map_del(struct vcq *cq, struct vep *ep)
+{
+	uint32_t i = ep->qpn & cq->map_mask, j;
+	while (cq->map[i] && cq->map[i] != ep)
+		i = (i + 1) & cq->map_mask;
+	if (!cq->map[i])
+		return;
+	cq->map[i] = NULL;
+	for (j = (i + 1) & cq->map_mask; cq->map[j]; j = (j + 1) & cq->map_mask) {
+		struct vep *e = cq->map[j];
+		uint32_t k;
+		cq->map[j] = NULL;
+		for (k = e->qpn & cq->map_mask; cq->map[k]; k = (k + 1) & cq->map_mask)
+			;
+		cq->map[k] = e;
+	}
+}
+
+static struct vep *map_get(struct vcq *cq, uint32_t qpn)
+{
+	for (uint32_t i = qpn & cq->map_mask;; i = (i + 1) & cq->map_mask) {
+		if (!cq->map[i])
+			return NULL;
+		if (cq->map[i]->qpn == qpn)
+			return cq->map[i];
+	}
+}
+
+static int qp_modify(struct vep *ep, enum ibv_qp_state state)
+{
+	const struct vrpc_verbs_cfg *cfg = &ep->tp->cfg;
+	struct ibv_qp_attr a;
+	int mask = 0;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = state;
+	if (rdma_init_qp_attr(ep->id, &a, &mask))
+		return err_errno();
+	if (state == IBV_QPS_INIT) {
+		a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ;
+		mask |= IBV_QP_ACCESS_FLAGS;
+	} else if (state == IBV_QPS_RTR) {
+		if (cfg->gid_index >= 0)
+			a.ah_attr.grh.sgid_index = (uint8_t)cfg->gid_index;
+	} else if (state == IBV_QPS_RTS) {
+		if (a.timeout < cfg->ack_timeout)
+			a.timeout = cfg->ack_timeout;
+		a.retry_cnt = cfg->retry_cnt;
+		a.rnr_retry = cfg->rnr_retry;
+		mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY;
+	}
+	return vrpc_verbs_err_pos(ibv_modify_qp(ep->qp, &a, mask));
+}
+
+static void hello_fill(const struct vtp *tp, struct hello *h, uint32_t credits)
+{
+	memset(h, 0, sizeof(*h));
+	h->magic = htonl(HELLO_MAGIC);
+	h->version = htons(tp->cfg.proto_version);
+	h->credits = htons((uint16_t)credits);
+	h->eager_size = htonl(tp->base.attr.eager_size);
+}
+
+static int hello_check(const struct vtp *tp, const void *data, uint8_t len, char *why, size_t n)
+{
+	struct hello h;
+	if (!data || len < sizeof(h)) {
+		snprintf(why, n, "no verbrpc hello in the connect data");
+		return -EPROTO;
+	}
+	memcpy(&h, data, sizeof(h));
+	if (ntohl(h.magic) != HELLO_MAGIC) {
+		snprintf(why, n, "peer is not verbrpc");
+		return -EPROTO;
+	}
+	if (ntohs(h.version) != tp->cfg.proto_version) {
+		snprintf(why, n, "protocol version %u not supported (speaks %u)", ntohs(h.version), tp->cfg.proto_version);
+		return -EPROTO;
+	}
+	if (ntohs(h.credits) < MIN_RESV) {
+		snprintf(why, n, "initial credits %u, at least %u needed", ntohs(h.credits), MIN_RESV);
+		return -EPROTO;
+	}
+	return 0;
+}
+
+static void ep_set_peer(struct vep *ep, const void *data)
+{
+	struct hello h;
+	uint32_t e;
+	memcpy(&h, data, sizeof(h));
+	ep->credits = ntohs(h.credits);
+	e = ntohl(h.eager_size);
+	ep->base.eager = e < ep->tp->base.attr.eager_size ? e : ep->tp->base.attr.eager_size;
+	ep->sig_every = ep->tp->base.attr.credits / 4 ? ep->tp->base.attr.credits / 4 : 1;
+}
+
+static void conn_param(struct vep *ep, struct rdma_conn_param *p, struct hello *h)
+{
+	hello_fill(ep->tp, h, MIN_RESV);
+	memset(p, 0, sizeof(*p));
+	p->private_data = h;
+	p->private_data_len = sizeof(*h);
+	p->retry_count = ep->tp->cfg.retry_cnt;
+	p->rnr_retry_count = ep->tp->cfg.rnr_retry;
+	p->qp_num = ep->qpn;
+	p->srq = 1;
+}
+
+static void send_reject(struct rdma_cm_id *id, const struct vtp *tp, int code, const char *why)
+{
+	struct rejectmsg r;
+	memset(&r, 0, sizeof(r));
+	r.magic = htonl(HELLO_MAGIC);
+	r.version = htons(tp->cfg.proto_version);
+	r.code = htons((uint16_t)-code);
+	snprintf(r.why, sizeof(r.why), "%s", why);
+	rdma_reject(id, &r, sizeof(r));
+}
+
+static int reject_reason(const struct rdma_cm_event *ev, char *why, size_t n)
+{
+	struct rejectmsg r;
+	if (ev->param.conn.private_data && ev->param.conn.private_data_len >= sizeof(r)) {
+		memcpy(&r, ev->param.conn.private_data, sizeof(r));
+		if (ntohl(r.magic) == HELLO_MAGIC) {
+			r.why[sizeof(r.why) - 1] = 0;
+			snprintf(why, n, "refused by the server: %s", r.why);
+			return ntohs(r.code) == EPROTO ? -EPROTO : -ECONNREFUSED;
+		}
+	}
+	if (ev->status == 8) /* IB_CM_REJ_INVALID_SERVICE_ID */
+		snprintf(why, n, "connection refused: no listener on that port");
+	else
+		snprintf(why, n, "connection rejected (rdma_cm status %d)", ev->status);
+	return -ECONNREFUSED;
+}
+
+/* ---- endpoint objects ------------------------------------------------------------------ */
+
+static struct vep *ep_new(struct vtp *tp, struct vcq *cq, void *user, uint32_t max_queued)
+{
+	struct vep *ep = calloc(1, sizeof(*ep));
+	if (!ep)
+		return NULL;
+	vrpc_ep_base_init(&ep->base, &tp->base, &cq->base, user, 2);
+	ep->kind = K_EP;
+	ep->tp = tp;
+	ep->cq = cq;
+	pthread_mutex_init(&ep->lock, NULL);
+	pthread_cond_init(&ep->cond, NULL);
+	ep->ring_mask = pow2(2 * tp->base.attr.credits + 8) - 1;
+	ep->ring = calloc(ep->ring_mask + 1, sizeof(*ep->ring));
+	ep->max_queued = max_queued ? max_queued : tp->base.attr.max_queued;
+	ep->target = tp->base.attr.credits;
+	ep->resv = ep->granted = MIN_RESV;
+	atomic_init(&ep->credit_ret, 0);
+	if (!ep->ring) {
+		free(ep);
+		return NULL;
+	}
+	return ep;
+}
+
+static void verbs_ep_free(struct vrpc_ep *base)
+{
+	struct vep *ep = container_of(base, struct vep, base);
+	free(ep->ring);
+	pthread_mutex_destroy(&ep->lock);
+	pthread_cond_destroy(&ep->cond);
+	free(ep);
+}
+
+/* CM thread: QP and id go; then the poller reports DISCONNECTED. */
+static void ep_teardown(struct vep *ep)
+{
+	if (ep->qp) {
+		pthread_mutex_lock(&ep->cq->lock);
+		map_del(ep->cq, ep);
+		pthread_mutex_unlock(&ep->cq->lock);
+		ibv_destroy_qp(ep->qp);
+		ep->qp = NULL;
+	}
+	if (ep->id) {
+		rdma_disconnect(ep->id);
+		rdma_destroy_id(ep->id);
+		ep->id = NULL;
+	}
+	ep->torn = true;
+	todo_add(ep);
+}
+
+/* ---- the poller's side ----------------------------------------------------------------- */
+
+static void reap_request(struct vep *ep)
+{
+	struct vtp *tp = ep->tp;
+	pthread_mutex_lock(&tp->lock);
+	ep->anext = tp->reap;
+	tp->reap = ep;
+	pthread_mutex_unlock(&tp->lock);
+	wake(tp->wakefd);
+}
+
+/* Poller: work on an endpoint handed over by another thread. */
+static void service_ep(struct vcq *cq, struct vep *ep)
+{
+	struct vrpc_buf *wq;
+	bool drained;
+	if (ep->torn) {
+		if (ep->counted) {
+			/* promised buffers nobody can consume any more */
+			atomic_fetch_add(&cq->avail, (int)(ep->granted + CTL_RESV));
+			ep->counted = false;
+		}
+		hungry_remove(cq, ep);
+		if (ep->reported) {
+			stage(cq, VRPC_WC_DISCONNECTED, ep, NULL, 0, ep->status, 0, 0);
+		} else {
+			vrpc_ep_unref(&ep->base);
+			vrpc_ep_unref(&ep->base);
+		}
+		return;
+	}
+	pthread_mutex_lock(&ep->lock);
+	if (!ep->reported && (ep->state == S_OPEN || ep->state == S_CLOSING) && ep->lst) {
+		ep->reported = true;
+		stage(cq, VRPC_WC_ACCEPTED, ep, NULL, ep->accept_user, 0, 0, 0);
+	}
+	if (ep->state == S_DEAD) {
+		wq = ep->wq_head;
+		ep->wq_head = ep->wq_tail = NULL;
+		ep->nwait = 0;
+	} else {
+		wq = NULL;
+	}
+	drained = ep->state == S_DEAD && ep->head == ep->tail;
+	pthread_mutex_unlock(&ep->lock);
+	for (struct vrpc_buf *b = wq, *n; b; b = n) {
+		n = b->next;
+		stage(cq, VRPC_WC_SEND, ep, b, b->priv[0], -ECANCELED, 0, 0);
+	}
+	if (drained && !ep->reaping) {
+		ep->reaping = true;
+		reap_request(ep);
+	}
+}
+
+static void take_todo(struct vcq *cq)
+{
+	struct vep *ep, *next;
+	pthread_mutex_lock(&cq->lock);
+	ep = cq->todo;
+	cq->todo = NULL;
+	for (struct vep *e = ep; e; e = e->tnext)
+		e->in_todo = false;
+	pthread_mutex_unlock(&cq->lock);
+	for (; ep; ep = next) {
+		next = ep->tnext;
+		service_ep(cq, ep);
+	}
+}
+
+static int wc_status(enum ibv_wc_status st)
+{
+	switch (st) {
+	case IBV_WC_SUCCESS: return 0;
+	case IBV_WC_WR_FLUSH_ERR: return -ECANCELED;
+	case IBV_WC_RETRY_EXC_ERR: return -ETIMEDOUT;
+	case IBV_WC_RNR_RETRY_EXC_ERR: return -ENOBUFS;
+	case IBV_WC_REM_ACCESS_ERR:
+	case IBV_WC_LOC_PROT_ERR: return -EACCES;
+	default: return -EIO;
+	}
+}
+
+static void on_send(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
+{
+	int st = wc_status(wc->status);
+	uint64_t seq = wc->wr_id >> 1;
+	bool drained = false;
+	TRACE("verbs: send wc qpn %u status %d seq %llu", wc->qp_num, wc->status, (unsigned long long)seq);
+	if (wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR)
+		ep_fail(ep, st, "send failed: %s", ibv_wc_status_str(wc->status));
+	for (;;) {
+		struct sent s;
+		bool hit;
+		pthread_mutex_lock(&ep->lock);
+		if (ep->head == ep->tail) {
+			pthread_mutex_unlock(&ep->lock);
+			break;
+		}
+		s = ep->ring[ep->head & ep->ring_mask];
+		hit = ep->seq_head == seq;
+		ep->head++;
+		ep->seq_head++;
+		if (hit) {
+			pump_locked(ep);
+			close_progress_locked(ep);
+			drained = ep->state == S_DEAD && ep->head == ep->tail;
+		}
+		pthread_mutex_unlock(&ep->lock);
+		/* the ones before this completion finished unsignalled */
+		if (s.buf)
+			stage(cq, VRPC_WC_SEND, ep, s.buf, s.wr_id, hit ? st : 0, s.buf->len, 0);
+		if (hit)
+			break;
+	}
+	if (drained)
+		todo_add(ep);
+}
+
+static void on_recv(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
+{
+	struct vrpc_buf *b = (struct vrpc_buf *)(uintptr_t)(wc->wr_id & ~WRID_RECV);
+	struct hdr *h = (struct hdr *)((char *)b->data - HDR_LEN);
+	uint32_t c;
+	TRACE("verbs: recv qpn %u status %d len %u ep %p", wc->qp_num, wc->status, wc->byte_len, (void *)ep);
+	pthread_mutex_lock(&cq->lock);
+	posted_unlink(cq, b);
+	pthread_mutex_unlock(&cq->lock);
+	atomic_fetch_sub(&cq->posted, 1);
+	if (wc->status != IBV_WC_SUCCESS || !ep || ep->torn || wc->byte_len < HDR_LEN) {
+		if (ep && wc->status == IBV_WC_SUCCESS)
+			ep_fail(ep, -EPROTO, "runt message");
+		if (ep && ep->counted && ep->granted)
+			ep->granted--; /* its promise was used */
+		b->len = 0;
+		stage(cq, VRPC_WC_RECV, NULL, b, b->priv[0], -ECANCELED, 0, 0);
+		return;
+	}
+	if (!ep->reported && ep->lst) {
+		ep->reported = true;
+		stage(cq, VRPC_WC_ACCEPTED, ep, NULL, ep->accept_user, 0, 0, 0);
+	}
+	c = ntohs(h->credits);
+	if (ntohs(h->flags) & HDR_CREDIT_ONLY) {
+		/* it used one of the connection's CTL_RESV buffers: repost it at
+		 * once, and count it before anything we send carries the count */
+		b->next = NULL;
+		pthread_mutex_lock(&cq->lock);
+		if (post_srq(cq, b) == 0)
+			atomic_fetch_add(&cq->posted, 1);
+		pthread_mutex_unlock(&cq->lock);
+		atomic_fetch_add(&ep->ctl_rcvd, 1);
+	}
+	pthread_mutex_lock(&ep->lock);
+	if (ep->state == S_ACCEPTING)
+		ep->state = S_OPEN; /* data before ESTABLISHED: the client is connected */
+	ep->credits += c;
+	ep->peer_ctl_seen = ntohl(h->ctl_seen);
+	pump_locked(ep);
+	close_progress_locked(ep);
+	if (ep->pending_ctl_min)
+		send_credit_locked(ep); /* one may have waited for the peer's confirmation */
+	pthread_mutex_unlock(&ep->lock);
+	if (ntohs(h->flags) & HDR_CREDIT_ONLY)
+		return;
+	ep->granted--;
+	hungry_add(cq, ep);
+	b->len = wc->byte_len - HDR_LEN;
+	stage(cq, VRPC_WC_RECV, ep, b, b->priv[0], 0, b->len,
+	      (wc->wc_flags & IBV_WC_WITH_IMM) ? ntohl(wc->imm_data) : 0);
+	distribute(cq);
+}
+
+static int verbs_cq_poll(struct vrpc_cq *base, struct vrpc_wc *wc, unsigned max)
+{
+	struct vcq *cq = container_of(base, struct vcq, base);
+	unsigned n = 0;
+	if (cq->st_head == cq->st_tail) {
+		take_todo(cq);
+		if (atomic_load(&cq->bound)) {
+			int k = ibv_poll_cq(cq->cq, 32, cq->wcs);
+			for (int i = 0; i < k; i++) {
+				struct ibv_wc *w = &cq->wcs[i];
+				struct vep *ep;
+				pthread_mutex_lock(&cq->lock);
+				ep = map_get(cq, w->qp_num);
+				pthread_mutex_unlock(&cq->lock);
+				if (w->wr_id & WRID_RECV)
+					on_recv(cq, ep, w);
+				else if (ep)
+					on_send(cq, ep, w);
+			}
+		}
+		distribute(cq);
+	}
+	while (n < max && cq->st_head != cq->st_tail)
+		wc[n++] = cq->stage[cq->st_head++ % cq->st_cap];
+	if (n)
+		atomic_store(&cq->sleeping, 0);
+	return (int)n;
+}
+
+static void verbs_cq_arm(struct vrpc_cq *base)
+{
+	struct vcq *cq = container_of(base, struct vcq, base);
+	atomic_store(&cq->sleeping, 1);
+	if (atomic_load(&cq->bound))
+		ibv_req_notify_cq(cq->cq, 0);
+}
+
+static void verbs_cq_wait(struct vrpc_cq *base, int timeout_ms)
+{
+	struct vcq *cq = container_of(base, struct vcq, base);
+	struct pollfd p[2] = { { .fd = cq->evfd, .events = POLLIN }, { .fd = -1, .events = POLLIN } };
+	if (!atomic_load(&cq->sleeping))
+		return;
+	if (atomic_load(&cq->bound))
+		p[1].fd = cq->chan->fd;
+	poll(p, 2, timeout_ms < 0 || timeout_ms > 200 ? 200 : timeout_ms);
+	if (p[0].revents & POLLIN)
+		drain(cq->evfd);
+	if (p[1].revents & POLLIN) {
+		struct ibv_cq *ecq;
+		void *ectx;
+		if (ibv_get_cq_event(cq->chan, &ecq, &ectx) == 0 && ++cq->unacked >= ACK_BATCH) {
+			ibv_ack_cq_events(cq->cq, cq->unacked);
+			cq->unacked = 0;
+		}
+	}
+	atomic_store(&cq->sleeping, 0);
+}
+
+static void verbs_cq_kick(struct vrpc_cq *base)
+{
+	struct vcq *cq = container_of(base, struct vcq, base);
+	wake(cq->evfd);
+}
+
+/* Poller, at stop: fail every endpoint, wait for their teardown, then flush
+ * the SRQ's buffers by destroying it (receives complete -ECANCELED). */
+static void verbs_cq_flush(struct vrpc_cq *base)
+{
+	struct vcq *cq = container_of(base, struct vcq, base);
+	uint64_t deadline = vrpc_tp_now_ns() + 10000000000ull;
+	for (;;) {
+		bool any = false;
+		pthread_mutex_lock(&cq->lock);
+		for (uint32_t i = 0; i <= cq->map_mask; i++)
+			if (cq->map[i]) {
+				struct vep *ep = cq->map[i];
+				pthread_mutex_unlock(&cq->lock);
+				ep_fail(ep, -ECANCELED, "completion queue destroyed");
+				pthread_mutex_lock(&cq->lock);
+				any = true;
+			}
+		pthread_mutex_unlock(&cq->lock);
+		if (!any || vrpc_tp_now_ns() > deadline)
+			break;
+		/* let the flushes come in and the CM thread tear down */
+		if (atomic_load(&cq->bound)) {
+			int k = ibv_poll_cq(cq->cq, 32, cq->wcs);
+			for (int i = 0; i < k; i++) {
+				struct vep *ep;
+				pthread_mutex_lock(&cq->lock);
+				ep = map_get(cq, cq->wcs[i].qp_num);
+				pthread_mutex_unlock(&cq->lock);
+				if (cq->wcs[i].wr_id & WRID_RECV)
+					on_recv(cq, ep, &cq->wcs[i]);
+				else if (ep)
+					on_send(cq, ep, &cq->wcs[i]);
+			}
+		}
+		take_todo(cq);
+		usleep(1000);
+	}
+	take_todo(cq);
+	/* receives still posted: no QP uses the SRQ any more, so they never
+	 * complete on their own; each is handed back once, flushed */
+	pthread_mutex_lock(&cq->lock);
+	for (struct vrpc_buf *b = cq->posted_list, *n; b; b = n) {
+		n = (struct vrpc_buf *)(uintptr_t)b->priv[3];
+		b->len = 0;
+		stage(cq, VRPC_WC_RECV, NULL, b, b->priv[0], -ECANCELED, 0, 0);
+	}
+	cq->posted_list = NULL;
+	pthread_mutex_unlock(&cq->lock);
+	pthread_mutex_lock(&cq->lock);
+	for (struct vrpc_buf *b = cq->pend_head, *n; b; b = n) {
+		n = b->next;
+		b->len = 0;
+		stage(cq, VRPC_WC_RECV, NULL, b, b->priv[0], -ECANCELED, 0, 0);
+	}
+	cq->pend_head = NULL;
+	pthread_mutex_unlock(&cq->lock);
+}
+
+/* ---- CQ create/destroy, post_recv ---------------------------------------------------------- */
+
+static void verbs_cq_destroy(struct vrpc_cq *base)
+{
+	struct vcq *cq = container_of(base, struct vcq, base);
+	struct vtp *tp = cq->tp;
+	pthread_mutex_lock(&tp->lock);
+	for (struct vcq **pp = &tp->cqs; *pp; pp = &(*pp)->next)
+		if (*pp == cq) {
+			*pp = cq->next;
+			break;
+		}
+	pthread_mutex_unlock(&tp->lock);
+	if (cq->unacked)
+		ibv_ack_cq_events(cq->cq, cq->unacked);
+	if (cq->srq)
+		ibv_destroy_srq(cq->srq);
+	if (cq->cq)
+		ibv_destroy_cq(cq->cq);
+	if (cq->chan)
+		ibv_destroy_comp_channel(cq->chan);
+	if (cq->evfd >= 0)
+		close(cq->evfd);
+	free(cq->map);
+	free(cq->stage);
+	pthread_mutex_destroy(&cq->lock);
+	free(cq);
+}
+
+static int verbs_cq_create(struct vrpc_transport *tbase, const struct vrpc_cq_attr *attr, struct vrpc_cq **out)
+{
+	struct vtp *tp = container_of(tbase, struct vtp, base);
+	struct vcq *cq = calloc(1, sizeof(*cq));
+	int rc = 0;
+	if (!cq)
+		return -ENOMEM;
+	cq->tp = tp;
+	cq->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	cq->max_recv = attr->max_recv;
+	cq->map_mask = 8191;
+	cq->map = calloc(cq->map_mask + 1, sizeof(*cq->map));
+	cq->st_cap = 1024;
+	cq->stage = calloc(cq->st_cap, sizeof(*cq->stage));
+	pthread_mutex_init(&cq->lock, NULL);
+	if (cq->evfd < 0 || !cq->map || !cq->stage) {
+		verbs_cq_destroy(&cq->base);
+		return -ENOMEM;
+	}
+	pthread_mutex_lock(&tp->lock);
+	cq->next = tp->cqs;
+	tp->cqs = cq;
+	pthread_mutex_unlock(&tp->lock);
+	if (tp->verbs) {
+		pthread_mutex_lock(&tp->lock);
+		rc = cq_bind(tp, cq);
+		pthread_mutex_unlock(&tp->lock);
+	}
+	if (rc) {
+		verbs_cq_destroy(&cq->base);
+		return rc;
+	}
+	*out = &cq->base;
+	return 0;
+}
+
+static int verbs_post_recv(struct vrpc_cq *base, struct vrpc_buf *const *bufs, const uint64_t *wr_ids, unsigned n)
+{
+	struct vcq *cq = container_of(base, struct vcq, base);
+	struct vrpc_buf *list = NULL;
+	int rc = 0;
+	if (atomic_load(&cq->posted) + (int)n > (int)cq->max_recv)
+		return -ENOSPC;
+	for (unsigned i = n; i-- > 0;) {
+		bufs[i]->priv[0] = wr_ids ? wr_ids[i] : 0;
+		bufs[i]->next = list;
+		list = bufs[i];
+	}
+	pthread_mutex_lock(&cq->lock);
+	if (atomic_load(&cq->bound)) {
+		rc = post_srq(cq, list);
+	} else {
+		struct vrpc_buf *last = list;
+		while (last->next)
+			last = last->next;
+		last->next = cq->pend_head;
+		cq->pend_head = list;
+	}
+	pthread_mutex_unlock(&cq->lock);
+	if (rc)
+		return rc;
+	atomic_fetch_add(&cq->posted, (int)n);
+	atomic_fetch_add(&cq->avail, (int)n);
+	if (cq->hungry_head || atomic_load(&cq->sleeping))
+		wake(cq->evfd); /* the poller pays debts back */
+	return 0;
+}
+
+/* ---- rdma_cm events (CM thread) ---------------------------------------------------------------- */
+
+static int ep_setup_qp(struct vep *ep, bool passive)
+{
+	int rc = qp_create(ep);
+	if (!rc)
+		rc = qp_modify(ep, IBV_QPS_INIT);
+	if (!rc && passive)
+		rc = qp_modify(ep, IBV_QPS_RTR);
+	if (!rc && passive)
+		rc = qp_modify(ep, IBV_QPS_RTS);
+	return rc;
+}
+
+static void on_connect_request(struct vtp_listener *l, struct rdma_cm_event *ev)
+{
+	struct vtp *tp = l->tp;
+	struct rdma_cm_id *id = ev->id;
+	struct vcq *cq = l->cqs[l->rr++ % l->ncqs];
+	struct vep *ep;
+	struct rdma_conn_param p;
+	struct hello h;
+	char why[128];
+	int rc;
+
+	rc = hello_check(tp, ev->param.conn.private_data, ev->param.conn.private_data_len, why, sizeof(why));
+	/* the first connection binds the transport to the listener's device */
+	if (!rc && (tp_bind(tp, id->verbs) || !atomic_load(&cq->bound))) {
+		snprintf(why, sizeof(why), "request arrived on another device");
+		rc = -EXDEV;
+	}
+	if (!rc && !take_avail_exact(cq, MIN_RESV + CTL_RESV)) {
+		snprintf(why, sizeof(why), "no receive buffers to reserve");
+		rc = -ENOBUFS;
+	}
+	if (rc) {
+		vrpc_tp_log("verbs: refusing a connection: %s", why);
+		send_reject(id, tp, rc, why);
+		id->context = NULL;
+		return;
+	}
+	ep = ep_new(tp, cq, NULL, 0);
+	if (!ep) {
+		atomic_fetch_add(&cq->avail, MIN_RESV + CTL_RESV);
+		send_reject(id, tp, -ENOMEM, "server out of memory");
+		id->context = NULL;
+		return;
+	}
+	ep->counted = true;
+	ep->id = id;
+	ep->lst = l;
+	ep->accept_user = l->user;
+	ep->state = S_ACCEPTING;
+	id->context = &ep->kind;
+	vrpc_addr_format("verbs", rdma_get_peer_addr(id), ep->base.peer_uri, sizeof(ep->base.peer_uri));
+	ep_set_peer(ep, ev->param.conn.private_data);
+	rc = ep_setup_qp(ep, true);
+	if (!rc) {
+		conn_param(ep, &p, &h);
+		if (rdma_accept(id, &p))
+			rc = err_errno();
+	}
+	if (rc) {
+		vrpc_tp_log("verbs: cannot accept %s: %s", ep->base.peer_uri, strerror(-rc));
+		send_reject(id, tp, rc, "server could not set up a queue pair");
+		ep->id = NULL;
+		id->context = NULL;
+		ep_fail(ep, rc, "accept failed");
+	}
+}
+
+static void on_ep_event(struct vep *ep, struct rdma_cm_event *ev)
+{
+	struct vtp *tp = ep->tp;
+	struct rdma_conn_param p;
+	struct hello h;
+	char why[128];
+	int rc;
+
+	switch (ev->event) {
+	case RDMA_CM_EVENT_ADDR_RESOLVED:
+		rc = tp_bind(tp, ep->id->verbs);
+		if (!rc && !atomic_load(&ep->cq->bound))
+			rc = -EIO;
+		if (!rc && rdma_resolve_route(ep->id, CM_TIMEOUT_MS))
+			rc = err_errno();
+		if (rc)
+			ep_fail(ep, rc == -EXDEV ? -EHOSTUNREACH : rc, "cannot use the route's device: %s", strerror(-rc));
+		break;
+	case RDMA_CM_EVENT_ROUTE_RESOLVED:
+		/* without a reservation the connect still goes out, so that a
+		 * refusal is reported as such; an accept is then rejected here */
+		ep->counted = take_avail_exact(ep->cq, MIN_RESV + CTL_RESV);
+		rc = ep_setup_qp(ep, false);
+		if (!rc) {
+			conn_param(ep, &p, &h);
+			if (rdma_connect(ep->id, &p))
+				rc = err_errno();
+		}
+		if (rc)
+			ep_fail(ep, rc, "cannot connect: %s", strerror(-rc));
+		break;
+	case RDMA_CM_EVENT_CONNECT_RESPONSE:
+		rc = hello_check(tp, ev->param.conn.private_data, ev->param.conn.private_data_len, why, sizeof(why));
+		if (!rc && !ep->counted) {
+			snprintf(why, sizeof(why), "fewer than %u unpromised receive buffers on the client's CQ",
+				 MIN_RESV + CTL_RESV);
+			rc = -ENOBUFS;
+		}
+		if (rc) {
+			send_reject(ep->id, tp, rc, why);
+			ep_fail(ep, rc, "server's reply refused: %s", why);
+			break;
+		}
+		pthread_mutex_lock(&ep->lock);
+		ep_set_peer(ep, ev->param.conn.private_data);
+		pthread_mutex_unlock(&ep->lock);
+		rc = qp_modify(ep, IBV_QPS_RTR);
+		if (!rc)
+			rc = qp_modify(ep, IBV_QPS_RTS);
+		if (!rc && rdma_establish(ep->id))
+			rc = err_errno();
+		if (rc) {
+			ep_fail(ep, rc, "cannot complete the connection: %s", strerror(-rc));
+			break;
+		}
+		pthread_mutex_lock(&ep->lock);
+		if (ep->state == S_CONNECTING)
+			ep->state = S_OPEN;
+		pthread_cond_broadcast(&ep->cond);
+		pthread_mutex_unlock(&ep->lock);
+		break;
+	case RDMA_CM_EVENT_ESTABLISHED:
+		pthread_mutex_lock(&ep->lock);
+		if (ep->state == S_ACCEPTING || ep->state == S_CONNECTING)
+			ep->state = S_OPEN;
+		pthread_cond_broadcast(&ep->cond);
+		pthread_mutex_unlock(&ep->lock);
+		if (ep->lst)
+			todo_add(ep); /* the poller reports ACCEPTED */
+		break;
+	case RDMA_CM_EVENT_REJECTED:
+		rc = reject_reason(ev, why, sizeof(why));
+		ep_fail(ep, rc, "%s", why);
+		break;
+	case RDMA_CM_EVENT_ADDR_ERROR:
+		ep_fail(ep, -EHOSTUNREACH, "cannot resolve the address (ADDR_ERROR %d)", ev->status);
+		break;
+	case RDMA_CM_EVENT_ROUTE_ERROR:
+		ep_fail(ep, -EHOSTUNREACH, "no route to the peer (ROUTE_ERROR %d)", ev->status);
+		break;
+	case RDMA_CM_EVENT_UNREACHABLE:
+		ep_fail(ep, ev->status == -ETIMEDOUT ? -ETIMEDOUT : -EHOSTUNREACH, "peer unreachable (status %d)",
+			ev->status);
+		break;
+	case RDMA_CM_EVENT_CONNECT_ERROR:
+		ep_fail(ep, -ECONNREFUSED, "connection failed (CONNECT_ERROR %d)", ev->status);
+		break;
+	case RDMA_CM_EVENT_DISCONNECTED: {
+		bool local;
+		pthread_mutex_lock(&ep->lock);
+		local = ep->state == S_CLOSING;
+		pthread_mutex_unlock(&ep->lock);
+		/* a graceful close by either side, or a peer process that died */
+		ep_fail(ep, 0, "%s", local ? "closed" : "peer disconnected");
+		break;
+	}
+	case RDMA_CM_EVENT_DEVICE_REMOVAL:
+		ep_fail(ep, -ENODEV, "RDMA device removed");
+		break;
+	default:
+		break;
+	}
+}
+
+static void handle_cm_event(struct vtp *tp, struct rdma_cm_event *ev)
+{
+	TRACE("verbs: cm event %s status %d", rdma_event_str(ev->event), ev->status);
+	if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST) {
+		enum obj_kind *k = ev->listen_id->context;
+		struct vtp_listener *l = k ? container_of(k, struct vtp_listener, kind) : NULL;
+		struct rdma_cm_id *id = ev->id;
+		if (l && !l->closing) {
+			on_connect_request(l, ev);
+		} else {
+			send_reject(id, tp, -ECONNREFUSED, "listener closing");
+			id->context = NULL;
+		}
+		rdma_ack_cm_event(ev);
+		if (!id->context)
+			rdma_destroy_id(id);
+		return;
+	}
+	if (ev->id->context && *(enum obj_kind *)ev->id->context == K_EP)
+		on_ep_event(container_of((enum obj_kind *)ev->id->context, struct vep, kind), ev);
+	rdma_ack_cm_event(ev);
+}
+
+static void *cm_main(void *arg)
+{
+	struct vtp *tp = arg;
+	while (!atomic_load(&tp->stop)) {
+		struct epoll_event evs[4];
+		int n = epoll_wait(tp->epfd, evs, 4, 500);
+		for (int i = 0; i < n; i++) {
+			if (evs[i].data.fd == tp->ech->fd) {
+				struct rdma_cm_event *ev;
+				while (rdma_get_cm_event(tp->ech, &ev) == 0)
+					handle_cm_event(tp, ev);
+			} else {
+				drain(tp->wakefd);
+			}
+		}
+		for (;;) {
+			struct vep *ep;
+			pthread_mutex_lock(&tp->lock);
+			ep = tp->reap;
+			if (ep)
+				tp->reap = ep->anext;
+			pthread_mutex_unlock(&tp->lock);
+			if (!ep)
+				break;
+			ep_teardown(ep);
+		}
+		pthread_mutex_lock(&tp->lock);
+		if (tp->cmd && !tp->cmd_done) {
+			void (*fn)(void *) = tp->cmd;
+			void *a = tp->cmd_arg;
+			pthread_mutex_unlock(&tp->lock);
+			fn(a);
+			pthread_mutex_lock(&tp->lock);
+			tp->cmd_done = true;
+			pthread_cond_broadcast(&tp->cond);
+		}
+		pthread_mutex_unlock(&tp->lock);
+	}
+	return NULL;
+}
+
+/* Runs fn(arg) on the CM thread, so that it never races event handling. */
+static void run_on_cm(struct vtp *tp, void (*fn)(void *), void *arg)
+{
+	pthread_mutex_lock(&tp->lock);
+	while (tp->cmd)
+		pthread_cond_wait(&tp->cond, &tp->lock);
+	tp->cmd = fn;
+	tp->cmd_arg = arg;
+	tp->cmd_done = false;
+	wake(tp->wakefd);
+	while (!tp->cmd_done)
+		pthread_cond_wait(&tp->cond, &tp->lock);
+	tp->cmd = NULL;
+	pthread_cond_broadcast(&tp->cond);
+	pthread_mutex_unlock(&tp->lock);
+}
+
+/* ---- listeners ------------------------------------------------------------------------------------ */
+
+static void listener_close_cm(void *arg)
+{
+	struct vtp_listener *l = arg;
+	l->closing = true;
+	if (l->id)
+		rdma_destroy_id(l->id);
+	l->id = NULL;
+}
+
+static void verbs_listener_destroy(struct vrpc_listener *base)
+{
+	struct vtp_listener *l = container_of(base, struct vtp_listener, base);
+	run_on_cm(l->tp, listener_close_cm, l);
+	/* handshakes still in progress keep l->lst until ESTABLISHED; they are
+	 * reported (ACCEPTED) without it being dereferenced */
+	free(l->cqs);
+	free(l);
+}
+
+static int verbs_listen(struct vrpc_transport *tbase, const struct vrpc_addr *addr, const struct vrpc_listen_attr *attr,
+			struct vrpc_listener **out)
+{
+	struct vtp *tp = container_of(tbase, struct vtp, base);
+	struct vtp_listener *l = calloc(1, sizeof(*l));
+	int rc;
+	if (!l)
+		return -ENOMEM;
+	l->base.tp = tbase;
+	l->kind = K_LISTENER;
+	l->tp = tp;
+	l->user = attr->user;
+	l->ncqs = attr->ncqs;
+	l->cqs = calloc(attr->ncqs, sizeof(*l->cqs));
+	if (!l->cqs) {
+		free(l);
+		return -ENOMEM;
+	}
+	for (unsigned i = 0; i < attr->ncqs; i++)
+		l->cqs[i] = container_of(attr->cqs[i], struct vcq, base);
+	if (rdma_create_id(tp->ech, &l->id, &l->kind, RDMA_PS_TCP)) {
+		rc = err_errno();
+		goto err;
+	}
+	if (rdma_bind_addr(l->id, (struct sockaddr *)&addr->ss)) {
+		rc = err_errno();
+		goto err;
+	}
+	if (!l->id->verbs) {
+		vrpc_tp_log("verbs: cannot listen on a wildcard address: name the device's IP");
+		rc = -EADDRNOTAVAIL;
+		goto err;
+	}
+	if (rdma_listen(l->id, attr->backlog > 0 ? attr->backlog : 1024)) {
+		rc = err_errno();
+		goto err;
+	}
+	vrpc_addr_format("verbs", rdma_get_local_addr(l->id), l->base.uri, sizeof(l->base.uri));
+	*out = &l->base;
+	return 0;
+err:
+	if (rc == -ENODEV)
+		rc = -EADDRNOTAVAIL; /* the address is not on an RDMA device */
+	if (l->id)
+		rdma_destroy_id(l->id);
+	free(l->cqs);
+	free(l);
+	return rc;
+}
+
+/* ---- endpoints --------------------------------------------------------------------------------------- */
+
+static int verbs_connect(struct vrpc_transport *tbase, const struct vrpc_addr *dst, const struct vrpc_addr *src,
+			 const struct vrpc_ep_attr *attr, struct vrpc_ep **out)
+{
+	struct vtp *tp = container_of(tbase, struct vtp, base);
+	struct vcq *cq = container_of(attr->cq, struct vcq, base);
+	uint32_t tmo = attr->timeout_ms ? attr->timeout_ms : tbase->attr.connect_timeout_ms;
+	struct timespec dl;
+	struct vep *ep;
+	int rc;
+
+	ep = ep_new(tp, cq, attr->user, attr->max_queued);
+	if (!ep)
+		return -ENOMEM;
+	ep->state = S_CONNECTING;
+	vrpc_addr_format("verbs", (const struct sockaddr *)&dst->ss, ep->base.peer_uri, sizeof(ep->base.peer_uri));
+	if (rdma_create_id(tp->ech, &ep->id, &ep->kind, RDMA_PS_TCP)) {
+		rc = err_errno();
+		verbs_ep_free(&ep->base);
+		return rc;
+	}
+	if (rdma_resolve_addr(ep->id, src ? (struct sockaddr *)&src->ss : NULL, (struct sockaddr *)&dst->ss,
+			      CM_TIMEOUT_MS)) {
+		rc = err_errno();
+		rdma_destroy_id(ep->id);
+		verbs_ep_free(&ep->base);
+		return rc == -ENODEV ? -EHOSTUNREACH : rc;
+	}
+	clock_gettime(CLOCK_REALTIME, &dl);
+	dl.tv_sec += tmo / 1000;
+	dl.tv_nsec += (long)(tmo % 1000) * 1000000;
+	if (dl.tv_nsec >= 1000000000) {
+		dl.tv_sec++;
+		dl.tv_nsec -= 1000000000;
+	}
+	pthread_mutex_lock(&ep->lock);
+	while (ep->state == S_CONNECTING)
+		if (pthread_cond_timedwait(&ep->cond, &ep->lock, &dl) == ETIMEDOUT)
+			break;
+	rc = ep->state == S_OPEN ? 0 : ep->state == S_DEAD ? (ep->status ? ep->status : -ECONNRESET) : -ETIMEDOUT;
+	pthread_mutex_unlock(&ep->lock);
+	if (rc) {
+		if (rc == -ETIMEDOUT)
+			ep_fail(ep, rc, "connect timed out");
+		TRACE("verbs: connect to %s failed: %s", ep->base.peer_uri, ep->why);
+		return rc; /* never handed out: no DISCONNECTED; the teardown frees it */
+	}
+	ep->reported = true;
+	*out = &ep->base;
+	return 0;
+}
+
+static int verbs_send(struct vrpc_ep *base, struct vrpc_buf *buf, uint32_t len, uint32_t imm, uint64_t wr_id,
+		      unsigned flags)
+{
+	struct vep *ep = container_of(base, struct vep, base);
+	int rc = 0;
+	(void)flags;
+	buf->len = len;
+	pthread_mutex_lock(&ep->lock);
+	if (ep->state != S_OPEN) {
+		rc = -ENOTCONN;
+	} else if (!ep->wq_head && can_post_data(ep)) {
+		rc = post_locked(ep, buf, len, imm, wr_id, false);
+	} else if (ep->nwait >= ep->max_queued) {
+		rc = -EAGAIN;
+	} else {
+		buf->priv[0] = wr_id;
+		buf->priv[1] = imm;
+		buf->next = NULL;
+		if (ep->wq_tail)
+			ep->wq_tail->next = buf;
+		else
+			ep->wq_head = buf;
+		ep->wq_tail = buf;
+		ep->nwait++;
+	}
+	TRACE("verbs: send qpn %u len %u state %d credits %u nwait %u rc %d", ep->qpn, len, ep->state, ep->credits,
+	      ep->nwait, rc);
+	pthread_mutex_unlock(&ep->lock);
+	return rc;
+}
+
+static int verbs_close(struct vrpc_ep *base)
+{
+	struct vep *ep = container_of(base, struct vep, base);
+	int rc = 0;
+	pthread_mutex_lock(&ep->lock);
+	if (ep->state == S_OPEN || ep->state == S_ACCEPTING) {
+		ep->state = S_CLOSING;
+		close_progress_locked(ep); /* else after the last send's completion */
+	} else {
+		rc = -ENOTCONN;
+	}
+	pthread_mutex_unlock(&ep->lock);
+	return rc;
+}
+
+/* ---- memory --------------------------------------------------------------------------------------------- */
+
+static int verbs_mr_reg(struct vrpc_transport *tbase, void *addr, size_t len, unsigned access, struct vrpc_mr **out)
+{
+	struct vtp *tp = container_of(tbase, struct vtp, base);
+	struct vmr *m = calloc(1, sizeof(*m));
+	int rc = 0;
+	if (!m)
+		return -ENOMEM;
+	m->base.tp = tbase;
+	m->base.addr = addr;
+	m->base.len = len;
+	m->base.access = access;
+	pthread_mutex_lock(&tp->lock);
+	if (tp->verbs)
+		rc = mr_register(tp, m);
+	if (!rc) {
+		m->next = tp->mrs;
+		tp->mrs = m;
+	}
+	pthread_mutex_unlock(&tp->lock);
+	if (rc) {
+		free(m);
+		return rc;
+	}
+	*out = &m->base;
+	return 0;
+}
+
+static void verbs_mr_dereg(struct vrpc_mr *base)
+{
+	struct vmr *m = container_of(base, struct vmr, base);
+	struct vtp *tp = container_of(base->tp, struct vtp, base);
+	pthread_mutex_lock(&tp->lock);
+	for (struct vmr **pp = &tp->mrs; *pp; pp = &(*pp)->next)
+		if (*pp == m) {
+			*pp = m->next;
+			break;
+		}
+	pthread_mutex_unlock(&tp->lock);
+	if (m->mr)
+		ibv_dereg_mr(m->mr);
+	free(m);
+}
+
+/* ---- transport ------------------------------------------------------------------------------------------ */
+
+static void verbs_tp_destroy(struct vrpc_transport *tbase)
+{
+	struct vtp *tp = container_of(tbase, struct vtp, base);
+	if (tp->cm_started) {
+		for (int i = 0; i < 400; i++) {
+			pthread_mutex_lock(&tp->lock);
+			bool busy = tp->reap != NULL;
+			pthread_mutex_unlock(&tp->lock);
+			if (!busy)
+				break;
+			usleep(5000);
+		}
+		atomic_store(&tp->stop, true);
+		wake(tp->wakefd);
+		pthread_join(tp->cm, NULL);
+	}
+	if (tp->pd)
+		ibv_dealloc_pd(tp->pd);
+	if (tp->ech)
+		rdma_destroy_event_channel(tp->ech);
+	if (tp->epfd >= 0)
+		close(tp->epfd);
+	if (tp->wakefd >= 0)
+		close(tp->wakefd);
+	pthread_mutex_destroy(&tp->lock);
+	pthread_cond_destroy(&tp->cond);
+	free(tp);
+}
+
+static int verbs_tp_create(const struct vrpc_transport_attr *attr, struct vrpc_transport **out)
+{
+	struct vtp *tp = calloc(1, sizeof(*tp));
+	struct epoll_event ee = { .events = EPOLLIN };
+	int rc;
+	if (!tp)
+		return -ENOMEM;
+	tp->base.attr = *attr;
+	tp->base.headroom = HDR_LEN;
+	vrpc_verbs_cfg_default(&tp->cfg);
+	tp->epfd = tp->wakefd = -1;
+	pthread_mutex_init(&tp->lock, NULL);
+	pthread_cond_init(&tp->cond, NULL);
+	tp->ech = rdma_create_event_channel();
+	if (!tp->ech) {
+		rc = -ENODEV;
+		vrpc_tp_log("verbs: no RDMA support here (rdma_create_event_channel: %s)", strerror(errno));
+		goto err;
+	}
+	fcntl(tp->ech->fd, F_SETFL, fcntl(tp->ech->fd, F_GETFL) | O_NONBLOCK);
+	tp->epfd = epoll_create1(EPOLL_CLOEXEC);
+	tp->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (tp->epfd < 0 || tp->wakefd < 0) {
+		rc = err_errno();
+		goto err;
+	}
+	ee.data.fd = tp->ech->fd;
+	epoll_ctl(tp->epfd, EPOLL_CTL_ADD, tp->ech->fd, &ee);
+	ee.data.fd = tp->wakefd;
+	epoll_ctl(tp->epfd, EPOLL_CTL_ADD, tp->wakefd, &ee);
+	rc = -pthread_create(&tp->cm, NULL, cm_main, tp);
+	if (rc)
+		goto err;
+	tp->cm_started = true;
+	*out = &tp->base;
+	return 0;
+err:
+	verbs_tp_destroy(&tp->base);
+	return rc;
+}
+
+static int verbs_probe(void)
+{
+	int n = 0;
+	struct ibv_device **l = ibv_get_device_list(&n);
+	if (l)
+		ibv_free_device_list(l);
+	return l && n > 0 ? 0 : -ENODEV;
+}
+
+const struct vrpc_transport_ops vrpc_verbs_ops = {
+	.name = "verbs",
+	.probe = verbs_probe,
+	.tp_create = verbs_tp_create,
+	.tp_destroy = verbs_tp_destroy,
+	.mr_reg = verbs_mr_reg,
+	.mr_dereg = verbs_mr_dereg,
+	.cq_create = verbs_cq_create,
+	.cq_destroy = verbs_cq_destroy,
+	.cq_poll = verbs_cq_poll,
+	.cq_arm = verbs_cq_arm,
+	.cq_wait = verbs_cq_wait,
+	.cq_kick = verbs_cq_kick,
+	.cq_flush = verbs_cq_flush,
+	.post_recv = verbs_post_recv,
+	.listen = verbs_listen,
+	.listener_destroy = verbs_listener_destroy,
+	.connect = verbs_connect,
+	.send = verbs_send,
+	.read = vrpc_enosys_read,
+	.close = verbs_close,
+	.ep_free = verbs_ep_free,
+};
