@@ -21,12 +21,14 @@ configure: deps
 	@cmake -S . -B $(BUILD) -DVRPC_WERROR=$(WERROR) -DCMAKE_INSTALL_PREFIX=$(PREFIX) $(CMAKE_ARGS) >/dev/null
 
 build: configure
-	@cmake --build $(BUILD) -j $(JOBS)
+	@cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory
 
 check: deps
 	@WERROR=$(WERROR) JOBS=$(JOBS) scripts/check.sh
 
-demo: build
+demo: configure
+	@echo "demo: building (log in $(BUILD)/build.log)"
+	@cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory >$(BUILD)/build.log 2>&1 || { tail -40 $(BUILD)/build.log; exit 1; }
 	@scripts/demo.sh $(BUILD)
 
 bench: build

@@ -1,6 +1,6 @@
-/* Built-in services (health, stats) that every server serves. Implemented by
- * the generated code in idl/; the server's create path calls this once idl/
- * provides it (see /work/coord/RPC_API.md). Private to the library. */
+/* Built-in services (health, stats) that every server serves. Implemented in
+ * idl/builtins.c on the generated code; vrpc_server_create() calls it.
+ * Private to the library. */
 #ifndef VRPC_RPC_BUILTINS_H
 #define VRPC_RPC_BUILTINS_H
 

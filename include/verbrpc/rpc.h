@@ -1,7 +1,7 @@
 /* verbrpc RPC core: status codes, method descriptors, channels (client) and
  * servers. Messages are protobuf-c messages; the wire format is in
  * docs/PROTOCOL.md. This header is the contract the generated stubs
- * (protoc-gen-verbrpc) are written against, see /work/coord/RPC_API.md.
+ * (protoc-gen-verbrpc) are written against.
  *
  * Threads, in one paragraph: any number of threads may call through one
  * channel at once. A synchronous call blocks its own thread on its own waiter.

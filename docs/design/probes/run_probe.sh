@@ -2,7 +2,7 @@
 # Runs inside the Soft-RoCE VM (see large-messages.md section 1):
 #   gcc -O2 -Wall -Wextra -o /tmp/lmprobe/rdma_read_probe docs/design/probes/rdma_read_probe.c -libverbs -lrdmacm
 #   cp docs/design/probes/run_probe.sh /tmp/lmprobe/
-#   cd /tmp/lmprobe && /work/main/tests/softroce/vm.sh --net single -- ./run_probe.sh
+#   cd /tmp/lmprobe && <repo>/tests/softroce/vm.sh --net single -- ./run_probe.sh
 # Every probe section once, then three rounds of READ bandwidth alternating
 # with perftest's ib_read_bw on the same device (the VM is noisy: compare
 # within a round).
