@@ -104,7 +104,7 @@ struct vep {
 	bool hungry, reported, torn, in_todo, counted, reaping, disc_sent;
 	uint32_t ctl_sent, peer_ctl_seen; /* ep->lock */
 	atomic_uint ctl_rcvd;
-	struct vep *hnext, *tnext;
+	struct vep *hnext, *tnext, *wnext;
 	struct vep *anext; /* CM thread lists */
 	struct vtp_listener *lst;
 	uint64_t accept_user;
@@ -135,6 +135,7 @@ struct vcq {
 	struct vrpc_wc *stage;
 	unsigned st_head, st_tail, st_cap;
 	struct vep *hungry_head, *hungry_tail;
+	struct vep *reap_wait; /* drained; torn down once the CQ was seen empty */
 	struct ibv_wc wcs[32];
 };
 
@@ -888,7 +889,19 @@ static void service_ep(struct vcq *cq, struct vep *ep)
 		stage(cq, VRPC_WC_SEND, ep, b, b->priv[0], -ECANCELED, 0, 0);
 	}
 	if (drained && !ep->reaping) {
+		/* receives of it may still sit in the CQ: tear down (after which
+		 * DISCONNECTED is its last completion) once a poll found it empty */
 		ep->reaping = true;
+		ep->wnext = cq->reap_wait;
+		cq->reap_wait = ep;
+	}
+}
+
+static void reap_waiting(struct vcq *cq)
+{
+	while (cq->reap_wait) {
+		struct vep *ep = cq->reap_wait;
+		cq->reap_wait = ep->wnext;
 		reap_request(ep);
 	}
 }
@@ -1019,6 +1032,8 @@ static int verbs_cq_poll(struct vrpc_cq *base, struct vrpc_wc *wc, unsigned max)
 		take_todo(cq);
 		if (atomic_load(&cq->bound)) {
 			int k = ibv_poll_cq(cq->cq, 32, cq->wcs);
+			if (k >= 0 && k < 32)
+				reap_waiting(cq);
 			for (int i = 0; i < k; i++) {
 				struct ibv_wc *w = &cq->wcs[i];
 				struct vep *ep;
@@ -1030,6 +1045,8 @@ static int verbs_cq_poll(struct vrpc_cq *base, struct vrpc_wc *wc, unsigned max)
 				else if (ep)
 					on_send(cq, ep, w);
 			}
+		} else {
+			reap_waiting(cq);
 		}
 		distribute(cq);
 	}
@@ -1111,6 +1128,7 @@ static void verbs_cq_flush(struct vrpc_cq *base)
 			}
 		}
 		take_todo(cq);
+		reap_waiting(cq);
 		usleep(1000);
 	}
 	take_todo(cq);
