@@ -95,6 +95,12 @@ trap 'exit 143' TERM
 
 CWD=$(pwd)
 ((SHARE_CWD)) && [[ $CWD != / ]] && SHARES=("$CWD" "${SHARES[@]}")
+# The repository itself is always shared (first, so shares inside it, such as
+# a build directory, mount on top): the guest's /tmp, /run, /var/tmp and /root
+# are fresh tmpfs, so a clone under one of them (as CI may make) would
+# otherwise be invisible, guest/setup.sh included.
+REPO=$(cd "$HERE/../.." && pwd)
+SHARES=("$REPO" "${SHARES[@]}")
 VIRTFS=(-virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap"
         -virtfs "local,path=$R,mount_tag=vrpc_ctl,security_model=none")
 SHARESPEC= i=0
