@@ -68,13 +68,17 @@
  *      for new connections.
  *   4. Returned credits travel in-band: piggybacked on every message, and as an
  *      explicit credit-only message once half the reservation (at least 1) has
- *      accumulated or the peer holds none. A credit-only message needs no
- *      credit on TCP (it uses no receive buffer). On verbs, where it consumes a
- *      receive, the sender keeps its last credit for credit-only messages
- *      (hence the minimum reservation of 2), the receiver reposts that buffer
- *      itself, and credits returned by a credit-only message are only
- *      piggybacked or accumulated: they never by themselves trigger another
- *      credit-only message (no credit ping-pong, no deadlock).
+ *      accumulated or the peer holds none. A credit-only message never needs
+ *      a credit. On TCP it uses no receive buffer. On verbs, where it
+ *      consumes a receive, each connection is given one extra posted buffer
+ *      for credit-only messages beside its data reservation (so verbs takes 1
+ *      data buffer + 1 control buffer at the handshake where TCP takes 2):
+ *      a sender has at most one credit-only message the peer has not yet
+ *      confirmed (every header carries the count of those reposted), and the
+ *      receiver reposts that buffer itself. Credits returned by a
+ *      credit-only message are only piggybacked or accumulated: they never by
+ *      themselves trigger another credit-only message (no credit ping-pong,
+ *      no deadlock).
  *   5. Without credits, vrpc_ep_send() queues the message in the endpoint (in
  *      order, never dropped); queued messages leave as credits arrive. The queue
  *      is bounded (vrpc_ep_attr.max_queued): when full, vrpc_ep_send() returns
