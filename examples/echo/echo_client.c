@@ -18,7 +18,7 @@ static void usage(FILE *f, const char *argv0)
             "  --connect URI   the server: tcp://HOST:PORT, verbs://IP:PORT, auto://HOST:PORT or\n"
             "                  HOST:PORT (default tcp://127.0.0.1:7070)\n"
             "  --threads N     scheduler workers for callbacks (default 2)\n"
-            "  --pollers N     transport poller threads (default 1)\n"
+            "  --pollers N     accepted; a channel runs one poller today\n"
             "  --count N       send the text N times (default 1); prints the last answer and\n"
             "                  the round-trip times\n"
             "Sends TEXT (default \"hello\") to examples.echo.v1.Echo/Say.\n",

@@ -32,7 +32,7 @@ static void usage(FILE *f, const char *argv0)
             "  --connect URI     the server: tcp://HOST:PORT, verbs://IP:PORT, auto://HOST:PORT or\n"
             "                    HOST:PORT (default tcp://127.0.0.1:7071)\n"
             "  --threads N       scheduler workers running async completions (default 2)\n"
-            "  --pollers N       transport poller threads (default 1)\n"
+            "  --pollers N       accepted; a channel runs one poller today\n"
             "commands:\n"
             "  put KEY VALUE     store VALUE under KEY\n"
             "  get KEY           print the value under KEY\n"

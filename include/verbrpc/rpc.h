@@ -114,7 +114,8 @@ struct vrpc_channel_opts {
                                     creates its own with `threads` workers. A caller's
                                     scheduler must outlive the channel. */
     unsigned threads;            /* workers of the channel's own scheduler; 0: 2 */
-    unsigned pollers;            /* transport poller threads; 0: 1 */
+    unsigned pollers;            /* reserved: a channel holds one connection and
+                                    runs one poller whatever this says (today) */
     int64_t default_timeout_us;  /* deadline of calls whose opts say 0; 0: none */
     uint32_t max_msg_size;       /* largest request or response payload accepted;
                                     0: largest that fits the transport's eager size */
