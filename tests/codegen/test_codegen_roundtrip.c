@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "verbs_setup.h"
 #include <verbrpc/health.vrpc.h>
 #include <verbrpc/stats.vrpc.h>
 #include <verbrpc/transport.h>
@@ -526,19 +527,9 @@ int main(int argc, char **argv)
     if (!strcmp(backend, "verbs")) {
         struct vrpc_transport *tp;
 
-        if (!strcmp(setup_name, "veth")) {
-            ip = getenv("VRPC_VERBS_IP_B");
-            src = getenv("VRPC_VERBS_IP_A");
-            if (!src || !*src)
-                ip = NULL;
-        } else {
-            ip = getenv("VRPC_VERBS_IP");
-        }
-        if (!ip || !*ip) {
-            printf("SKIP: verbs set-up '%s' needs VRPC_VERBS_IP (single) or VRPC_VERBS_IP_A and VRPC_VERBS_IP_B "
-                   "(veth) naming RDMA-capable addresses\n", setup_name);
-            return 77;
-        }
+        rc = vrpc_test_verbs_addrs(setup_name, &ip, &src);
+        if (rc)
+            return rc == -ENOENT ? 77 : 2;
         rc = vrpc_transport_create("verbs", NULL, &tp);
         if (rc != 0) {
             printf("SKIP: the verbs backend is unavailable here: %s\n", strerror(-rc));

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "verbs_setup.h"
 #include <verbrpc/rpc.h>
 #include <verbrpc/transport.h>
 #include "rpc/wire.h"
@@ -1151,21 +1152,11 @@ int main(int argc, char **argv)
     if (!strcmp(g_opt.backend, "tcp")) {
         g_opt.server_ip = "127.0.0.1";
     } else {
-        if (!strcmp(g_opt.setup, "single")) {
-            g_opt.server_ip = getenv("VRPC_VERBS_IP");
-        } else if (!strcmp(g_opt.setup, "veth")) {
-            g_opt.server_ip = getenv("VRPC_VERBS_IP_B");
-            g_opt.client_ip = getenv("VRPC_VERBS_IP_A");
-            if (!g_opt.client_ip)
-                g_opt.server_ip = NULL;
-        }
-        if (!g_opt.server_ip) {
-            printf("SKIP: verbs set-up '%s' needs VRPC_VERBS_IP (single) or VRPC_VERBS_IP_A and "
-                   "VRPC_VERBS_IP_B (veth)\n", g_opt.setup);
-            return 77;
-        }
+        int rc = vrpc_test_verbs_addrs(g_opt.setup, &g_opt.server_ip, &g_opt.client_ip);
+        if (rc)
+            return rc == -ENOENT ? 77 : 2;
         struct vrpc_transport *tp;
-        int rc = vrpc_transport_create(g_opt.backend, NULL, &tp);
+        rc = vrpc_transport_create(g_opt.backend, NULL, &tp);
         if (rc) {
             printf("SKIP: backend '%s' unavailable here: %s\n", g_opt.backend, strerror(-rc));
             return 77;

@@ -20,6 +20,7 @@
 
 #include <cmocka.h>
 
+#include "verbs_setup.h"
 #include "harness.h"
 #include "cases.h"
 
@@ -240,20 +241,9 @@ int main(int argc, char **argv)
     if (!strcmp(g_opt.backend, "tcp")) {
         g_opt.server_ip = "127.0.0.1";
     } else if (!strcmp(g_opt.backend, "verbs")) {
-        if (!strcmp(g_opt.setup, "single")) {
-            g_opt.server_ip = getenv("VRPC_VERBS_IP");
-            g_opt.client_ip = g_opt.server_ip;
-        } else if (!strcmp(g_opt.setup, "veth")) {
-            g_opt.server_ip = getenv("VRPC_VERBS_IP_B");
-            g_opt.client_ip = getenv("VRPC_VERBS_IP_A");
-            if (!g_opt.client_ip)
-                g_opt.server_ip = NULL;
-        }
-        if (!g_opt.server_ip) {
-            printf("SKIP: verbs set-up '%s' needs VRPC_VERBS_IP (single) or VRPC_VERBS_IP_A and "
-                   "VRPC_VERBS_IP_B (veth) naming RDMA-capable addresses\n", g_opt.setup);
-            return 77;
-        }
+        int rc = vrpc_test_verbs_addrs(g_opt.setup, &g_opt.server_ip, &g_opt.client_ip);
+        if (rc)
+            return rc == -ENOENT ? 77 : 2;
     } else {
         usage(argv[0]);
         return 2;

@@ -14,6 +14,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "verbs_setup.h"
+
 #define SKIP_CODE 77
 
 /* Addresses of the set-up: "single" (one device: VRPC_VERBS_IP for both
@@ -26,20 +28,9 @@ struct vt_setup {
 static inline void vt_setup_from_env(const char *setup, struct vt_setup *s)
 {
 	const char *a = NULL, *b = NULL;
-	if (!strcmp(setup, "single")) {
-		a = b = getenv("VRPC_VERBS_IP");
-	} else if (!strcmp(setup, "veth")) {
-		a = getenv("VRPC_VERBS_IP_A");
-		b = getenv("VRPC_VERBS_IP_B");
-	} else {
-		fprintf(stderr, "unknown --setup %s (single or veth)\n", setup);
-		exit(2);
-	}
-	if (!a || !b) {
-		fprintf(stderr, "SKIP: set-up '%s' needs VRPC_VERBS_IP%s (run through tests/softroce/run.sh)\n",
-			setup, strcmp(setup, "single") ? "_A and VRPC_VERBS_IP_B" : "");
-		exit(SKIP_CODE);
-	}
+	int rc = vrpc_test_verbs_addrs(setup, &b, &a);
+	if (rc)
+		exit(rc == -ENOENT ? SKIP_CODE : 2);
 	memset(s, 0, sizeof(*s));
 	s->client.sin_family = s->server.sin_family = AF_INET;
 	if (inet_pton(AF_INET, a, &s->client.sin_addr) != 1 || inet_pton(AF_INET, b, &s->server.sin_addr) != 1) {

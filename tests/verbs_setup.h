@@ -1,0 +1,41 @@
+/* Where a verbs test case finds its addresses. tests/softroce/run.sh sets them
+ * inside the Soft-RoCE VM; on a machine with an RDMA device the user does:
+ *   --setup single  VRPC_VERBS_IP for both sides (one device)
+ *   --setup veth    client VRPC_VERBS_IP_A, server VRPC_VERBS_IP_B (two hosts)
+ * One rule for every test program, so none drifts from the harness. */
+#ifndef VRPC_TESTS_VERBS_SETUP_H
+#define VRPC_TESTS_VERBS_SETUP_H
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* 0 with *server and *client set (the strings belong to the environment),
+ * -EINVAL for an unknown set-up name, -ENOENT when a variable is unset or
+ * empty; then a SKIP line has been printed and the caller exits 77. */
+static inline int vrpc_test_verbs_addrs(const char *setup, const char **server, const char **client)
+{
+    const char *s, *c;
+    if (!strcmp(setup, "single")) {
+        s = c = getenv("VRPC_VERBS_IP");
+    } else if (!strcmp(setup, "veth")) {
+        s = getenv("VRPC_VERBS_IP_B");
+        c = getenv("VRPC_VERBS_IP_A");
+    } else {
+        fprintf(stderr, "unknown verbs set-up '%s' (single or veth)\n", setup);
+        return -EINVAL;
+    }
+    if (!s || !*s || !c || !*c) {
+        printf("SKIP: verbs set-up '%s' needs %s naming RDMA-capable addresses "
+               "(tests/softroce/run.sh sets them)\n",
+               setup, strcmp(setup, "single") ? "VRPC_VERBS_IP_A (client) and VRPC_VERBS_IP_B (server)"
+                                              : "VRPC_VERBS_IP");
+        return -ENOENT;
+    }
+    *server = s;
+    *client = c;
+    return 0;
+}
+
+#endif
