@@ -37,6 +37,16 @@ int vrpc_enosys_probe(void)
     return -ENOSYS;
 }
 
+int vrpc_enosys_grant(struct vrpc_ep *ep, struct vrpc_mr *mr, const void *addr, uint32_t len, uint32_t *rkey)
+{
+    return -ENOSYS;
+}
+
+int vrpc_enosys_revoke(struct vrpc_ep *ep, uint32_t rkey, uint64_t wr_id)
+{
+    return -ENOSYS;
+}
+
 uint64_t vrpc_tp_now_ns(void)
 {
     struct timespec ts;
@@ -64,6 +74,9 @@ void vrpc_transport_attr_init(struct vrpc_transport_attr *attr)
     attr->max_queued = 1024;
     attr->idle_timeout_ms = 10000;
     attr->connect_timeout_ms = 5000;
+    attr->read_chunk = 0; /* backend's choice: see transport.h */
+    attr->read_window = 2;
+    attr->max_pinned = (uint64_t)256 << 20;
 }
 
 static void apply_defaults(struct vrpc_transport_attr *a, const struct vrpc_transport_attr *in)
@@ -77,6 +90,8 @@ static void apply_defaults(struct vrpc_transport_attr *a, const struct vrpc_tran
     if (!a->max_queued) a->max_queued = d.max_queued;
     if (!a->idle_timeout_ms) a->idle_timeout_ms = d.idle_timeout_ms;
     if (!a->connect_timeout_ms) a->connect_timeout_ms = d.connect_timeout_ms;
+    if (!a->read_window) a->read_window = d.read_window;
+    if (!a->max_pinned) a->max_pinned = d.max_pinned;
 }
 
 int vrpc_transport_create(const char *name, const struct vrpc_transport_attr *attr,
@@ -384,9 +399,27 @@ int vrpc_ep_send(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t len, uint32_
 int vrpc_ep_read(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t off, uint32_t len, uint64_t raddr,
                  uint32_t rkey, uint64_t wr_id)
 {
-    if (!ep || !buf || off > buf->cap || len > buf->cap - off)
+    if (!ep || !buf || !buf->mr || len == 0 || off > buf->cap || len > buf->cap - off)
         return -EINVAL;
     return ep->tp->ops->read(ep, buf, off, len, raddr, rkey, wr_id);
+}
+
+int vrpc_ep_grant(struct vrpc_ep *ep, struct vrpc_mr *mr, const void *addr, uint32_t len, uint32_t *rkey)
+{
+    const char *p = addr, *base;
+    if (!ep || !mr || !addr || !rkey || len == 0 || !(mr->access & VRPC_ACCESS_GRANT))
+        return -EINVAL;
+    base = mr->addr;
+    if (p < base || (size_t)(p - base) > mr->len || len > mr->len - (size_t)(p - base))
+        return -EINVAL;
+    return ep->tp->ops->grant(ep, mr, addr, len, rkey);
+}
+
+int vrpc_ep_revoke(struct vrpc_ep *ep, uint32_t rkey, uint64_t wr_id)
+{
+    if (!ep || rkey == 0)
+        return -EINVAL;
+    return ep->tp->ops->revoke(ep, rkey, wr_id);
 }
 
 int vrpc_ep_close(struct vrpc_ep *ep)

@@ -121,6 +121,9 @@ struct vrpc_transport_ops {
                 unsigned flags);
     int (*read)(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t off, uint32_t len, uint64_t raddr,
                 uint32_t rkey, uint64_t wr_id);
+    /* vrpc_ep_grant / vrpc_ep_revoke (contracts in transport.h). */
+    int (*grant)(struct vrpc_ep *ep, struct vrpc_mr *mr, const void *addr, uint32_t len, uint32_t *rkey);
+    int (*revoke)(struct vrpc_ep *ep, uint32_t rkey, uint64_t wr_id);
     int (*close)(struct vrpc_ep *ep);
     /* Free the endpoint's memory: both references are gone (the user's, and
      * the transport's, which the core drops after delivering DISCONNECTED). */
@@ -133,6 +136,8 @@ int vrpc_enosys_mr_reg(struct vrpc_transport *tp, void *addr, size_t len, unsign
 int vrpc_enosys_read(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t off, uint32_t len, uint64_t raddr,
                      uint32_t rkey, uint64_t wr_id);
 int vrpc_enosys_probe(void);
+int vrpc_enosys_grant(struct vrpc_ep *ep, struct vrpc_mr *mr, const void *addr, uint32_t len, uint32_t *rkey);
+int vrpc_enosys_revoke(struct vrpc_ep *ep, uint32_t rkey, uint64_t wr_id);
 
 /* Drop one reference (e.g. the transport's, from a backend error path of an
  * endpoint never handed out); frees through ops->ep_free at zero. */

@@ -135,6 +135,7 @@ enum vrpc_wc_opcode {
     VRPC_WC_READ,         /* a vrpc_ep_read() finished */
     VRPC_WC_ACCEPTED,     /* wc.ep is a new endpoint; wc.wr_id = listener attr user */
     VRPC_WC_DISCONNECTED, /* wc.ep's final completion; wc.status says why */
+    VRPC_WC_REVOKE,       /* a vrpc_ep_revoke() finished: the key is dead (wr_id) */
 };
 
 /* One completion. For RECV: buf, byte_len (= buf->len), imm, ep (the sender's
@@ -163,6 +164,13 @@ struct vrpc_transport_attr {
                             began is failed with -ETIMEDOUT (slow or stuck
                             peers); 0: 10000 */
     uint32_t connect_timeout_ms; /* vrpc_connect() and the accept handshake; 0: 5000 */
+    uint32_t read_chunk;  /* bytes per READ work request (verbs) or per read
+                            response frame (TCP) of one vrpc_ep_read();
+                            0: 1 MiB on verbs, 256 KiB on TCP */
+    uint32_t read_window; /* read chunks in flight per endpoint; 0: 2 */
+    uint64_t max_pinned;  /* bound on the bytes the large-buffer cache keeps
+                            registered (in use + idle); 0: 256 MiB. On verbs
+                            it is lowered to RLIMIT_MEMLOCK (one log line). */
 };
 
 /* Fill *attr with the defaults (all zero means default, too). */
@@ -185,8 +193,13 @@ VRPC_API uint32_t vrpc_transport_eager_size(const struct vrpc_transport *tp);
 /* ---- registered memory and pools ----------------------------------------- */
 
 enum vrpc_access {
-    VRPC_ACCESS_LOCAL = 0,           /* send from / receive into it */
-    VRPC_ACCESS_REMOTE_READ = 1 << 0 /* a peer may vrpc_ep_read() it with its rkey */
+    VRPC_ACCESS_LOCAL = 0,            /* send from / receive into it */
+    VRPC_ACCESS_REMOTE_READ = 1 << 0, /* a peer may vrpc_ep_read() it with its
+                                         long-lived rkey (verbs only; -ENOSYS on TCP) */
+    VRPC_ACCESS_GRANT = 1 << 1,       /* no remote access of its own, but parts of
+                                         it may be lent to one peer for one
+                                         transfer with vrpc_ep_grant() (verbs:
+                                         IBV_ACCESS_MW_BIND | LOCAL_WRITE) */
 };
 
 /* Register [addr, addr+len) (the caller keeps owning the memory and frees it
@@ -309,11 +322,64 @@ VRPC_API int vrpc_connect(struct vrpc_transport *tp, const char *uri, const stru
 VRPC_API int vrpc_ep_send(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t len, uint32_t imm,
                           uint64_t wr_id, unsigned flags);
 
-/* Read len bytes from the peer's memory at raddr (registered there with
- * VRPC_ACCESS_REMOTE_READ, key rkey) into buf->data + off. On 0, one VRPC_WC_READ
- * completion follows. -ENOSYS on backends without one-sided reads (TCP). */
+/* Read len bytes (>= 1) from the peer's memory at raddr, key rkey (from the
+ * peer's vrpc_ep_grant() on its end of this connection, or a REMOTE_READ MR's
+ * rkey on verbs) into buf->data + off; buf->mr must be registered (pool or
+ * large buffer). On 0, exactly one VRPC_WC_READ completion (wr_id, buf,
+ * byte_len = len) follows, however many chunks (attr.read_chunk, at most
+ * attr.read_window in flight per endpoint, round-robin over its reads) the
+ * transport splits it into; sends of the endpoint are not held back behind
+ * it. Completion status: 0; -EACCES the peer refused the key or range (the
+ * endpoint then fails: on verbs both queue pairs are in error); -ETIMEDOUT
+ * retries exceeded; -ECANCELED flushed because the endpoint died. Both
+ * backends: TCP asks the peer's transport for the bytes (never its user) and
+ * the kernel copies them straight into buf. Errors (no completion):
+ * -EINVAL, -ENOTCONN, -ENOSPC too many reads queued (retry after a READ
+ * completion of this endpoint). */
 VRPC_API int vrpc_ep_read(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t off, uint32_t len,
                           uint64_t raddr, uint32_t rkey, uint64_t wr_id);
+
+/* Let the peer of ep read [addr, addr+len) (len >= 1) of mr, registered with
+ * VRPC_ACCESS_GRANT, until vrpc_ep_revoke(): a one-shot key, valid on this
+ * endpoint only, written to *rkey (never 0) to send to the peer. verbs: a
+ * type-2 memory window bound over the range by a work request on ep's queue
+ * pair, ordered before every later send of ep, so a message carrying the key
+ * may be sent right away. (rdma_rxe does not enforce a window's bounds, only
+ * the MR's: register each grantable buffer as its own MR, see vrpc_lbuf.)
+ * TCP: an entry of the transport's grant table, checked on every read request.
+ * The memory must not change until the REVOKE completion. Errors: -EINVAL,
+ * -ENOTCONN, -ENOSPC no send-queue slot or grant left (retry after a
+ * completion of ep). */
+VRPC_API int vrpc_ep_grant(struct vrpc_ep *ep, struct vrpc_mr *mr, const void *addr, uint32_t len,
+                           uint32_t *rkey);
+/* End a grant of ep. Exactly one VRPC_WC_REVOKE completion (wr_id, ep) follows,
+ * after which no read of the peer can touch the memory any more (verbs: the
+ * window is invalidated, or deallocated with a dead queue pair; TCP: the grant
+ * is dead and no read response streams from it). Status 0, or -ECANCELED when
+ * the endpoint died first (the key is dead all the same). A revoke races a
+ * read of the peer safely: the read then fails -EACCES at the peer. Errors
+ * (no completion): -EINVAL unknown key, -ENOSPC (retry after a completion). */
+VRPC_API int vrpc_ep_revoke(struct vrpc_ep *ep, uint32_t rkey, uint64_t wr_id);
+
+/* ---- large buffers: the registration cache ---------------------------------
+ * Buffers for messages above the eager size, owned by the transport: each is
+ * its own mapping with its own MR registered VRPC_ACCESS_GRANT, kept when
+ * put back (so repeated large messages pay no registration), in size classes
+ * of at most 25 % slack. The cache never keeps more than attr.max_pinned bytes
+ * registered: get evicts idle buffers (least recently used first) and then
+ * fails with -ENOBUFS rather than wait. Before a buffer is reused its bytes
+ * beyond what the new user writes are zeroed before they can be granted, so a
+ * peer never sees an earlier message. All three functions: any thread. */
+
+/* A buffer with cap >= len (len >= 1), data page-aligned, mr set, pool NULL.
+ * Errors: -ENOBUFS the bound is reached (nothing idle to evict), -ENOMEM,
+ * -EINVAL len above 1 GiB. */
+VRPC_API int vrpc_lbuf_get(struct vrpc_transport *tp, size_t len, struct vrpc_buf **out);
+/* Back to the cache; the caller no longer owns it. Nothing of it may be in
+ * flight or granted. Safe on NULL. */
+VRPC_API void vrpc_lbuf_put(struct vrpc_buf *buf);
+/* Bytes the cache has registered (in use + idle) and bytes in use now. */
+VRPC_API void vrpc_lbuf_stats(const struct vrpc_transport *tp, size_t *pinned, size_t *in_use);
 
 /* Start a graceful close: nothing new is accepted (-ENOTCONN); every send
  * accepted before is still delivered, in order, as the peer's credits allow

@@ -1495,6 +1495,8 @@ const struct vrpc_transport_ops vrpc_tcp_ops = {
     .connect = tcp_connect,
     .send = tcp_send,
     .read = vrpc_enosys_read,
+    .grant = vrpc_enosys_grant,
+    .revoke = vrpc_enosys_revoke,
     .close = tcp_close,
     .ep_free = tcp_ep_free,
 };

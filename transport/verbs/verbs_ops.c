@@ -1821,6 +1821,8 @@ const struct vrpc_transport_ops vrpc_verbs_ops = {
 	.connect = verbs_connect,
 	.send = verbs_send,
 	.read = vrpc_enosys_read,
+	.grant = vrpc_enosys_grant,
+	.revoke = vrpc_enosys_revoke,
 	.close = verbs_close,
 	.ep_free = verbs_ep_free,
 };
