@@ -136,6 +136,7 @@ struct tcp_ep {
     struct rslot *rslots;
     unsigned nrslots;
     atomic_uint nreads;     /* slots in use; while nonzero the poller reads headers alone */
+    _Atomic uint64_t read_ns; /* last progress of our reads (a read issued, a chunk in) */
     /* Owner: jobs (allocated at the first request), round-robin list, the
      * chunk being written (cur: its job; header and payload bytes written). */
     struct rjob *jobs, *jfree, *jhead, *jtail;
@@ -798,6 +799,7 @@ static int tcp_read(struct vrpc_ep *base, struct vrpc_buf *buf, uint32_t off, ui
     s->done = 0;
     s->finished = false;
     atomic_store(&s->used, true);
+    atomic_store(&ep->read_ns, vrpc_tp_now_ns()); /* before nreads: the timeout scan sees both */
     atomic_fetch_add(&ep->nreads, 1);
     memcpy(s->req_space + HDR_LEN, &r, sizeof r);
     build_hdr(s->req_space, F_READ_REQ, sizeof r, (uint32_t)s->gen << 16 | (uint32_t)(s - ep->rslots),
@@ -1347,6 +1349,7 @@ static int body_done(struct tcp_cq *cq, struct tcp_ep *ep, const char **why)
         bool last;
         ep->rslot = NULL;
         r->done += ep->rlen;
+        atomic_store(&ep->read_ns, vrpc_tp_now_ns());
         pthread_mutex_lock(&ep->lock);
         last = r->done == r->len;
         if (last)
@@ -1634,6 +1637,8 @@ static void scan_timeouts(struct tcp_cq *cq, uint64_t now)
             teardown(cq, ep, -ETIMEDOUT, "frame not completed within the idle timeout (slow or stuck peer)");
         else if (c && now > c + idle)
             teardown(cq, ep, -ETIMEDOUT, "peer did not finish the close");
+        else if (atomic_load(&ep->nreads) && now > atomic_load(&ep->read_ns) + idle)
+            teardown(cq, ep, -ETIMEDOUT, "our read got no data within the idle timeout (slow or stuck peer)");
     }
 }
 
@@ -1852,6 +1857,7 @@ static struct tcp_ep *ep_alloc(struct vrpc_transport *tp, struct tcp_cq *cq, int
     ep->ctrl.data = ep->ctrl_space + HDR_LEN;
     ep->errf.data = ep->err_space + HDR_LEN;
     atomic_init(&ep->nreads, 0);
+    atomic_init(&ep->read_ns, 0);
     atomic_init(&ep->state, S_HANDSHAKE);
     return ep;
 }
