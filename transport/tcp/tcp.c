@@ -74,7 +74,7 @@ struct rslot {
 };
 
 /* Grant table entry (transport-wide, under tcp_tp.gmu). Entries never move. */
-enum { G_FREE, G_LIVE, G_REVOKING, G_DEAD, G_DONE };
+enum { G_FREE, G_LIVE, G_REVOKING, G_DONE };
 
 struct grant {
     struct vrpc_buf cpl;   /* carries the REVOKE completion */
@@ -619,10 +619,9 @@ static void grant_unref(struct tcp_ep *ep, struct grant *g)
     pthread_mutex_unlock(&t->gmu);
 }
 
-/* Poller, when the REVOKE completion has been taken: the entry is free. */
-static void grant_release(struct tcp_tp *t, struct grant *g)
+/* gmu held: the entry is free; its key names nothing any more. */
+static void grant_free_locked(struct tcp_tp *t, struct grant *g)
 {
-    pthread_mutex_lock(&t->gmu);
     g->state = G_FREE;
     g->ep = NULL;
     g->addr = NULL;
@@ -630,6 +629,13 @@ static void grant_release(struct tcp_tp *t, struct grant *g)
         g->gen = 1;
     g->next_free = t->free_head;
     t->free_head = g->idx + 1;
+}
+
+/* Poller, when the REVOKE completion has been taken. */
+static void grant_release(struct tcp_tp *t, struct grant *g)
+{
+    pthread_mutex_lock(&t->gmu);
+    grant_free_locked(t, g);
     pthread_mutex_unlock(&t->gmu);
 }
 
@@ -685,15 +691,20 @@ static int tcp_revoke(struct vrpc_ep *base, uint32_t rkey, uint64_t wr_id)
     struct grant *g;
 
     pthread_mutex_lock(&t->gmu);
+    /* under gmu: teardown marks the endpoint dead before it takes gmu to
+     * free its grants, so a revoke that sees it alive completes before the
+     * DISCONNECTED, and one that comes later finds every key dead */
+    if (atomic_load(&ep->state) == S_DEAD) {
+        pthread_mutex_unlock(&t->gmu);
+        return -ENOTCONN;
+    }
     g = grant_lookup(t, rkey);
-    if (!g || g->ep != ep || (g->state != G_LIVE && g->state != G_DEAD)) {
+    if (!g || g->ep != ep || g->state != G_LIVE) {
         pthread_mutex_unlock(&t->gmu);
         return -EINVAL;
     }
     g->wr_id = wr_id;
-    if (g->state == G_DEAD)
-        grant_complete(g, -ECANCELED);
-    else if (!g->refs)
+    if (!g->refs)
         grant_complete(g, 0);
     else
         g->state = G_REVOKING; /* completes when the job streaming it stops */
@@ -701,8 +712,10 @@ static int tcp_revoke(struct vrpc_ep *base, uint32_t rkey, uint64_t wr_id)
     return 0;
 }
 
-/* Poller, at teardown (state already S_DEAD): the endpoint's grants die; a
- * revoke waiting for a job will complete -ECANCELED when the job is dropped. */
+/* Poller, at teardown (state already S_DEAD): the endpoint's grants die and
+ * are freed (the user revokes nothing after DISCONNECTED: -ENOTCONN); a
+ * revoke waiting for a job completes -ECANCELED when the job is dropped,
+ * before the DISCONNECTED. */
 static void grants_ep_dead(struct tcp_ep *ep)
 {
     struct tcp_tp *t = tcp_tp_of(ep);
@@ -714,7 +727,7 @@ static void grants_ep_dead(struct tcp_ep *ep)
             if (g->ep != ep)
                 continue;
             if (g->state == G_LIVE)
-                g->state = G_DEAD;
+                grant_free_locked(t, g);
             else if (g->state == G_REVOKING)
                 g->status = -ECANCELED;
         }
@@ -732,7 +745,7 @@ static int grant_ref(struct tcp_ep *ep, uint64_t raddr, uint32_t key, uint32_t l
 
     pthread_mutex_lock(&t->gmu);
     g = grant_lookup(t, key);
-    if (!g || (g->state != G_LIVE && g->state != G_REVOKING && g->state != G_DEAD))
+    if (!g || (g->state != G_LIVE && g->state != G_REVOKING))
         why = "unknown or revoked key";
     else if (g->ep != ep)
         why = "key granted on another connection";
