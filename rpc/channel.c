@@ -16,6 +16,7 @@
 #include "rpc/internal.h"
 #include "rpc/pbutil.h"
 #include "rpc/pending.h"
+#include "rpc/rndv.h"
 #include "rpc/status.h"
 #include "rpc/timer.h"
 #include "rpc/wire.h"
@@ -33,7 +34,9 @@ struct vrpc_conn {
     uint32_t dead;        /* atomic 0/1: lost, closing or protocol error */
     uint32_t goaway;      /* atomic 0/1: server said GOAWAY */
     uint32_t hello;       /* futex: HELLO_WAIT/OK/FAILED */
-    uint32_t max_payload; /* md + message bytes the server accepts (after HELLO_ACK) */
+    uint32_t max_payload; /* md + message bytes we may send (after HELLO_ACK) */
+    uint32_t peer_max;    /* the server's max_msg_size */
+    uint32_t peer_features; /* the server's VRPC_FEAT_* */
     struct vrpc_conn *next, *prev; /* channel's list of live endpoints, under conn_lock */
     bool gone;                     /* DISCONNECTED delivered (under conn_lock) */
 };
@@ -264,9 +267,10 @@ static void on_response(struct vrpc_channel *ch, struct vrpc_conn *c, const stru
     if (vrpc_pending_decide(s, gen)) {
         if (h->status == VRPC_OK) {
             if (!s->resp || h->payload_len > s->resp_cap) {
-                /* sized once for the largest response we accept, so a slot
-                 * never regrows in steady state */
-                uint32_t want = h->payload_len > ch->own_max_payload ? h->payload_len : ch->own_max_payload;
+                /* sized once for the largest eager response, so a slot never
+                 * regrows in steady state (larger ones come by rendezvous) */
+                uint32_t fit = vrpc_ep_eager_size(c->ep) - VRPC_WIRE_HDR_LEN;
+                uint32_t want = h->payload_len > fit ? h->payload_len : fit;
                 uint8_t *nb = realloc(s->resp, want);
                 if (!nb) {
                     vrpc_status_set(&s->st, VRPC_RESOURCE_EXHAUSTED, "out of memory for the response");
@@ -309,10 +313,9 @@ static void on_recv(struct vrpc_channel *ch, struct vrpc_conn *c, const uint8_t 
             protocol_error(c, "unexpected or malformed HELLO_ACK", -EPROTO);
             return;
         }
-        uint32_t eager = vrpc_ep_eager_size(c->ep);
-        c->max_payload = st.max_msg_size;
-        if (c->max_payload > eager - VRPC_WIRE_HDR_LEN)
-            c->max_payload = eager - VRPC_WIRE_HDR_LEN;
+        c->peer_max = st.max_msg_size;
+        c->peer_features = st.features;
+        c->max_payload = vrpc_rndv_send_limit(st.max_msg_size, st.features, vrpc_ep_eager_size(c->ep));
         vrpc_pending_set_limit(ch->pend, st.max_concurrent);
         __atomic_store_n(&c->hello, HELLO_OK, __ATOMIC_RELEASE);
         vrpc_futex_wake_all(&c->hello);
@@ -324,7 +327,14 @@ static void on_recv(struct vrpc_channel *ch, struct vrpc_conn *c, const uint8_t 
     }
     switch (h.type) {
     case VRPC_FT_RESPONSE:
+        if ((h.flags & VRPC_FF_RNDV) && !(vrpc_rndv_features & VRPC_FEAT_LARGE)) {
+            protocol_error(c, "large-message response on a connection without large messages", -EPROTO);
+            break;
+        }
         on_response(ch, c, &h, payload);
+        break;
+    case VRPC_FT_DONE:
+        protocol_error(c, "DONE for a request with no payload outstanding", -EPROTO);
         break;
     case VRPC_FT_GOAWAY:
         __atomic_store_n(&c->goaway, 1, __ATOMIC_RELEASE);
@@ -424,7 +434,8 @@ static int connect_once(struct vrpc_channel *ch, int64_t deadline_ns)
     pthread_mutex_unlock(&ch->conn_lock);
     struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_HELLO};
     uint8_t hp[VRPC_WIRE_HELLO_LEN];
-    struct vrpc_wire_hello hs = {.max_msg_size = ch->own_max_payload, .max_concurrent = ch->pend->n};
+    struct vrpc_wire_hello hs = {.max_msg_size = ch->own_max_payload, .max_concurrent = ch->pend->n,
+                                 .features = vrpc_rndv_features};
     vrpc_wire_hello_encode(hp, &hs);
     h.payload_len = sizeof(hp);
     rc = vrpc_rpc_send_simple(c->ep, ch->send_pool, &h, hp, sizeof(hp), true);
@@ -583,9 +594,14 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
     }
     size_t need = protobuf_c_message_get_packed_size(req) + (size_t)mdsz;
     if (need > c->max_payload) {
+        if (c->max_payload == c->peer_max)
+            vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED, "request of %zu bytes exceeds the server's limit of %u bytes",
+                            need, c->max_payload);
+        else
+            vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED,
+                            "request of %zu bytes exceeds %u bytes, the most one frame carries on this "
+                            "connection (no large-message support on one side)", need, c->max_payload);
         conn_unref(c);
-        vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED, "request of %zu bytes exceeds the limit of %u",
-                        need, c->max_payload);
         return VRPC_RESOURCE_EXHAUSTED;
     }
     rc = vrpc_pending_alloc(ch->pend, deadline, c, &s);
@@ -752,19 +768,19 @@ int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *opts, s
     if ((rc = vrpc_rpc_parse_uri(uri, ch->tname, sizeof(ch->tname), ch->turi, sizeof(ch->turi))))
         goto fail;
 
+    if ((rc = vrpc_rndv_limits("channel", &ch->o.max_msg_size, &ch->o.max_pinned, &ch->o.hold_timeout_ms)))
+        goto fail;
     vrpc_transport_attr_init(&ta);
+    /* Eager frames stay small whatever the message limit: larger payloads go
+     * by rendezvous, so pools and receive buffers do not grow with it. */
     ta.eager_size = VRPC_RPC_DEFAULT_EAGER;
-    if (ch->o.max_msg_size && ch->o.max_msg_size + VRPC_WIRE_HDR_LEN > ta.eager_size)
-        ta.eager_size = ch->o.max_msg_size + VRPC_WIRE_HDR_LEN > VRPC_EAGER_MAX
-                            ? VRPC_EAGER_MAX : ch->o.max_msg_size + VRPC_WIRE_HDR_LEN;
+    ta.max_pinned = ch->o.max_pinned;
     ta.max_queued = ch->o.max_outstanding * 2 + 64;
     ta.connect_timeout_ms = ch->o.connect_timeout_ms;
     if ((rc = vrpc_transport_create(ch->tname, &ta, &ch->tp)))
         goto fail;
     uint32_t eager = vrpc_transport_eager_size(ch->tp);
-    ch->own_max_payload = eager - VRPC_WIRE_HDR_LEN;
-    if (ch->o.max_msg_size && ch->o.max_msg_size < ch->own_max_payload)
-        ch->own_max_payload = ch->o.max_msg_size;
+    ch->own_max_payload = ch->o.max_msg_size;
 
     if ((rc = vrpc_pending_create(ch->o.max_outstanding, &ch->pend)))
         goto fail;

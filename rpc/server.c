@@ -15,6 +15,7 @@
 #include "rpc/futex.h"
 #include "rpc/internal.h"
 #include "rpc/pbutil.h"
+#include "rpc/rndv.h"
 #include "rpc/status.h"
 #include "rpc/wire.h"
 
@@ -64,7 +65,8 @@ struct sconn {
     uint32_t dead;    /* atomic */
     uint32_t goaway;  /* atomic */
     bool hello_done;  /* poller only */
-    uint32_t client_max_payload;
+    uint32_t client_max_payload; /* md + message bytes we may send back */
+    uint32_t client_max;         /* the client's max_msg_size */
     uint32_t ncalls;
     struct vrpc_server_call *calls;
     struct sconn *next, *prev; /* server list, under s->lock */
@@ -306,7 +308,7 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
     uint64_t size = (uint64_t)h->md_len + h->payload_len;
     if (size > s->max_payload) {
         record(me, VRPC_RESOURCE_EXHAUSTED, now);
-        refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "request of %llu bytes exceeds the limit of %u",
+        refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "request of %llu bytes exceeds the server's limit of %u bytes",
                (unsigned long long)size, s->max_payload);
         return;
     }
@@ -316,14 +318,16 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
         return;
     }
     if (!call->buf || size > call->cap) {
-        /* sized once for the largest request accepted: no regrowth later */
-        uint8_t *nb = realloc(call->buf, s->max_payload);
+        /* sized once for the largest eager request: no regrowth later */
+        uint32_t fit = vrpc_ep_eager_size(c->ep) - VRPC_WIRE_HDR_LEN;
+        uint32_t want = size > fit ? (uint32_t)size : fit;
+        uint8_t *nb = realloc(call->buf, want);
         if (!nb) {
             refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "server out of memory");
             return;
         }
         call->buf = nb;
-        call->cap = s->max_payload;
+        call->cap = want;
     }
     memcpy(call->buf, body, size);
     if (h->md_len && !call->md && !(call->md = malloc(VRPC_MD_MAX * sizeof(*call->md)))) {
@@ -375,7 +379,8 @@ static void on_hello(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8
         return;
     }
     uint32_t eager = vrpc_ep_eager_size(c->ep);
-    c->client_max_payload = hs.max_msg_size < eager - VRPC_WIRE_HDR_LEN ? hs.max_msg_size : eager - VRPC_WIRE_HDR_LEN;
+    c->client_max = hs.max_msg_size;
+    c->client_max_payload = vrpc_rndv_send_limit(hs.max_msg_size, hs.features, eager);
     c->ncalls = s->o.max_concurrent;
     c->calls = calloc(c->ncalls, sizeof(*c->calls));
     if (!c->calls) {
@@ -385,14 +390,15 @@ static void on_hello(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8
     }
     for (uint32_t i = 0; i < c->ncalls; i++) {
         c->calls[i].conn = c;
-        /* decoded messages are rarely more than twice their encoding */
-        vrpc_arena_init(&c->calls[i].arena, (size_t)s->max_payload * 2 + 4096,
-                        (size_t)s->max_payload * 8 + 65536);
+        /* decoded messages are rarely more than twice their encoding; the
+         * first block fits an eager request, large ones grow it */
+        vrpc_arena_init(&c->calls[i].arena, (size_t)eager * 2 + 4096, (size_t)s->max_payload * 8 + 65536);
     }
     c->hello_done = true;
     struct vrpc_wire_hdr a = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_HELLO_ACK};
     uint8_t p[VRPC_WIRE_HELLO_LEN];
-    struct vrpc_wire_hello ack = {.max_msg_size = s->max_payload, .max_concurrent = c->ncalls};
+    struct vrpc_wire_hello ack = {.max_msg_size = s->max_payload, .max_concurrent = c->ncalls,
+                                  .features = vrpc_rndv_features};
     vrpc_wire_hello_encode(p, &ack);
     if (vrpc_rpc_send_simple(c->ep, s->send_pool, &a, p, sizeof(p), false))
         conn_protocol_error(c, "cannot send HELLO_ACK", -ENOBUFS);
@@ -419,7 +425,14 @@ static void on_recv(struct sconn *c, const uint8_t *f, uint32_t len)
     }
     switch (h.type) {
     case VRPC_FT_REQUEST:
+        if ((h.flags & VRPC_FF_RNDV) && !(vrpc_rndv_features & VRPC_FEAT_LARGE)) {
+            conn_protocol_error(c, "large-message request on a connection without large messages", -EPROTO);
+            break;
+        }
         on_request(c, &h, body);
+        break;
+    case VRPC_FT_DONE:
+        conn_protocol_error(c, "DONE for a response with no payload outstanding", -EPROTO);
         break;
     case VRPC_FT_CANCEL:
         on_cancel(c, h.request_id);
@@ -579,8 +592,12 @@ int vrpc_server_call_respond(struct vrpc_server_call *call, const ProtobufCMessa
     uint32_t limit = c->client_max_payload;
     size_t size = protobuf_c_message_get_packed_size(resp);
     if (size > limit) {
-        char msg[96];
-        snprintf(msg, sizeof(msg), "response of %zu bytes exceeds the limit of %u", size, limit);
+        char msg[VRPC_STATUS_MSG_MAX];
+        if (limit == c->client_max)
+            snprintf(msg, sizeof(msg), "response of %zu bytes exceeds the client's limit of %u bytes", size, limit);
+        else
+            snprintf(msg, sizeof(msg), "response of %zu bytes exceeds %u bytes, the most one frame carries on "
+                     "this connection (no large-message support on one side)", size, limit);
         answer_status(call, VRPC_RESOURCE_EXHAUSTED, msg);
         return -EMSGSIZE;
     }
@@ -671,6 +688,10 @@ int vrpc_server_create(const struct vrpc_server_opts *o, struct vrpc_server **ou
         s->o.max_concurrent = 256;
     if (!s->o.max_depth)
         s->o.max_depth = VRPC_PB_DEFAULT_MAX_DEPTH;
+    if (vrpc_rndv_limits("server", &s->o.max_msg_size, &s->o.max_pinned, &s->o.hold_timeout_ms)) {
+        free(s);
+        return -EINVAL;
+    }
     pthread_mutex_init(&s->lock, NULL);
     s->conns.next = s->conns.prev = &s->conns;
     /* Every server serves the built-in Health and Stats services (idl/). */
@@ -699,17 +720,14 @@ int vrpc_server_start(struct vrpc_server *s, const char *uri)
         return rc;
     s->started = true;
     vrpc_transport_attr_init(&ta);
+    /* eager frames stay small whatever the limit (see vrpc_channel_create) */
     ta.eager_size = VRPC_RPC_DEFAULT_EAGER;
-    if (s->o.max_msg_size && s->o.max_msg_size + VRPC_WIRE_HDR_LEN > ta.eager_size)
-        ta.eager_size = s->o.max_msg_size + VRPC_WIRE_HDR_LEN > VRPC_EAGER_MAX
-                            ? VRPC_EAGER_MAX : s->o.max_msg_size + VRPC_WIRE_HDR_LEN;
+    ta.max_pinned = s->o.max_pinned;
     ta.max_queued = s->o.max_concurrent * 2 + 64;
     if ((rc = vrpc_transport_create(tname, &ta, &s->tp)))
         return rc;
     uint32_t eager = vrpc_transport_eager_size(s->tp);
-    s->max_payload = eager - VRPC_WIRE_HDR_LEN;
-    if (s->o.max_msg_size && s->o.max_msg_size < s->max_payload)
-        s->max_payload = s->o.max_msg_size;
+    s->max_payload = s->o.max_msg_size;
     if (s->o.sched) {
         s->sched = s->o.sched;
     } else {
