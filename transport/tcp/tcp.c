@@ -44,6 +44,7 @@ enum { F_DATA = VRPC_TCP_DATA, F_CREDIT = VRPC_TCP_CREDIT, F_HELLO = VRPC_TCP_HE
 #define OP_INTERNAL 0u                    /* frames of our own (credit, read request/error): no completion */
 #define READ_CHUNK_DEFAULT (256u << 10)   /* bytes per READ_RESP frame */
 #define PUMP_CHUNKS 16                    /* chunks one EPOLLOUT event streams at most */
+#define READ_REQ_MARK 1u                  /* priv[P_IMM] of an internal frame that is a slot's READ_REQ */
 
 /* What the body of the frame being received is. */
 enum { K_NONE, K_DATA, K_RREQ, K_RRESP };
@@ -70,6 +71,7 @@ struct rslot {
     uint32_t off, len, done;
     uint16_t gen;        /* tag = gen << 16 | index */
     bool finished;       /* completion staged (under lock) */
+    bool queued;         /* req not fully written yet (under lock): no answer can be valid */
     atomic_bool used;    /* from vrpc_ep_read until its completion is polled */
 };
 
@@ -425,8 +427,11 @@ static void tx_locked(struct tcp_ep *ep)
             fifo_pop(&ep->wq);
             if (b == &ep->ctrl)
                 ep->ctrl_queued = false;
-            if ((uint32_t)b->priv[P_OPST] == OP_INTERNAL)
+            if ((uint32_t)b->priv[P_OPST] == OP_INTERNAL) {
+                if (b->priv[P_IMM] == READ_REQ_MARK)
+                    container_of(b, struct rslot, req)->queued = false;
                 continue;
+            }
             if (last)
                 last->next = b;
             else
@@ -538,8 +543,11 @@ static void flush_sends_locked(struct tcp_ep *ep)
         while ((b = fifo_pop(qs[i]))) {
             if (b == &ep->ctrl)
                 ep->ctrl_queued = false;
-            if ((uint32_t)b->priv[P_OPST] == OP_INTERNAL)
+            if ((uint32_t)b->priv[P_OPST] == OP_INTERNAL) {
+                if (b->priv[P_IMM] == READ_REQ_MARK)
+                    container_of(b, struct rslot, req)->queued = false;
                 continue;
+            }
             stage_fill(b, VRPC_WC_SEND, -ECANCELED, ep, 0);
             b->len = 0;
             if (last)
@@ -794,6 +802,7 @@ static int tcp_read(struct vrpc_ep *base, struct vrpc_buf *buf, uint32_t off, ui
         ep->nrslots = n;
         for (i = 0; i < n; i++) {
             ep->rslots[i].req.data = ep->rslots[i].req_space + HDR_LEN;
+            ep->rslots[i].req.priv[P_IMM] = READ_REQ_MARK;
             atomic_init(&ep->rslots[i].used, false);
         }
     }
@@ -818,6 +827,7 @@ static int tcp_read(struct vrpc_ep *base, struct vrpc_buf *buf, uint32_t off, ui
     build_hdr(s->req_space, F_READ_REQ, sizeof r, (uint32_t)s->gen << 16 | (uint32_t)(s - ep->rslots),
               take_credit_ret(ep));
     s->req.len = sizeof r;
+    s->queued = true;
     idle = !ep->wq.head;
     fifo_push(&ep->wq, &s->req);
     if (idle)
@@ -1225,7 +1235,8 @@ static int handle_read_hdr(struct tcp_cq *cq, struct tcp_ep *ep, uint8_t type, u
     pthread_mutex_lock(&ep->lock);
     if (idx < ep->nrslots)
         r = &ep->rslots[idx];
-    ok = r && atomic_load(&r->used) && !r->finished && r->gen == (uint16_t)(tag >> 16);
+    /* (an answer before its request is out is a peer guessing tags) */
+    ok = r && atomic_load(&r->used) && !r->finished && !r->queued && r->gen == (uint16_t)(tag >> 16);
     if (ok && type == F_READ_RESP) {
         ok = len >= 1 && len <= r->len - r->done;
         dst = (char *)r->buf->data + r->off + r->done;
