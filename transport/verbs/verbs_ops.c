@@ -103,9 +103,13 @@ struct vep {
 	uint32_t pending_ctl_min; /* credit_ret that still wants a credit-only message; 0: none */
 	bool hungry, reported, torn, in_todo, counted, reaping, disc_sent;
 	uint32_t ctl_sent, peer_ctl_seen; /* ep->lock */
+	bool cm_up; /* ep->lock: rdma_cm has the connection established */
 	atomic_uint ctl_rcvd;
 	struct vep *hnext, *tnext, *wnext;
 	struct vep *anext; /* CM thread lists */
+	struct vep *dnext, *xnext; /* deadline watch (tp->lock), expired (CM thread) */
+	uint64_t deadline_ns;      /* tp->lock */
+	bool watched;              /* tp->lock */
 	struct vtp_listener *lst;
 	uint64_t accept_user;
 };
@@ -173,6 +177,7 @@ struct vtp {
 	struct vmr *mrs;
 	struct vcq *cqs;
 	struct vep *reap;
+	struct vep *watch; /* endpoints with a handshake or close deadline */
 	void (*cmd)(void *);
 	void *cmd_arg;
 	bool cmd_done;
@@ -523,10 +528,13 @@ static int post_locked(struct vep *ep, struct vrpc_buf *buf, uint32_t len, uint3
 
 /* Graceful close: once every send accepted before vrpc_ep_close() has been
  * acknowledged, the DREQ goes out; both sides then see DISCONNECTED. A healthy
- * endpoint cannot be torn down while its lock is held, so the id is valid. */
+ * endpoint cannot be torn down while its lock is held, so the id is valid.
+ * The DREQ waits for rdma_cm's ESTABLISHED too: a server may close on the
+ * client's first message, which can arrive before the RTU, and rdma_cm drops a
+ * disconnect in that state (REP sent), leaving both sides waiting forever. */
 static void close_progress_locked(struct vep *ep)
 {
-	if (ep->state == S_CLOSING && !ep->disc_sent && !ep->wq_head && ep->head == ep->tail && ep->id) {
+	if (ep->state == S_CLOSING && ep->cm_up && !ep->disc_sent && !ep->wq_head && ep->head == ep->tail && ep->id) {
 		ep->disc_sent = true;
 		rdma_disconnect(ep->id);
 	}
@@ -581,30 +589,130 @@ static void todo_add(struct vep *ep)
 }
 
 /* Fails the endpoint once (any thread but the CM thread's teardown): QP to
- * error so posted sends flush; the poller flushes the queued ones. */
-static void ep_fail(struct vep *ep, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void ep_fail(struct vep *ep, int status, const char *fmt, ...)
+ * error so posted sends flush; the poller flushes the queued ones. ep->lock
+ * held; true when it did (the caller then logs and calls todo_add). */
+static bool fail_locked(struct vep *ep, int status, const char *fmt, va_list ap)
 {
-	va_list ap;
-	pthread_mutex_lock(&ep->lock);
-	if (ep->state == S_DEAD) {
-		pthread_mutex_unlock(&ep->lock);
-		return;
-	}
+	if (ep->state == S_DEAD)
+		return false;
 	ep->state = S_DEAD;
 	ep->status = status;
-	va_start(ap, fmt);
 	vsnprintf(ep->why, sizeof(ep->why), fmt, ap);
-	va_end(ap);
 	if (ep->qp) {
 		struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
 		ibv_modify_qp(ep->qp, &a, IBV_QP_STATE);
 	}
 	pthread_cond_broadcast(&ep->cond);
-	pthread_mutex_unlock(&ep->lock);
+	return true;
+}
+
+static void failed(struct vep *ep, int status)
+{
 	if (status && status != -ECANCELED && ep->reported)
 		vrpc_tp_log("verbs: connection %s failed: %s", ep->base.peer_uri, ep->why);
 	todo_add(ep);
+}
+
+static void ep_fail(struct vep *ep, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void ep_fail(struct vep *ep, int status, const char *fmt, ...)
+{
+	va_list ap;
+	bool did;
+	pthread_mutex_lock(&ep->lock);
+	va_start(ap, fmt);
+	did = fail_locked(ep, status, fmt, ap);
+	va_end(ap);
+	pthread_mutex_unlock(&ep->lock);
+	if (did)
+		failed(ep, status);
+}
+
+/* Fails the endpoint only while it is still in `state` (a deadline that a
+ * state change has made moot is ignored). */
+static void ep_fail_in(struct vep *ep, enum ep_state state, int status, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static void ep_fail_in(struct vep *ep, enum ep_state state, int status, const char *fmt, ...)
+{
+	va_list ap;
+	bool did = false;
+	pthread_mutex_lock(&ep->lock);
+	if (ep->state == state) {
+		va_start(ap, fmt);
+		did = fail_locked(ep, status, fmt, ap);
+		va_end(ap);
+	}
+	pthread_mutex_unlock(&ep->lock);
+	if (did)
+		failed(ep, status);
+}
+
+/* ---- deadlines (CM thread) ----------------------------------------------------------
+ * A peer that vanishes mid-handshake (after CONNECT_REQUEST, before
+ * ESTABLISHED) or mid-close (never drains our sends, never answers the DREQ)
+ * would hold an endpoint forever: rdma_cm's own retries may take minutes or
+ * never end. Such endpoints sit on tp->watch with a deadline (accept:
+ * connect_timeout_ms, close: idle_timeout_ms); the CM thread fails them with
+ * -ETIMEDOUT once it passes, and what is left flushes. */
+
+static uint64_t ms_from_now(uint32_t ms) { return vrpc_tp_now_ns() + (uint64_t)ms * 1000000u; }
+
+static void watch_add(struct vep *ep, uint64_t deadline_ns)
+{
+	struct vtp *tp = ep->tp;
+	pthread_mutex_lock(&tp->lock);
+	ep->deadline_ns = deadline_ns;
+	if (!ep->watched) {
+		ep->watched = true;
+		ep->dnext = tp->watch;
+		tp->watch = ep;
+	}
+	pthread_mutex_unlock(&tp->lock);
+	wake(tp->wakefd); /* the CM thread's sleep may end before the deadline */
+}
+
+/* tp->lock held. */
+static void watch_del_locked(struct vtp *tp, struct vep *ep)
+{
+	if (!ep->watched)
+		return;
+	for (struct vep **pp = &tp->watch; *pp; pp = &(*pp)->dnext)
+		if (*pp == ep) {
+			*pp = ep->dnext;
+			break;
+		}
+	ep->watched = false;
+}
+
+/* CM thread: fails the endpoints whose deadline passed; returns the ms until
+ * the next deadline (at most cap). Endpoints are only torn down (and freed
+ * later) on this thread, so the expired ones stay valid while failed. */
+static int watch_scan(struct vtp *tp, int cap)
+{
+	uint64_t now = vrpc_tp_now_ns(), next = now + (uint64_t)cap * 1000000u;
+	struct vep *expired = NULL;
+	pthread_mutex_lock(&tp->lock);
+	for (struct vep **pp = &tp->watch; *pp;) {
+		struct vep *ep = *pp;
+		if (ep->deadline_ns <= now) {
+			*pp = ep->dnext;
+			ep->watched = false;
+			ep->xnext = expired;
+			expired = ep;
+		} else {
+			if (ep->deadline_ns < next)
+				next = ep->deadline_ns;
+			pp = &ep->dnext;
+		}
+	}
+	pthread_mutex_unlock(&tp->lock);
+	for (struct vep *ep = expired; ep; ep = ep->xnext) {
+		ep_fail_in(ep, S_ACCEPTING, -ETIMEDOUT, "accept handshake not completed within %u ms",
+			   ep->tp->base.attr.connect_timeout_ms);
+		ep_fail_in(ep, S_CLOSING, -ETIMEDOUT,
+			   "peer did not complete the graceful close within the idle timeout (%u ms)",
+			   ep->tp->base.attr.idle_timeout_ms);
+	}
+	return (int)((next - now + 999999u) / 1000000u);
 }
 
 /* ---- QP ------------------------------------------------------------------------------ */
@@ -822,6 +930,9 @@ static void verbs_ep_free(struct vrpc_ep *base)
 /* CM thread: QP and id go; then the poller reports DISCONNECTED. */
 static void ep_teardown(struct vep *ep)
 {
+	pthread_mutex_lock(&ep->tp->lock);
+	watch_del_locked(ep->tp, ep);
+	pthread_mutex_unlock(&ep->tp->lock);
 	if (ep->qp) {
 		pthread_mutex_lock(&ep->cq->lock);
 		map_del(ep->cq, ep);
@@ -1311,6 +1422,8 @@ static void on_connect_request(struct vtp_listener *l, struct rdma_cm_event *ev)
 		if (rdma_accept(id, &p))
 			rc = err_errno();
 	}
+	if (!rc)
+		watch_add(ep, ms_from_now(tp->base.attr.connect_timeout_ms));
 	if (rc) {
 		vrpc_tp_log("verbs: cannot accept %s: %s", ep->base.peer_uri, strerror(-rc));
 		send_reject(id, tp, rc, "server could not set up a queue pair");
@@ -1376,6 +1489,7 @@ static void on_ep_event(struct vep *ep, struct rdma_cm_event *ev)
 			break;
 		}
 		pthread_mutex_lock(&ep->lock);
+		ep->cm_up = true;
 		if (ep->state == S_CONNECTING)
 			ep->state = S_OPEN;
 		pthread_cond_broadcast(&ep->cond);
@@ -1383,8 +1497,10 @@ static void on_ep_event(struct vep *ep, struct rdma_cm_event *ev)
 		break;
 	case RDMA_CM_EVENT_ESTABLISHED:
 		pthread_mutex_lock(&ep->lock);
+		ep->cm_up = true;
 		if (ep->state == S_ACCEPTING || ep->state == S_CONNECTING)
 			ep->state = S_OPEN;
+		close_progress_locked(ep); /* a close that waited for it */
 		pthread_cond_broadcast(&ep->cond);
 		pthread_mutex_unlock(&ep->lock);
 		if (ep->lst)
@@ -1450,9 +1566,10 @@ static void handle_cm_event(struct vtp *tp, struct rdma_cm_event *ev)
 static void *cm_main(void *arg)
 {
 	struct vtp *tp = arg;
+	int tmo = 500;
 	while (!atomic_load(&tp->stop)) {
 		struct epoll_event evs[4];
-		int n = epoll_wait(tp->epfd, evs, 4, 500);
+		int n = epoll_wait(tp->epfd, evs, 4, tmo);
 		for (int i = 0; i < n; i++) {
 			if (evs[i].data.fd == tp->ech->fd) {
 				struct rdma_cm_event *ev;
@@ -1473,6 +1590,7 @@ static void *cm_main(void *arg)
 				break;
 			ep_teardown(ep);
 		}
+		tmo = watch_scan(tp, 500);
 		pthread_mutex_lock(&tp->lock);
 		if (tp->cmd && !tp->cmd_done) {
 			void (*fn)(void *) = tp->cmd;
@@ -1672,6 +1790,8 @@ static int verbs_close(struct vrpc_ep *base)
 		rc = -ENOTCONN;
 	}
 	pthread_mutex_unlock(&ep->lock);
+	if (!rc)
+		watch_add(ep, ms_from_now(ep->tp->base.attr.idle_timeout_ms));
 	return rc;
 }
 
