@@ -23,7 +23,56 @@
 #include <unistd.h>
 
 #include "transport/transport_ops.h"
-#include "transport/verbs/verbs.h"
+
+/* Wire protocol version carried in the connect private data. */
+#define PROTO_VERSION 1u
+
+/* Queue-pair settings. The environment overrides some, for tests and odd
+ * set-ups (read once per transport, at vrpc_transport_create):
+ *   VRPC_VERBS_GID_INDEX=N     source GID index (default: the one rdma_cm
+ *                              picks from the bound address)
+ *   VRPC_VERBS_RNR_RETRY=N     receiver-not-ready retries, 0..7 (7 = forever,
+ *                              the default), on our queue pairs and asked of
+ *                              the peer's in the connect parameters. The
+ *                              verbs tests use 0: credits must make RNR
+ *                              impossible, so any RNR fails the connection
+ *   VRPC_VERBS_PROTO_VERSION=N test only: the protocol version this side
+ *                              claims in its handshake (the rejection tests)
+ *   VRPC_VERBS_TRACE=1         log every post, completion and rdma_cm event */
+struct qp_cfg {
+	uint8_t rnr_retry;   /* see VRPC_VERBS_RNR_RETRY */
+	uint8_t ack_timeout; /* local ACK timeout exponent, at least 14 (lossy links) */
+	uint8_t retry_cnt;   /* transport retries: 7 */
+	int gid_index;       /* -1: rdma_cm's */
+	uint16_t proto_version;
+};
+
+static long env_long(const char *name, long dflt, long lo, long hi)
+{
+	const char *v = getenv(name);
+	char *end;
+	long x;
+	if (!v || !*v)
+		return dflt;
+	x = strtol(v, &end, 0);
+	if (*end || x < lo || x > hi) {
+		vrpc_tp_log("verbs: ignoring %s=%s (want %ld..%ld)", name, v, lo, hi);
+		return dflt;
+	}
+	return x;
+}
+
+static void qp_cfg_init(struct qp_cfg *cfg)
+{
+	cfg->rnr_retry = (uint8_t)env_long("VRPC_VERBS_RNR_RETRY", 7, 0, 7);
+	cfg->ack_timeout = 14;
+	cfg->retry_cnt = 7;
+	cfg->gid_index = (int)env_long("VRPC_VERBS_GID_INDEX", -1, -1, 255);
+	cfg->proto_version = (uint16_t)env_long("VRPC_VERBS_PROTO_VERSION", PROTO_VERSION, 0, 65535);
+}
+
+/* rdma-core returns a positive errno from some calls: ours is negative. */
+static int err_pos(int rc) { return rc > 0 ? -rc : rc; }
 
 #define HDR_LEN 8u
 #define MIN_RESV 1u
@@ -162,7 +211,7 @@ struct vmr {
 
 struct vtp {
 	struct vrpc_transport base;
-	struct vrpc_verbs_cfg cfg;
+	struct qp_cfg cfg;
 	struct rdma_event_channel *ech;
 	int epfd, wakefd;
 	pthread_t cm;
@@ -295,7 +344,7 @@ static int post_srq(struct vcq *cq, struct vrpc_buf *list)
 			if (n)
 				wrs[n - 1].next = &wrs[n];
 		}
-		rc = vrpc_verbs_err_pos(ibv_post_srq_recv(cq->srq, wrs, &bad));
+		rc = err_pos(ibv_post_srq_recv(cq->srq, wrs, &bad));
 	}
 	return rc;
 }
@@ -345,7 +394,7 @@ static int tp_bind(struct vtp *tp, struct ibv_context *verbs)
 				    ibv_get_device_name(verbs->device), ibv_get_device_name(tp->verbs->device));
 		goto out;
 	}
-	if ((rc = vrpc_verbs_err_pos(ibv_query_device(verbs, &tp->dattr))))
+	if ((rc = err_pos(ibv_query_device(verbs, &tp->dattr))))
 		goto out;
 	tp->pd = ibv_alloc_pd(verbs);
 	if (!tp->pd) {
@@ -515,7 +564,7 @@ static int post_locked(struct vep *ep, struct vrpc_buf *buf, uint32_t len, uint3
 	      !buf, rc);
 	if (rc) {
 		atomic_fetch_add(&ep->credit_ret, ntohs(h->credits));
-		return vrpc_verbs_err_pos(rc);
+		return err_pos(rc);
 	}
 	ep->ring[ep->tail & ep->ring_mask] = (struct sent){ .buf = buf, .wr_id = wr_id };
 	ep->tail++;
@@ -785,7 +834,7 @@ static struct vep *map_get(struct vcq *cq, uint32_t qpn)
 
 static int qp_modify(struct vep *ep, enum ibv_qp_state state)
 {
-	const struct vrpc_verbs_cfg *cfg = &ep->tp->cfg;
+	const struct qp_cfg *cfg = &ep->tp->cfg;
 	struct ibv_qp_attr a;
 	int mask = 0;
 	memset(&a, 0, sizeof(a));
@@ -805,7 +854,7 @@ static int qp_modify(struct vep *ep, enum ibv_qp_state state)
 		a.rnr_retry = cfg->rnr_retry;
 		mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY;
 	}
-	return vrpc_verbs_err_pos(ibv_modify_qp(ep->qp, &a, mask));
+	return err_pos(ibv_modify_qp(ep->qp, &a, mask));
 }
 
 static void hello_fill(const struct vtp *tp, struct hello *h, uint32_t credits)
@@ -1739,6 +1788,8 @@ static int verbs_connect(struct vrpc_transport *tbase, const struct vrpc_addr *d
 	if (rc) {
 		if (rc == -ETIMEDOUT)
 			ep_fail(ep, rc, "connect timed out");
+		if (rc == -EPROTO) /* a mismatch someone must fix: say why, here too */
+			vrpc_tp_log("verbs: connect to %s failed: %s", ep->base.peer_uri, ep->why);
 		TRACE("verbs: connect to %s failed: %s", ep->base.peer_uri, ep->why);
 		return rc; /* never handed out: no DISCONNECTED; the teardown frees it */
 	}
@@ -1880,7 +1931,7 @@ static int verbs_tp_create(const struct vrpc_transport_attr *attr, struct vrpc_t
 		return -ENOMEM;
 	tp->base.attr = *attr;
 	tp->base.headroom = HDR_LEN;
-	vrpc_verbs_cfg_default(&tp->cfg);
+	qp_cfg_init(&tp->cfg);
 	tp->epfd = tp->wakefd = -1;
 	pthread_mutex_init(&tp->lock, NULL);
 	pthread_cond_init(&tp->cond, NULL);
