@@ -74,7 +74,7 @@ struct rslot {
 };
 
 /* Grant table entry (transport-wide, under tcp_tp.gmu). Entries never move. */
-enum { G_FREE, G_LIVE, G_REVOKING, G_DEAD, G_DONE };
+enum { G_FREE, G_LIVE, G_REVOKING, G_DONE };
 
 struct grant {
     struct vrpc_buf cpl;   /* carries the REVOKE completion */
@@ -136,6 +136,7 @@ struct tcp_ep {
     struct rslot *rslots;
     unsigned nrslots;
     atomic_uint nreads;     /* slots in use; while nonzero the poller reads headers alone */
+    _Atomic uint64_t read_ns; /* last progress of our reads (a read issued, a chunk in) */
     /* Owner: jobs (allocated at the first request), round-robin list, the
      * chunk being written (cur: its job; header and payload bytes written). */
     struct rjob *jobs, *jfree, *jhead, *jtail;
@@ -618,10 +619,9 @@ static void grant_unref(struct tcp_ep *ep, struct grant *g)
     pthread_mutex_unlock(&t->gmu);
 }
 
-/* Poller, when the REVOKE completion has been taken: the entry is free. */
-static void grant_release(struct tcp_tp *t, struct grant *g)
+/* gmu held: the entry is free; its key names nothing any more. */
+static void grant_free_locked(struct tcp_tp *t, struct grant *g)
 {
-    pthread_mutex_lock(&t->gmu);
     g->state = G_FREE;
     g->ep = NULL;
     g->addr = NULL;
@@ -629,6 +629,13 @@ static void grant_release(struct tcp_tp *t, struct grant *g)
         g->gen = 1;
     g->next_free = t->free_head;
     t->free_head = g->idx + 1;
+}
+
+/* Poller, when the REVOKE completion has been taken. */
+static void grant_release(struct tcp_tp *t, struct grant *g)
+{
+    pthread_mutex_lock(&t->gmu);
+    grant_free_locked(t, g);
     pthread_mutex_unlock(&t->gmu);
 }
 
@@ -684,15 +691,20 @@ static int tcp_revoke(struct vrpc_ep *base, uint32_t rkey, uint64_t wr_id)
     struct grant *g;
 
     pthread_mutex_lock(&t->gmu);
+    /* under gmu: teardown marks the endpoint dead before it takes gmu to
+     * free its grants, so a revoke that sees it alive completes before the
+     * DISCONNECTED, and one that comes later finds every key dead */
+    if (atomic_load(&ep->state) == S_DEAD) {
+        pthread_mutex_unlock(&t->gmu);
+        return -ENOTCONN;
+    }
     g = grant_lookup(t, rkey);
-    if (!g || g->ep != ep || (g->state != G_LIVE && g->state != G_DEAD)) {
+    if (!g || g->ep != ep || g->state != G_LIVE) {
         pthread_mutex_unlock(&t->gmu);
         return -EINVAL;
     }
     g->wr_id = wr_id;
-    if (g->state == G_DEAD)
-        grant_complete(g, -ECANCELED);
-    else if (!g->refs)
+    if (!g->refs)
         grant_complete(g, 0);
     else
         g->state = G_REVOKING; /* completes when the job streaming it stops */
@@ -700,8 +712,10 @@ static int tcp_revoke(struct vrpc_ep *base, uint32_t rkey, uint64_t wr_id)
     return 0;
 }
 
-/* Poller, at teardown (state already S_DEAD): the endpoint's grants die; a
- * revoke waiting for a job will complete -ECANCELED when the job is dropped. */
+/* Poller, at teardown (state already S_DEAD): the endpoint's grants die and
+ * are freed (the user revokes nothing after DISCONNECTED: -ENOTCONN); a
+ * revoke waiting for a job completes -ECANCELED when the job is dropped,
+ * before the DISCONNECTED. */
 static void grants_ep_dead(struct tcp_ep *ep)
 {
     struct tcp_tp *t = tcp_tp_of(ep);
@@ -713,7 +727,7 @@ static void grants_ep_dead(struct tcp_ep *ep)
             if (g->ep != ep)
                 continue;
             if (g->state == G_LIVE)
-                g->state = G_DEAD;
+                grant_free_locked(t, g);
             else if (g->state == G_REVOKING)
                 g->status = -ECANCELED;
         }
@@ -731,7 +745,7 @@ static int grant_ref(struct tcp_ep *ep, uint64_t raddr, uint32_t key, uint32_t l
 
     pthread_mutex_lock(&t->gmu);
     g = grant_lookup(t, key);
-    if (!g || (g->state != G_LIVE && g->state != G_REVOKING && g->state != G_DEAD))
+    if (!g || (g->state != G_LIVE && g->state != G_REVOKING))
         why = "unknown or revoked key";
     else if (g->ep != ep)
         why = "key granted on another connection";
@@ -798,6 +812,7 @@ static int tcp_read(struct vrpc_ep *base, struct vrpc_buf *buf, uint32_t off, ui
     s->done = 0;
     s->finished = false;
     atomic_store(&s->used, true);
+    atomic_store(&ep->read_ns, vrpc_tp_now_ns()); /* before nreads: the timeout scan sees both */
     atomic_fetch_add(&ep->nreads, 1);
     memcpy(s->req_space + HDR_LEN, &r, sizeof r);
     build_hdr(s->req_space, F_READ_REQ, sizeof r, (uint32_t)s->gen << 16 | (uint32_t)(s - ep->rslots),
@@ -1347,6 +1362,7 @@ static int body_done(struct tcp_cq *cq, struct tcp_ep *ep, const char **why)
         bool last;
         ep->rslot = NULL;
         r->done += ep->rlen;
+        atomic_store(&ep->read_ns, vrpc_tp_now_ns());
         pthread_mutex_lock(&ep->lock);
         last = r->done == r->len;
         if (last)
@@ -1634,6 +1650,8 @@ static void scan_timeouts(struct tcp_cq *cq, uint64_t now)
             teardown(cq, ep, -ETIMEDOUT, "frame not completed within the idle timeout (slow or stuck peer)");
         else if (c && now > c + idle)
             teardown(cq, ep, -ETIMEDOUT, "peer did not finish the close");
+        else if (atomic_load(&ep->nreads) && now > atomic_load(&ep->read_ns) + idle)
+            teardown(cq, ep, -ETIMEDOUT, "our read got no data within the idle timeout (slow or stuck peer)");
     }
 }
 
@@ -1852,6 +1870,7 @@ static struct tcp_ep *ep_alloc(struct vrpc_transport *tp, struct tcp_cq *cq, int
     ep->ctrl.data = ep->ctrl_space + HDR_LEN;
     ep->errf.data = ep->err_space + HDR_LEN;
     atomic_init(&ep->nreads, 0);
+    atomic_init(&ep->read_ns, 0);
     atomic_init(&ep->state, S_HANDSHAKE);
     return ep;
 }
