@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -41,7 +42,18 @@ static void die(const char *what, int rc)
 
 struct result {
     double bytes_per_s, ops, p50, p99;
+    double cpu_ns_per_kib; /* user + system CPU of the whole process (both sides) per KiB moved */
 };
+
+/* CPU time of the process (every thread), ns: less sensitive than wall time
+ * to the other work sharing this machine. */
+static uint64_t cpu_ns(void)
+{
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return ((uint64_t)u.ru_utime.tv_sec + (uint64_t)u.ru_stime.tv_sec) * 1000000000u +
+           ((uint64_t)u.ru_utime.tv_usec + (uint64_t)u.ru_stime.tv_usec) * 1000u;
+}
 
 static int by_bw(const void *a, const void *b)
 {
@@ -125,7 +137,7 @@ static struct result bench_read(uint32_t size)
     struct reader r;
     struct result res;
     char uri[VRPC_URI_MAX];
-    uint64_t t0, t1;
+    uint64_t t0, t1, c0, c1;
     bool v6 = strchr(g.ip, ':') != NULL;
     unsigned i;
     int rc;
@@ -185,6 +197,7 @@ static struct result bench_read(uint32_t size)
     r.done = 0;
     r.lat.n = 0;
     r.lat.sorted = false;
+    c0 = cpu_ns();
     t0 = vrpc_bench_now_ns();
     r.until = t0 + (uint64_t)(g.secs * 1e9);
     for (i = 0; i < g.depth; i++)
@@ -192,6 +205,7 @@ static struct result bench_read(uint32_t size)
     while (r.inflight)
         pthread_cond_wait(&r.cv, &r.mu);
     t1 = vrpc_bench_now_ns();
+    c1 = cpu_ns();
     pthread_mutex_unlock(&r.mu);
     if (r.err)
         die("read completion", r.err);
@@ -199,6 +213,7 @@ static struct result bench_read(uint32_t size)
     res.bytes_per_s = res.ops * size;
     res.p50 = vrpc_bench_pct_us(&r.lat, 50);
     res.p99 = vrpc_bench_pct_us(&r.lat, 99);
+    res.cpu_ns_per_kib = (double)(c1 - c0) / ((double)r.done * size / 1024.0);
 
     vrpc_ep_revoke(r.sep, r.key, 0);
     vrpc_ep_destroy(r.ep);
@@ -253,7 +268,7 @@ static struct result baseline_stream(uint32_t size)
     struct result res = { .p50 = VRPC_BENCH_NONE, .p99 = VRPC_BENCH_NONE };
     char *buf = calloc(1, size);
     unsigned long msgs = 0;
-    uint64_t t0, t1;
+    uint64_t t0, t1, c0, c1;
     int fd, one = 1;
 
     inet_pton(AF_INET, strchr(g.ip, ':') ? "127.0.0.1" : g.ip, &sa.sin_addr);
@@ -266,6 +281,7 @@ static struct result baseline_stream(uint32_t size)
     if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa))
         die("baseline connect", errno);
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    c0 = cpu_ns();
     t0 = vrpc_bench_now_ns();
     t1 = t0 + (uint64_t)(g.secs * 1e9);
     while (vrpc_bench_now_ns() < t1) {
@@ -281,33 +297,47 @@ static struct result baseline_stream(uint32_t size)
     t1 = vrpc_bench_now_ns();
     close(fd);
     pthread_join(s.th, NULL);
+    c1 = cpu_ns();
     close(s.lfd);
     free(buf);
     res.ops = (double)msgs * 1e9 / (double)(t1 - t0);
     res.bytes_per_s = res.ops * size;
+    res.cpu_ns_per_kib = (double)(c1 - c0) / ((double)msgs * size / 1024.0);
     return res;
+}
+
+static int by_cpu(const void *a, const void *b)
+{
+    const struct result *x = a, *y = b;
+    return x->cpu_ns_per_kib < y->cpu_ns_per_kib ? -1 : x->cpu_ns_per_kib > y->cpu_ns_per_kib;
 }
 
 static void run_size(uint32_t size, const char *label)
 {
     struct result b[ROUNDS], t[ROUNDS];
-    char name[96], extra[256];
+    double bcpu, tcpu;
+    char name[96], extra[320];
     int k;
     for (k = 0; k < ROUNDS; k++) {
         b[k] = baseline_stream(size);
         t[k] = bench_read(size);
     }
+    qsort(b, ROUNDS, sizeof *b, by_cpu);
+    qsort(t, ROUNDS, sizeof *t, by_cpu);
+    bcpu = b[ROUNDS / 2].cpu_ns_per_kib;
+    tcpu = t[ROUNDS / 2].cpu_ns_per_kib;
     qsort(b, ROUNDS, sizeof *b, by_bw);
     qsort(t, ROUNDS, sizeof *t, by_bw);
     snprintf(name, sizeof name, "baseline:tcp_stream_%s", label);
-    snprintf(extra, sizeof extra, "\"size\":%u,\"rounds\":%d,\"bytes_per_s\":%.0f", size, ROUNDS,
-             b[ROUNDS / 2].bytes_per_s);
+    snprintf(extra, sizeof extra, "\"size\":%u,\"rounds\":%d,\"bytes_per_s\":%.0f,\"cpu_ns_per_kib\":%.1f", size,
+             ROUNDS, b[ROUNDS / 2].bytes_per_s, bcpu);
     vrpc_bench_report(&g.o, name, b[ROUNDS / 2].ops, VRPC_BENCH_NONE, VRPC_BENCH_NONE, extra);
     snprintf(name, sizeof name, "transport:%s_read_%s", g.backend, label);
     snprintf(extra, sizeof extra,
-             "\"backend\":\"%s\",\"size\":%u,\"depth\":%u,\"rounds\":%d,\"bytes_per_s\":%.0f,\"vs_baseline\":%.2f",
+             "\"backend\":\"%s\",\"size\":%u,\"depth\":%u,\"rounds\":%d,\"bytes_per_s\":%.0f,\"vs_baseline\":%.2f,"
+             "\"cpu_ns_per_kib\":%.1f,\"cpu_vs_baseline\":%.2f",
              g.backend, size, g.depth, ROUNDS, t[ROUNDS / 2].bytes_per_s,
-             t[ROUNDS / 2].bytes_per_s / b[ROUNDS / 2].bytes_per_s);
+             t[ROUNDS / 2].bytes_per_s / b[ROUNDS / 2].bytes_per_s, tcpu, tcpu / bcpu);
     vrpc_bench_report(&g.o, name, t[ROUNDS / 2].ops, t[ROUNDS / 2].p50, t[ROUNDS / 2].p99, extra);
 }
 
