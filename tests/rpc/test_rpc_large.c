@@ -622,13 +622,18 @@ static void raw_send(struct raw *r, struct vrpc_ep *ep, const struct vrpc_wire_h
     assert_int_equal(vrpc_ep_send(ep, b, (uint32_t)(VRPC_WIRE_HDR_LEN + body_len), 0, 0, 0), 0);
 }
 
-static void raw_hello(struct raw *r, struct vrpc_ep *ep, uint8_t type)
+static void raw_hello_f(struct raw *r, struct vrpc_ep *ep, uint8_t type, uint32_t features)
 {
     uint8_t p[VRPC_WIRE_HELLO_LEN];
-    struct vrpc_wire_hello hs = {.max_msg_size = 64 * MiB, .max_concurrent = 8, .features = VRPC_FEAT_LARGE};
+    struct vrpc_wire_hello hs = {.max_msg_size = 64 * MiB, .max_concurrent = 8, .features = features};
     vrpc_wire_hello_encode(p, &hs);
     struct vrpc_wire_hdr h = {.version = 1, .type = type, .payload_len = sizeof(p)};
     raw_send(r, ep, &h, p, sizeof(p));
+}
+
+static void raw_hello(struct raw *r, struct vrpc_ep *ep, uint8_t type)
+{
+    raw_hello_f(r, ep, type, VRPC_FEAT_LARGE);
 }
 
 static void raw_last(struct raw *r, struct vrpc_wire_hdr *h)
@@ -647,13 +652,14 @@ static void test_forged_descriptors(void **state)
     uint8_t one = 1;
     check_echo(ch, &one, 1);
     const char *what[] = {"wrong key", "address below the buffer", "range past the buffer's end",
-                          "address above the buffer", "key 0", "overflowing range"};
-    for (int kind = 0; kind < 6; kind++) {
+                          "address above the buffer", "key 0", "overflowing range",
+                          "rendezvous without LARGE agreed"};
+    for (int kind = 0; kind < 7; kind++) {
         struct raw r;
         struct vrpc_wire_hdr h;
         raw_open(&r);
         raw_connect(&r, g_uri);
-        raw_hello(&r, r.ep, VRPC_FT_HELLO);
+        raw_hello_f(&r, r.ep, VRPC_FT_HELLO, kind == 6 ? 0 : VRPC_FEAT_LARGE);
         assert_true(raw_wait(&r.nrecv, 1, 5000));
         raw_last(&r, &h);
         assert_int_equal(h.type, VRPC_FT_HELLO_ACK);
@@ -672,7 +678,8 @@ static void test_forged_descriptors(void **state)
         case 2: addr += 4096; break;
         case 3: addr += cap; break;
         case 4: rkey = 0; break;
-        default: addr = UINT64_MAX - 100; break;
+        case 5: addr = UINT64_MAX - 100; break;
+        default: break; /* a valid descriptor, but LARGE was not agreed */
         }
         uint8_t desc[VRPC_WIRE_DESC_LEN];
         struct vrpc_wire_desc d = {.addr = addr, .rkey = rkey};
