@@ -495,13 +495,18 @@ static void hold_fired(void *ctx, uint64_t arg)
     struct vrpc_server *s = ctx;
     struct vrpc_rndv_out *o = (struct vrpc_rndv_out *)(uintptr_t)arg;
     struct sconn *found = NULL;
+    uint32_t len = 0;
+    uint64_t id = 0;
     pthread_mutex_lock(&s->lock);
     for (struct sconn *c = s->conns.next; c != &s->conns; c = c->next) {
         if (c->rsp && o >= c->rsp && o < c->rsp + c->ncalls) {
+            /* the grant's reference on c is dropped only under s->lock (response_released) */
             if (__atomic_load_n(&o->state, __ATOMIC_ACQUIRE) == VRPC_RNDV_GRANTED &&
                 vrpc_now_ns() - o->sent_ns >= (int64_t)s->o.hold_timeout_ms * 1000000) {
                 __atomic_add_fetch(&c->refs, 1, __ATOMIC_RELAXED);
                 found = c;
+                len = o->len;
+                id = o->id;
             }
             break;
         }
@@ -512,7 +517,7 @@ static void hold_fired(void *ctx, uint64_t arg)
     char peer[VRPC_URI_MAX] = "?";
     vrpc_ep_peer_uri(found->ep, peer, sizeof(peer));
     vrpc_rpc_log("client %s held the %u-byte response of call %#llx for %u ms without reading it (no DONE); "
-                 "closing the connection", peer, o->len, (unsigned long long)o->id, s->o.hold_timeout_ms);
+                 "closing the connection", peer, len, (unsigned long long)id, s->o.hold_timeout_ms);
     __atomic_store_n(&found->dead, 1, __ATOMIC_RELEASE);
     vrpc_ep_close(found->ep);
     sconn_unref(found);
