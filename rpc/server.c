@@ -72,6 +72,7 @@ struct sconn {
     bool hello_done;  /* poller only */
     uint32_t client_max_payload; /* md + message bytes we may send back */
     uint32_t client_max;         /* the client's max_msg_size */
+    bool large;                  /* both sides offer VRPC_FEAT_LARGE (poller only) */
     uint32_t ncalls;
     struct vrpc_server_call *calls;
     struct vrpc_rndv_out *rsp; /* ncalls: large responses until the client's DONE
@@ -546,6 +547,7 @@ static void on_hello(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8
     uint32_t eager = vrpc_ep_eager_size(c->ep);
     c->client_max = hs.max_msg_size;
     c->client_max_payload = vrpc_rndv_send_limit(hs.max_msg_size, hs.features, eager);
+    c->large = (hs.features & vrpc_rndv_features & VRPC_FEAT_LARGE) != 0;
     c->ncalls = s->o.max_concurrent;
     c->calls = calloc(c->ncalls, sizeof(*c->calls));
     c->rsp = calloc(c->ncalls, sizeof(*c->rsp));
@@ -591,7 +593,7 @@ static void on_recv(struct sconn *c, const uint8_t *f, uint32_t len)
     }
     switch (h.type) {
     case VRPC_FT_REQUEST:
-        if ((h.flags & VRPC_FF_RNDV) && !(vrpc_rndv_features & VRPC_FEAT_LARGE)) {
+        if ((h.flags & VRPC_FF_RNDV) && !c->large) {
             conn_protocol_error(c, "large-message request on a connection without large messages", -EPROTO);
             break;
         }
