@@ -794,6 +794,48 @@ static void *bg_call_main(void *arg)
     return NULL;
 }
 
+/* A raw server answers with a forged RESPONSE|RNDV (a key it never granted):
+ * the client's read is refused, the call fails INTERNAL, the connection
+ * closes and the client's read buffer goes back. */
+static void test_forged_response_descriptor(void **state)
+{
+    (void)state;
+    struct raw r;
+    char lu[VRPC_URI_MAX], bound[VRPC_URI_MAX];
+    struct vrpc_listen_attr la = {.ncqs = 1};
+    raw_open(&r);
+    la.cqs = &r.cq;
+    assert_int_equal(vrpc_listen(r.tp, listen_uri(lu, sizeof(lu), 0), &la, &r.l), 0);
+    assert_int_equal(vrpc_listener_uri(r.l, bound, sizeof(bound)), 0);
+    struct bg_call a = {.ch = new_channel_opt(bound, 4 * MiB, 0, false), .n = 10};
+    pthread_t t;
+    pthread_create(&t, NULL, bg_call_main, &a);
+    assert_true(raw_wait(&r.nrecv, 1, 5000)); /* HELLO */
+    struct vrpc_ep *ep = __atomic_load_n(&r.accepted, __ATOMIC_ACQUIRE);
+    assert_non_null(ep);
+    raw_hello(&r, ep, VRPC_FT_HELLO_ACK);
+    assert_true(raw_wait(&r.nrecv, 2, 5000)); /* the REQUEST */
+    struct vrpc_wire_hdr h;
+    raw_last(&r, &h);
+    assert_int_equal(h.type, VRPC_FT_REQUEST);
+    uint8_t desc[VRPC_WIRE_DESC_LEN];
+    struct vrpc_wire_desc d = {.addr = 0x10000000, .rkey = 0x12345};
+    vrpc_wire_desc_encode(desc, &d);
+    struct vrpc_wire_hdr rh = {.version = 1, .type = VRPC_FT_RESPONSE, .flags = VRPC_FF_RNDV,
+                               .request_id = h.request_id, .payload_len = MiB};
+    raw_send(&r, ep, &rh, desc, sizeof(desc));
+    pthread_join(t, NULL);
+    printf("# call answered with a forged descriptor: %s: %s\n", vrpc_code_name((enum vrpc_code)a.code),
+           a.st.message);
+    /* INTERNAL when the refusal comes back first; UNAVAILABLE if the owner's
+     * side dropped the connection before its refusal was seen */
+    assert_true(a.code == VRPC_INTERNAL || a.code == VRPC_UNAVAILABLE);
+    assert_true(raw_wait(&r.disconnected, 1, 10000));
+    assert_int_equal(wait_in_use_zero(vrpc_channel_transport(a.ch)), 0);
+    vrpc_channel_destroy(a.ch);
+    raw_close(&r);
+}
+
 /* A raw server takes a 3 MiB request and never reads it: a second one finds
  * the client's 4 MiB max_pinned full (RESOURCE_EXHAUSTED naming it), and the
  * hold timeout closes the connection, failing the first UNAVAILABLE; every
@@ -1034,6 +1076,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_many_large_transfers_one_connection),
         cmocka_unit_test(test_cancel_and_deadline_on_large_response),
         cmocka_unit_test(test_forged_descriptors),
+        cmocka_unit_test(test_forged_response_descriptor),
         cmocka_unit_test(test_cache_bound_and_hold_timeout),
         cmocka_unit_test(test_server_hold_timeout),
         cmocka_unit_test(test_server_killed_mid_transfer),
