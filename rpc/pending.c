@@ -75,7 +75,8 @@ static struct vrpc_pending_slot *take_locked(struct vrpc_pending *p, void *conn)
     p->in_use++;
     uint64_t w = __atomic_load_n(&s->word, __ATOMIC_RELAXED);
     __atomic_store_n(&s->conn, conn, __ATOMIC_RELAXED);
-    /* release: conn is visible to whoever sees INUSE (the loss scan). */
+    __atomic_store_n(&s->xfer, 1, __ATOMIC_RELAXED); /* the owner's hold, see pending.h */
+    /* release: conn and xfer are visible to whoever sees INUSE (the loss scan). */
     __atomic_store_n(&s->word, WORD(GEN(w), VRPC_PEND_INUSE), __ATOMIC_RELEASE);
     return s;
 }

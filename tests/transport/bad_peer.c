@@ -1,12 +1,15 @@
 /* TCP-only cases: peers that send garbage, a 4 GiB frame header, half a frame
- * then close, or one byte at a time. Each must only end its own connection
+ * then close, or one byte at a time; peers forging read requests (bad keys
+ * and ranges) or read frames nobody asked for. Each must only end its own connection
  * (DISCONNECTED with a protocol error on the server, which logs it) while a
  * healthy connection on the same server carries on, and nothing leaks (the
  * server's receive buffers all come back at CQ destroy; ASan checks memory). */
 #include <arpa/inet.h>
+#include <endian.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -235,4 +238,311 @@ void t_bad_slow_peer(void **state)
     assert_true(closed_by_server(fd, WAIT_MS));
     close(fd);
     env_stop(&x);
+}
+
+/* ---- forged read requests ---------------------------------------------------- */
+
+#define CANARY 0xc5
+#define GOFF 4096u         /* the grant starts this far into the buffer */
+#define GLEN (64u << 10)   /* and is this long; canary bytes all around */
+
+struct read_env {
+    struct rig r;
+    struct vrpc_ep *cep, *sep; /* a healthy connection */
+    struct vrpc_buf *buf;      /* the server's buffer: canary, granted payload, canary */
+    uint32_t sum;              /* of the whole buffer */
+    const char *gp;            /* grant start */
+};
+
+static void read_env_start(struct read_env *x)
+{
+    unsigned char *p;
+    assert_int_equal(rig_start(&x->r, 0), 0);
+    assert_int_equal(rig_connect(&x->r, &x->cep, &x->sep), 0);
+    assert_int_equal(vrpc_lbuf_get(x->r.s.tp, GOFF + GLEN + GOFF, &x->buf), 0);
+    p = x->buf->data;
+    memset(p, CANARY, x->buf->cap);
+    fill(p + GOFF, GLEN, 1234);
+    x->gp = (const char *)p + GOFF;
+    x->sum = csum(p, x->buf->cap);
+}
+
+/* A raw peer whose server-side endpoint got a grant of the payload. */
+static int raw_with_grant(struct read_env *x, struct vrpc_ep **rsep, uint32_t *key)
+{
+    struct vrpc_wc w;
+    int fd = raw_connect(x->r.uri);
+    assert_true(fd >= 0);
+    assert_true(coll_wait(&x->r.s.coll, VRPC_WC_ACCEPTED, NULL, WAIT_MS, &w));
+    *rsep = w.ep;
+    assert_int_equal(vrpc_ep_grant(*rsep, x->buf->mr, x->gp, GLEN, key), 0);
+    return fd;
+}
+
+static void send_read_req(int fd, uint32_t tag, uint64_t raddr, uint32_t key, uint32_t length)
+{
+    struct {
+        struct vrpc_tcp_hdr h;
+        struct vrpc_tcp_read_req r;
+    } m;
+    hdr(&m.h, VRPC_TCP_READ_REQ, sizeof m.r, tag, 0);
+    m.r.raddr = htole64(raddr);
+    m.r.rkey = htole32(key);
+    m.r.length = htole32(length);
+    assert_int_equal(write(fd, &m, sizeof m), sizeof m);
+}
+
+/* Everything the server sends until it closes (at most cap bytes). */
+static size_t read_all(int fd, void *buf, size_t cap)
+{
+    struct pollfd p = { .fd = fd, .events = POLLIN };
+    size_t got = 0;
+    while (got < cap && poll(&p, 1, WAIT_MS) > 0) {
+        ssize_t n = read(fd, (char *)buf + got, cap - got);
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    return got;
+}
+
+static void read_env_stop(struct read_env *x)
+{
+    struct vrpc_buf *dst;
+    struct vrpc_wc w;
+    uint32_t key;
+    /* the healthy connection still reads and sends */
+    assert_int_equal(vrpc_lbuf_get(x->r.c.tp, GLEN, &dst), 0);
+    assert_int_equal(vrpc_ep_grant(x->sep, x->buf->mr, x->gp, GLEN, &key), 0);
+    assert_int_equal(vrpc_ep_read(x->cep, dst, 0, GLEN, (uint64_t)(uintptr_t)x->gp, key, 9), 0);
+    assert_true(coll_wait(&x->r.c.coll, VRPC_WC_READ, x->cep, WAIT_MS, &w));
+    assert_int_equal(w.status, 0);
+    assert_memory_equal(dst->data, x->gp, GLEN);
+    assert_int_equal(vrpc_ep_revoke(x->sep, key, 0), 0);
+    assert_true(coll_wait(&x->r.s.coll, VRPC_WC_REVOKE, x->sep, WAIT_MS, &w));
+    assert_int_equal(w.status, 0);
+    /* the owner's memory, canaries included, is as it was */
+    assert_int_equal(csum(x->buf->data, x->buf->cap), x->sum);
+    vrpc_lbuf_put(dst);
+    vrpc_lbuf_put(x->buf);
+    vrpc_ep_destroy(x->cep);
+    vrpc_ep_destroy(x->sep);
+    assert_true(coll_wait(&x->r.s.coll, VRPC_WC_DISCONNECTED, x->sep, WAIT_MS, &w));
+    rig_stop(&x->r);
+}
+
+/* Forged READ_REQs, each on its own raw connection holding a grant of 64 KiB
+ * with canary bytes around it: wrong key, key of another connection, address
+ * below / length past / address past the grant, zero length, ranges that
+ * overflow. Each: exactly one READ_ERR for its tag and nothing else (no byte
+ * of the buffer), the connection closes, the server reports -EPROTO; the
+ * healthy connection carries on; a valid request returns just the payload. */
+void t_bad_read_requests(void **state)
+{
+    struct read_env x;
+    struct vrpc_wc w;
+    uint64_t g;
+    uint32_t other_key, key, i;
+    unsigned char *in = malloc(GLEN + 64);
+    struct vrpc_tcp_hdr h;
+    struct vrpc_ep *rsep;
+    int fd;
+
+    assert_non_null(in);
+    read_env_start(&x);
+    g = (uint64_t)(uintptr_t)x.gp;
+    assert_int_equal(vrpc_ep_grant(x.sep, x.buf->mr, x.gp, GLEN, &other_key), 0);
+
+    /* the positive control: exactly the granted bytes come back */
+    fd = raw_with_grant(&x, &rsep, &key);
+    send_read_req(fd, 77, g + 10, key, GLEN - 10);
+    assert_int_equal(recv(fd, &h, sizeof h, MSG_WAITALL), sizeof h);
+    assert_int_equal(h.type, VRPC_TCP_READ_RESP);
+    assert_int_equal(le32toh(h.imm), 77);
+    assert_int_equal(le32toh(h.len), GLEN - 10);
+    assert_int_equal(recv(fd, in, GLEN - 10, MSG_WAITALL), GLEN - 10);
+    assert_memory_equal(in, x.gp + 10, GLEN - 10);
+    close(fd);
+    assert_true(coll_wait(&x.r.s.coll, VRPC_WC_DISCONNECTED, rsep, WAIT_MS, &w));
+    assert_int_equal(vrpc_ep_revoke(rsep, key, 0), -ENOTCONN); /* the key died with it */
+    vrpc_ep_destroy(rsep);
+
+    for (i = 0; i < 8; i++) {
+        static const char *what[] = { "wrong key", "key of another connection", "address below the grant",
+                                      "length past the grant", "address past the grant", "zero length",
+                                      "address + length overflows", "length overflows the grant" };
+        uint64_t a = g;
+        uint32_t k, len = 16;
+        size_t got;
+        fd = raw_with_grant(&x, &rsep, &key);
+        k = key;
+        switch (i) {
+        case 0: k = key + 0x100; break;
+        case 1: k = other_key; break;
+        case 2: a = g - 1; break;
+        case 3: len = GLEN + 1; break;
+        case 4: a = g + GLEN - 8; break;
+        case 5: len = 0; break;
+        case 6: a = UINT64_MAX - 7; break;
+        case 7: a = g + 8; len = 0xffffffffu; break;
+        }
+        printf("  forged read request: %s\n", what[i]);
+        send_read_req(fd, 100 + i, a, k, len);
+        got = read_all(fd, in, GLEN + 64);
+        assert_int_equal(got, sizeof h); /* one header, not a byte of memory */
+        memcpy(&h, in, sizeof h);
+        assert_int_equal(h.type, VRPC_TCP_READ_ERR);
+        assert_int_equal(le32toh(h.imm), 100 + i);
+        assert_int_equal(le32toh(h.len), 0);
+        close(fd);
+        assert_true(coll_wait(&x.r.s.coll, VRPC_WC_DISCONNECTED, rsep, WAIT_MS, &w));
+        assert_int_equal(w.status, -EPROTO);
+        assert_int_equal(vrpc_ep_revoke(rsep, key, 0), -ENOTCONN); /* the key died with it */
+        vrpc_ep_destroy(rsep);
+    }
+    assert_int_equal(vrpc_ep_revoke(x.sep, other_key, 0), 0);
+    assert_true(coll_wait(&x.r.s.coll, VRPC_WC_REVOKE, x.sep, WAIT_MS, &w));
+    free(in);
+    read_env_stop(&x);
+}
+
+/* Read frames the reader never asked for: a READ_RESP and a READ_ERR for a
+ * tag with no read outstanding, and a READ_REQ of the wrong length, are
+ * protocol errors of that connection only. */
+void t_bad_read_frames(void **state)
+{
+    struct read_env x;
+    struct vrpc_wc w;
+    struct vrpc_tcp_hdr h;
+    unsigned i;
+    int fd;
+
+    read_env_start(&x);
+    for (i = 0; i < 3; i++) {
+        struct vrpc_ep *rsep;
+        fd = raw_connect(x.r.uri);
+        assert_true(fd >= 0);
+        assert_true(coll_wait(&x.r.s.coll, VRPC_WC_ACCEPTED, NULL, WAIT_MS, &w));
+        rsep = w.ep;
+        if (i == 0)
+            hdr(&h, VRPC_TCP_READ_RESP, 8, 5, 0);
+        else if (i == 1)
+            hdr(&h, VRPC_TCP_READ_ERR, 0, 5, 0);
+        else
+            hdr(&h, VRPC_TCP_READ_REQ, 8, 5, 0);
+        assert_int_equal(write(fd, &h, sizeof h), sizeof h);
+        assert_int_equal(write(fd, "12345678", 8), 8);
+        assert_true(closed_by_server(fd, WAIT_MS));
+        close(fd);
+        assert_true(coll_wait(&x.r.s.coll, VRPC_WC_DISCONNECTED, rsep, WAIT_MS, &w));
+        assert_int_equal(w.status, -EPROTO);
+        vrpc_ep_destroy(rsep);
+    }
+    read_env_stop(&x);
+}
+
+/* ---- a bad owner: a raw server answering our reads wrongly, or not at all ---- */
+
+struct raw_srv {
+    int lfd, fd;
+    char uri[VRPC_URI_MAX];
+};
+
+/* Listen on 127.0.0.1:0; raw_srv_accept() completes the handshake. */
+static void raw_srv_listen(struct raw_srv *s)
+{
+    struct sockaddr_in sa = { .sin_family = AF_INET };
+    socklen_t sl = sizeof sa;
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    s->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(s->lfd >= 0);
+    assert_int_equal(bind(s->lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(s->lfd, 4), 0);
+    assert_int_equal(getsockname(s->lfd, (struct sockaddr *)&sa, &sl), 0);
+    snprintf(s->uri, sizeof s->uri, "tcp://127.0.0.1:%u", ntohs(sa.sin_port));
+}
+
+struct connector_arg {
+    struct client *c;
+    const char *uri;
+    struct vrpc_ep *ep;
+    int rc;
+};
+
+static void *connect_main(void *arg)
+{
+    struct connector_arg *a = arg;
+    a->rc = client_connect(a->c, a->uri, &a->ep);
+    return NULL;
+}
+
+/* Connect c to the raw server and answer the handshake by hand. */
+static struct vrpc_ep *raw_srv_accept(struct raw_srv *s, struct client *c)
+{
+    struct connector_arg a = { .c = c, .uri = s->uri };
+    struct vrpc_tcp_hdr h;
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, connect_main, &a), 0);
+    s->fd = accept(s->lfd, NULL, NULL);
+    assert_true(s->fd >= 0);
+    assert_int_equal(recv(s->fd, &h, sizeof h, MSG_WAITALL), sizeof h);
+    assert_int_equal(h.type, VRPC_TCP_HELLO);
+    hdr(&h, VRPC_TCP_HELLO_ACK, 0, 8192, 2);
+    assert_int_equal(write(s->fd, &h, sizeof h), sizeof h);
+    pthread_join(th, NULL);
+    assert_int_equal(a.rc, 0);
+    return a.ep;
+}
+
+/* Our reads against a raw owner: a READ_RESP for a tag we never used, a
+ * READ_RESP longer than the read, and silence. The first two fail the
+ * connection (-EPROTO) and the read completes -ECANCELED; silence fails it
+ * after the idle timeout (-ETIMEDOUT). Each read completes exactly once. */
+void t_bad_read_owner(void **state)
+{
+    struct vrpc_transport_attr a;
+    struct client c;
+    struct vrpc_buf *dst;
+    unsigned i;
+
+    vrpc_transport_attr_init(&a);
+    a.idle_timeout_ms = 1500;
+    assert_int_equal(client_start(&c, &a, 16, 8, 0, NULL, NULL), 0);
+    assert_int_equal(vrpc_lbuf_get(c.tp, 4096, &dst), 0);
+    for (i = 0; i < 3; i++) {
+        static const int want[] = { -EPROTO, -EPROTO, -ETIMEDOUT };
+        struct { struct vrpc_tcp_hdr h; struct vrpc_tcp_read_req r; } m;
+        struct raw_srv s;
+        struct vrpc_ep *ep;
+        struct vrpc_wc w;
+        char junk[8192] = { 0 };
+
+        raw_srv_listen(&s);
+        ep = raw_srv_accept(&s, &c);
+        assert_int_equal(vrpc_ep_read(ep, dst, 0, 4096, 0x1000, 0x101, 7), 0);
+        assert_int_equal(recv(s.fd, &m, sizeof m, MSG_WAITALL), sizeof m);
+        assert_int_equal(m.h.type, VRPC_TCP_READ_REQ);
+        assert_int_equal(le32toh(m.r.length), 4096);
+        if (i == 0)
+            hdr(&m.h, VRPC_TCP_READ_RESP, 16, le32toh(m.h.imm) ^ 0x10000, 0); /* another generation */
+        else if (i == 1)
+            hdr(&m.h, VRPC_TCP_READ_RESP, 4097, le32toh(m.h.imm), 0);
+        if (i < 2) {
+            assert_int_equal(write(s.fd, &m.h, sizeof m.h), sizeof m.h);
+            assert_int_equal(write(s.fd, junk, sizeof junk), sizeof junk);
+        }
+        assert_true(coll_wait(&c.coll, VRPC_WC_READ, ep, WAIT_MS, &w));
+        assert_int_equal(w.wr_id, 7);
+        assert_ptr_equal(w.buf, dst);
+        assert_int_equal(w.status, -ECANCELED);
+        assert_true(coll_wait(&c.coll, VRPC_WC_DISCONNECTED, ep, WAIT_MS, &w));
+        assert_int_equal(w.status, want[i]);
+        vrpc_ep_destroy(ep);
+        close(s.fd);
+        close(s.lfd);
+    }
+    vrpc_lbuf_put(dst);
+    usleep(20000);
+    assert_int_equal(coll_count(&c.coll, VRPC_WC_READ, NULL), 0);
+    client_stop(&c);
 }
