@@ -606,7 +606,7 @@ static void on_recv(struct vrpc_channel *ch, struct vrpc_conn *c, const uint8_t 
     }
     switch (h.type) {
     case VRPC_FT_RESPONSE:
-        if ((h.flags & VRPC_FF_RNDV) && !(vrpc_rndv_features & VRPC_FEAT_LARGE)) {
+        if ((h.flags & VRPC_FF_RNDV) && !c->large) {
             protocol_error(c, "large-message response on a connection without large messages", -EPROTO);
             break;
         }
