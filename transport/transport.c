@@ -10,6 +10,7 @@
 #include <sched.h>
 #include <time.h>
 
+#include "transport/lbuf.h"
 #include "transport/transport_ops.h"
 
 /* Every backend compiled in, in "auto" preference order. */
@@ -128,14 +129,23 @@ int vrpc_transport_create(const char *name, const struct vrpc_transport_attr *at
         return rc;
     tp->ops = ops;
     tp->attr = a;
+    tp->lbuf = NULL;
+    rc = vrpc_lbuf_cache_create(tp, &tp->lbuf);
+    if (rc) {
+        ops->tp_destroy(tp);
+        return rc;
+    }
     *out = tp;
     return 0;
 }
 
 void vrpc_transport_destroy(struct vrpc_transport *tp)
 {
-    if (tp)
-        tp->ops->tp_destroy(tp);
+    if (!tp)
+        return;
+    /* its buffers' MRs go before the backend's protection domain */
+    vrpc_lbuf_cache_destroy(tp->lbuf);
+    tp->ops->tp_destroy(tp);
 }
 
 const char *vrpc_transport_name(const struct vrpc_transport *tp)

@@ -40,6 +40,7 @@ struct vrpc_transport {
     const struct vrpc_transport_ops *ops;
     struct vrpc_transport_attr attr; /* defaults applied */
     uint32_t headroom;               /* bytes before vrpc_buf.data in pool buffers */
+    struct vrpc_lbuf_cache *lbuf;    /* large-buffer cache (lbuf.c), set by the core */
 };
 
 struct vrpc_cq {
