@@ -1,9 +1,11 @@
 /* TCP-only cases: peers that send garbage, a 4 GiB frame header, half a frame
- * then close, or one byte at a time. Each must only end its own connection
+ * then close, or one byte at a time; peers forging read requests (bad keys
+ * and ranges) or read frames nobody asked for. Each must only end its own connection
  * (DISCONNECTED with a protocol error on the server, which logs it) while a
  * healthy connection on the same server carries on, and nothing leaks (the
  * server's receive buffers all come back at CQ destroy; ASan checks memory). */
 #include <arpa/inet.h>
+#include <endian.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -235,4 +237,208 @@ void t_bad_slow_peer(void **state)
     assert_true(closed_by_server(fd, WAIT_MS));
     close(fd);
     env_stop(&x);
+}
+
+/* ---- forged read requests ---------------------------------------------------- */
+
+#define CANARY 0xc5
+#define GOFF 4096u         /* the grant starts this far into the buffer */
+#define GLEN (64u << 10)   /* and is this long; canary bytes all around */
+
+struct read_env {
+    struct rig r;
+    struct vrpc_ep *cep, *sep; /* a healthy connection */
+    struct vrpc_buf *buf;      /* the server's buffer: canary, granted payload, canary */
+    uint32_t sum;              /* of the whole buffer */
+    const char *gp;            /* grant start */
+};
+
+static void read_env_start(struct read_env *x)
+{
+    unsigned char *p;
+    assert_int_equal(rig_start(&x->r, 0), 0);
+    assert_int_equal(rig_connect(&x->r, &x->cep, &x->sep), 0);
+    assert_int_equal(vrpc_lbuf_get(x->r.s.tp, GOFF + GLEN + GOFF, &x->buf), 0);
+    p = x->buf->data;
+    memset(p, CANARY, x->buf->cap);
+    fill(p + GOFF, GLEN, 1234);
+    x->gp = (const char *)p + GOFF;
+    x->sum = csum(p, x->buf->cap);
+}
+
+/* A raw peer whose server-side endpoint got a grant of the payload. */
+static int raw_with_grant(struct read_env *x, struct vrpc_ep **rsep, uint32_t *key)
+{
+    struct vrpc_wc w;
+    int fd = raw_connect(x->r.uri);
+    assert_true(fd >= 0);
+    assert_true(coll_wait(&x->r.s.coll, VRPC_WC_ACCEPTED, NULL, WAIT_MS, &w));
+    *rsep = w.ep;
+    assert_int_equal(vrpc_ep_grant(*rsep, x->buf->mr, x->gp, GLEN, key), 0);
+    return fd;
+}
+
+static void send_read_req(int fd, uint32_t tag, uint64_t raddr, uint32_t key, uint32_t length)
+{
+    struct {
+        struct vrpc_tcp_hdr h;
+        struct vrpc_tcp_read_req r;
+    } m;
+    hdr(&m.h, VRPC_TCP_READ_REQ, sizeof m.r, tag, 0);
+    m.r.raddr = htole64(raddr);
+    m.r.rkey = htole32(key);
+    m.r.length = htole32(length);
+    assert_int_equal(write(fd, &m, sizeof m), sizeof m);
+}
+
+/* Everything the server sends until it closes (at most cap bytes). */
+static size_t read_all(int fd, void *buf, size_t cap)
+{
+    struct pollfd p = { .fd = fd, .events = POLLIN };
+    size_t got = 0;
+    while (got < cap && poll(&p, 1, WAIT_MS) > 0) {
+        ssize_t n = read(fd, (char *)buf + got, cap - got);
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    return got;
+}
+
+static void read_env_stop(struct read_env *x)
+{
+    struct vrpc_buf *dst;
+    struct vrpc_wc w;
+    uint32_t key;
+    /* the healthy connection still reads and sends */
+    assert_int_equal(vrpc_lbuf_get(x->r.c.tp, GLEN, &dst), 0);
+    assert_int_equal(vrpc_ep_grant(x->sep, x->buf->mr, x->gp, GLEN, &key), 0);
+    assert_int_equal(vrpc_ep_read(x->cep, dst, 0, GLEN, (uint64_t)(uintptr_t)x->gp, key, 9), 0);
+    assert_true(coll_wait(&x->r.c.coll, VRPC_WC_READ, x->cep, WAIT_MS, &w));
+    assert_int_equal(w.status, 0);
+    assert_memory_equal(dst->data, x->gp, GLEN);
+    assert_int_equal(vrpc_ep_revoke(x->sep, key, 0), 0);
+    assert_true(coll_wait(&x->r.s.coll, VRPC_WC_REVOKE, x->sep, WAIT_MS, &w));
+    assert_int_equal(w.status, 0);
+    /* the owner's memory, canaries included, is as it was */
+    assert_int_equal(csum(x->buf->data, x->buf->cap), x->sum);
+    vrpc_lbuf_put(dst);
+    vrpc_lbuf_put(x->buf);
+    vrpc_ep_destroy(x->cep);
+    vrpc_ep_destroy(x->sep);
+    assert_true(coll_wait(&x->r.s.coll, VRPC_WC_DISCONNECTED, x->sep, WAIT_MS, &w));
+    rig_stop(&x->r);
+}
+
+/* Forged READ_REQs, each on its own raw connection holding a grant of 64 KiB
+ * with canary bytes around it: wrong key, key of another connection, address
+ * below / length past / address past the grant, zero length, ranges that
+ * overflow. Each: exactly one READ_ERR for its tag and nothing else (no byte
+ * of the buffer), the connection closes, the server reports -EPROTO; the
+ * healthy connection carries on; a valid request returns just the payload. */
+void t_bad_read_requests(void **state)
+{
+    struct read_env x;
+    struct vrpc_wc w;
+    uint64_t g;
+    uint32_t other_key, key, i;
+    unsigned char *in = malloc(GLEN + 64);
+    struct vrpc_tcp_hdr h;
+    struct vrpc_ep *rsep;
+    int fd;
+
+    assert_non_null(in);
+    read_env_start(&x);
+    g = (uint64_t)(uintptr_t)x.gp;
+    assert_int_equal(vrpc_ep_grant(x.sep, x.buf->mr, x.gp, GLEN, &other_key), 0);
+
+    /* the positive control: exactly the granted bytes come back */
+    fd = raw_with_grant(&x, &rsep, &key);
+    send_read_req(fd, 77, g + 10, key, GLEN - 10);
+    assert_int_equal(recv(fd, &h, sizeof h, MSG_WAITALL), sizeof h);
+    assert_int_equal(h.type, VRPC_TCP_READ_RESP);
+    assert_int_equal(le32toh(h.imm), 77);
+    assert_int_equal(le32toh(h.len), GLEN - 10);
+    assert_int_equal(recv(fd, in, GLEN - 10, MSG_WAITALL), GLEN - 10);
+    assert_memory_equal(in, x.gp + 10, GLEN - 10);
+    close(fd);
+    assert_true(coll_wait(&x.r.s.coll, VRPC_WC_DISCONNECTED, rsep, WAIT_MS, &w));
+    assert_int_equal(vrpc_ep_revoke(rsep, key, 0), 0);
+    assert_true(coll_wait(&x.r.s.coll, VRPC_WC_REVOKE, rsep, WAIT_MS, &w));
+    vrpc_ep_destroy(rsep);
+
+    for (i = 0; i < 8; i++) {
+        static const char *what[] = { "wrong key", "key of another connection", "address below the grant",
+                                      "length past the grant", "address past the grant", "zero length",
+                                      "address + length overflows", "length overflows the grant" };
+        uint64_t a = g;
+        uint32_t k, len = 16;
+        size_t got;
+        fd = raw_with_grant(&x, &rsep, &key);
+        k = key;
+        switch (i) {
+        case 0: k = key + 0x100; break;
+        case 1: k = other_key; break;
+        case 2: a = g - 1; break;
+        case 3: len = GLEN + 1; break;
+        case 4: a = g + GLEN - 8; break;
+        case 5: len = 0; break;
+        case 6: a = UINT64_MAX - 7; break;
+        case 7: a = g + 8; len = 0xffffffffu; break;
+        }
+        printf("  forged read request: %s\n", what[i]);
+        send_read_req(fd, 100 + i, a, k, len);
+        got = read_all(fd, in, GLEN + 64);
+        assert_int_equal(got, sizeof h); /* one header, not a byte of memory */
+        memcpy(&h, in, sizeof h);
+        assert_int_equal(h.type, VRPC_TCP_READ_ERR);
+        assert_int_equal(le32toh(h.imm), 100 + i);
+        assert_int_equal(le32toh(h.len), 0);
+        close(fd);
+        assert_true(coll_wait(&x.r.s.coll, VRPC_WC_DISCONNECTED, rsep, WAIT_MS, &w));
+        assert_int_equal(w.status, -EPROTO);
+        assert_int_equal(vrpc_ep_revoke(rsep, key, 0), 0);
+        assert_true(coll_wait(&x.r.s.coll, VRPC_WC_REVOKE, rsep, WAIT_MS, &w));
+        assert_int_equal(w.status, -ECANCELED); /* the endpoint died first */
+        vrpc_ep_destroy(rsep);
+    }
+    assert_int_equal(vrpc_ep_revoke(x.sep, other_key, 0), 0);
+    assert_true(coll_wait(&x.r.s.coll, VRPC_WC_REVOKE, x.sep, WAIT_MS, &w));
+    free(in);
+    read_env_stop(&x);
+}
+
+/* Read frames the reader never asked for: a READ_RESP and a READ_ERR for a
+ * tag with no read outstanding, and a READ_REQ of the wrong length, are
+ * protocol errors of that connection only. */
+void t_bad_read_frames(void **state)
+{
+    struct read_env x;
+    struct vrpc_wc w;
+    struct vrpc_tcp_hdr h;
+    unsigned i;
+    int fd;
+
+    read_env_start(&x);
+    for (i = 0; i < 3; i++) {
+        struct vrpc_ep *rsep;
+        fd = raw_connect(x.r.uri);
+        assert_true(fd >= 0);
+        assert_true(coll_wait(&x.r.s.coll, VRPC_WC_ACCEPTED, NULL, WAIT_MS, &w));
+        rsep = w.ep;
+        if (i == 0)
+            hdr(&h, VRPC_TCP_READ_RESP, 8, 5, 0);
+        else if (i == 1)
+            hdr(&h, VRPC_TCP_READ_ERR, 0, 5, 0);
+        else
+            hdr(&h, VRPC_TCP_READ_REQ, 8, 5, 0);
+        assert_int_equal(write(fd, &h, sizeof h), sizeof h);
+        assert_int_equal(write(fd, "12345678", 8), 8);
+        assert_true(closed_by_server(fd, WAIT_MS));
+        close(fd);
+        assert_true(coll_wait(&x.r.s.coll, VRPC_WC_DISCONNECTED, rsep, WAIT_MS, &w));
+        assert_int_equal(w.status, -EPROTO);
+        vrpc_ep_destroy(rsep);
+    }
+    read_env_stop(&x);
 }

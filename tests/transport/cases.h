@@ -13,22 +13,37 @@ void t_close_delivers_queued(void **state);
 void t_peer_crash(void **state);
 void t_close_during_traffic(void **state);
 void t_listener_close_pending(void **state);
+/* reads, grants and revokes: skipped where the backend lacks grants */
+void t_read_sizes(void **state);
+void t_read_after_revoke(void **state);
+void t_read_wrong_endpoint(void **state);
+void t_read_past_buffer(void **state);
+void t_read_tail_zeroed(void **state);
+void t_reads_with_small_sends(void **state);
+void t_revoke_during_read(void **state);
 
 #define CONFORMANCE_CASES                                                                   \
     cmocka_unit_test(t_credits_burst), cmocka_unit_test(t_pipelined_sizes),                   \
         cmocka_unit_test(t_many_connections),                \
         cmocka_unit_test(t_peer_close), cmocka_unit_test(t_close_delivers_queued),          \
         cmocka_unit_test(t_peer_crash),                     \
-        cmocka_unit_test(t_close_during_traffic), cmocka_unit_test(t_listener_close_pending),
+        cmocka_unit_test(t_close_during_traffic), cmocka_unit_test(t_listener_close_pending),        \
+        cmocka_unit_test(t_read_sizes), cmocka_unit_test(t_read_after_revoke),                      \
+        cmocka_unit_test(t_read_wrong_endpoint), cmocka_unit_test(t_read_past_buffer),              \
+        cmocka_unit_test(t_read_tail_zeroed), cmocka_unit_test(t_reads_with_small_sends),           \
+        cmocka_unit_test(t_revoke_during_read),
 
 /* TCP only (bad_peer.c). */
 void t_bad_garbage(void **state);
 void t_bad_huge_header(void **state);
 void t_bad_half_frame(void **state);
 void t_bad_slow_peer(void **state);
+void t_bad_read_requests(void **state);
+void t_bad_read_frames(void **state);
 
 #define BAD_PEER_CASES                                                                          \
     cmocka_unit_test(t_bad_garbage), cmocka_unit_test(t_bad_huge_header),                      \
-        cmocka_unit_test(t_bad_half_frame), cmocka_unit_test(t_bad_slow_peer),
+        cmocka_unit_test(t_bad_half_frame), cmocka_unit_test(t_bad_slow_peer),                     \
+        cmocka_unit_test(t_bad_read_requests), cmocka_unit_test(t_bad_read_frames),
 
 #endif

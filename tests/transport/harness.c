@@ -384,3 +384,63 @@ void client_stop(struct client *c)
     vrpc_transport_destroy(c->tp);
     coll_fini(&c->coll);
 }
+
+/* ---- read rig ---- */
+
+int rig_start(struct rig *r, uint32_t chunk)
+{
+    struct vrpc_transport_attr a;
+    struct vrpc_listen_attr la;
+    char uri[VRPC_URI_MAX];
+    int rc;
+
+    memset(r, 0, sizeof *r);
+    vrpc_transport_attr_init(&a);
+    a.read_chunk = chunk;
+    if ((rc = client_start(&r->s, &a, 64, 32, 0, NULL, NULL)) || (rc = client_start(&r->c, &a, 64, 32, 0, NULL, NULL)))
+        return rc;
+    memset(&la, 0, sizeof la);
+    la.cqs = &r->s.cq;
+    la.ncqs = 1;
+    listen_uri(uri, sizeof uri);
+    if ((rc = vrpc_listen(r->s.tp, uri, &la, &r->l)))
+        return rc;
+    return vrpc_listener_uri(r->l, r->uri, sizeof r->uri);
+}
+
+int rig_connect(struct rig *r, struct vrpc_ep **cep, struct vrpc_ep **sep)
+{
+    struct vrpc_wc w;
+    int rc = client_connect(&r->c, r->uri, cep);
+    if (rc)
+        return rc;
+    if (!coll_wait(&r->s.coll, VRPC_WC_ACCEPTED, NULL, 10000, &w))
+        return -ETIMEDOUT;
+    *sep = w.ep;
+    return 0;
+}
+
+/* Only pool buffers may stay in the collectors (client_stop puts them back). */
+static void drop_nonpool(struct coll *c)
+{
+    size_t i;
+    pthread_mutex_lock(&c->mu);
+    for (i = 0; i < c->n; i++)
+        if (c->wc[i].opcode != VRPC_WC_RECV && c->wc[i].opcode != VRPC_WC_SEND)
+            c->wc[i].buf = NULL;
+    pthread_mutex_unlock(&c->mu);
+}
+
+void rig_stop(struct rig *r)
+{
+    vrpc_listener_destroy(r->l);
+    r->l = NULL;
+    vrpc_cq_destroy(r->c.cq);
+    r->c.cq = NULL;
+    vrpc_cq_destroy(r->s.cq);
+    r->s.cq = NULL;
+    drop_nonpool(&r->c.coll);
+    drop_nonpool(&r->s.coll);
+    client_stop(&r->c);
+    client_stop(&r->s);
+}

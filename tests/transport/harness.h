@@ -116,6 +116,20 @@ void counts_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, void *a
 int client_connect(struct client *c, const char *uri, struct vrpc_ep **ep);
 void client_stop(struct client *c);
 
+/* Two sides for read/grant/revoke cases: a server side (transport, CQ
+ * feeding s.coll, listener) and a client side (c), separate transports. Both
+ * with read_chunk = chunk (0: backend default). Accepted endpoints are the
+ * test's to destroy. */
+struct rig {
+    struct client s, c;
+    struct vrpc_listener *l;
+    char uri[VRPC_URI_MAX];
+};
+int rig_start(struct rig *r, uint32_t chunk);
+/* Connect c to s: *cep the client's endpoint, *sep the server's (ACCEPTED). */
+int rig_connect(struct rig *r, struct vrpc_ep **cep, struct vrpc_ep **sep);
+void rig_stop(struct rig *r);
+
 /* FNV-1a over a buffer. */
 uint32_t csum(const void *p, size_t n);
 /* Deterministic payload for (seed, size). */

@@ -3,13 +3,24 @@
  * Senders write straight from the calling thread (writev under the endpoint
  * lock); the CQ's poller reads straight into posted receive buffers, handles
  * credits and failures, and is the only thread that ever produces completions.
- * Wire format: tcp_wire.h. Graceful close is a FIN at a frame boundary. */
+ * Wire format: tcp_wire.h. Graceful close is a FIN at a frame boundary.
+ *
+ * Reads (vrpc_ep_read, vrpc_ep_grant/revoke) are served by the peer's
+ * transport: the reader sends READ_REQ (no credit) and readv's the READ_RESP
+ * chunks straight into its buffer; the owner checks the request against the
+ * transport's grant table and streams the granted memory in read_chunk
+ * frames with sendmsg (header + slice, no copy of ours), driven by its poller
+ * on EPOLLOUT, one chunk at a time round-robin over the endpoint's read jobs,
+ * with the endpoint's small frames going first between chunks. Any bad
+ * request: READ_ERR, log, the connection fails (-EPROTO), as a bad key kills
+ * a verbs connection. docs/design/large-messages.md, section 7. */
 #define _GNU_SOURCE
 #include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -27,7 +38,15 @@
 #define MAX_EVENTS 64
 #define SCAN_NS 100000000ull /* how often the poller checks timeouts */
 
-enum { F_DATA = VRPC_TCP_DATA, F_CREDIT = VRPC_TCP_CREDIT, F_HELLO = VRPC_TCP_HELLO, F_HELLO_ACK = VRPC_TCP_HELLO_ACK };
+enum { F_DATA = VRPC_TCP_DATA, F_CREDIT = VRPC_TCP_CREDIT, F_HELLO = VRPC_TCP_HELLO, F_HELLO_ACK = VRPC_TCP_HELLO_ACK,
+       F_READ_REQ = VRPC_TCP_READ_REQ, F_READ_RESP = VRPC_TCP_READ_RESP, F_READ_ERR = VRPC_TCP_READ_ERR };
+
+#define OP_INTERNAL 0u                    /* frames of our own (credit, read request/error): no completion */
+#define READ_CHUNK_DEFAULT (256u << 10)   /* bytes per READ_RESP frame */
+#define PUMP_CHUNKS 16                    /* chunks one EPOLLOUT event streams at most */
+
+/* What the body of the frame being received is. */
+enum { K_NONE, K_DATA, K_RREQ, K_RRESP };
 
 enum ep_state { S_HANDSHAKE, S_OPEN, S_CLOSING, S_DEAD };
 
@@ -38,6 +57,58 @@ struct fifo {
 
 struct tcp_cq;
 struct tcp_listener;
+struct tcp_ep;
+
+/* Reader side: one vrpc_ep_read in flight. Fields set by vrpc_ep_read under
+ * the endpoint lock; done and the receive state by the poller. */
+struct rslot {
+    struct vrpc_buf req; /* its READ_REQ frame while queued (internal) */
+    char req_space[HDR_LEN + VRPC_TCP_READ_REQ_LEN];
+    struct vrpc_buf cpl; /* carries its READ completion */
+    struct vrpc_buf *buf;
+    uint64_t wr_id;
+    uint32_t off, len, done;
+    uint16_t gen;        /* tag = gen << 16 | index */
+    bool finished;       /* completion staged (under lock) */
+    atomic_bool used;    /* from vrpc_ep_read until its completion is polled */
+};
+
+/* Grant table entry (transport-wide, under tcp_tp.gmu). Entries never move. */
+enum { G_FREE, G_LIVE, G_REVOKING, G_DEAD, G_DONE };
+
+struct grant {
+    struct vrpc_buf cpl;   /* carries the REVOKE completion */
+    struct tcp_ep *ep;     /* the only endpoint whose peer may use the key */
+    const char *addr;
+    uint32_t len;
+    uint32_t refs;         /* read jobs streaming from it */
+    uint32_t idx;          /* its own index */
+    uint32_t next_free;    /* index + 1 of the next free entry, 0: none */
+    uint8_t gen;           /* key = index << 8 | gen, gen never 0 */
+    uint8_t state;
+    int status;            /* of the REVOKE completion, once revoked */
+    uint64_t wr_id;
+};
+
+#define GBLOCK 1024u
+#define GMAX_BLOCKS 1024u /* at most 1 Mi grants alive per transport */
+
+struct tcp_tp {
+    struct vrpc_transport base;
+    pthread_mutex_t gmu;
+    struct grant *blocks[GMAX_BLOCKS];
+    uint32_t nblocks, hw; /* hw: entries ever used */
+    uint32_t free_head;   /* index + 1, 0: none */
+};
+
+/* Owner side: one read request of the peer being served (under the endpoint
+ * lock). A job holds a reference on its grant until it ends. */
+struct rjob {
+    struct grant *g;
+    const char *p; /* next byte to send */
+    uint32_t left, tag;
+    struct rjob *next;
+};
 
 struct tcp_ep {
     struct vrpc_ep base;
@@ -61,14 +132,38 @@ struct tcp_ep {
     atomic_uint credit_ret; /* credits to return to the peer (any frame takes them) */
     _Atomic uint64_t close_ns; /* when vrpc_ep_close was called, 0 if not */
 
+    /* Reads, under lock. Reader: slots (allocated at the first read). */
+    struct rslot *rslots;
+    unsigned nrslots;
+    atomic_uint nreads;     /* slots in use; while nonzero the poller reads headers alone */
+    /* Owner: jobs (allocated at the first request), round-robin list, the
+     * chunk being written (cur: its job; header and payload bytes written). */
+    struct rjob *jobs, *jfree, *jhead, *jtail;
+    unsigned njobs;
+    struct rjob *cur;
+    uint32_t cur_len, cur_off;
+    char cur_hdr[HDR_LEN];
+    bool err_queued;
+    bool granted_any;       /* under the grant table lock */
+    struct vrpc_buf errf;   /* the one READ_ERR frame */
+    char err_space[HDR_LEN];
+
     /* Receive side and accounting: poller only. */
     union {
         struct vrpc_tcp_hdr h;
         uint8_t b[HDR_LEN];
     } rhdr;
     uint32_t rhdr_got;
-    struct vrpc_buf *rbuf; /* posted buffer being filled */
+    struct vrpc_buf *rbuf; /* posted buffer being filled (K_DATA) */
+    char *rdst;            /* where the current frame's body goes; NULL between frames */
+    uint8_t rkind;         /* K_* of that body */
+    struct rslot *rslot;   /* K_RRESP: the read it belongs to */
+    union {
+        struct vrpc_tcp_read_req r;
+        uint8_t b[VRPC_TCP_READ_REQ_LEN];
+    } rreq;                /* K_RREQ body */
     uint32_t rgot, rlen, rimm;
+    char why[160];         /* a formatted reason for teardown's log line */
     uint64_t frame_ns;     /* when the current partial frame (or handshake) began; 0: idle */
     uint32_t granted;      /* credits the peer holds or will get (promised buffers) */
     uint32_t resv;         /* reservation: granted + consumed, not yet paid back */
@@ -212,12 +307,79 @@ static void set_pollout_locked(struct tcp_ep *ep, bool on)
     epoll_ctl(ep->cq->epfd, EPOLL_CTL_MOD, ep->fd, &e);
 }
 
-/* Write as much of wq as the socket takes. Frames fully written complete
- * (status 0) through the CQ's done list; the credit frame just leaves. */
+static void grant_unref(struct tcp_ep *ep, struct grant *g);
+static void teardown(struct tcp_cq *cq, struct tcp_ep *ep, int status, const char *why);
+
+/* A job ends (last chunk written, or dropped): its grant reference goes. */
+static void job_end_locked(struct tcp_ep *ep, struct rjob *j)
+{
+    grant_unref(ep, j->g);
+    j->g = NULL;
+    j->next = ep->jfree;
+    ep->jfree = j;
+    ep->njobs--;
+}
+
+/* Write the rest of the chunk being streamed, straight from the granted
+ * memory. true: the chunk is out (its job moved to the back of the
+ * round-robin, or ended); false: the socket is full (EPOLLOUT armed) or
+ * failed. */
+static bool tx_chunk_locked(struct tcp_ep *ep)
+{
+    struct rjob *j = ep->cur;
+    while (ep->cur_off < HDR_LEN + ep->cur_len) {
+        struct iovec iov[2];
+        struct msghdr msg = { .msg_iov = iov };
+        ssize_t w;
+        if (ep->cur_off < HDR_LEN) {
+            iov[0].iov_base = ep->cur_hdr + ep->cur_off;
+            iov[0].iov_len = HDR_LEN - ep->cur_off;
+            iov[1].iov_base = (void *)(uintptr_t)j->p;
+            iov[1].iov_len = ep->cur_len;
+            msg.msg_iovlen = 2;
+        } else {
+            iov[0].iov_base = (void *)(uintptr_t)(j->p + (ep->cur_off - HDR_LEN));
+            iov[0].iov_len = ep->cur_len - (ep->cur_off - HDR_LEN);
+            msg.msg_iovlen = 1;
+        }
+        w = sendmsg(ep->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                set_pollout_locked(ep, true);
+            else
+                ep->werr = true;
+            return false;
+        }
+        ep->cur_off += (uint32_t)w;
+    }
+    ep->cur = NULL;
+    j->p += ep->cur_len;
+    j->left -= ep->cur_len;
+    if (!j->left) {
+        job_end_locked(ep, j);
+    } else {
+        j->next = NULL;
+        if (ep->jtail)
+            ep->jtail->next = j;
+        else
+            ep->jhead = j;
+        ep->jtail = j;
+    }
+    return true;
+}
+
+/* Write as much as the socket takes: first the rest of a chunk being
+ * streamed (a frame is never cut), then wq. Frames fully written complete
+ * (status 0) through the CQ's done list; internal frames just leave. New
+ * chunks of read jobs are started only by the poller (pump), so a sender's
+ * call never streams more than the rest of one chunk. */
 static void tx_locked(struct tcp_ep *ep)
 {
     struct vrpc_buf *first = NULL, *last = NULL;
-    while (ep->wq.head && !ep->werr && ep->fd >= 0) {
+    bool blocked = false;
+    while (!blocked && !ep->werr && ep->fd >= 0) {
         struct iovec iov[MAX_IOV];
         struct msghdr msg = { .msg_iov = iov };
         struct vrpc_buf *b;
@@ -225,6 +387,13 @@ static void tx_locked(struct tcp_ep *ep)
         ssize_t w;
         int n = 0;
 
+        if (ep->cur) {
+            if (!tx_chunk_locked(ep))
+                break;
+            continue;
+        }
+        if (!ep->wq.head)
+            break;
         for (b = ep->wq.head; b && n < MAX_IOV; b = b->next, n++) {
             iov[n].iov_base = (char *)b->data - HDR_LEN + off;
             iov[n].iov_len = HDR_LEN + b->len - off;
@@ -253,10 +422,10 @@ static void tx_locked(struct tcp_ep *ep)
             w -= (ssize_t)rem;
             ep->wq_off = 0;
             fifo_pop(&ep->wq);
-            if (b == &ep->ctrl) {
+            if (b == &ep->ctrl)
                 ep->ctrl_queued = false;
+            if ((uint32_t)b->priv[P_OPST] == OP_INTERNAL)
                 continue;
-            }
             if (last)
                 last->next = b;
             else
@@ -266,15 +435,22 @@ static void tx_locked(struct tcp_ep *ep)
         }
         if ((size_t)w < want && ep->wq.head) {
             set_pollout_locked(ep, true);
-            break;
+            blocked = true;
         }
     }
-    if (!ep->wq.head) {
-        set_pollout_locked(ep, false);
-        /* a graceful close ends the stream once every accepted send is out */
-        if (atomic_load(&ep->state) == S_CLOSING && !ep->waitq.head && !ep->shut_wr && ep->fd >= 0) {
-            shutdown(ep->fd, SHUT_WR);
-            ep->shut_wr = true;
+    if (!ep->wq.head && !ep->cur) {
+        if (ep->jhead) {
+            set_pollout_locked(ep, true); /* the poller streams the next chunks */
+        } else {
+            set_pollout_locked(ep, false);
+            /* a graceful close ends the stream once every accepted send is
+             * out, every read of the peer served and every read of ours
+             * answered (the peer stops serving at our FIN) */
+            if (atomic_load(&ep->state) == S_CLOSING && !ep->waitq.head && !ep->shut_wr && ep->fd >= 0 &&
+                !atomic_load(&ep->nreads)) {
+                shutdown(ep->fd, SHUT_WR);
+                ep->shut_wr = true;
+            }
         }
     }
     if (first) {
@@ -359,10 +535,10 @@ static void flush_sends_locked(struct tcp_ep *ep)
     int i;
     for (i = 0; i < 2; i++) {
         while ((b = fifo_pop(qs[i]))) {
-            if (b == &ep->ctrl) {
+            if (b == &ep->ctrl)
                 ep->ctrl_queued = false;
+            if ((uint32_t)b->priv[P_OPST] == OP_INTERNAL)
                 continue;
-            }
             stage_fill(b, VRPC_WC_SEND, -ECANCELED, ep, 0);
             b->len = 0;
             if (last)
@@ -395,6 +571,397 @@ static int tcp_close(struct vrpc_ep *base)
     tx_locked(ep);
     pthread_mutex_unlock(&ep->lock);
     kick(ep->cq);
+    return 0;
+}
+
+/* ---- grants (any thread; the table lock, taken after an endpoint lock) ---- */
+
+static struct tcp_tp *tcp_tp_of(struct tcp_ep *ep)
+{
+    return container_of(ep->base.tp, struct tcp_tp, base);
+}
+
+static struct grant *grant_at(struct tcp_tp *t, uint32_t idx)
+{
+    return &t->blocks[idx / GBLOCK][idx % GBLOCK];
+}
+
+/* The live-or-not entry a key names, or NULL when the key names nothing. */
+static struct grant *grant_lookup(struct tcp_tp *t, uint32_t key)
+{
+    uint32_t idx = key >> 8;
+    struct grant *g;
+    if (!key || idx >= t->hw)
+        return NULL;
+    g = grant_at(t, idx);
+    return g->gen == (uint8_t)key ? g : NULL;
+}
+
+/* gmu held: hand the REVOKE completion to the endpoint's poller. */
+static void grant_complete(struct grant *g, int status)
+{
+    struct tcp_ep *ep = g->ep;
+    g->state = G_DONE;
+    g->cpl.len = 0;
+    g->cpl.priv[P_WRID] = g->wr_id;
+    stage_fill(&g->cpl, VRPC_WC_REVOKE, status, ep, 0);
+    mpsc_push(&ep->cq->done, &g->cpl, &g->cpl);
+    kick(ep->cq);
+}
+
+static void grant_unref(struct tcp_ep *ep, struct grant *g)
+{
+    struct tcp_tp *t = tcp_tp_of(ep);
+    pthread_mutex_lock(&t->gmu);
+    if (--g->refs == 0 && g->state == G_REVOKING)
+        grant_complete(g, g->status);
+    pthread_mutex_unlock(&t->gmu);
+}
+
+/* Poller, when the REVOKE completion has been taken: the entry is free. */
+static void grant_release(struct tcp_tp *t, struct grant *g)
+{
+    pthread_mutex_lock(&t->gmu);
+    g->state = G_FREE;
+    g->ep = NULL;
+    g->addr = NULL;
+    if (++g->gen == 0)
+        g->gen = 1;
+    g->next_free = t->free_head;
+    t->free_head = g->idx + 1;
+    pthread_mutex_unlock(&t->gmu);
+}
+
+static int tcp_grant(struct vrpc_ep *base, struct vrpc_mr *mr, const void *addr, uint32_t len, uint32_t *rkey)
+{
+    struct tcp_ep *ep = container_of(base, struct tcp_ep, base);
+    struct tcp_tp *t = tcp_tp_of(ep);
+    struct grant *g;
+    uint32_t idx;
+
+    if (mr->tp != base->tp)
+        return -EINVAL;
+    pthread_mutex_lock(&t->gmu);
+    /* under gmu: a teardown marking this endpoint's grants dead either
+     * comes after (and sees this one) or made us see S_DEAD here */
+    if (atomic_load(&ep->state) != S_OPEN) {
+        pthread_mutex_unlock(&t->gmu);
+        return -ENOTCONN;
+    }
+    if (t->free_head) {
+        idx = t->free_head - 1;
+        g = grant_at(t, idx);
+        t->free_head = g->next_free;
+    } else {
+        if (t->hw == t->nblocks * GBLOCK) {
+            if (t->nblocks == GMAX_BLOCKS || !(t->blocks[t->nblocks] = calloc(GBLOCK, sizeof(struct grant)))) {
+                pthread_mutex_unlock(&t->gmu);
+                return t->nblocks == GMAX_BLOCKS ? -ENOSPC : -ENOMEM;
+            }
+            t->nblocks++;
+        }
+        idx = t->hw++;
+        g = grant_at(t, idx);
+        g->idx = idx;
+        g->gen = 1;
+    }
+    g->ep = ep;
+    g->addr = addr;
+    g->len = len;
+    g->refs = 0;
+    g->state = G_LIVE;
+    g->status = 0;
+    ep->granted_any = true;
+    *rkey = idx << 8 | g->gen;
+    pthread_mutex_unlock(&t->gmu);
+    return 0;
+}
+
+static int tcp_revoke(struct vrpc_ep *base, uint32_t rkey, uint64_t wr_id)
+{
+    struct tcp_ep *ep = container_of(base, struct tcp_ep, base);
+    struct tcp_tp *t = tcp_tp_of(ep);
+    struct grant *g;
+
+    pthread_mutex_lock(&t->gmu);
+    g = grant_lookup(t, rkey);
+    if (!g || g->ep != ep || (g->state != G_LIVE && g->state != G_DEAD)) {
+        pthread_mutex_unlock(&t->gmu);
+        return -EINVAL;
+    }
+    g->wr_id = wr_id;
+    if (g->state == G_DEAD)
+        grant_complete(g, -ECANCELED);
+    else if (!g->refs)
+        grant_complete(g, 0);
+    else
+        g->state = G_REVOKING; /* completes when the job streaming it stops */
+    pthread_mutex_unlock(&t->gmu);
+    return 0;
+}
+
+/* Poller, at teardown (state already S_DEAD): the endpoint's grants die; a
+ * revoke waiting for a job will complete -ECANCELED when the job is dropped. */
+static void grants_ep_dead(struct tcp_ep *ep)
+{
+    struct tcp_tp *t = tcp_tp_of(ep);
+    uint32_t i;
+    pthread_mutex_lock(&t->gmu);
+    if (ep->granted_any)
+        for (i = 0; i < t->hw; i++) {
+            struct grant *g = grant_at(t, i);
+            if (g->ep != ep)
+                continue;
+            if (g->state == G_LIVE)
+                g->state = G_DEAD;
+            else if (g->state == G_REVOKING)
+                g->status = -ECANCELED;
+        }
+    pthread_mutex_unlock(&t->gmu);
+}
+
+/* Owner, poller: validate a READ_REQ (section 7 of the design) and take a
+ * reference on its grant. 0, or -EPROTO with *why set. */
+static int grant_ref(struct tcp_ep *ep, uint64_t raddr, uint32_t key, uint32_t length, struct grant **out)
+{
+    struct tcp_tp *t = tcp_tp_of(ep);
+    const char *why = NULL;
+    struct grant *g;
+    uint64_t base;
+
+    pthread_mutex_lock(&t->gmu);
+    g = grant_lookup(t, key);
+    if (!g || (g->state != G_LIVE && g->state != G_REVOKING && g->state != G_DEAD))
+        why = "unknown or revoked key";
+    else if (g->ep != ep)
+        why = "key granted on another connection";
+    else if (g->state != G_LIVE)
+        why = "revoked key";
+    else if (!length)
+        why = "zero length";
+    else if (raddr < (base = (uint64_t)(uintptr_t)g->addr) || length > g->len || raddr - base > g->len - length)
+        why = "range outside the grant";
+    if (!why) {
+        g->refs++;
+        *out = g;
+    }
+    pthread_mutex_unlock(&t->gmu);
+    if (why)
+        snprintf(ep->why, sizeof ep->why, "bad read request (%s: key %#x, addr %#llx, length %u)", why, key,
+                 (unsigned long long)raddr, length);
+    return why ? -EPROTO : 0;
+}
+
+/* ---- reads: reader side ------------------------------------------------------- */
+
+static int tcp_read(struct vrpc_ep *base, struct vrpc_buf *buf, uint32_t off, uint32_t len, uint64_t raddr,
+                    uint32_t rkey, uint64_t wr_id)
+{
+    struct tcp_ep *ep = container_of(base, struct tcp_ep, base);
+    struct vrpc_tcp_read_req r = { .raddr = htole64(raddr), .rkey = htole32(rkey), .length = htole32(len) };
+    struct rslot *s = NULL;
+    unsigned i;
+    bool idle;
+
+    pthread_mutex_lock(&ep->lock);
+    if (atomic_load(&ep->state) != S_OPEN) {
+        pthread_mutex_unlock(&ep->lock);
+        return -ENOTCONN;
+    }
+    if (!ep->rslots) {
+        unsigned n = base->tp->attr.read_window * 2;
+        if (n > VRPC_TCP_MAX_READS)
+            n = VRPC_TCP_MAX_READS;
+        ep->rslots = calloc(n, sizeof *ep->rslots);
+        if (!ep->rslots) {
+            pthread_mutex_unlock(&ep->lock);
+            return -ENOMEM;
+        }
+        ep->nrslots = n;
+        for (i = 0; i < n; i++) {
+            ep->rslots[i].req.data = ep->rslots[i].req_space + HDR_LEN;
+            atomic_init(&ep->rslots[i].used, false);
+        }
+    }
+    for (i = 0; i < ep->nrslots && !s; i++)
+        if (!atomic_load(&ep->rslots[i].used))
+            s = &ep->rslots[i];
+    if (!s) {
+        pthread_mutex_unlock(&ep->lock);
+        return -ENOSPC;
+    }
+    s->gen++;
+    s->buf = buf;
+    s->wr_id = wr_id;
+    s->off = off;
+    s->len = len;
+    s->done = 0;
+    s->finished = false;
+    atomic_store(&s->used, true);
+    atomic_fetch_add(&ep->nreads, 1);
+    memcpy(s->req_space + HDR_LEN, &r, sizeof r);
+    build_hdr(s->req_space, F_READ_REQ, sizeof r, (uint32_t)s->gen << 16 | (uint32_t)(s - ep->rslots),
+              take_credit_ret(ep));
+    s->req.len = sizeof r;
+    idle = !ep->wq.head;
+    fifo_push(&ep->wq, &s->req);
+    if (idle)
+        tx_locked(ep);
+    pthread_mutex_unlock(&ep->lock);
+    return 0;
+}
+
+/* Poller: the read of slot s is over; its completion goes out with status. */
+static void complete_read(struct tcp_cq *cq, struct tcp_ep *ep, struct rslot *s, int status)
+{
+    s->cpl.len = status ? 0 : s->len;
+    s->cpl.priv[P_WRID] = s->wr_id;
+    stage_fill(&s->cpl, VRPC_WC_READ, status, ep, 0);
+    s->cpl.priv[P_IMM] = (uint64_t)(uintptr_t)s->buf; /* wc.buf; imm stays 0 */
+    fifo_push(&cq->out, &s->cpl);
+    atomic_fetch_sub(&ep->nreads, 1);
+}
+
+/* Poller: every read not yet finished completes -ECANCELED (teardown). */
+static void flush_reads(struct tcp_cq *cq, struct tcp_ep *ep)
+{
+    unsigned i;
+    pthread_mutex_lock(&ep->lock);
+    for (i = 0; i < ep->nrslots; i++) {
+        struct rslot *s = &ep->rslots[i];
+        if (atomic_load(&s->used) && !s->finished) {
+            s->finished = true;
+            complete_read(cq, ep, s, -ECANCELED);
+        }
+    }
+    pthread_mutex_unlock(&ep->lock);
+}
+
+/* ---- reads: owner side ----------------------------------------------------------- */
+
+/* Queue the one READ_ERR of this endpoint (it fails right after). */
+static void queue_read_err_locked(struct tcp_ep *ep, uint32_t tag)
+{
+    if (ep->err_queued || ep->shut_wr || ep->fd < 0)
+        return;
+    ep->err_queued = true;
+    build_hdr(ep->err_space, F_READ_ERR, 0, tag, 0);
+    ep->errf.len = 0;
+    fifo_push(&ep->wq, &ep->errf);
+}
+
+/* Drop every read job (teardown); their grants' pending revokes complete. */
+static void drop_jobs_locked(struct tcp_ep *ep)
+{
+    struct rjob *j;
+    if (ep->cur) {
+        job_end_locked(ep, ep->cur);
+        ep->cur = NULL;
+    }
+    while ((j = ep->jhead)) {
+        ep->jhead = j->next;
+        job_end_locked(ep, j);
+    }
+    ep->jtail = NULL;
+}
+
+/* Poller, on EPOLLOUT: write what is pending, then stream up to PUMP_CHUNKS
+ * new chunks, one per job in turn, each after the endpoint's queued small
+ * frames. A job whose grant was revoked meanwhile stops: READ_ERR, and the
+ * connection fails (the peer's read can never complete). */
+static void pump(struct tcp_cq *cq, struct tcp_ep *ep)
+{
+    struct tcp_tp *t = tcp_tp_of(ep);
+    uint32_t chunk = ep->base.tp->attr.read_chunk ? ep->base.tp->attr.read_chunk : READ_CHUNK_DEFAULT;
+    unsigned budget = PUMP_CHUNKS;
+    bool fail = false;
+
+    pthread_mutex_lock(&ep->lock);
+    for (;;) {
+        struct rjob *j;
+        bool live;
+        tx_locked(ep);
+        if (fail || ep->cur || ep->wq.head || !ep->jhead || ep->werr || ep->fd < 0 || !budget--)
+            break;
+        j = ep->jhead;
+        ep->jhead = j->next;
+        if (!ep->jhead)
+            ep->jtail = NULL;
+        pthread_mutex_lock(&t->gmu);
+        live = j->g->state == G_LIVE;
+        pthread_mutex_unlock(&t->gmu);
+        if (!live) {
+            queue_read_err_locked(ep, j->tag);
+            job_end_locked(ep, j);
+            snprintf(ep->why, sizeof ep->why, "a grant was revoked while the peer was reading it");
+            fail = true;
+            continue;
+        }
+        ep->cur = j;
+        ep->cur_len = j->left < chunk ? j->left : chunk;
+        ep->cur_off = 0;
+        build_hdr(ep->cur_hdr, F_READ_RESP, ep->cur_len, j->tag, take_credit_ret(ep));
+    }
+    pthread_mutex_unlock(&ep->lock);
+    if (fail)
+        teardown(cq, ep, -EPROTO, ep->why);
+}
+
+/* Poller: a complete READ_REQ body is in ep->rreq. Valid: a job is queued and
+ * EPOLLOUT armed (pump streams it). Else READ_ERR and -EPROTO. */
+static int handle_read_req(struct tcp_ep *ep, const char **why)
+{
+    uint64_t raddr = le64toh(ep->rreq.r.raddr);
+    uint32_t key = le32toh(ep->rreq.r.rkey), length = le32toh(ep->rreq.r.length), tag = ep->rimm, i;
+    struct grant *g = NULL;
+    struct rjob *j;
+    int rc = grant_ref(ep, raddr, key, length, &g);
+
+    pthread_mutex_lock(&ep->lock);
+    if (!rc && ep->shut_wr) {
+        snprintf(ep->why, sizeof ep->why, "read request after our side finished its close");
+        rc = -EPROTO;
+    }
+    if (!rc && ep->njobs >= VRPC_TCP_MAX_READS) {
+        snprintf(ep->why, sizeof ep->why, "more than %u read requests outstanding", VRPC_TCP_MAX_READS);
+        rc = -EPROTO;
+    }
+    if (!rc && !ep->jobs) {
+        ep->jobs = calloc(VRPC_TCP_MAX_READS, sizeof *ep->jobs);
+        if (!ep->jobs) {
+            snprintf(ep->why, sizeof ep->why, "no memory for read jobs");
+            rc = -ENOMEM;
+        } else {
+            for (i = 0; i < VRPC_TCP_MAX_READS; i++) {
+                ep->jobs[i].next = ep->jfree;
+                ep->jfree = &ep->jobs[i];
+            }
+        }
+    }
+    if (rc) {
+        queue_read_err_locked(ep, tag);
+        tx_locked(ep);
+        pthread_mutex_unlock(&ep->lock);
+        if (g)
+            grant_unref(ep, g);
+        *why = ep->why;
+        return rc;
+    }
+    j = ep->jfree;
+    ep->jfree = j->next;
+    j->g = g;
+    j->p = (const char *)g->addr + (raddr - (uint64_t)(uintptr_t)g->addr);
+    j->left = length;
+    j->tag = tag;
+    j->next = NULL;
+    if (ep->jtail)
+        ep->jtail->next = j;
+    else
+        ep->jhead = j;
+    ep->jtail = j;
+    ep->njobs++;
+    set_pollout_locked(ep, true);
+    pthread_mutex_unlock(&ep->lock);
     return 0;
 }
 
@@ -550,6 +1117,8 @@ static void teardown(struct tcp_cq *cq, struct tcp_ep *ep, int status, const cha
     pthread_mutex_lock(&ep->lock);
     atomic_store(&ep->state, S_DEAD);
     flush_sends_locked(ep);
+    grants_ep_dead(ep); /* before the jobs go: their pending revokes complete -ECANCELED */
+    drop_jobs_locked(ep);
     fd = ep->fd;
     ep->fd = -1;
     pthread_mutex_unlock(&ep->lock);
@@ -559,6 +1128,10 @@ static void teardown(struct tcp_cq *cq, struct tcp_ep *ep, int status, const cha
         put_posted(cq, ep->rbuf);
         ep->rbuf = NULL;
     }
+    ep->rdst = NULL;
+    ep->rkind = K_NONE;
+    ep->rslot = NULL;
+    flush_reads(cq, ep);
     hungry_remove(cq, ep);
     atomic_fetch_add(&cq->avail, (int)ep->granted);
     ep->granted = 0;
@@ -623,6 +1196,49 @@ static int handle_hello(struct tcp_cq *cq, struct tcp_ep *ep, const struct vrpc_
     return 0;
 }
 
+/* Reader: a READ_RESP or READ_ERR header for tag. RESP: the body goes
+ * straight into the read's buffer. ERR: that read completes -EACCES and the
+ * connection fails (the peer closes it too). */
+static int handle_read_hdr(struct tcp_cq *cq, struct tcp_ep *ep, uint8_t type, uint32_t len, uint32_t tag,
+                           const char **why)
+{
+    uint32_t idx = tag & 0xffffu;
+    struct rslot *r = NULL;
+    char *dst = NULL;
+    bool ok;
+
+    pthread_mutex_lock(&ep->lock);
+    if (idx < ep->nrslots)
+        r = &ep->rslots[idx];
+    ok = r && atomic_load(&r->used) && !r->finished && r->gen == (uint16_t)(tag >> 16);
+    if (ok && type == F_READ_RESP) {
+        ok = len >= 1 && len <= r->len - r->done;
+        dst = (char *)r->buf->data + r->off + r->done;
+    } else if (ok) {
+        ok = len == 0;
+        if (ok)
+            r->finished = true;
+    }
+    pthread_mutex_unlock(&ep->lock);
+    if (!ok) {
+        *why = type == F_READ_RESP ? "read response for no outstanding read, or beyond its length"
+                                   : "read error for no outstanding read";
+        return -EPROTO;
+    }
+    if (type == F_READ_ERR) {
+        complete_read(cq, ep, r, -EACCES);
+        *why = "the peer refused a read (bad or revoked key, or range)";
+        return -EACCES;
+    }
+    ep->rkind = K_RRESP;
+    ep->rslot = r;
+    ep->rdst = dst;
+    ep->rgot = 0;
+    ep->rlen = len;
+    ep->rimm = tag;
+    return 0;
+}
+
 /* A complete header is in ep->rhdr. Returns 0 or a negative errno (protocol error). */
 static int handle_hdr(struct tcp_cq *cq, struct tcp_ep *ep, struct vrpc_buf **spec, const char **why)
 {
@@ -654,6 +1270,20 @@ static int handle_hdr(struct tcp_cq *cq, struct tcp_ep *ep, struct vrpc_buf **sp
         ep->frame_ns = 0;
         return 0;
     }
+    if (h.type == F_READ_REQ) {
+        if (len != VRPC_TCP_READ_REQ_LEN) {
+            *why = "read request of the wrong length";
+            return -EPROTO;
+        }
+        ep->rkind = K_RREQ;
+        ep->rdst = (char *)ep->rreq.b;
+        ep->rgot = 0;
+        ep->rlen = len;
+        ep->rimm = le32toh(h.imm);
+        return 0;
+    }
+    if (h.type == F_READ_RESP || h.type == F_READ_ERR)
+        return handle_read_hdr(cq, ep, h.type, len, le32toh(h.imm), why);
     if (h.type != F_DATA) {
         *why = "unknown frame type";
         return -EPROTO;
@@ -687,9 +1317,50 @@ static int handle_hdr(struct tcp_cq *cq, struct tcp_ep *ep, struct vrpc_buf **sp
         return 0;
     }
     ep->rbuf = b;
+    ep->rdst = b->data;
+    ep->rkind = K_DATA;
     ep->rgot = 0;
     ep->rlen = len;
     ep->rimm = le32toh(h.imm);
+    return 0;
+}
+
+/* The body of the current frame is complete: deliver it. 0 or a protocol
+ * error (a bad read request). */
+static int body_done(struct tcp_cq *cq, struct tcp_ep *ep, const char **why)
+{
+    uint8_t k = ep->rkind;
+    ep->rdst = NULL;
+    ep->rkind = K_NONE;
+    ep->frame_ns = 0;
+    if (k == K_DATA) {
+        struct vrpc_buf *b = ep->rbuf;
+        ep->rbuf = NULL;
+        stage_fill(b, VRPC_WC_RECV, 0, ep, ep->rimm);
+        stage(cq, b);
+        return 0;
+    }
+    if (k == K_RREQ)
+        return handle_read_req(ep, why);
+    {
+        struct rslot *r = ep->rslot;
+        bool last;
+        ep->rslot = NULL;
+        r->done += ep->rlen;
+        pthread_mutex_lock(&ep->lock);
+        last = r->done == r->len;
+        if (last)
+            r->finished = true;
+        pthread_mutex_unlock(&ep->lock);
+        if (last) {
+            complete_read(cq, ep, r, 0);
+            if (atomic_load(&ep->state) == S_CLOSING) { /* the close may have waited for it */
+                pthread_mutex_lock(&ep->lock);
+                tx_locked(ep);
+                pthread_mutex_unlock(&ep->lock);
+            }
+        }
+    }
     return 0;
 }
 
@@ -703,10 +1374,10 @@ static int consume(struct tcp_cq *cq, struct tcp_ep *ep, const char *p, size_t l
 {
     while (len) {
         size_t k;
-        if (ep->rbuf) {
+        if (ep->rdst) {
             k = ep->rlen - ep->rgot < len ? ep->rlen - ep->rgot : len;
-            if ((char *)ep->rbuf->data + ep->rgot != p)
-                memcpy((char *)ep->rbuf->data + ep->rgot, p, k);
+            if (ep->rdst + ep->rgot != p)
+                memcpy(ep->rdst + ep->rgot, p, k);
             ep->rgot += (uint32_t)k;
         } else {
             k = HDR_LEN - ep->rhdr_got < len ? HDR_LEN - ep->rhdr_got : len;
@@ -715,13 +1386,11 @@ static int consume(struct tcp_cq *cq, struct tcp_ep *ep, const char *p, size_t l
         }
         p += k;
         len -= k;
-        if (ep->rbuf && ep->rgot == ep->rlen) {
-            struct vrpc_buf *b = ep->rbuf;
-            ep->rbuf = NULL;
-            stage_fill(b, VRPC_WC_RECV, 0, ep, ep->rimm);
-            stage(cq, b);
-            ep->frame_ns = 0;
-        } else if (!ep->rbuf && ep->rhdr_got == HDR_LEN) {
+        if (ep->rdst && ep->rgot == ep->rlen) {
+            int rc = body_done(cq, ep, why);
+            if (rc)
+                return rc;
+        } else if (!ep->rdst && ep->rhdr_got == HDR_LEN) {
             struct vrpc_buf *had = spec ? *spec : NULL;
             int rc = handle_hdr(cq, ep, spec, why);
             if (rc)
@@ -735,7 +1404,7 @@ static int consume(struct tcp_cq *cq, struct tcp_ep *ep, const char *p, size_t l
             }
         }
     }
-    if ((ep->rbuf || ep->rhdr_got) && !ep->frame_ns)
+    if ((ep->rdst || ep->rhdr_got) && !ep->frame_ns)
         ep->frame_ns = now;
     return 0;
 }
@@ -788,19 +1457,14 @@ static void rx_spec(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
     ep->rhdr_got = HDR_LEN;
     rc = handle_hdr(cq, ep, &spec, &why);
     if (!rc && !spec) {
-        /* spec holds this frame's payload from offset 0 */
-        if (ep->rbuf) {
+        /* a DATA frame took spec: it holds this frame's payload from offset 0 */
+        if (ep->rdst) {
             used = extra < ep->rlen ? extra : ep->rlen;
             ep->rgot = (uint32_t)used;
         }
         /* (zero-length DATA was staged with spec; used stays 0) */
-        if (ep->rbuf && ep->rgot == ep->rlen) {
-            struct vrpc_buf *b = ep->rbuf;
-            ep->rbuf = NULL;
-            stage_fill(b, VRPC_WC_RECV, 0, ep, ep->rimm);
-            stage(cq, b);
-            ep->frame_ns = 0;
-        }
+        if (ep->rdst && ep->rgot == ep->rlen)
+            rc = body_done(cq, ep, &why);
     }
     /* what follows the frame is copied on before anyone sees the buffer */
     if (!rc && extra > used)
@@ -811,7 +1475,7 @@ static void rx_spec(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
         teardown(cq, ep, rc, why);
         return;
     }
-    if (!ep->rbuf && !ep->rhdr_got)
+    if (!ep->rdst && !ep->rhdr_got)
         ep->frame_ns = 0;
     else if (!ep->frame_ns)
         ep->frame_ns = now;
@@ -830,7 +1494,7 @@ static void rx(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
         ssize_t n;
         int niov;
 
-        if (!ep->rbuf && ep->rhdr_got == HDR_LEN) {
+        if (!ep->rdst && ep->rhdr_got == HDR_LEN) {
             const char *why = NULL;
             int rc = handle_hdr(cq, ep, NULL, &why);
             if (rc) {
@@ -839,14 +1503,16 @@ static void rx(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
             }
             continue;
         }
-        if (ep->rbuf) {
-            iov[0].iov_base = (char *)ep->rbuf->data + ep->rgot;
+        if (ep->rdst) {
+            iov[0].iov_base = ep->rdst + ep->rgot;
             iov[0].iov_len = ep->rlen - ep->rgot;
             iov[1].iov_base = ep->rhdr.b;
             iov[1].iov_len = HDR_LEN;
             niov = 2;
         } else {
-            if (ep->granted && atomic_load(&ep->state) != S_HANDSHAKE) {
+            /* (not while our reads are out: their chunks go straight
+             * into the reader's buffer, not through a posted one) */
+            if (ep->granted && atomic_load(&ep->state) != S_HANDSHAKE && !atomic_load(&ep->nreads)) {
                 rx_spec(cq, ep, now);
                 return;
             }
@@ -865,7 +1531,7 @@ static void rx(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
             return;
         }
         if (n == 0) {
-            if (ep->rbuf || ep->rhdr_got)
+            if (ep->rdst || ep->rhdr_got)
                 teardown(cq, ep, -EPROTO, "peer closed in the middle of a frame");
             else if (atomic_load(&ep->state) == S_HANDSHAKE)
                 teardown(cq, ep, -ECONNRESET, "peer closed during the handshake");
@@ -875,23 +1541,25 @@ static void rx(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
         }
         if (!ep->frame_ns)
             ep->frame_ns = now;
-        if (ep->rbuf) {
+        if (ep->rdst) {
             size_t p = ep->rlen - ep->rgot;
             if ((size_t)n < p)
                 p = (size_t)n;
             ep->rgot += (uint32_t)p;
             ep->rhdr_got = (uint32_t)((size_t)n - p);
             if (ep->rgot == ep->rlen) {
-                struct vrpc_buf *b = ep->rbuf;
-                ep->rbuf = NULL;
-                stage_fill(b, VRPC_WC_RECV, 0, ep, ep->rimm);
-                stage(cq, b);
+                const char *why = NULL;
+                int rc = body_done(cq, ep, &why);
+                if (rc) {
+                    teardown(cq, ep, rc, why);
+                    return;
+                }
                 ep->frame_ns = ep->rhdr_got ? now : 0;
             }
         } else {
             ep->rhdr_got += (uint32_t)n;
         }
-        if ((size_t)n < want && !(ep->rhdr_got == HDR_LEN && !ep->rbuf))
+        if ((size_t)n < want && !(ep->rhdr_got == HDR_LEN && !ep->rdst))
             return; /* drained for now */
     }
 }
@@ -910,9 +1578,9 @@ static void on_event(struct tcp_cq *cq, struct tcp_ep *ep, uint32_t events, uint
         }
     }
     if (events & EPOLLOUT) {
-        pthread_mutex_lock(&ep->lock);
-        tx_locked(ep);
-        pthread_mutex_unlock(&ep->lock);
+        pump(cq, ep);
+        if (atomic_load(&ep->state) == S_DEAD)
+            return;
     }
     if (events & (EPOLLIN | EPOLLHUP | EPOLLRDHUP | EPOLLERR))
         rx(cq, ep, now);
@@ -1049,7 +1717,19 @@ static int tcp_cq_poll(struct vrpc_cq *base, struct vrpc_wc *wc, unsigned max)
         w->status = (int32_t)(uint32_t)(b->priv[P_OPST] >> 32);
         w->imm = (uint32_t)b->priv[P_IMM];
         w->byte_len = b->len;
-        w->buf = (op == VRPC_WC_ACCEPTED || op == VRPC_WC_DISCONNECTED) ? NULL : b;
+        if (op <= VRPC_WC_SEND) {
+            w->buf = b;
+        } else if (op == VRPC_WC_READ) {
+            /* the carrier is the slot's; the slot is free from now on */
+            w->buf = (struct vrpc_buf *)(uintptr_t)b->priv[P_IMM];
+            w->imm = 0;
+            atomic_store(&container_of(b, struct rslot, cpl)->used, false);
+        } else if (op == VRPC_WC_REVOKE) {
+            w->buf = NULL;
+            grant_release(container_of(cq->base.tp, struct tcp_tp, base), container_of(b, struct grant, cpl));
+        } else {
+            w->buf = NULL;
+        }
     }
     if (n)
         atomic_store(&cq->sleeping, 0);
@@ -1170,6 +1850,8 @@ static struct tcp_ep *ep_alloc(struct vrpc_transport *tp, struct tcp_cq *cq, int
     ep->max_queued = tp->attr.max_queued;
     ep->target = tp->attr.credits;
     ep->ctrl.data = ep->ctrl_space + HDR_LEN;
+    ep->errf.data = ep->err_space + HDR_LEN;
+    atomic_init(&ep->nreads, 0);
     atomic_init(&ep->state, S_HANDSHAKE);
     return ep;
 }
@@ -1178,6 +1860,8 @@ static void tcp_ep_free(struct vrpc_ep *base)
 {
     struct tcp_ep *ep = container_of(base, struct tcp_ep, base);
     pthread_mutex_destroy(&ep->lock);
+    free(ep->rslots);
+    free(ep->jobs);
     free(ep);
 }
 
@@ -1436,17 +2120,23 @@ err:
 
 static int tcp_tp_create(const struct vrpc_transport_attr *attr, struct vrpc_transport **out)
 {
-    struct vrpc_transport *tp = calloc(1, sizeof *tp);
-    if (!tp)
+    struct tcp_tp *t = calloc(1, sizeof *t);
+    if (!t)
         return -ENOMEM;
-    tp->headroom = HDR_LEN; /* the frame header is written in front of the payload */
-    *out = tp;
+    pthread_mutex_init(&t->gmu, NULL);
+    t->base.headroom = HDR_LEN; /* the frame header is written in front of the payload */
+    *out = &t->base;
     return 0;
 }
 
 static void tcp_tp_destroy(struct vrpc_transport *tp)
 {
-    free(tp);
+    struct tcp_tp *t = container_of(tp, struct tcp_tp, base);
+    uint32_t i;
+    for (i = 0; i < t->nblocks; i++)
+        free(t->blocks[i]);
+    pthread_mutex_destroy(&t->gmu);
+    free(t);
 }
 
 static int tcp_mr_reg(struct vrpc_transport *tp, void *addr, size_t len, unsigned access, struct vrpc_mr **out)
@@ -1494,9 +2184,9 @@ const struct vrpc_transport_ops vrpc_tcp_ops = {
     .listener_destroy = tcp_listener_destroy,
     .connect = tcp_connect,
     .send = tcp_send,
-    .read = vrpc_enosys_read,
-    .grant = vrpc_enosys_grant,
-    .revoke = vrpc_enosys_revoke,
+    .read = tcp_read,
+    .grant = tcp_grant,
+    .revoke = tcp_revoke,
     .close = tcp_close,
     .ep_free = tcp_ep_free,
 };

@@ -1,7 +1,17 @@
 /* The TCP backend's wire format, shared with the bad-peer tests that forge it.
  * Every frame starts with a 16-byte little-endian header; DATA frames carry len
  * payload bytes after it. A connection starts with HELLO (client) answered by
- * HELLO_ACK (server): imm holds the eager size, credits the initial grant. */
+ * HELLO_ACK (server): imm holds the eager size, credits the initial grant.
+ * Any frame after the handshake may return credits.
+ *
+ * Reads (vrpc_ep_read emulation; docs/design/large-messages.md section 7):
+ *   READ_REQ   imm = tag chosen by the reader, len = 16, body struct
+ *              vrpc_tcp_read_req. Uses no credit (no receive buffer).
+ *   READ_RESP  imm = tag, len = bytes of this chunk (>= 1), then the bytes:
+ *              the next part of that read, in order, chunks of one read never
+ *              interleaved out of order (other reads' chunks may interleave).
+ *   READ_ERR   imm = tag, len = 0: the owner refused the read (bad key, range
+ *              or a grant revoked while streaming); it then closes. */
 #ifndef VRPC_TCP_WIRE_H
 #define VRPC_TCP_WIRE_H
 
@@ -11,16 +21,38 @@
 #define VRPC_TCP_MAGIC 0x43505256u /* "VRPC" */
 #define VRPC_TCP_VERSION 1u
 
-enum vrpc_tcp_frame { VRPC_TCP_DATA = 1, VRPC_TCP_CREDIT, VRPC_TCP_HELLO, VRPC_TCP_HELLO_ACK };
+enum vrpc_tcp_frame {
+    VRPC_TCP_DATA = 1,
+    VRPC_TCP_CREDIT,
+    VRPC_TCP_HELLO,
+    VRPC_TCP_HELLO_ACK,
+    VRPC_TCP_READ_REQ,
+    VRPC_TCP_READ_RESP,
+    VRPC_TCP_READ_ERR,
+};
+
+/* Most read requests one side may have outstanding at its peer; the owner
+ * fails a connection whose peer asks more. */
+#define VRPC_TCP_MAX_READS 64u
+#define VRPC_TCP_READ_REQ_LEN 16u
 
 struct vrpc_tcp_hdr {
-    uint32_t len;     /* payload bytes (DATA); 0 otherwise */
-    uint32_t imm;     /* DATA: immediate; HELLO/ACK: eager size */
+    uint32_t len;     /* bytes after the header (DATA, READ_REQ, READ_RESP); 0 otherwise */
+    uint32_t imm;     /* DATA: immediate; HELLO/ACK: eager size; READ_*: tag */
     uint16_t credits; /* credits returned to the receiver of this frame */
     uint8_t type;     /* enum vrpc_tcp_frame */
     uint8_t version;
     uint32_t magic;
 };
 _Static_assert(sizeof(struct vrpc_tcp_hdr) == VRPC_TCP_HDR_LEN, "frame header is 16 bytes");
+
+/* READ_REQ body (little-endian): read length bytes at raddr under rkey, the
+ * key of a grant the owner made on this connection. */
+struct vrpc_tcp_read_req {
+    uint64_t raddr;
+    uint32_t rkey;
+    uint32_t length;
+};
+_Static_assert(sizeof(struct vrpc_tcp_read_req) == VRPC_TCP_READ_REQ_LEN, "read request body is 16 bytes");
 
 #endif
