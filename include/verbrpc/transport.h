@@ -166,7 +166,7 @@ struct vrpc_transport_attr {
     uint32_t connect_timeout_ms; /* vrpc_connect() and the accept handshake; 0: 5000 */
     uint32_t read_chunk;  /* bytes per READ work request (verbs) or per read
                             response frame (TCP) of one vrpc_ep_read();
-                            0: 1 MiB on verbs, 256 KiB on TCP */
+                            0: 256 KiB */
     uint32_t read_window; /* read chunks in flight per endpoint; 0: 2 */
     uint64_t max_pinned;  /* bound on the bytes the large-buffer cache keeps
                             registered (in use + idle); 0: 256 MiB. On verbs
@@ -356,9 +356,12 @@ VRPC_API int vrpc_ep_grant(struct vrpc_ep *ep, struct vrpc_mr *mr, const void *a
  * after which no read of the peer can touch the memory any more (verbs: the
  * window is invalidated, or deallocated with a dead queue pair; TCP: the grant
  * is dead and no read response streams from it). Status 0, or -ECANCELED when
- * the endpoint died first (the key is dead all the same). A revoke races a
+ * the endpoint died first (the key is dead all the same); like every
+ * completion of ep it comes before ep's DISCONNECTED. A revoke races a
  * read of the peer safely: the read then fails -EACCES at the peer. Errors
- * (no completion): -EINVAL unknown key, -ENOSPC (retry after a completion). */
+ * (no completion): -EINVAL unknown key, -ENOSPC (retry after a completion),
+ * -ENOTCONN ep's DISCONNECTED has been (or is being) delivered: every key of
+ * it died with it, the memory is the caller's again. */
 VRPC_API int vrpc_ep_revoke(struct vrpc_ep *ep, uint32_t rkey, uint64_t wr_id);
 
 /* ---- large buffers: the registration cache ---------------------------------
