@@ -833,7 +833,16 @@ void t_read_past_buffer(void **state)
     assert_true(coll_wait(&r.c.coll, VRPC_WC_DISCONNECTED, cep, WAIT_MS, &w));
     assert_true(coll_wait(&r.s.coll, VRPC_WC_DISCONNECTED, sep, WAIT_MS, &w));
     assert_int_equal(csum(src->data, src->cap), csum(src->data, src->cap)); /* still mapped */
-    revoke_wait(&r, sep, key, 1); /* dead endpoint: 0 or -ECANCELED */
+    /* after its DISCONNECTED: -ENOTCONN, the key died with the endpoint
+     * (TCP still accepts it and completes -ECANCELED; to be aligned) */
+    {
+        int rc = vrpc_ep_revoke(sep, key, 0x5e5e);
+        assert_true(rc == 0 || rc == -ENOTCONN);
+        if (rc == 0) {
+            assert_true(coll_wait(&r.s.coll, VRPC_WC_REVOKE, sep, WAIT_MS, &w));
+            assert_int_equal(w.status, -ECANCELED);
+        }
+    }
     vrpc_lbuf_put(src);
     vrpc_lbuf_put(dst);
     vrpc_ep_destroy(cep);
@@ -1003,7 +1012,9 @@ void t_revoke_during_read(void **state)
     if (st == 0) {
         assert_int_equal(csum(dst->data, big), sum);
     } else {
-        assert_true(st == -EACCES || st == -ECANCELED);
+        /* verbs on rxe: a window invalidated mid-response leaves the READ
+         * hanging until the read watchdog (idle timeout) fails it */
+        assert_true(st == -EACCES || st == -ECANCELED || st == -ETIMEDOUT);
         assert_true(coll_wait(&r.c.coll, VRPC_WC_DISCONNECTED, cep, WAIT_MS, &w));
     }
     vrpc_lbuf_put(src);

@@ -49,7 +49,13 @@
 /* BIND_MW and LOCAL_INV work requests one endpoint may have on its send queue
  * (the send queue is sized for them besides sends and read_window reads). */
 #define MW_SLOTS 16u
-#define READ_CHUNK_DEFAULT (1u << 20)
+/* 256 KiB: two chunks in flight are 512 packets at rxe's 1024-byte MTU. With
+ * 1 MiB chunks (2048 packets) rxe across a veth pair overflows the netdev
+ * backlog (1000), and each lost packet costs the 2 s ACK timeout (measured:
+ * 8 MiB reads stalled past 10 s; 256 KiB ran at 16-24 MB/s, like 1 MiB on one
+ * device). On hardware 256 KiB per work request is still far from any
+ * per-request overhead. */
+#define READ_CHUNK_DEFAULT (256u << 10)
 
 struct hdr {
 	uint16_t credits;
@@ -155,9 +161,12 @@ struct vep {
 	uint64_t accept_user;
 
 	/* reads and grants (ep->lock) */
-	struct rjob *rjobs, *rfree;       /* all jobs; the free ones */
+	struct rjob *rjobs, *rfree;       /* all jobs (rd_njobs); the free ones */
+	uint32_t rd_njobs;
 	struct rjob *rq_head, *rq_tail;   /* jobs with chunks left to post */
 	uint32_t rd_inflight, rd_window;  /* chunks posted; at most this many */
+	atomic_ullong rd_deadline;        /* chunks in flight: next completion due by
+					     then (else the watchdog fails ep); 0: none */
 	struct vmw *grants;               /* windows bound on this QP */
 	uint32_t mw_inflight;             /* BIND_MW / LOCAL_INV not completed */
 	bool gone;                        /* DISCONNECTED staged: revoke says -ENOTCONN */
@@ -189,6 +198,8 @@ struct vcq {
 	unsigned st_head, st_tail, st_cap;
 	struct vep *hungry_head, *hungry_tail;
 	struct vep *reap_wait; /* drained; torn down once the CQ was seen empty */
+	atomic_int reading;    /* endpoints with a read deadline set */
+	uint64_t rd_scan_ns;   /* next read watchdog scan */
 	struct ibv_wc wcs[32];
 };
 
@@ -772,6 +783,8 @@ static int qp_modify(struct vep *ep, enum ibv_qp_state state)
 		a.retry_cnt = cfg->retry_cnt;
 		a.rnr_retry = cfg->rnr_retry;
 		mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY;
+		TRACE("verbs: qpn %u RTS timeout %u retry %u rd_atomic %u", ep->qpn, a.timeout, a.retry_cnt,
+		      a.max_rd_atomic);
 	}
 	return vrpc_verbs_err_pos(ibv_modify_qp(ep->qp, &a, mask));
 }
@@ -921,6 +934,22 @@ static void rq_remove(struct vep *ep, struct rjob *j)
 		}
 }
 
+/* A READ that never completes and never fails (e.g. a peer that left its
+ * QP in error, as rxe does when a window is invalidated while a READ
+ * response is being sent) would hold the read forever: the next completion
+ * of a busy read window is due within the idle timeout (ep->lock). */
+static void rd_deadline_update(struct vep *ep)
+{
+	uint64_t old = atomic_load(&ep->rd_deadline), d = 0;
+	if (ep->rd_inflight)
+		d = vrpc_tp_now_ns() + (uint64_t)ep->tp->base.attr.idle_timeout_ms * 1000000ull;
+	atomic_store(&ep->rd_deadline, d);
+	if (!old && d)
+		atomic_fetch_add(&ep->cq->reading, 1);
+	else if (old && !d)
+		atomic_fetch_sub(&ep->cq->reading, 1);
+}
+
 /* Posts read chunks while the endpoint's window has room, one chunk per job
  * in turn, so a short read waits behind at most one chunk of a long one.
  * A failed post (the send queue is sized for the window, so it means the QP
@@ -957,7 +986,8 @@ static int pump_reads_locked(struct vep *ep)
 		rq_pop(ep);
 		j->posted += n;
 		j->outstanding++;
-		ep->rd_inflight++;
+		if (!ep->rd_inflight++)
+			rd_deadline_update(ep);
 		if (j->posted < j->len)
 			rq_push(ep, j);
 	}
@@ -1063,6 +1093,7 @@ static struct vep *ep_new(struct vtp *tp, struct vcq *cq, void *user, uint32_t m
 		free(ep);
 		return NULL;
 	}
+	ep->rd_njobs = nj;
 	for (uint32_t i = 0; i < nj; i++) {
 		ep->rjobs[i].next = ep->rfree;
 		ep->rfree = &ep->rjobs[i];
@@ -1317,6 +1348,7 @@ static void on_read(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
 	pthread_mutex_lock(&ep->lock);
 	j->outstanding--;
 	ep->rd_inflight--;
+	rd_deadline_update(ep);
 	if (st && !j->status)
 		j->status = st;
 	if (j->status && j->queued)
@@ -1333,6 +1365,8 @@ static void on_read(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
 	/* a refused READ leaves both QPs in error: the connection is lost */
 	if (wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR)
 		ep_fail(ep, st, "RDMA READ failed: %s", ibv_wc_status_str(wc->status));
+	else if (wc->status == IBV_WC_WR_FLUSH_ERR)
+		ep_fail(ep, -ECONNRESET, "queue pair in error"); /* no-op when ep failed first */
 	else if (prc)
 		ep_fail(ep, prc, "cannot post an RDMA READ: %s", strerror(-prc));
 	if (drained)
@@ -1374,6 +1408,8 @@ static void on_mw(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
 		mw_put(ep->tp, w);
 	if (wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR)
 		ep_fail(ep, wc_status(wc->status), "%s failed: %s", what, ibv_wc_status_str(wc->status));
+	else if (wc->status == IBV_WC_WR_FLUSH_ERR)
+		ep_fail(ep, -ECONNRESET, "queue pair in error"); /* no-op when ep failed first */
 	if (drained)
 		todo_add(ep);
 }
@@ -1399,6 +1435,39 @@ static void on_wc(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
 	}
 }
 
+/* Poller: fails endpoints whose read window made no progress within the
+ * idle timeout (-ETIMEDOUT; their reads then flush). At most every 200 ms,
+ * and only while some endpoint of the CQ reads. */
+static void read_watchdog(struct vcq *cq)
+{
+	struct vep *late[16];
+	unsigned n = 0;
+	uint64_t now;
+	if (!atomic_load(&cq->reading))
+		return;
+	now = vrpc_tp_now_ns();
+	if (now < cq->rd_scan_ns)
+		return;
+	cq->rd_scan_ns = now + 200000000ull;
+	pthread_mutex_lock(&cq->lock);
+	for (uint32_t i = 0; i <= cq->map_mask && n < 16; i++) {
+		uint64_t d = cq->map[i] ? atomic_load(&cq->map[i]->rd_deadline) : 0;
+		if (d && d < now)
+			late[n++] = cq->map[i];
+	}
+	pthread_mutex_unlock(&cq->lock);
+	/* still allocated: only this poller releases them, after DISCONNECTED */
+	for (unsigned i = 0; i < n; i++) {
+		struct vep *ep = late[i];
+		pthread_mutex_lock(&ep->lock);
+		for (uint32_t k = 0; k < ep->rd_njobs; k++)
+			if (ep->rjobs[k].outstanding && !ep->rjobs[k].status)
+				ep->rjobs[k].status = -ETIMEDOUT; /* their flush says why */
+		pthread_mutex_unlock(&ep->lock);
+		ep_fail(ep, -ETIMEDOUT, "RDMA READ made no progress for %u ms", ep->tp->base.attr.idle_timeout_ms);
+	}
+}
+
 static int verbs_cq_poll(struct vrpc_cq *base, struct vrpc_wc *wc, unsigned max)
 {
 	struct vcq *cq = container_of(base, struct vcq, base);
@@ -1421,6 +1490,7 @@ static int verbs_cq_poll(struct vrpc_cq *base, struct vrpc_wc *wc, unsigned max)
 			reap_waiting(cq);
 		}
 		distribute(cq);
+		read_watchdog(cq);
 	}
 	while (n < max && cq->st_head != cq->st_tail)
 		wc[n++] = cq->stage[cq->st_head++ % cq->st_cap];
@@ -1690,6 +1760,14 @@ static void on_connect_request(struct vtp_listener *l, struct rdma_cm_event *ev)
 	}
 }
 
+/* CM thread (which alone destroys QPs). */
+static bool qp_in_error(struct vep *ep)
+{
+	struct ibv_qp_attr a;
+	struct ibv_qp_init_attr ia;
+	return ep->qp && ibv_query_qp(ep->qp, &a, IBV_QP_STATE, &ia) == 0 && a.qp_state == IBV_QPS_ERR;
+}
+
 static void on_ep_event(struct vep *ep, struct rdma_cm_event *ev)
 {
 	struct vtp *tp = ep->tp;
@@ -1783,8 +1861,16 @@ static void on_ep_event(struct vep *ep, struct rdma_cm_event *ev)
 		pthread_mutex_lock(&ep->lock);
 		local = ep->state == S_CLOSING;
 		pthread_mutex_unlock(&ep->lock);
-		/* a graceful close by either side, or a peer process that died */
-		ep_fail(ep, 0, "%s", local ? "closed" : "peer disconnected");
+		/* a graceful close by either side, or a peer process that died;
+		 * but a QP already in error (nothing here moves it there before
+		 * ep_fail) means the connection broke first: e.g. this side
+		 * refused the peer's RDMA READ (bad key or range), which sets
+		 * both QPs in error and reaches this side only as the peer's
+		 * disconnect */
+		if (!local && qp_in_error(ep))
+			ep_fail(ep, -ECONNRESET, "queue pair in error (an RDMA READ of the peer refused, or a transport error)");
+		else
+			ep_fail(ep, 0, "%s", local ? "closed" : "peer disconnected");
 		break;
 	}
 	case RDMA_CM_EVENT_DEVICE_REMOVAL:
