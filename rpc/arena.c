@@ -57,13 +57,17 @@ void vrpc_arena_reset(struct vrpc_arena *a)
 {
     if (a->extra) {
         size_t want = ALIGN16(a->cap + a->extra_total);
+        /* Regrow only up to a bound: a large message now and then (tens of
+         * MiB, rendezvous) should not pin that much per arena for ever. */
+        if (want > VRPC_ARENA_KEEP_MAX)
+            want = a->cap > VRPC_ARENA_KEEP_MAX ? a->cap : VRPC_ARENA_KEEP_MAX;
         while (a->extra) {
             struct vrpc_arena_chunk *c = a->extra;
             a->extra = c->next;
             free(c);
         }
         a->extra_total = 0;
-        unsigned char *nb = aligned_alloc(16, want);
+        unsigned char *nb = want > a->cap ? aligned_alloc(16, want) : NULL;
         if (nb) {
             free(a->base);
             a->base = nb;

@@ -10,6 +10,10 @@
 
 struct vrpc_arena_chunk;
 
+/* The main block regrows at most to this; beyond, overflow blocks are
+ * allocated per use and freed at reset. */
+#define VRPC_ARENA_KEEP_MAX ((size_t)4 << 20)
+
 struct vrpc_arena {
     unsigned char *base; /* main block */
     size_t cap, used;

@@ -6,6 +6,7 @@
  * scheduler (async): no user code runs on the poller. */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,7 @@
 #include "rpc/internal.h"
 #include "rpc/pbutil.h"
 #include "rpc/pending.h"
+#include "rpc/rndv.h"
 #include "rpc/status.h"
 #include "rpc/timer.h"
 #include "rpc/wire.h"
@@ -33,7 +35,10 @@ struct vrpc_conn {
     uint32_t dead;        /* atomic 0/1: lost, closing or protocol error */
     uint32_t goaway;      /* atomic 0/1: server said GOAWAY */
     uint32_t hello;       /* futex: HELLO_WAIT/OK/FAILED */
-    uint32_t max_payload; /* md + message bytes the server accepts (after HELLO_ACK) */
+    uint32_t max_payload; /* md + message bytes we may send (after HELLO_ACK) */
+    uint32_t peer_max;    /* the server's max_msg_size */
+    uint32_t peer_features; /* the server's VRPC_FEAT_* */
+    bool large;           /* both sides offer VRPC_FEAT_LARGE: rendezvous allowed */
     struct vrpc_conn *next, *prev; /* channel's list of live endpoints, under conn_lock */
     bool gone;                     /* DISCONNECTED delivered (under conn_lock) */
 };
@@ -64,6 +69,7 @@ struct vrpc_channel {
     uint32_t live_eps; /* futex: endpoints whose DISCONNECTED has not arrived */
     struct vrpc_conn live; /* list head of those endpoints' conns (under conn_lock) */
     uint32_t posted;   /* receive buffers posted, for destroy */
+    struct vrpc_rndv_retry retry; /* reads/revokes to retry (poller only) */
 };
 
 /* Completion of an asynchronous call that failed before it got a slot. */
@@ -86,6 +92,8 @@ enum vrpc_channel_state vrpc_channel_state(const struct vrpc_channel *ch)
 
 void vrpc_channel_opts_init(struct vrpc_channel_opts *o) { memset(o, 0, sizeof(*o)); }
 
+struct vrpc_transport *vrpc_channel_transport(const struct vrpc_channel *ch) { return ch->tp; }
+
 /* The last reference destroys the endpoint: only then can no other thread
  * be sending on it (the transport forbids any call after vrpc_ep_destroy). */
 static void conn_unref(struct vrpc_conn *c)
@@ -98,6 +106,44 @@ static void conn_unref(struct vrpc_conn *c)
 
 static void conn_ref(struct vrpc_conn *c) { __atomic_add_fetch(&c->refs, 1, __ATOMIC_RELAXED); }
 
+/* ---- a call's wire side and its transfers (see pending.h, xfer) ---------- */
+
+static void slot_hold(struct vrpc_pending_slot *s) { __atomic_add_fetch(&s->xfer, 1, __ATOMIC_RELAXED); }
+
+/* Drop one hold; the last one after the response ends the wire side. */
+static void slot_drop(struct vrpc_pending_slot *s, uint32_t gen)
+{
+    if (__atomic_sub_fetch(&s->xfer, 1, __ATOMIC_ACQ_REL) == VRPC_PEND_XFER_SEEN)
+        vrpc_pending_wire_done(s, gen);
+}
+
+/* The server can send nothing more for this call (its RESPONSE came or the
+ * connection died). True the first time. */
+static bool slot_seen(struct vrpc_pending_slot *s, uint32_t gen)
+{
+    uint32_t old = __atomic_fetch_or(&s->xfer, VRPC_PEND_XFER_SEEN, __ATOMIC_ACQ_REL);
+    if (old & VRPC_PEND_XFER_SEEN)
+        return false;
+    if (old == 0)
+        vrpc_pending_wire_done(s, gen);
+    return true;
+}
+
+/* Unpack the call's response (OK) into the arena: from its copy, or from the
+ * large buffer it was read into, which goes back to the cache here. */
+static int unpack_response(struct vrpc_pending_slot *s, struct vrpc_arena *a, ProtobufCMessage **out)
+{
+    const uint8_t *p = s->resp_lb ? s->resp_lb->data : s->resp;
+    int rc = -ENOMEM;
+    if (a) {
+        vrpc_arena_reset(a);
+        rc = vrpc_pb_unpack(s->method->output, p, s->resp_len, 0, a, out);
+    }
+    vrpc_lbuf_put(s->resp_lb);
+    s->resp_lb = NULL;
+    return rc;
+}
+
 /* ---- completing a call ------------------------------------------------- */
 
 /* Async completion on a worker: unpack, run the callback, release. */
@@ -109,13 +155,8 @@ static void async_done_task(struct vrpc_task *t)
     const ProtobufCMessage *msg = NULL;
 
     if (s->st.code == VRPC_OK) {
-        struct vrpc_arena *a = vrpc_rpc_tls_arena();
         ProtobufCMessage *m = NULL;
-        int rc = -ENOMEM;
-        if (a) {
-            vrpc_arena_reset(a);
-            rc = vrpc_pb_unpack(s->method->output, s->resp, s->resp_len, 0, a, &m);
-        }
+        int rc = unpack_response(s, vrpc_rpc_tls_arena(), &m);
         if (rc)
             vrpc_status_set(&s->st, VRPC_INTERNAL, "response does not decode as %s (%d)",
                             s->method->output->name, rc);
@@ -203,7 +244,7 @@ static void fail_pending(struct vrpc_channel *ch, struct vrpc_conn *c, enum vrpc
             complete(ch, s, gen, on_poller);
         }
         if (c)
-            vrpc_pending_wire_done(s, gen);
+            slot_seen(s, gen);
     }
 }
 
@@ -252,21 +293,197 @@ static void protocol_error(struct vrpc_conn *c, const char *what, int rc)
     vrpc_ep_close(c->ep);
 }
 
+/* ---- large messages: the client's side of the rendezvous ------------------ */
+
+/* DONE for a RNDV response. From the poller, never waiting; without a buffer
+ * or credit the server would hold its payload until its hold timeout, so the
+ * connection is closed instead. */
+static void send_done(struct vrpc_channel *ch, struct vrpc_conn *c, uint64_t id, enum vrpc_code code)
+{
+    if (__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
+        return;
+    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_DONE, .request_id = id,
+                              .status = (uint32_t)code};
+    int rc = vrpc_rpc_send_simple(c->ep, ch->send_pool, &h, NULL, 0, false);
+    if (rc && rc != -ENOTCONN) {
+        vrpc_rpc_log("cannot send DONE for a large response (%s); closing the connection", strerror(-rc));
+        conn_fail(c, "connection closed: could not acknowledge a large response", true);
+        vrpc_ep_close(c->ep);
+    }
+}
+
+/* End the grant of the call's request payload (poller): DONE or the RESPONSE
+ * came. The buffer goes back on the REVOKE completion. */
+static void request_revoke(struct vrpc_channel *ch, struct vrpc_pending_slot *s)
+{
+    int rc = vrpc_rndv_revoke(&s->out);
+    if (rc == -ENOSPC)
+        vrpc_rndv_revoke_later(&ch->retry, &s->out);
+    else if (rc && rc != -EALREADY)
+        vrpc_rpc_log("revoking a large request's key failed (%s); released with the connection",
+                     strerror(-rc));
+}
+
+/* Poller: the REVOKE completion of the call's grant: buffer back, the
+ * grant's connection reference and slot hold dropped. */
+static void request_revoked(struct vrpc_channel *ch, struct vrpc_pending_slot *s)
+{
+    struct vrpc_rndv_out *o = &s->out;
+    struct vrpc_conn *c = vrpc_ep_user(o->ep);
+    uint32_t gen = vrpc_wire_id_gen(o->id);
+    vrpc_timer_cancel(ch->wheel, &s->out.hold_timer);
+    /* under conn_lock: hold_fired takes its own reference only while GRANTED */
+    pthread_mutex_lock(&ch->conn_lock);
+    vrpc_rndv_revoked(o);
+    pthread_mutex_unlock(&ch->conn_lock);
+    conn_unref(c);
+    slot_drop(s, gen);
+}
+
+/* The wheel's thread: a server that holds our request payload past the hold
+ * timeout (no DONE, no RESPONSE) loses the connection, which ends the key. */
+static void hold_fired(void *ctx, uint64_t id)
+{
+    struct vrpc_channel *ch = ctx;
+    uint32_t idx = vrpc_wire_id_slot(id);
+    if (idx >= ch->pend->n)
+        return;
+    struct vrpc_rndv_out *o = &ch->pend->slots[idx].out;
+    struct vrpc_conn *c = NULL;
+    pthread_mutex_lock(&ch->conn_lock);
+    if (__atomic_load_n(&o->state, __ATOMIC_ACQUIRE) == VRPC_RNDV_GRANTED && o->id == id) {
+        c = vrpc_ep_user(o->ep);
+        conn_ref(c); /* safe: the grant holds one until it goes IDLE under this lock */
+    }
+    pthread_mutex_unlock(&ch->conn_lock);
+    if (!c)
+        return;
+    char peer[VRPC_URI_MAX] = "?";
+    vrpc_ep_peer_uri(c->ep, peer, sizeof(peer));
+    vrpc_rpc_log("server %s held the %u-byte payload of call %#llx for %u ms without reading it; "
+                 "closing the connection", peer, o->len, (unsigned long long)id, ch->o.hold_timeout_ms);
+    conn_fail(c, "connection closed: the server did not read a large request in time", false);
+    vrpc_ep_close(c->ep);
+    conn_unref(c);
+}
+
+/* Poller: the read of a response payload finished (or could not start). */
+static void response_read_done(struct vrpc_channel *ch, struct vrpc_rndv_in *in, int status)
+{
+    struct vrpc_pending_slot *s = container_of(in, struct vrpc_pending_slot, in);
+    struct vrpc_conn *c = vrpc_ep_user(in->ep);
+    uint32_t gen = vrpc_wire_id_gen(in->id);
+    struct vrpc_buf *lb = in->lb;
+    in->lb = NULL;
+    if (status == 0) {
+        if (vrpc_pending_decide(s, gen)) {
+            s->resp_lb = lb;
+            s->resp_len = in->len;
+            s->st.code = VRPC_OK;
+            s->st.message[0] = 0;
+            send_done(ch, c, in->id, VRPC_OK);
+            complete(ch, s, gen, true);
+        } else { /* cancelled or timed out while the read ran */
+            vrpc_lbuf_put(lb);
+            send_done(ch, c, in->id, VRPC_CANCELLED);
+        }
+    } else {
+        vrpc_lbuf_put(lb);
+        if (vrpc_pending_decide(s, gen)) {
+            if (status == -EACCES)
+                vrpc_status_set(&s->st, VRPC_INTERNAL, "large-message read failed: remote access error");
+            else
+                vrpc_status_set(&s->st, VRPC_UNAVAILABLE, "connection lost while reading a large response (%s)",
+                                strerror(-status));
+            complete(ch, s, gen, true);
+        }
+        if (status == -EACCES)
+            protocol_error(c, "its large-response descriptor could not be read (bad key or range)", -EPROTO);
+    }
+    slot_drop(s, gen);
+}
+
+static void response_read_failed(struct vrpc_rndv_in *in, int rc, void *arg)
+{
+    response_read_done(arg, in, rc);
+}
+
+/* RESPONSE|RNDV: read the payload (unless the call is already over). */
+static void on_large_response(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s,
+                              const struct vrpc_wire_hdr *h, const uint8_t *descp)
+{
+    uint32_t gen = vrpc_wire_id_gen(h->request_id);
+    struct vrpc_wire_desc d;
+    char why[VRPC_STATUS_MSG_MAX];
+    struct vrpc_buf *lb;
+
+    if ((uint64_t)VRPC_WIRE_HDR_LEN + h->payload_len <= vrpc_ep_eager_size(c->ep)) {
+        protocol_error(c, "rendezvous response for a payload that fits a frame", -EPROTO);
+        return;
+    }
+    if (h->payload_len > ch->own_max_payload) {
+        protocol_error(c, "large response above our max_msg_size", -EPROTO);
+        return;
+    }
+    if (vrpc_wire_desc_decode(descp, h->payload_len, &d)) {
+        protocol_error(c, "bad rendezvous descriptor", -EPROTO);
+        return;
+    }
+    uint64_t w = __atomic_load_n(&s->word, __ATOMIC_ACQUIRE);
+    if ((uint32_t)w & VRPC_PEND_DECIDED) { /* cancelled or timed out: do not read */
+        send_done(ch, c, h->request_id, VRPC_CANCELLED);
+        slot_seen(s, gen);
+        return;
+    }
+    if (vrpc_rndv_buf(ch->tp, ch->o.max_pinned, h->payload_len, &lb, why, sizeof(why))) {
+        if (vrpc_pending_decide(s, gen)) {
+            vrpc_status_set(&s->st, VRPC_RESOURCE_EXHAUSTED, "%s", why);
+            complete(ch, s, gen, true);
+        }
+        send_done(ch, c, h->request_id, VRPC_RESOURCE_EXHAUSTED);
+        slot_seen(s, gen);
+        return;
+    }
+    struct vrpc_rndv_in *in = &s->in;
+    in->lb = lb;
+    in->ep = c->ep;
+    in->addr = d.addr;
+    in->rkey = d.rkey;
+    in->len = h->payload_len;
+    in->id = h->request_id;
+    slot_hold(s); /* before seen: the read keeps the slot */
+    slot_seen(s, gen);
+    int rc = vrpc_rndv_read(in);
+    if (rc == -ENOSPC)
+        vrpc_rndv_read_later(&ch->retry, in);
+    else if (rc)
+        response_read_done(ch, in, rc);
+}
+
 static void on_response(struct vrpc_channel *ch, struct vrpc_conn *c, const struct vrpc_wire_hdr *h,
                         const uint8_t *payload)
 {
     struct vrpc_pending_slot *s = vrpc_pending_lookup(ch->pend, h->request_id);
-    if (!s || __atomic_load_n((struct vrpc_conn **)&s->conn, __ATOMIC_ACQUIRE) != c) {
+    if (!s || __atomic_load_n((struct vrpc_conn **)&s->conn, __ATOMIC_ACQUIRE) != c ||
+        (__atomic_load_n(&s->xfer, __ATOMIC_ACQUIRE) & VRPC_PEND_XFER_SEEN)) {
         protocol_error(c, "response to a request id that is not pending", -EPROTO);
         return;
     }
     uint32_t gen = vrpc_wire_id_gen(h->request_id);
+    /* a RESPONSE also ends the grant of a request payload the server did not read */
+    if (__atomic_load_n(&s->out.state, __ATOMIC_ACQUIRE) == VRPC_RNDV_GRANTED && s->out.id == h->request_id)
+        request_revoke(ch, s);
+    if (h->flags & VRPC_FF_RNDV) {
+        on_large_response(ch, c, s, h, payload);
+        return;
+    }
     if (vrpc_pending_decide(s, gen)) {
         if (h->status == VRPC_OK) {
             if (!s->resp || h->payload_len > s->resp_cap) {
-                /* sized once for the largest response we accept, so a slot
-                 * never regrows in steady state */
-                uint32_t want = h->payload_len > ch->own_max_payload ? h->payload_len : ch->own_max_payload;
+                /* sized once for the largest eager response, so a slot never
+                 * regrows in steady state (larger ones come by rendezvous) */
+                uint32_t fit = vrpc_ep_eager_size(c->ep) - VRPC_WIRE_HDR_LEN;
+                uint32_t want = h->payload_len > fit ? h->payload_len : fit;
                 uint8_t *nb = realloc(s->resp, want);
                 if (!nb) {
                     vrpc_status_set(&s->st, VRPC_RESOURCE_EXHAUSTED, "out of memory for the response");
@@ -283,10 +500,44 @@ static void on_response(struct vrpc_channel *ch, struct vrpc_conn *c, const stru
             vrpc_status_set_bytes(&s->st, (enum vrpc_code)h->status, payload, h->payload_len);
         }
     done:
-        vrpc_pending_wire_done(s, gen);
+        slot_seen(s, gen);
         complete(ch, s, gen, true);
     } else {
-        vrpc_pending_wire_done(s, gen); /* late answer to a cancelled/timed-out call */
+        slot_seen(s, gen); /* late answer to a cancelled/timed-out call */
+    }
+}
+
+/* DONE from the server: it has read (or given up on) our request payload. */
+static void on_done(struct vrpc_channel *ch, struct vrpc_conn *c, const struct vrpc_wire_hdr *h)
+{
+    struct vrpc_pending_slot *s = vrpc_pending_lookup(ch->pend, h->request_id);
+    if (!s || __atomic_load_n((struct vrpc_conn **)&s->conn, __ATOMIC_ACQUIRE) != c ||
+        __atomic_load_n(&s->out.state, __ATOMIC_ACQUIRE) != VRPC_RNDV_GRANTED || s->out.id != h->request_id) {
+        protocol_error(c, "DONE for a request with no payload outstanding", -EPROTO);
+        return;
+    }
+    request_revoke(ch, s);
+}
+
+/* The endpoint's DISCONNECTED (poller): its keys died with it; give back the
+ * buffers of grants not revoked, and fail reads still waiting to start. */
+static void release_transfers(struct vrpc_channel *ch, struct vrpc_ep *ep)
+{
+    vrpc_rndv_retry_forget(&ch->retry, ep, response_read_failed, ch);
+    for (uint32_t i = 0; i < ch->pend->n; i++) {
+        struct vrpc_pending_slot *s = &ch->pend->slots[i];
+        if (__atomic_load_n(&s->out.state, __ATOMIC_ACQUIRE) != VRPC_RNDV_GRANTED || s->out.ep != ep)
+            continue;
+        struct vrpc_conn *c = vrpc_ep_user(ep);
+        uint32_t gen = vrpc_wire_id_gen(s->out.id);
+        vrpc_timer_cancel(ch->wheel, &s->out.hold_timer);
+        pthread_mutex_lock(&ch->conn_lock);
+        bool dropped = vrpc_rndv_drop(&s->out, ep);
+        pthread_mutex_unlock(&ch->conn_lock);
+        if (dropped) {
+            conn_unref(c);
+            slot_drop(s, gen);
+        }
     }
 }
 
@@ -309,10 +560,10 @@ static void on_recv(struct vrpc_channel *ch, struct vrpc_conn *c, const uint8_t 
             protocol_error(c, "unexpected or malformed HELLO_ACK", -EPROTO);
             return;
         }
-        uint32_t eager = vrpc_ep_eager_size(c->ep);
-        c->max_payload = st.max_msg_size;
-        if (c->max_payload > eager - VRPC_WIRE_HDR_LEN)
-            c->max_payload = eager - VRPC_WIRE_HDR_LEN;
+        c->peer_max = st.max_msg_size;
+        c->peer_features = st.features;
+        c->max_payload = vrpc_rndv_send_limit(st.max_msg_size, st.features, vrpc_ep_eager_size(c->ep));
+        c->large = (st.features & vrpc_rndv_features & VRPC_FEAT_LARGE) != 0;
         vrpc_pending_set_limit(ch->pend, st.max_concurrent);
         __atomic_store_n(&c->hello, HELLO_OK, __ATOMIC_RELEASE);
         vrpc_futex_wake_all(&c->hello);
@@ -324,7 +575,14 @@ static void on_recv(struct vrpc_channel *ch, struct vrpc_conn *c, const uint8_t 
     }
     switch (h.type) {
     case VRPC_FT_RESPONSE:
+        if ((h.flags & VRPC_FF_RNDV) && !(vrpc_rndv_features & VRPC_FEAT_LARGE)) {
+            protocol_error(c, "large-message response on a connection without large messages", -EPROTO);
+            break;
+        }
         on_response(ch, c, &h, payload);
+        break;
+    case VRPC_FT_DONE:
+        on_done(ch, c, &h);
         break;
     case VRPC_FT_GOAWAY:
         __atomic_store_n(&c->goaway, 1, __ATOMIC_RELEASE);
@@ -360,16 +618,24 @@ static void channel_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned
         case VRPC_WC_SEND:
             vrpc_pool_put(w->buf);
             break;
+        case VRPC_WC_READ:
+            response_read_done(ch, (struct vrpc_rndv_in *)(uintptr_t)w->wr_id, w->status);
+            break;
+        case VRPC_WC_REVOKE:
+            request_revoked(ch, container_of((struct vrpc_rndv_out *)(uintptr_t)w->wr_id,
+                                             struct vrpc_pending_slot, out));
+            break;
         case VRPC_WC_DISCONNECTED: {
             struct vrpc_conn *c = vrpc_ep_user(w->ep);
             conn_fail(c, w->status ? "connection lost" : "connection closed", true);
             pthread_mutex_lock(&ch->conn_lock);
-            c->gone = true;
+            c->gone = true; /* no grant starts on it from here on (start_call) */
             if (c->next) {
                 c->prev->next = c->next;
                 c->next->prev = c->prev;
             }
             pthread_mutex_unlock(&ch->conn_lock);
+            release_transfers(ch, w->ep);
             conn_unref(c); /* the endpoint's reference */
             __atomic_sub_fetch(&ch->live_eps, 1, __ATOMIC_RELEASE);
             vrpc_futex_wake_all(&ch->live_eps);
@@ -379,6 +645,8 @@ static void channel_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned
             break;
         }
     }
+    if (ch->retry.reads || ch->retry.revokes)
+        vrpc_rndv_retry_run(&ch->retry, response_read_failed, ch);
 }
 
 /* ---- connecting ---------------------------------------------------------- */
@@ -424,7 +692,8 @@ static int connect_once(struct vrpc_channel *ch, int64_t deadline_ns)
     pthread_mutex_unlock(&ch->conn_lock);
     struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_HELLO};
     uint8_t hp[VRPC_WIRE_HELLO_LEN];
-    struct vrpc_wire_hello hs = {.max_msg_size = ch->own_max_payload, .max_concurrent = ch->pend->n};
+    struct vrpc_wire_hello hs = {.max_msg_size = ch->own_max_payload, .max_concurrent = ch->pend->n,
+                                 .features = vrpc_rndv_features};
     vrpc_wire_hello_encode(hp, &hs);
     h.payload_len = sizeof(hp);
     rc = vrpc_rpc_send_simple(c->ep, ch->send_pool, &h, hp, sizeof(hp), true);
@@ -554,6 +823,34 @@ static int64_t call_deadline(const struct vrpc_channel *ch, const struct vrpc_ca
     return vrpc_now_ns() + t * 1000;
 }
 
+/* Offer the packed request payload in lb to the server (caller's thread).
+ * Under conn_lock against the endpoint's DISCONNECTED (release_transfers):
+ * either it sees the grant, or we see `gone` and grant nothing. */
+static int grant_request(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s,
+                         struct vrpc_buf *lb, uint32_t len, uint64_t id)
+{
+    int rc;
+    for (;;) {
+        pthread_mutex_lock(&ch->conn_lock);
+        if (c->gone || __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE)) {
+            rc = -ENOTCONN;
+        } else {
+            rc = vrpc_rndv_grant(&s->out, c->ep, lb, len, id);
+            if (rc == 0) {
+                conn_ref(c);  /* the grant's: the endpoint outlives the key */
+                slot_hold(s); /* the grant's */
+                vrpc_timer_arm(ch->wheel, &s->out.hold_timer,
+                               vrpc_now_ns() + (int64_t)ch->o.hold_timeout_ms * 1000000, hold_fired, ch, id);
+            }
+        }
+        pthread_mutex_unlock(&ch->conn_lock);
+        if (rc != -ENOSPC)
+            break;
+        sched_yield(); /* no send-queue slot: completions free them */
+    }
+    return rc;
+}
+
 /* Start a call: connect, take a slot, pack and send. Returns 0 with *out set
  * (the slot's outcome will be decided by someone), or fills st and returns
  * its code (nothing pending). */
@@ -583,13 +880,39 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
     }
     size_t need = protobuf_c_message_get_packed_size(req) + (size_t)mdsz;
     if (need > c->max_payload) {
+        if (c->max_payload == c->peer_max)
+            vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED, "request of %zu bytes exceeds the server's limit of %u bytes",
+                            need, c->max_payload);
+        else
+            vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED,
+                            "request of %zu bytes exceeds %u bytes, the most one frame carries on this "
+                            "connection (no large-message support on one side)", need, c->max_payload);
         conn_unref(c);
-        vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED, "request of %zu bytes exceeds the limit of %u",
-                        need, c->max_payload);
         return VRPC_RESOURCE_EXHAUSTED;
+    }
+    /* Above the eager size: pack straight into a large buffer, offered to the
+     * server by rendezvous (the descriptor goes in place of the payload). */
+    size_t plen = need - (size_t)mdsz;
+    struct vrpc_buf *lb = NULL;
+    if (VRPC_WIRE_HDR_LEN + need > vrpc_ep_eager_size(c->ep)) {
+        char why[VRPC_STATUS_MSG_MAX];
+        if (VRPC_WIRE_HDR_LEN + (size_t)mdsz + VRPC_WIRE_DESC_LEN > vrpc_ep_eager_size(c->ep)) {
+            vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED, "metadata of %ld bytes does not fit one frame "
+                            "with a large message (at most %u bytes)", mdsz,
+                            vrpc_ep_eager_size(c->ep) - VRPC_WIRE_HDR_LEN - VRPC_WIRE_DESC_LEN);
+            conn_unref(c);
+            return VRPC_RESOURCE_EXHAUSTED;
+        }
+        if (vrpc_rndv_buf(ch->tp, ch->o.max_pinned, plen, &lb, why, sizeof(why))) {
+            vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED, "%s", why);
+            conn_unref(c);
+            return VRPC_RESOURCE_EXHAUSTED;
+        }
+        plen = vrpc_pb_pack_sized(req, lb->data);
     }
     rc = vrpc_pending_alloc(ch->pend, deadline, c, &s);
     if (rc) {
+        vrpc_lbuf_put(lb);
         conn_unref(c);
         if (rc == -ETIMEDOUT) {
             vrpc_status_set(st, VRPC_DEADLINE_EXCEEDED, "deadline exceeded waiting for a call credit");
@@ -617,8 +940,23 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
     uint8_t *p = b->data;
     if (mdsz)
         vrpc_wire_md_encode(p + VRPC_WIRE_HDR_LEN, o->md, o->md_count);
-    /* need <= max_payload <= eager - header = room in b: checked above */
-    size_t plen = vrpc_pb_pack_sized(req, p + VRPC_WIRE_HDR_LEN + mdsz);
+    uint32_t flen = VRPC_WIRE_HDR_LEN + (uint32_t)mdsz;
+    rc = 0;
+    if (lb) {
+        rc = grant_request(ch, c, s, lb, (uint32_t)plen, id);
+        if (rc == 0) {
+            struct vrpc_wire_desc d = {.addr = (uint64_t)(uintptr_t)lb->data, .rkey = s->out.rkey};
+            vrpc_wire_desc_encode(p + flen, &d);
+            flen += VRPC_WIRE_DESC_LEN;
+            h.flags |= VRPC_FF_RNDV;
+        } else {
+            vrpc_lbuf_put(lb);
+        }
+    } else {
+        /* need <= eager - header = room in b: checked above */
+        plen = vrpc_pb_pack_sized(req, p + flen);
+        flen += (uint32_t)plen;
+    }
     h.payload_len = (uint32_t)plen;
     vrpc_wire_hdr_encode(p, &h);
 
@@ -628,18 +966,21 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
         __atomic_store_n(o->call_id, id, __ATOMIC_RELEASE);
     /* Read dead with an RMW (release): pairs with conn_fail's exchange, see
      * there; a plain load could miss it while the scan misses our slot. */
-    rc = __atomic_fetch_or(&c->dead, 0, __ATOMIC_ACQ_REL) ? -ENOTCONN : 0;
     if (!rc)
-        rc = vrpc_rpc_send(c->ep, b, VRPC_WIRE_HDR_LEN + (uint32_t)mdsz + (uint32_t)plen, true);
+        rc = __atomic_fetch_or(&c->dead, 0, __ATOMIC_ACQ_REL) ? -ENOTCONN : 0;
+    if (!rc)
+        rc = vrpc_rpc_send(c->ep, b, flen, true);
     else
         vrpc_pool_put(b);
     if (rc) {
+        /* a grant made stays until the endpoint's DISCONNECTED releases it */
         if (vrpc_pending_decide(s, gen)) {
             vrpc_status_set(&s->st, VRPC_UNAVAILABLE, "send failed: %s", strerror(-rc));
             complete(ch, s, gen, false);
         }
-        vrpc_pending_wire_done(s, gen);
+        slot_seen(s, gen);
     }
+    slot_drop(s, gen); /* the owner's set-up hold (pending.h) */
     *out = s;
     return 0;
 }
@@ -665,13 +1006,8 @@ int vrpc_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m, const P
     struct vrpc_conn *c = __atomic_load_n((struct vrpc_conn **)&s->conn, __ATOMIC_RELAXED);
     code = s->st.code;
     if (code == VRPC_OK) {
-        struct vrpc_arena *a = vrpc_rpc_tls_arena();
         ProtobufCMessage *msg = NULL;
-        int rc = -ENOMEM;
-        if (a) {
-            vrpc_arena_reset(a);
-            rc = vrpc_pb_unpack(m->output, s->resp, s->resp_len, 0, a, &msg);
-        }
+        int rc = unpack_response(s, vrpc_rpc_tls_arena(), &msg);
         if (rc) {
             code = VRPC_INTERNAL;
             vrpc_status_set(st, VRPC_INTERNAL, "response does not decode as %s (%d)", m->output->name, rc);
@@ -752,19 +1088,19 @@ int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *opts, s
     if ((rc = vrpc_rpc_parse_uri(uri, ch->tname, sizeof(ch->tname), ch->turi, sizeof(ch->turi))))
         goto fail;
 
+    if ((rc = vrpc_rndv_limits("channel", &ch->o.max_msg_size, &ch->o.max_pinned, &ch->o.hold_timeout_ms)))
+        goto fail;
     vrpc_transport_attr_init(&ta);
+    /* Eager frames stay small whatever the message limit: larger payloads go
+     * by rendezvous, so pools and receive buffers do not grow with it. */
     ta.eager_size = VRPC_RPC_DEFAULT_EAGER;
-    if (ch->o.max_msg_size && ch->o.max_msg_size + VRPC_WIRE_HDR_LEN > ta.eager_size)
-        ta.eager_size = ch->o.max_msg_size + VRPC_WIRE_HDR_LEN > VRPC_EAGER_MAX
-                            ? VRPC_EAGER_MAX : ch->o.max_msg_size + VRPC_WIRE_HDR_LEN;
+    ta.max_pinned = ch->o.max_pinned;
     ta.max_queued = ch->o.max_outstanding * 2 + 64;
     ta.connect_timeout_ms = ch->o.connect_timeout_ms;
     if ((rc = vrpc_transport_create(ch->tname, &ta, &ch->tp)))
         goto fail;
     uint32_t eager = vrpc_transport_eager_size(ch->tp);
-    ch->own_max_payload = eager - VRPC_WIRE_HDR_LEN;
-    if (ch->o.max_msg_size && ch->o.max_msg_size < ch->own_max_payload)
-        ch->own_max_payload = ch->o.max_msg_size;
+    ch->own_max_payload = ch->o.max_msg_size;
 
     if ((rc = vrpc_pending_create(ch->o.max_outstanding, &ch->pend)))
         goto fail;

@@ -98,7 +98,8 @@ int vrpc_pending_alloc(struct vrpc_pending *p, int64_t deadline_ns, void *conn,
         p->in_use++;
         uint64_t w = __atomic_load_n(&s->word, __ATOMIC_RELAXED);
         __atomic_store_n(&s->conn, conn, __ATOMIC_RELAXED);
-        /* release: conn is visible to whoever sees INUSE (the loss scan). */
+        __atomic_store_n(&s->xfer, 1, __ATOMIC_RELAXED); /* the owner's hold, see pending.h */
+        /* release: conn and xfer are visible to whoever sees INUSE (the loss scan). */
         __atomic_store_n(&s->word, WORD(GEN(w), VRPC_PEND_INUSE), __ATOMIC_RELEASE);
         *out = s;
     }

@@ -28,6 +28,7 @@
 #include <stdint.h>
 #include <verbrpc/rpc.h>
 #include <verbrpc/sched.h>
+#include "rpc/rndv.h"
 #include "rpc/timer.h"
 
 #define VRPC_PEND_INUSE 0x1u
@@ -56,7 +57,19 @@ struct vrpc_pending_slot {
     struct vrpc_status st;
     uint8_t *resp;        /* response payload copy (grown on demand, kept) */
     uint32_t resp_len, resp_cap;
+    struct vrpc_buf *resp_lb; /* instead of resp: a large response read into a
+                                 large buffer; the owner unpacks it and puts it back */
+    /* Large messages (rpc/channel.c). The wire side of a call ends (WIRE_DONE)
+     * only when the server can send nothing more for it AND none of its
+     * transfers is active: xfer = VRPC_PEND_XFER_SEEN (response arrived or
+     * connection died) | count of holds (the owner's while it sets the call
+     * up, one per grant or read in progress). Reset to 1 (the owner's hold)
+     * by vrpc_pending_alloc. */
+    uint32_t xfer;
+    struct vrpc_rndv_out out;  /* the request payload, granted to the server */
+    struct vrpc_rndv_in in;    /* the response payload, being read */
 };
+#define VRPC_PEND_XFER_SEEN 0x80000000u
 
 struct vrpc_pending {
     uint32_t n;           /* slots */

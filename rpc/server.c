@@ -4,6 +4,7 @@
  * per-method statistics, and graceful shutdown (GOAWAY, drain, close). */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,7 +16,9 @@
 #include "rpc/futex.h"
 #include "rpc/internal.h"
 #include "rpc/pbutil.h"
+#include "rpc/rndv.h"
 #include "rpc/status.h"
+#include "rpc/timer.h"
 #include "rpc/wire.h"
 
 #define SERVER_RECV_BUFS 512
@@ -48,12 +51,15 @@ struct vrpc_server_call {
     size_t nmd;
     struct vrpc_metadata *md; /* VRPC_MD_MAX entries, allocated on first use */
     struct vrpc_arena arena;
+    struct vrpc_rndv_in in;   /* a large request payload being read (poller) */
+    struct vrpc_buf *req_lb;  /* the large request payload, read: unpacked then put back */
 };
 
 struct poller {
     struct vrpc_server *s;
     struct vrpc_cq *cq;
     struct vrpc_sched_producer *prod; /* this poller thread's ring */
+    struct vrpc_rndv_retry retry;     /* reads/revokes to retry (this poller only) */
 };
 
 struct sconn {
@@ -64,9 +70,13 @@ struct sconn {
     uint32_t dead;    /* atomic */
     uint32_t goaway;  /* atomic */
     bool hello_done;  /* poller only */
-    uint32_t client_max_payload;
+    uint32_t client_max_payload; /* md + message bytes we may send back */
+    uint32_t client_max;         /* the client's max_msg_size */
     uint32_t ncalls;
     struct vrpc_server_call *calls;
+    struct vrpc_rndv_out *rsp; /* ncalls: large responses until the client's DONE
+                                  (by slot; state moves as in rpc/rndv.h) */
+    bool gone;                 /* DISCONNECTED seen (under s->lock): no new grant */
     struct sconn *next, *prev; /* server list, under s->lock */
 };
 
@@ -88,7 +98,8 @@ struct vrpc_server {
     bool own_sched;
     char uri[VRPC_URI_MAX];
 
-    pthread_mutex_t lock;  /* conns list, shutdown */
+    struct vrpc_timer_wheel *wheel; /* hold timeouts of large responses */
+    pthread_mutex_t lock;  /* conns list, shutdown, grants vs DISCONNECTED */
     struct sconn conns;    /* list head */
     uint32_t nconns;       /* futex: sconns not yet freed */
     uint32_t inflight;     /* futex: calls arrived and not yet answered */
@@ -171,6 +182,8 @@ int vrpc_server_stats(const struct vrpc_server *s, struct vrpc_method_stats *out
 
 void vrpc_server_opts_init(struct vrpc_server_opts *o) { memset(o, 0, sizeof(*o)); }
 
+struct vrpc_transport *vrpc_server_transport(const struct vrpc_server *s) { return s->tp; }
+
 int vrpc_server_register(struct vrpc_server *s, const struct vrpc_method_desc *m, vrpc_handler_fn fn,
                          void *user)
 {
@@ -239,6 +252,7 @@ static void sconn_unref(struct sconn *c)
         vrpc_arena_fini(&c->calls[i].arena);
     }
     free(c->calls);
+    free(c->rsp);
     free(c);
     __atomic_sub_fetch(&s->nconns, 1, __ATOMIC_RELEASE);
     vrpc_futex_wake_all(&s->nconns);
@@ -278,6 +292,7 @@ static void refuse(struct sconn *c, uint64_t id, enum vrpc_code code, const char
 }
 
 static void call_task(struct vrpc_task *t);
+static void request_read_done(struct poller *pl, struct vrpc_rndv_in *in, int status);
 
 static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8_t *body)
 {
@@ -293,6 +308,17 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
         conn_protocol_error(c, "request id reuses a call still in flight", -EPROTO);
         return;
     }
+    if (__atomic_load_n(&c->rsp[slot].state, __ATOMIC_ACQUIRE) == VRPC_RNDV_GRANTED) {
+        conn_protocol_error(c, "request on a slot whose large response has had no DONE", -EPROTO);
+        return;
+    }
+    bool rndv = h->flags & VRPC_FF_RNDV;
+    struct vrpc_wire_desc desc = {0};
+    if (rndv && ((uint64_t)VRPC_WIRE_HDR_LEN + h->md_len + h->payload_len <= vrpc_ep_eager_size(c->ep) ||
+                 vrpc_wire_desc_decode(body + h->md_len, h->payload_len, &desc))) {
+        conn_protocol_error(c, "bad rendezvous request (fits a frame, zero key or range overflow)", -EPROTO);
+        return;
+    }
     if (__atomic_load_n(&c->goaway, __ATOMIC_ACQUIRE)) {
         refuse(c, h->request_id, VRPC_UNAVAILABLE, "server is shutting down");
         return;
@@ -306,7 +332,7 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
     uint64_t size = (uint64_t)h->md_len + h->payload_len;
     if (size > s->max_payload) {
         record(me, VRPC_RESOURCE_EXHAUSTED, now);
-        refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "request of %llu bytes exceeds the limit of %u",
+        refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "request of %llu bytes exceeds the server's limit of %u bytes",
                (unsigned long long)size, s->max_payload);
         return;
     }
@@ -315,17 +341,20 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
         refuse(c, h->request_id, VRPC_DEADLINE_EXCEEDED, "deadline already passed on arrival");
         return;
     }
-    if (!call->buf || size > call->cap) {
-        /* sized once for the largest request accepted: no regrowth later */
-        uint8_t *nb = realloc(call->buf, s->max_payload);
+    uint32_t inline_len = rndv ? h->md_len : (uint32_t)size; /* bytes in this frame */
+    if (!call->buf || inline_len > call->cap) {
+        /* sized once for the largest eager request: no regrowth later */
+        uint32_t fit = vrpc_ep_eager_size(c->ep) - VRPC_WIRE_HDR_LEN;
+        uint32_t want = inline_len > fit ? inline_len : fit;
+        uint8_t *nb = realloc(call->buf, want);
         if (!nb) {
             refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "server out of memory");
             return;
         }
         call->buf = nb;
-        call->cap = s->max_payload;
+        call->cap = want;
     }
-    memcpy(call->buf, body, size);
+    memcpy(call->buf, body, inline_len);
     if (h->md_len && !call->md && !(call->md = malloc(VRPC_MD_MAX * sizeof(*call->md)))) {
         refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "server out of memory");
         return;
@@ -334,6 +363,19 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
     if (nmd < 0) {
         conn_protocol_error(c, "malformed metadata", nmd);
         return;
+    }
+    if (rndv) {
+        char why[VRPC_STATUS_MSG_MAX];
+        if (vrpc_rndv_buf(s->tp, s->o.max_pinned, h->payload_len, &call->in.lb, why, sizeof(why))) {
+            record(me, VRPC_RESOURCE_EXHAUSTED, now);
+            refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "%s", why);
+            return;
+        }
+        call->in.ep = c->ep;
+        call->in.addr = desc.addr;
+        call->in.rkey = desc.rkey;
+        call->in.len = h->payload_len;
+        call->in.id = h->request_id;
     }
     call->nmd = (size_t)nmd;
     call->len = (uint32_t)size;
@@ -350,8 +392,130 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
     __atomic_add_fetch(&c->refs, 1, __ATOMIC_RELAXED);
     __atomic_add_fetch(&s->inflight, 1, __ATOMIC_RELAXED);
     vrpc_task_init(&call->task, call_task);
+    if (rndv) { /* the handler is scheduled from the READ completion */
+        int rc = vrpc_rndv_read(&call->in);
+        if (rc == -ENOSPC)
+            vrpc_rndv_read_later(&c->poller->retry, &call->in);
+        else if (rc)
+            request_read_done(c->poller, &call->in, rc);
+        return;
+    }
     if (vrpc_sched_producer_submit(c->poller->prod, &call->task))
         call_task(&call->task); /* scheduler shutting down: answer here (it will fail fast) */
+}
+
+/* ---- large messages: the server's side of the rendezvous ------------------ */
+
+/* Release a call that will never be answered (its connection is failing and
+ * its request payload could not be read): no RESPONSE goes out. */
+static void abandon_call(struct vrpc_server_call *call)
+{
+    struct sconn *c = call->conn;
+    record(call->me, VRPC_UNAVAILABLE, call->arrival_ns);
+    vrpc_arena_reset(&call->arena);
+    __atomic_store_n(&call->busy, 0, __ATOMIC_RELEASE);
+    struct vrpc_server *s = c->s;
+    if (__atomic_sub_fetch(&s->inflight, 1, __ATOMIC_ACQ_REL) == 0 && __atomic_load_n(&s->shutting, __ATOMIC_ACQUIRE))
+        vrpc_futex_wake_all(&s->inflight);
+    sconn_unref(c);
+}
+
+/* Poller: the read of a request payload finished (or could not start). On
+ * success: DONE to the client, then the handler as for an eager request. */
+static void request_read_done(struct poller *pl, struct vrpc_rndv_in *in, int status)
+{
+    struct vrpc_server_call *call = container_of(in, struct vrpc_server_call, in);
+    struct sconn *c = call->conn;
+    struct vrpc_buf *lb = in->lb;
+    in->lb = NULL;
+    if (status) {
+        vrpc_lbuf_put(lb);
+        if (status == -EACCES)
+            conn_protocol_error(c, "its large-request descriptor could not be read (bad key or range)", -EPROTO);
+        abandon_call(call);
+        return;
+    }
+    call->req_lb = lb;
+    if (!__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE)) {
+        struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_DONE, .request_id = in->id};
+        int rc = vrpc_rpc_send_simple(c->ep, c->s->send_pool, &h, NULL, 0, false);
+        if (rc && rc != -ENOTCONN)
+            conn_protocol_error(c, "no send buffer or credit for DONE (closing rather than holding the client)", rc);
+    }
+    if (vrpc_sched_producer_submit(pl->prod, &call->task))
+        call_task(&call->task);
+}
+
+static void request_read_failed(struct vrpc_rndv_in *in, int rc, void *arg)
+{
+    request_read_done(arg, in, rc);
+}
+
+static void response_revoke(struct poller *pl, struct vrpc_rndv_out *o)
+{
+    int rc = vrpc_rndv_revoke(o);
+    if (rc == -ENOSPC)
+        vrpc_rndv_revoke_later(&pl->retry, o);
+    else if (rc && rc != -EALREADY)
+        vrpc_rpc_log("revoking a large response's key failed (%s); released with the connection", strerror(-rc));
+}
+
+/* DONE from the client: it has read (or given up on) our response payload. */
+static void on_done(struct sconn *c, const struct vrpc_wire_hdr *h)
+{
+    uint32_t slot = vrpc_wire_id_slot(h->request_id);
+    struct vrpc_rndv_out *o = slot < c->ncalls ? &c->rsp[slot] : NULL;
+    if (!o || __atomic_load_n(&o->state, __ATOMIC_ACQUIRE) != VRPC_RNDV_GRANTED || o->id != h->request_id) {
+        conn_protocol_error(c, "DONE for a response with no payload outstanding", -EPROTO);
+        return;
+    }
+    response_revoke(c->poller, o);
+}
+
+/* Poller: a response grant is over: buffer back, the grant's reference on
+ * the connection dropped. Under s->lock: hold_fired looks grants up there. */
+static void response_released(struct sconn *c, struct vrpc_rndv_out *o, bool revoked)
+{
+    struct vrpc_server *s = c->s;
+    bool done = true;
+    pthread_mutex_lock(&s->lock);
+    if (revoked)
+        vrpc_rndv_revoked(o);
+    else
+        done = vrpc_rndv_drop(o, c->ep);
+    pthread_mutex_unlock(&s->lock);
+    if (done)
+        sconn_unref(c);
+}
+
+/* The wheel's thread: the record's client has not sent DONE within the hold
+ * timeout: close its connection (which ends the key). arg is the record. */
+static void hold_fired(void *ctx, uint64_t arg)
+{
+    struct vrpc_server *s = ctx;
+    struct vrpc_rndv_out *o = (struct vrpc_rndv_out *)(uintptr_t)arg;
+    struct sconn *found = NULL;
+    pthread_mutex_lock(&s->lock);
+    for (struct sconn *c = s->conns.next; c != &s->conns; c = c->next) {
+        if (c->rsp && o >= c->rsp && o < c->rsp + c->ncalls) {
+            if (__atomic_load_n(&o->state, __ATOMIC_ACQUIRE) == VRPC_RNDV_GRANTED &&
+                vrpc_now_ns() - o->sent_ns >= (int64_t)s->o.hold_timeout_ms * 1000000) {
+                __atomic_add_fetch(&c->refs, 1, __ATOMIC_RELAXED);
+                found = c;
+            }
+            break;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (!found)
+        return;
+    char peer[VRPC_URI_MAX] = "?";
+    vrpc_ep_peer_uri(found->ep, peer, sizeof(peer));
+    vrpc_rpc_log("client %s held the %u-byte response of call %#llx for %u ms without reading it (no DONE); "
+                 "closing the connection", peer, o->len, (unsigned long long)o->id, s->o.hold_timeout_ms);
+    __atomic_store_n(&found->dead, 1, __ATOMIC_RELEASE);
+    vrpc_ep_close(found->ep);
+    sconn_unref(found);
 }
 
 static void on_cancel(struct sconn *c, uint64_t id)
@@ -375,24 +539,27 @@ static void on_hello(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8
         return;
     }
     uint32_t eager = vrpc_ep_eager_size(c->ep);
-    c->client_max_payload = hs.max_msg_size < eager - VRPC_WIRE_HDR_LEN ? hs.max_msg_size : eager - VRPC_WIRE_HDR_LEN;
+    c->client_max = hs.max_msg_size;
+    c->client_max_payload = vrpc_rndv_send_limit(hs.max_msg_size, hs.features, eager);
     c->ncalls = s->o.max_concurrent;
     c->calls = calloc(c->ncalls, sizeof(*c->calls));
-    if (!c->calls) {
+    c->rsp = calloc(c->ncalls, sizeof(*c->rsp));
+    if (!c->calls || !c->rsp) {
         c->ncalls = 0;
         conn_protocol_error(c, "out of memory for the call table", -ENOMEM);
         return;
     }
     for (uint32_t i = 0; i < c->ncalls; i++) {
         c->calls[i].conn = c;
-        /* decoded messages are rarely more than twice their encoding */
-        vrpc_arena_init(&c->calls[i].arena, (size_t)s->max_payload * 2 + 4096,
-                        (size_t)s->max_payload * 8 + 65536);
+        /* decoded messages are rarely more than twice their encoding; the
+         * first block fits an eager request, large ones grow it */
+        vrpc_arena_init(&c->calls[i].arena, (size_t)eager * 2 + 4096, (size_t)s->max_payload * 8 + 65536);
     }
     c->hello_done = true;
     struct vrpc_wire_hdr a = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_HELLO_ACK};
     uint8_t p[VRPC_WIRE_HELLO_LEN];
-    struct vrpc_wire_hello ack = {.max_msg_size = s->max_payload, .max_concurrent = c->ncalls};
+    struct vrpc_wire_hello ack = {.max_msg_size = s->max_payload, .max_concurrent = c->ncalls,
+                                  .features = vrpc_rndv_features};
     vrpc_wire_hello_encode(p, &ack);
     if (vrpc_rpc_send_simple(c->ep, s->send_pool, &a, p, sizeof(p), false))
         conn_protocol_error(c, "cannot send HELLO_ACK", -ENOBUFS);
@@ -419,7 +586,14 @@ static void on_recv(struct sconn *c, const uint8_t *f, uint32_t len)
     }
     switch (h.type) {
     case VRPC_FT_REQUEST:
+        if ((h.flags & VRPC_FF_RNDV) && !(vrpc_rndv_features & VRPC_FEAT_LARGE)) {
+            conn_protocol_error(c, "large-message request on a connection without large messages", -EPROTO);
+            break;
+        }
         on_request(c, &h, body);
+        break;
+    case VRPC_FT_DONE:
+        on_done(c, &h);
         break;
     case VRPC_FT_CANCEL:
         on_cancel(c, h.request_id);
@@ -439,7 +613,17 @@ static void on_disconnected(struct sconn *c)
     pthread_mutex_lock(&s->lock);
     c->prev->next = c->next;
     c->next->prev = c->prev;
+    c->gone = true; /* no grant starts on it from here on (respond_large) */
     pthread_mutex_unlock(&s->lock);
+    /* Its keys died with it: reads waiting to start fail, grants not
+     * revoked give their buffers back. */
+    vrpc_rndv_retry_forget(&c->poller->retry, c->ep, request_read_failed, c->poller);
+    for (uint32_t i = 0; c->rsp && i < c->ncalls; i++) {
+        if (__atomic_load_n(&c->rsp[i].state, __ATOMIC_ACQUIRE) == VRPC_RNDV_GRANTED) {
+            vrpc_timer_cancel(s->wheel, &c->rsp[i].hold_timer);
+            response_released(c, &c->rsp[i], false);
+        }
+    }
     sconn_unref(c); /* the endpoint's reference */
 }
 
@@ -486,6 +670,16 @@ static void server_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned 
         case VRPC_WC_SEND:
             vrpc_pool_put(w->buf);
             break;
+        case VRPC_WC_READ:
+            request_read_done(pl, (struct vrpc_rndv_in *)(uintptr_t)w->wr_id, w->status);
+            break;
+        case VRPC_WC_REVOKE: {
+            struct vrpc_rndv_out *o = (struct vrpc_rndv_out *)(uintptr_t)w->wr_id;
+            struct sconn *c = vrpc_ep_user(o->ep);
+            vrpc_timer_cancel(c->s->wheel, &o->hold_timer);
+            response_released(c, o, true);
+            break;
+        }
         case VRPC_WC_ACCEPTED:
             on_accepted(pl, w->ep);
             break;
@@ -496,6 +690,8 @@ static void server_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned 
             break;
         }
     }
+    if (pl->retry.reads || pl->retry.revokes)
+        vrpc_rndv_retry_run(&pl->retry, request_read_failed, pl);
 }
 
 /* ---- calls: worker side ----------------------------------------------------- */
@@ -547,16 +743,22 @@ static void call_task(struct vrpc_task *t)
     ProtobufCMessage *req;
     int rc;
 
+    /* a large request's payload is in req_lb until unpacked: then it goes back */
+    struct vrpc_buf *lb = call->req_lb;
+    call->req_lb = NULL;
     if (__atomic_load_n(&call->cancelled, __ATOMIC_ACQUIRE)) {
+        vrpc_lbuf_put(lb);
         answer_status(call, VRPC_CANCELLED, "cancelled by the client");
         return;
     }
     if (call->deadline_ns != VRPC_NO_DEADLINE && vrpc_now_ns() >= call->deadline_ns) {
+        vrpc_lbuf_put(lb);
         answer_status(call, VRPC_DEADLINE_EXCEEDED, "deadline passed before the handler started");
         return;
     }
-    rc = vrpc_pb_unpack(call->me->m->input, call->buf + call->md_len, call->len - call->md_len,
+    rc = vrpc_pb_unpack(call->me->m->input, lb ? lb->data : call->buf + call->md_len, call->len - call->md_len,
                         s->o.max_depth, &call->arena, &req);
+    vrpc_lbuf_put(lb);
     if (rc) {
         char msg[VRPC_STATUS_MSG_MAX];
         snprintf(msg, sizeof(msg), "request does not decode as %s: %s", call->me->m->input->name,
@@ -565,6 +767,67 @@ static void call_task(struct vrpc_task *t)
         return;
     }
     call->me->fn(call, req, call->me->user);
+}
+
+/* A response above the eager size: pack straight into a large buffer, grant
+ * it to the client and send the descriptor; the record waits for DONE. */
+static int respond_large(struct vrpc_server_call *call, const ProtobufCMessage *resp, size_t size)
+{
+    struct sconn *c = call->conn;
+    struct vrpc_server *s = c->s;
+    char why[VRPC_STATUS_MSG_MAX];
+    struct vrpc_buf *lb;
+    uint64_t id = call->req_id;
+    struct vrpc_rndv_out *o = &c->rsp[vrpc_wire_id_slot(id)];
+    int rc;
+
+    if (vrpc_rndv_buf(s->tp, s->o.max_pinned, size, &lb, why, sizeof(why))) {
+        answer_status(call, VRPC_RESOURCE_EXHAUSTED, why);
+        return -ENOBUFS;
+    }
+    uint32_t plen = (uint32_t)vrpc_pb_pack_sized(resp, lb->data);
+    /* The slot's previous large response may still be revoking (the client
+     * may reuse a slot once it has sent DONE): wait for its completion. */
+    while (__atomic_load_n(&o->state, __ATOMIC_ACQUIRE) != VRPC_RNDV_IDLE &&
+           !__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
+        sched_yield();
+    for (;;) {
+        /* under s->lock against on_disconnected: it sees the grant or we see gone */
+        pthread_mutex_lock(&s->lock);
+        if (c->gone || __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE) ||
+            __atomic_load_n(&o->state, __ATOMIC_ACQUIRE) != VRPC_RNDV_IDLE) {
+            rc = -ENOTCONN;
+        } else {
+            rc = vrpc_rndv_grant(o, c->ep, lb, plen, id);
+            if (rc == 0) {
+                __atomic_add_fetch(&c->refs, 1, __ATOMIC_RELAXED); /* the grant's */
+                vrpc_timer_arm(s->wheel, &o->hold_timer,
+                               vrpc_now_ns() + (int64_t)s->o.hold_timeout_ms * 1000000, hold_fired, s,
+                               (uint64_t)(uintptr_t)o);
+            }
+        }
+        pthread_mutex_unlock(&s->lock);
+        if (rc != -ENOSPC)
+            break;
+        sched_yield(); /* no send-queue slot: completions free them */
+    }
+    if (rc) {
+        vrpc_lbuf_put(lb);
+        answer_status(call, VRPC_UNAVAILABLE, "connection lost before a large response could be offered");
+        return -ECONNRESET;
+    }
+    struct vrpc_buf *b = vrpc_rpc_buf_get(s->send_pool, true);
+    uint8_t *p = b->data;
+    struct vrpc_wire_desc d = {.addr = (uint64_t)(uintptr_t)lb->data, .rkey = o->rkey};
+    vrpc_wire_desc_encode(p + VRPC_WIRE_HDR_LEN, &d);
+    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE, .flags = VRPC_FF_RNDV,
+                              .request_id = id, .payload_len = plen};
+    vrpc_wire_hdr_encode(p, &h);
+    release_call(call, VRPC_OK);
+    /* a failed send leaves the grant to the endpoint's DISCONNECTED */
+    rc = vrpc_rpc_send(c->ep, b, VRPC_WIRE_HDR_LEN + VRPC_WIRE_DESC_LEN, true) ? -ECONNRESET : 0;
+    answered(c);
+    return rc;
 }
 
 int vrpc_server_call_respond(struct vrpc_server_call *call, const ProtobufCMessage *resp)
@@ -579,8 +842,12 @@ int vrpc_server_call_respond(struct vrpc_server_call *call, const ProtobufCMessa
     uint32_t limit = c->client_max_payload;
     size_t size = protobuf_c_message_get_packed_size(resp);
     if (size > limit) {
-        char msg[96];
-        snprintf(msg, sizeof(msg), "response of %zu bytes exceeds the limit of %u", size, limit);
+        char msg[VRPC_STATUS_MSG_MAX];
+        if (limit == c->client_max)
+            snprintf(msg, sizeof(msg), "response of %zu bytes exceeds the client's limit of %u bytes", size, limit);
+        else
+            snprintf(msg, sizeof(msg), "response of %zu bytes exceeds %u bytes, the most one frame carries on "
+                     "this connection (no large-message support on one side)", size, limit);
         answer_status(call, VRPC_RESOURCE_EXHAUSTED, msg);
         return -EMSGSIZE;
     }
@@ -588,6 +855,8 @@ int vrpc_server_call_respond(struct vrpc_server_call *call, const ProtobufCMessa
         answer_status(call, VRPC_UNAVAILABLE, NULL);
         return -ECONNRESET;
     }
+    if (VRPC_WIRE_HDR_LEN + size > vrpc_ep_eager_size(c->ep))
+        return respond_large(call, resp, size);
     struct vrpc_buf *b = vrpc_rpc_buf_get(c->s->send_pool, true);
     uint8_t *p = b->data;
     /* size <= client_max_payload <= eager - header = room in b: checked above */
@@ -671,6 +940,10 @@ int vrpc_server_create(const struct vrpc_server_opts *o, struct vrpc_server **ou
         s->o.max_concurrent = 256;
     if (!s->o.max_depth)
         s->o.max_depth = VRPC_PB_DEFAULT_MAX_DEPTH;
+    if (vrpc_rndv_limits("server", &s->o.max_msg_size, &s->o.max_pinned, &s->o.hold_timeout_ms)) {
+        free(s);
+        return -EINVAL;
+    }
     pthread_mutex_init(&s->lock, NULL);
     s->conns.next = s->conns.prev = &s->conns;
     /* Every server serves the built-in Health and Stats services (idl/). */
@@ -699,17 +972,16 @@ int vrpc_server_start(struct vrpc_server *s, const char *uri)
         return rc;
     s->started = true;
     vrpc_transport_attr_init(&ta);
+    /* eager frames stay small whatever the limit (see vrpc_channel_create) */
     ta.eager_size = VRPC_RPC_DEFAULT_EAGER;
-    if (s->o.max_msg_size && s->o.max_msg_size + VRPC_WIRE_HDR_LEN > ta.eager_size)
-        ta.eager_size = s->o.max_msg_size + VRPC_WIRE_HDR_LEN > VRPC_EAGER_MAX
-                            ? VRPC_EAGER_MAX : s->o.max_msg_size + VRPC_WIRE_HDR_LEN;
+    ta.max_pinned = s->o.max_pinned;
     ta.max_queued = s->o.max_concurrent * 2 + 64;
     if ((rc = vrpc_transport_create(tname, &ta, &s->tp)))
         return rc;
     uint32_t eager = vrpc_transport_eager_size(s->tp);
-    s->max_payload = eager - VRPC_WIRE_HDR_LEN;
-    if (s->o.max_msg_size && s->o.max_msg_size < s->max_payload)
-        s->max_payload = s->o.max_msg_size;
+    s->max_payload = s->o.max_msg_size;
+    if ((rc = vrpc_timer_wheel_create(10000, &s->wheel))) /* 10 ms ticks: hold timeouts are seconds */
+        return rc;
     if (s->o.sched) {
         s->sched = s->o.sched;
     } else {
@@ -828,6 +1100,7 @@ void vrpc_server_destroy(struct vrpc_server *s)
     uint32_t v;
     while ((v = __atomic_load_n(&s->nconns, __ATOMIC_ACQUIRE)) != 0)
         vrpc_rpc_futex_wait_ns(&s->nconns, v, 10000000);
+    vrpc_timer_wheel_destroy(s->wheel); /* no grant is left: every connection is gone */
     for (unsigned i = 0; i < s->npollers; i++)
         vrpc_cq_destroy(s->pollers[i].cq);
     for (unsigned i = 0; s->pollers && i < s->o.pollers; i++)

@@ -5,6 +5,7 @@
 
 #include <endian.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <string.h>
 
 /* Little-endian accessors: memcpy plus htole/letoh, which compile to plain
@@ -76,7 +77,11 @@ int vrpc_wire_hdr_decode(const uint8_t *frame, size_t frame_len, struct vrpc_wir
         return -EPROTONOSUPPORT;
     if (h.type < VRPC_FT_HELLO || h.type > VRPC_FT_MAX || (h.flags & ~VRPC_FF_KNOWN))
         return -EPROTO;
-    if ((uint64_t)VRPC_WIRE_HDR_LEN + h.md_len + h.payload_len != frame_len)
+    bool rndv = h.flags & VRPC_FF_RNDV;
+    if (rndv && ((h.type != VRPC_FT_REQUEST && h.type != VRPC_FT_RESPONSE) || h.status != 0 ||
+                 h.payload_len == 0))
+        return -EPROTO;
+    if ((uint64_t)VRPC_WIRE_HDR_LEN + h.md_len + (rndv ? VRPC_WIRE_DESC_LEN : h.payload_len) != frame_len)
         return -EPROTO;
     switch (h.type) {
     case VRPC_FT_REQUEST:
@@ -84,12 +89,17 @@ int vrpc_wire_hdr_decode(const uint8_t *frame, size_t frame_len, struct vrpc_wir
             return -EPROTO;
         break;
     case VRPC_FT_RESPONSE:
-        if (h.request_id == 0 || h.status >= VRPC_CODE_COUNT || h.md_len != 0 || h.flags != 0 ||
-            h.method_id != 0)
+        if (h.request_id == 0 || h.status >= VRPC_CODE_COUNT || h.md_len != 0 ||
+            (h.flags & ~VRPC_FF_RNDV) || h.method_id != 0)
             return -EPROTO;
         break;
     case VRPC_FT_CANCEL:
         if (h.request_id == 0 || h.flags != 0 || h.status != 0 || h.md_len != 0 || h.payload_len != 0)
+            return -EPROTO;
+        break;
+    case VRPC_FT_DONE:
+        if (h.request_id == 0 || h.flags != 0 || h.status >= VRPC_CODE_COUNT || h.method_id != 0 ||
+            h.md_len != 0 || h.payload_len != 0 || h.budget_us != 0)
             return -EPROTO;
         break;
     case VRPC_FT_HELLO:
@@ -173,11 +183,29 @@ int vrpc_wire_md_decode(const uint8_t *buf, size_t len, struct vrpc_metadata *ou
     return n;
 }
 
+void vrpc_wire_desc_encode(uint8_t out[VRPC_WIRE_DESC_LEN], const struct vrpc_wire_desc *d)
+{
+    put64(out, d->addr);
+    put32(out + 8, d->rkey);
+    put32(out + 12, 0);
+}
+
+int vrpc_wire_desc_decode(const uint8_t *buf, uint32_t payload_len, struct vrpc_wire_desc *d)
+{
+    uint64_t addr = get64(buf);
+    uint32_t rkey = get32(buf + 8);
+    if (rkey == 0 || addr > UINT64_MAX - payload_len)
+        return -EPROTO;
+    d->addr = addr;
+    d->rkey = rkey;
+    return 0;
+}
+
 void vrpc_wire_hello_encode(uint8_t out[VRPC_WIRE_HELLO_LEN], const struct vrpc_wire_hello *h)
 {
     put32(out, h->max_msg_size);
     put32(out + 4, h->max_concurrent);
-    put32(out + 8, 0);
+    put32(out + 8, h->features);
     put32(out + 12, 0);
 }
 
@@ -187,7 +215,8 @@ int vrpc_wire_hello_decode(const uint8_t *buf, size_t len, struct vrpc_wire_hell
         return -EPROTO;
     h->max_msg_size = get32(buf);
     h->max_concurrent = get32(buf + 4);
-    h->reserved0 = h->reserved1 = 0;
+    h->features = get32(buf + 8);
+    h->reserved = 0;
     if (h->max_concurrent == 0)
         return -EPROTO;
     return 0;

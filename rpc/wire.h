@@ -13,6 +13,7 @@
 #define VRPC_WIRE_VERSION 1
 #define VRPC_WIRE_HDR_LEN 40
 #define VRPC_WIRE_HELLO_LEN 16
+#define VRPC_WIRE_DESC_LEN 16 /* rendezvous descriptor after the metadata */
 #define VRPC_WIRE_MD_KEY_MAX 255
 #define VRPC_WIRE_MD_VAL_MAX 65535
 
@@ -23,12 +24,18 @@ enum vrpc_frame_type {
     VRPC_FT_RESPONSE = 4,  /* server -> client: a call's outcome */
     VRPC_FT_CANCEL = 5,    /* client -> server: stop working on request_id */
     VRPC_FT_GOAWAY = 6,    /* server -> client: no new calls on this connection */
+    VRPC_FT_DONE = 7,      /* either way: the reader is finished with a rendezvous payload */
 };
-#define VRPC_FT_MAX VRPC_FT_GOAWAY
+#define VRPC_FT_MAX VRPC_FT_DONE
 
 /* Frame flags. Undefined bits must be zero; a receiver rejects others. */
 #define VRPC_FF_DEADLINE 0x0001u /* REQUEST: budget_us is meaningful */
-#define VRPC_FF_KNOWN (VRPC_FF_DEADLINE)
+#define VRPC_FF_RNDV 0x0002u     /* REQUEST, RESPONSE with status OK: the payload stays at
+                                    the sender; a descriptor follows the metadata */
+#define VRPC_FF_KNOWN (VRPC_FF_DEADLINE | VRPC_FF_RNDV)
+
+/* HELLO/HELLO_ACK feature bits. */
+#define VRPC_FEAT_LARGE 0x1u /* this side reads and serves rendezvous payloads */
 
 struct vrpc_wire_hdr {
     uint8_t version;
@@ -46,14 +53,24 @@ struct vrpc_wire_hdr {
 struct vrpc_wire_hello {
     uint32_t max_msg_size;   /* largest payload this side accepts */
     uint32_t max_concurrent; /* HELLO: slots the client uses; HELLO_ACK: credits granted */
-    uint32_t reserved0, reserved1; /* zero on send, ignored on receipt */
+    uint32_t features;       /* VRPC_FEAT_*; unknown bits ignored on receipt */
+    uint32_t reserved;       /* zero on send, ignored on receipt */
+};
+
+/* Rendezvous descriptor: where the payload waits at the sender. */
+struct vrpc_wire_desc {
+    uint64_t addr; /* address of payload byte 0 at the sender */
+    uint32_t rkey; /* one-shot key of the sender's vrpc_ep_grant, never 0 */
 };
 
 void vrpc_wire_hdr_encode(uint8_t out[VRPC_WIRE_HDR_LEN], const struct vrpc_wire_hdr *h);
 
 /* Decode and validate a whole frame of frame_len bytes (the transport keeps
  * message boundaries). Checks magic, version, type, flags, per-type field
- * rules and that header + md_len + payload_len == frame_len exactly.
+ * rules and that header + md_len + payload_len == frame_len exactly (for a
+ * RNDV frame: header + md_len + VRPC_WIRE_DESC_LEN; payload_len is then the
+ * size of the payload left at the sender). Checks that need the connection
+ * (eager size, limits) are the caller's.
  * Returns 0, -EPROTONOSUPPORT (wrong version) or -EPROTO (anything else);
  * *h is written only on success. */
 int vrpc_wire_hdr_decode(const uint8_t *frame, size_t frame_len, struct vrpc_wire_hdr *h);
@@ -67,6 +84,11 @@ void vrpc_wire_md_encode(uint8_t *out, const struct vrpc_metadata *md, size_t n)
  * are NUL-terminated on the wire). Up to cap entries; -EPROTO if malformed or
  * more than cap entries. Returns the entry count. */
 int vrpc_wire_md_decode(const uint8_t *buf, size_t len, struct vrpc_metadata *out, size_t cap);
+
+/* The descriptor of a RNDV frame (at frame + header + md_len). Decode checks
+ * rkey != 0 and that addr + payload_len does not overflow: -EPROTO. */
+void vrpc_wire_desc_encode(uint8_t out[VRPC_WIRE_DESC_LEN], const struct vrpc_wire_desc *d);
+int vrpc_wire_desc_decode(const uint8_t *buf, uint32_t payload_len, struct vrpc_wire_desc *d);
 
 void vrpc_wire_hello_encode(uint8_t out[VRPC_WIRE_HELLO_LEN], const struct vrpc_wire_hello *h);
 int vrpc_wire_hello_decode(const uint8_t *buf, size_t len, struct vrpc_wire_hello *h);

@@ -76,6 +76,10 @@ kv put alpha "first value"
 kv put beta "second value"
 kv put alpha "replaced value"
 kv get alpha
+echo "--- a 4 MiB value: above the 8 KiB eager size, it travels by rendezvous"
+echo "    (the receiver pulls it with RDMA READ on verbs, a read request on TCP)"
+kv fill big 4194304
+kv get big
 kv scan "" "" 10
 kv delete beta
 kv get beta || true

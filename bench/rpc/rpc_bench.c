@@ -15,6 +15,7 @@
 #include <verbrpc/transport.h>
 #include "common/bench.h"
 #include "rpc/futex.h"
+#include "rpc_bench_large.h"
 #include "rpc_test.pb-c.h"
 
 static struct vrpc_method_desc m_echo = {"/vrpctest.Test/Echo", 0, &vrpctest__echo_request__descriptor,
@@ -26,7 +27,8 @@ static struct {
     unsigned duration_ms;
     unsigned long calls, exit_after;
     unsigned size;
-    bool no_spin;
+    bool no_spin, duration_set;
+    const char *payloads; /* --payload LIST: the large-message mode */
 } g = {.backend = "tcp", .duration_ms = 2000, .size = 32};
 
 static char g_extra[256];
@@ -437,10 +439,14 @@ static void usage(FILE *f, const char *argv0)
             "          [--client-ip IP] [--no-spin]\n"
             "       %s --role server --listen URI [--exit-after CALLS]\n"
             "       %s --role client --connect URI --calls N [--size BYTES]\n"
+            "       %s --payload 65536,1048576,16777216 [--backend ...] [--json] [--duration-ms N]\n"
             "Unary echo over verbrpc at 1/16/64 outstanding, 32 B and 4 KiB, with the transport\n"
             "ping-pong and gRPC C++ (when built) as baselines. Verbs: --server-ip defaults to\n"
-            "VRPC_VERBS_IP (or VRPC_VERBS_IP_B, with VRPC_VERBS_IP_A as --client-ip).\n",
-            argv0, argv0, argv0);
+            "VRPC_VERBS_IP (or VRPC_VERBS_IP_B, with VRPC_VERBS_IP_A as --client-ip).\n"
+            "--payload: large messages instead: requests of each size (bytes_per_s), 1 and 4\n"
+            "outstanding, against a blocking-socket TCP stream of the same frame size (tcp),\n"
+            "3 alternating rounds, medians (default 1000 ms per case and round).\n",
+            argv0, argv0, argv0, argv0);
 }
 
 int main(int argc, char **argv)
@@ -460,7 +466,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--client-ip") && v)
             g.client_ip = argv[++i];
         else if (!strcmp(a, "--duration-ms") && v)
-            g.duration_ms = (unsigned)atoi(argv[++i]);
+            g.duration_ms = (unsigned)atoi(argv[++i]), g.duration_set = true;
         else if (!strcmp(a, "--role") && v)
             g.role = argv[++i];
         else if ((!strcmp(a, "--listen") || !strcmp(a, "--connect")) && v)
@@ -471,6 +477,8 @@ int main(int argc, char **argv)
             g.exit_after = strtoul(argv[++i], NULL, 10);
         else if (!strcmp(a, "--size") && v)
             g.size = (unsigned)atoi(argv[++i]);
+        else if (!strcmp(a, "--payload") && v)
+            g.payloads = argv[++i];
         else {
             bool help = !strcmp(a, "--help") || !strcmp(a, "-h");
             usage(help ? stdout : stderr, argv[0]);
@@ -502,6 +510,12 @@ int main(int argc, char **argv)
             fprintf(stderr, "rpc_bench: --backend %s needs --server-ip or VRPC_VERBS_IP\n", g.backend);
             return 2;
         }
+    }
+    if (g.payloads) {
+        struct rpc_bench_large_cfg lc = {.bo = &g.bo, .backend = g.backend, .server_ip = g.server_ip,
+                                         .client_ip = g.client_ip, .payloads = g.payloads,
+                                         .duration_ms = g.duration_set ? g.duration_ms : g.bo.quick ? 300 : 1000};
+        return rpc_bench_large(&lc);
     }
     char listen[VRPC_URI_MAX], uri[VRPC_URI_MAX];
     snprintf(listen, sizeof(listen), "%s://%s:0", g.backend, g.server_ip);

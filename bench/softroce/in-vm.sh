@@ -23,8 +23,6 @@ echo "== ib_send_bw -s 32 -n $((N * 4)) on $DEV"
 pair ib_send_bw -d "$DEV" -x "$GID" -F -s 32 -n $((N * 4)) --report_gbits | tee "$out/bw"
 bw_rate=$(awk '$1 == 32 && NF >= 5 { print $5 }' "$out/bw")   # Mpps
 
-echo "== verbs_engine_bench (engine only, pollers spinning)"
-"$BUILD/bench/softroce/verbs_engine_bench" --setup single --iters "$N" --json | tee "$out/eng"
 echo "== transport_bench --backend verbs"
 tb=()
 [[ $QUICK == --quick ]] && tb=(--quick)
@@ -33,8 +31,6 @@ tb=()
 field() { # FILE NAME KEY
     grep "\"name\":\"$2\"" "$1" | head -1 | sed -n "s/.*\"$3\":\([0-9.e+-]*\).*/\1/p"
 }
-eng_p50=$(field "$out/eng" "verbs_engine:pingpong:single:32B" p50_us)
-eng_rate=$(field "$out/eng" "verbs_engine:msgrate:single:32B" ops_per_s)
 tb_p50=$(field "$out/tb" "transport:verbs_pingpong_32B_busypoll" p50_us)
 tb_ev_p50=$(field "$out/tb" "transport:verbs_pingpong_32B" p50_us)
 tb_rate=$(field "$out/tb" "transport:verbs_rate_32B_1t" ops_per_s)
@@ -44,6 +40,5 @@ echo "== ratios (same device, same boot; ib_send_lat reports half the round trip
 echo "ib_send_lat typical 32 B: ${lat_typ:-?} us; ib_send_bw 32 B: ${bw_rate:-?} Mpps"
 echo "transport_bench verbs ping-pong busy-poll p50/2: $(awk -v x="${tb_p50:-0}" 'BEGIN{printf "%.2f", x/2}') us -> $(ratio "$(awk -v x="${tb_p50:-0}" 'BEGIN{print x/2}')" "$lat_typ") x ib_send_lat (target <= 1.5)"
 echo "transport_bench verbs ping-pong event-driven p50/2: $(awk -v x="${tb_ev_p50:-0}" 'BEGIN{printf "%.2f", x/2}') us -> $(ratio "$(awk -v x="${tb_ev_p50:-0}" 'BEGIN{print x/2}')" "$lat_typ") x"
-echo "engine ping-pong p50/2: $(awk -v x="${eng_p50:-0}" 'BEGIN{printf "%.2f", x/2}') us -> $(ratio "$(awk -v x="${eng_p50:-0}" 'BEGIN{print x/2}')" "$lat_typ") x"
-echo "message rate 32 B: transport $(ratio "${tb_rate:-0}" "$(awk -v x="${bw_rate:-0}" 'BEGIN{print x*1e6}')") x ib_send_bw, engine $(ratio "${eng_rate:-0}" "$(awk -v x="${bw_rate:-0}" 'BEGIN{print x*1e6}')") x"
+echo "message rate 32 B: transport $(ratio "${tb_rate:-0}" "$(awk -v x="${bw_rate:-0}" 'BEGIN{print x*1e6}')") x ib_send_bw"
 rm -rf "$out"

@@ -35,7 +35,10 @@ static void usage(FILE *f, const char *argv0)
             "  --pollers N       accepted; a channel runs one poller today\n"
             "commands:\n"
             "  put KEY VALUE     store VALUE under KEY\n"
-            "  get KEY           print the value under KEY\n"
+            "  fill KEY BYTES    store BYTES bytes of a pattern under KEY (sizes above the\n"
+            "                    eager size travel by rendezvous: RDMA READ on verbs);\n"
+            "                    prints the value's FNV-1a checksum and the time taken\n"
+            "  get KEY           print the value under KEY (longer values: size + checksum)\n"
             "  delete KEY        remove KEY\n"
             "  scan [START [END [LIMIT]]]  pairs with START <= key < END, in key order\n"
             "  health [SERVICE]  the server's health (or a service's, e.g. examples.kvstore.v1.KvStore)\n"
@@ -57,10 +60,24 @@ static void print_status(const char *what, const struct vrpc_status *st)
             st->message);
 }
 
+/* FNV-1a 64 over a value: what fill prints and get prints back for long values. */
+static uint64_t checksum(const uint8_t *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
 static void print_bytes(const uint8_t *p, size_t n)
 {
     bool text = true;
 
+    if (n > 80) {
+        printf("(%zu bytes, fnv1a %016llx)", n, (unsigned long long)checksum(p, n));
+        return;
+    }
     for (size_t i = 0; i < n && text; i++)
         text = isprint(p[i]) || p[i] == ' ';
     if (text) {
@@ -88,6 +105,35 @@ static int cmd_put(struct vrpc_channel *ch, const char *key, const char *value)
         return 1;
     }
     printf("put %s: %s\n", key, reply->created ? "created" : "replaced");
+    return 0;
+}
+
+static int cmd_fill(struct vrpc_channel *ch, const char *key, size_t bytes)
+{
+    Examples__Kvstore__V1__PutRequest req = EXAMPLES__KVSTORE__V1__PUT_REQUEST__INIT;
+    Examples__Kvstore__V1__PutReply *reply;
+    struct vrpc_status st;
+    uint8_t *value = malloc(bytes ? bytes : 1);
+    int64_t t0;
+
+    if (!value) {
+        fprintf(stderr, "kvstore_client: fill: cannot allocate %zu bytes\n", bytes);
+        return 1;
+    }
+    for (size_t i = 0; i < bytes; i++)
+        value[i] = (uint8_t)(i * 2654435761u >> 24);
+    req.key = (char *)key;
+    req.value.data = value;
+    req.value.len = bytes;
+    t0 = ex_now_ns();
+    if (examples__kvstore__v1__kv_store__put__call(ch, &req, &reply, NULL, &st) != VRPC_OK) {
+        print_status("fill", &st);
+        free(value);
+        return 1;
+    }
+    printf("fill %s: %s, %zu bytes, fnv1a %016llx, %.2f ms\n", key, reply->created ? "created" : "replaced",
+           bytes, (unsigned long long)checksum(value, bytes), (ex_now_ns() - t0) / 1e6);
+    free(value);
     return 0;
 }
 
@@ -516,6 +562,15 @@ int main(int argc, char **argv)
     }
     if (strcmp(cmd, "put") == 0 && nargs == 2) {
         rc = cmd_put(ch, args[0], args[1]);
+    } else if (strcmp(cmd, "fill") == 0 && nargs == 2) {
+        unsigned long long bytes = 0;
+
+        if (!ex_parse_uint(args[1], &bytes) || bytes > (1ull << 30)) {
+            fprintf(stderr, "kvstore_client: bad fill size '%s' (1 to 1073741824 bytes)\n", args[1]);
+            rc = 2;
+        } else {
+            rc = cmd_fill(ch, args[0], (size_t)bytes);
+        }
     } else if (strcmp(cmd, "get") == 0 && nargs == 1) {
         rc = cmd_get(ch, args[0]);
     } else if (strcmp(cmd, "delete") == 0 && nargs == 1) {

@@ -117,7 +117,9 @@ static void usage(FILE *f, const char *argv0)
             "  --threads N        scheduler workers running handlers (default 2)\n"
             "  --pollers N        transport poller threads (default 1)\n"
             "  --shards N         table shards, each with its own lock (default 64)\n"
-            "  --max-msg-size B   largest request/response (default: the transport's, 8 KiB)\n"
+            "  --max-msg-size B   largest request accepted, and the most a Scan reply holds\n"
+            "                     (default 16 MiB; values above the eager size travel by\n"
+            "                     rendezvous, RDMA READ on verbs)\n"
             "  --uri-file PATH    write the bound URI to PATH once listening\n"
             "Serves examples.kvstore.v1.KvStore plus verbrpc's Health and Stats; Ctrl-C stops it.\n",
             argv0);
@@ -173,8 +175,11 @@ int main(int argc, char **argv)
         usage(stderr, argv[0]);
         return 2;
     }
-    /* Room for the reply's own framing, beside keys and values. */
-    kv.scan_max_bytes = (o.max_msg_size ? o.max_msg_size : 8192) - 1024;
+    /* Scan replies stay under what a client with default options accepts
+     * (and under our own limit), with room for the reply's own framing. */
+    kv.scan_max_bytes = (o.max_msg_size && o.max_msg_size < VRPC_MSG_SIZE_DEFAULT ? o.max_msg_size
+                                                                                   : VRPC_MSG_SIZE_DEFAULT) -
+                        1024;
 
     rc = kv_table_create((unsigned)shards, &kv.table);
     if (rc == 0)

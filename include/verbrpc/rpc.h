@@ -93,6 +93,19 @@ struct vrpc_metadata {
 #define VRPC_NO_DEADLINE INT64_MAX
 VRPC_API int64_t vrpc_now_ns(void);
 
+/* ---- message size -----------------------------------------------------------
+ * Each side states the largest payload it accepts (max_msg_size in the
+ * options) and learns the peer's at connect time. Payloads that do not fit
+ * the transport's eager size (8 KiB frames) travel by rendezvous: the sender
+ * packs into a registered large buffer and the receiver reads it (RDMA READ
+ * on verbs), see docs/PROTOCOL.md. A request above the server's limit fails
+ * on the client with RESOURCE_EXHAUSTED and both figures in the message,
+ * without being sent; a response above the client's limit makes
+ * vrpc_server_call_respond return -EMSGSIZE and the client gets
+ * RESOURCE_EXHAUSTED. */
+#define VRPC_MSG_SIZE_DEFAULT (16u << 20)
+#define VRPC_MSG_SIZE_MAX (1u << 30)
+
 /* ---- client ---------------------------------------------------------------*/
 
 struct vrpc_channel;
@@ -117,8 +130,10 @@ struct vrpc_channel_opts {
     unsigned pollers;            /* reserved: a channel holds one connection and
                                     runs one poller whatever this says (today) */
     int64_t default_timeout_us;  /* deadline of calls whose opts say 0; 0: none */
-    uint32_t max_msg_size;       /* largest request or response payload accepted;
-                                    0: largest that fits the transport's eager size */
+    uint32_t max_msg_size;       /* largest response payload (metadata + message)
+                                    accepted; 0: VRPC_MSG_SIZE_DEFAULT; at most
+                                    VRPC_MSG_SIZE_MAX. Requests are bounded by the
+                                    server's own limit (learnt at connect). */
     uint32_t max_outstanding;    /* pending calls at once (further calls wait for a
                                     slot); the server's limit lowers it; 0: 256 */
     uint32_t connect_timeout_ms; /* per attempt, including the handshake; 0: 5000 */
@@ -129,6 +144,12 @@ struct vrpc_channel_opts {
     bool no_spin;                /* never busy-wait (poller, own workers, synchronous
                                     waiters sleep at once): lower latency is traded
                                     for CPU; for CPU accounting, e.g. under callgrind */
+    uint64_t max_pinned;         /* bytes the channel's large-message buffers may
+                                    keep registered (vrpc_transport_attr.max_pinned);
+                                    0: 256 MiB; must be >= max_msg_size */
+    uint32_t hold_timeout_ms;    /* a server that neither read (DONE) nor answered a
+                                    large request this long after it was offered
+                                    loses its connection; 0: 60000 */
 };
 /* Fill *o with the defaults above (all zeros mean defaults, too). */
 VRPC_API void vrpc_channel_opts_init(struct vrpc_channel_opts *o);
@@ -136,7 +157,9 @@ VRPC_API void vrpc_channel_opts_init(struct vrpc_channel_opts *o);
 /* Create a channel to `uri`: "tcp://host:port", "verbs://ip:port",
  * "auto://host:port" or a bare "host:port" (= auto: verbs where a usable RDMA
  * device exists, else TCP); IPv6 hosts in brackets. The channel starts IDLE
- * and connects on the first call (or vrpc_channel_connect). o may be NULL. */
+ * and connects on the first call (or vrpc_channel_connect). o may be NULL.
+ * -EINVAL also for max_msg_size above VRPC_MSG_SIZE_MAX or above max_pinned
+ * (logged with both figures). */
 VRPC_API int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *o,
                                  struct vrpc_channel **out);
 
@@ -219,14 +242,22 @@ struct vrpc_server_opts {
     unsigned pollers;              /* transport poller threads; 0: 1 */
     uint32_t max_concurrent;       /* calls in flight per connection (credits granted
                                       to each client); 0: 256 */
-    uint32_t max_msg_size;         /* largest request/response payload; 0: largest
-                                      that fits the transport's eager size */
+    uint32_t max_msg_size;         /* largest request payload (metadata + message)
+                                      accepted; 0: VRPC_MSG_SIZE_DEFAULT; at most
+                                      VRPC_MSG_SIZE_MAX. Responses are bounded by
+                                      each client's own limit. */
     uint32_t max_depth;            /* protobuf nesting limit for requests; 0: 64 */
     bool no_spin;                  /* never busy-wait (see vrpc_channel_opts) */
+    uint64_t max_pinned;           /* bytes the server's large-message buffers may
+                                      keep registered; 0: 256 MiB; >= max_msg_size */
+    uint32_t hold_timeout_ms;      /* a client that has not read (DONE) a large
+                                      response this long after it was offered loses
+                                      its connection; 0: 60000 */
 };
 VRPC_API void vrpc_server_opts_init(struct vrpc_server_opts *o);
 
-/* o may be NULL. The server does nothing until vrpc_server_start(). */
+/* o may be NULL. The server does nothing until vrpc_server_start(). -EINVAL
+ * for max_msg_size above VRPC_MSG_SIZE_MAX or above max_pinned (logged). */
 VRPC_API int vrpc_server_create(const struct vrpc_server_opts *o, struct vrpc_server **out);
 
 /* Register a handler; only before vrpc_server_start (-EBUSY after). -EINVAL if
@@ -255,9 +286,12 @@ VRPC_API void vrpc_server_destroy(struct vrpc_server *s);
 /* Answer with VRPC_OK and resp (packed before return; resp stays the
  * caller's). Any thread, once per call; the call object is invalid after.
  * Returns 0, -ECONNRESET if the connection is gone (the call is still
- * released), -EMSGSIZE if resp exceeds the message limit (the client gets
- * RESOURCE_EXHAUSTED instead; the call is released), -EINVAL if resp is not of
- * the method's output type (the client gets INTERNAL). */
+ * released), -EMSGSIZE if resp exceeds the client's message limit (the client
+ * gets RESOURCE_EXHAUSTED naming both sizes instead; the call is released),
+ * -ENOBUFS if a large response finds the server's large-buffer memory bound
+ * (max_pinned) reached (the client gets RESOURCE_EXHAUSTED with the figures),
+ * -EINVAL if resp is not of the method's output type (the client gets
+ * INTERNAL). */
 VRPC_API int vrpc_server_call_respond(struct vrpc_server_call *call, const ProtobufCMessage *resp);
 
 /* Answer with a non-OK code and a message (may be NULL). Same contract as

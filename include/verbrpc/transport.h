@@ -358,10 +358,13 @@ VRPC_API int vrpc_ep_grant(struct vrpc_ep *ep, struct vrpc_mr *mr, const void *a
  * is dead and no read response streams from it). Status 0, or -ECANCELED when
  * the endpoint died first (the key is dead all the same); like every
  * completion of ep it comes before ep's DISCONNECTED. A revoke races a
- * read of the peer safely: the read then fails -EACCES at the peer. Errors
+ * read of the peer safely: the read then fails at the peer (-EACCES; on
+ * rdma_rxe possibly -ETIMEDOUT, after the peer's idle timeout). Errors
  * (no completion): -EINVAL unknown key, -ENOSPC (retry after a completion),
- * -ENOTCONN ep's DISCONNECTED has been (or is being) delivered: every key of
- * it died with it, the memory is the caller's again. */
+ * -ENOTCONN ep died (its DISCONNECTED follows, or came): every key of it
+ * died with it, the memory is the caller's again at DISCONNECTED. (A revoke
+ * accepted before, or while the backend has not finished failing ep, still
+ * completes -ECANCELED before DISCONNECTED.) */
 VRPC_API int vrpc_ep_revoke(struct vrpc_ep *ep, uint32_t rkey, uint64_t wr_id);
 
 /* ---- large buffers: the registration cache ---------------------------------
@@ -370,9 +373,11 @@ VRPC_API int vrpc_ep_revoke(struct vrpc_ep *ep, uint32_t rkey, uint64_t wr_id);
  * put back (so repeated large messages pay no registration), in size classes
  * of at most 25 % slack. The cache never keeps more than attr.max_pinned bytes
  * registered: get evicts idle buffers (least recently used first) and then
- * fails with -ENOBUFS rather than wait. Before a buffer is reused its bytes
- * beyond what the new user writes are zeroed before they can be granted, so a
- * peer never sees an earlier message. All three functions: any thread. */
+ * fails with -ENOBUFS rather than wait. A reused buffer's bytes from len (as
+ * given to vrpc_lbuf_get) to cap that an earlier user wrote are zeroed by the
+ * get, so a peer granted any part of it sees the new bytes or zeros, never an
+ * earlier message, as long as the user writes (packs, or reads into) only
+ * data[0..len). All three functions: any thread. */
 
 /* A buffer with cap >= len (len >= 1), data page-aligned, mr set, pool NULL.
  * Errors: -ENOBUFS the bound is reached (nothing idle to evict), -ENOMEM,

@@ -932,14 +932,6 @@ static void test_bad_requests_get_status(void **state)
 static void test_protocol_errors_close_connection(void **state)
 {
     (void)state;
-    if (strcmp(g_opt.backend, "verbs") == 0) {
-        /* Known bug, tracked in the verbs backend's issue: its graceful close
-         * has no idle-timeout abort yet (transport.h promises one), and after
-         * some protocol errors the raw client intermittently never sees the
-         * disconnect. Skipped, not passed, until that lands. */
-        fprintf(stderr, "SKIP on verbs: graceful close after a protocol error can stall (no close timeout yet)\n");
-        skip();
-    }
     struct vrpc_channel *ch = new_channel(g_uri, 64, true);
     Vrpctest__EchoReply *rep;
     struct vrpc_status st;

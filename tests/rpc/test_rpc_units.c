@@ -133,6 +133,69 @@ static void test_hello_and_ids(void **state)
     assert_string_equal(vrpc_code_name((enum vrpc_code)99), "UNKNOWN_CODE");
 }
 
+/* Rendezvous frames: RNDV on REQUEST/RESPONSE with a 16-byte descriptor in
+ * place of the payload, the DONE frame, the descriptor and feature codecs. */
+static void test_rndv_and_done_frames(void **state)
+{
+    (void)state;
+    uint8_t f[VRPC_WIRE_HDR_LEN + 8 + VRPC_WIRE_DESC_LEN] = {0};
+    struct vrpc_wire_hdr h = {.version = 1, .type = VRPC_FT_REQUEST, .flags = VRPC_FF_RNDV | VRPC_FF_DEADLINE,
+                              .method_id = 1, .request_id = 9, .payload_len = 1u << 30, .md_len = 8}, d;
+    vrpc_wire_hdr_encode(f, &h);
+    assert_int_equal(vrpc_wire_hdr_decode(f, sizeof(f), &d), 0);
+    assert_int_equal(d.payload_len, 1u << 30);
+    assert_int_equal(vrpc_wire_hdr_decode(f, sizeof(f) - 1, &d), -EPROTO);      /* length */
+    h.type = VRPC_FT_RESPONSE, h.flags = VRPC_FF_RNDV, h.method_id = 0, h.md_len = 0;
+    vrpc_wire_hdr_encode(f, &h);
+    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN + VRPC_WIRE_DESC_LEN, &d), 0);
+    h.status = VRPC_NOT_FOUND;                                                   /* RNDV only with OK */
+    vrpc_wire_hdr_encode(f, &h);
+    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN + VRPC_WIRE_DESC_LEN, &d), -EPROTO);
+    h.status = 0, h.payload_len = 0;                                             /* empty rendezvous */
+    vrpc_wire_hdr_encode(f, &h);
+    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN + VRPC_WIRE_DESC_LEN, &d), -EPROTO);
+    h = (struct vrpc_wire_hdr){.version = 1, .type = VRPC_FT_CANCEL, .flags = VRPC_FF_RNDV, .request_id = 1,
+                               .payload_len = 5};
+    vrpc_wire_hdr_encode(f, &h);
+    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN + VRPC_WIRE_DESC_LEN, &d), -EPROTO);
+
+    h = (struct vrpc_wire_hdr){.version = 1, .type = VRPC_FT_DONE, .request_id = 77, .status = VRPC_CANCELLED};
+    vrpc_wire_hdr_encode(f, &h);
+    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), 0);
+    assert_int_equal(d.type, VRPC_FT_DONE);
+    assert_int_equal(d.status, VRPC_CANCELLED);
+    h.request_id = 0;
+    vrpc_wire_hdr_encode(f, &h);
+    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTO);   /* id 0 */
+    h.request_id = 77, h.payload_len = 4;
+    vrpc_wire_hdr_encode(f, &h);
+    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN + 4, &d), -EPROTO); /* body */
+    h.payload_len = 0, h.status = 17;
+    vrpc_wire_hdr_encode(f, &h);
+    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTO);   /* status */
+
+    struct vrpc_wire_desc dd = {.addr = 0x1122334455667788ull, .rkey = 0xabcd}, de;
+    uint8_t b[VRPC_WIRE_DESC_LEN];
+    vrpc_wire_desc_encode(b, &dd);
+    assert_int_equal(b[0], 0x88);
+    assert_int_equal(vrpc_wire_desc_decode(b, 100, &de), 0);
+    assert_true(de.addr == dd.addr && de.rkey == dd.rkey);
+    dd.rkey = 0;
+    vrpc_wire_desc_encode(b, &dd);
+    assert_int_equal(vrpc_wire_desc_decode(b, 100, &de), -EPROTO);               /* rkey 0 */
+    dd = (struct vrpc_wire_desc){.addr = UINT64_MAX - 10, .rkey = 1};
+    vrpc_wire_desc_encode(b, &dd);
+    assert_int_equal(vrpc_wire_desc_decode(b, 10, &de), 0);
+    assert_int_equal(vrpc_wire_desc_decode(b, 11, &de), -EPROTO);                /* wraps */
+
+    struct vrpc_wire_hello hh = {.max_msg_size = 16u << 20, .max_concurrent = 4, .features = VRPC_FEAT_LARGE}, hd;
+    uint8_t hb[VRPC_WIRE_HELLO_LEN];
+    vrpc_wire_hello_encode(hb, &hh);
+    assert_int_equal(vrpc_wire_hello_decode(hb, sizeof(hb), &hd), 0);
+    assert_int_equal(hd.features, VRPC_FEAT_LARGE);
+    assert_int_equal(hd.max_msg_size, 16u << 20);
+}
+
 static void test_arena_steady_state(void **state)
 {
     (void)state;
@@ -390,6 +453,7 @@ int main(void)
         cmocka_unit_test(test_hdr_rejects_bad_frames),
         cmocka_unit_test(test_metadata_codec),
         cmocka_unit_test(test_hello_and_ids),
+        cmocka_unit_test(test_rndv_and_done_frames),
         cmocka_unit_test(test_arena_steady_state),
         cmocka_unit_test(test_depth_guard),
         cmocka_unit_test(test_pack_size_check),

@@ -10,6 +10,7 @@ void t_pipelined_sizes(void **state);
 void t_many_connections(void **state);
 void t_peer_close(void **state);
 void t_close_delivers_queued(void **state);
+void t_close_timeout(void **state);
 void t_peer_crash(void **state);
 void t_close_during_traffic(void **state);
 void t_listener_close_pending(void **state);
@@ -26,6 +27,7 @@ void t_revoke_during_read(void **state);
     cmocka_unit_test(t_credits_burst), cmocka_unit_test(t_pipelined_sizes),                   \
         cmocka_unit_test(t_many_connections),                \
         cmocka_unit_test(t_peer_close), cmocka_unit_test(t_close_delivers_queued),          \
+        cmocka_unit_test(t_close_timeout),                    \
         cmocka_unit_test(t_peer_crash),                     \
         cmocka_unit_test(t_close_during_traffic), cmocka_unit_test(t_listener_close_pending),        \
         cmocka_unit_test(t_read_sizes), cmocka_unit_test(t_read_after_revoke),                      \
@@ -40,10 +42,12 @@ void t_bad_half_frame(void **state);
 void t_bad_slow_peer(void **state);
 void t_bad_read_requests(void **state);
 void t_bad_read_frames(void **state);
+void t_bad_read_owner(void **state);
 
 #define BAD_PEER_CASES                                                                          \
     cmocka_unit_test(t_bad_garbage), cmocka_unit_test(t_bad_huge_header),                      \
         cmocka_unit_test(t_bad_half_frame), cmocka_unit_test(t_bad_slow_peer),                     \
-        cmocka_unit_test(t_bad_read_requests), cmocka_unit_test(t_bad_read_frames),
+        cmocka_unit_test(t_bad_read_requests), cmocka_unit_test(t_bad_read_frames),                \
+        cmocka_unit_test(t_bad_read_owner),
 
 #endif

@@ -44,6 +44,7 @@ enum { F_DATA = VRPC_TCP_DATA, F_CREDIT = VRPC_TCP_CREDIT, F_HELLO = VRPC_TCP_HE
 #define OP_INTERNAL 0u                    /* frames of our own (credit, read request/error): no completion */
 #define READ_CHUNK_DEFAULT (256u << 10)   /* bytes per READ_RESP frame */
 #define PUMP_CHUNKS 16                    /* chunks one EPOLLOUT event streams at most */
+#define READ_REQ_MARK 1u                  /* priv[P_IMM] of an internal frame that is a slot's READ_REQ */
 
 /* What the body of the frame being received is. */
 enum { K_NONE, K_DATA, K_RREQ, K_RRESP };
@@ -70,11 +71,12 @@ struct rslot {
     uint32_t off, len, done;
     uint16_t gen;        /* tag = gen << 16 | index */
     bool finished;       /* completion staged (under lock) */
+    bool queued;         /* req not fully written yet (under lock): no answer can be valid */
     atomic_bool used;    /* from vrpc_ep_read until its completion is polled */
 };
 
 /* Grant table entry (transport-wide, under tcp_tp.gmu). Entries never move. */
-enum { G_FREE, G_LIVE, G_REVOKING, G_DEAD, G_DONE };
+enum { G_FREE, G_LIVE, G_REVOKING, G_DONE };
 
 struct grant {
     struct vrpc_buf cpl;   /* carries the REVOKE completion */
@@ -136,6 +138,7 @@ struct tcp_ep {
     struct rslot *rslots;
     unsigned nrslots;
     atomic_uint nreads;     /* slots in use; while nonzero the poller reads headers alone */
+    _Atomic uint64_t read_ns; /* last progress of our reads (a read issued, a chunk in) */
     /* Owner: jobs (allocated at the first request), round-robin list, the
      * chunk being written (cur: its job; header and payload bytes written). */
     struct rjob *jobs, *jfree, *jhead, *jtail;
@@ -424,8 +427,11 @@ static void tx_locked(struct tcp_ep *ep)
             fifo_pop(&ep->wq);
             if (b == &ep->ctrl)
                 ep->ctrl_queued = false;
-            if ((uint32_t)b->priv[P_OPST] == OP_INTERNAL)
+            if ((uint32_t)b->priv[P_OPST] == OP_INTERNAL) {
+                if (b->priv[P_IMM] == READ_REQ_MARK)
+                    container_of(b, struct rslot, req)->queued = false;
                 continue;
+            }
             if (last)
                 last->next = b;
             else
@@ -537,8 +543,11 @@ static void flush_sends_locked(struct tcp_ep *ep)
         while ((b = fifo_pop(qs[i]))) {
             if (b == &ep->ctrl)
                 ep->ctrl_queued = false;
-            if ((uint32_t)b->priv[P_OPST] == OP_INTERNAL)
+            if ((uint32_t)b->priv[P_OPST] == OP_INTERNAL) {
+                if (b->priv[P_IMM] == READ_REQ_MARK)
+                    container_of(b, struct rslot, req)->queued = false;
                 continue;
+            }
             stage_fill(b, VRPC_WC_SEND, -ECANCELED, ep, 0);
             b->len = 0;
             if (last)
@@ -618,10 +627,9 @@ static void grant_unref(struct tcp_ep *ep, struct grant *g)
     pthread_mutex_unlock(&t->gmu);
 }
 
-/* Poller, when the REVOKE completion has been taken: the entry is free. */
-static void grant_release(struct tcp_tp *t, struct grant *g)
+/* gmu held: the entry is free; its key names nothing any more. */
+static void grant_free_locked(struct tcp_tp *t, struct grant *g)
 {
-    pthread_mutex_lock(&t->gmu);
     g->state = G_FREE;
     g->ep = NULL;
     g->addr = NULL;
@@ -629,6 +637,13 @@ static void grant_release(struct tcp_tp *t, struct grant *g)
         g->gen = 1;
     g->next_free = t->free_head;
     t->free_head = g->idx + 1;
+}
+
+/* Poller, when the REVOKE completion has been taken. */
+static void grant_release(struct tcp_tp *t, struct grant *g)
+{
+    pthread_mutex_lock(&t->gmu);
+    grant_free_locked(t, g);
     pthread_mutex_unlock(&t->gmu);
 }
 
@@ -684,15 +699,20 @@ static int tcp_revoke(struct vrpc_ep *base, uint32_t rkey, uint64_t wr_id)
     struct grant *g;
 
     pthread_mutex_lock(&t->gmu);
+    /* under gmu: teardown marks the endpoint dead before it takes gmu to
+     * free its grants, so a revoke that sees it alive completes before the
+     * DISCONNECTED, and one that comes later finds every key dead */
+    if (atomic_load(&ep->state) == S_DEAD) {
+        pthread_mutex_unlock(&t->gmu);
+        return -ENOTCONN;
+    }
     g = grant_lookup(t, rkey);
-    if (!g || g->ep != ep || (g->state != G_LIVE && g->state != G_DEAD)) {
+    if (!g || g->ep != ep || g->state != G_LIVE) {
         pthread_mutex_unlock(&t->gmu);
         return -EINVAL;
     }
     g->wr_id = wr_id;
-    if (g->state == G_DEAD)
-        grant_complete(g, -ECANCELED);
-    else if (!g->refs)
+    if (!g->refs)
         grant_complete(g, 0);
     else
         g->state = G_REVOKING; /* completes when the job streaming it stops */
@@ -700,8 +720,10 @@ static int tcp_revoke(struct vrpc_ep *base, uint32_t rkey, uint64_t wr_id)
     return 0;
 }
 
-/* Poller, at teardown (state already S_DEAD): the endpoint's grants die; a
- * revoke waiting for a job will complete -ECANCELED when the job is dropped. */
+/* Poller, at teardown (state already S_DEAD): the endpoint's grants die and
+ * are freed (the user revokes nothing after DISCONNECTED: -ENOTCONN); a
+ * revoke waiting for a job completes -ECANCELED when the job is dropped,
+ * before the DISCONNECTED. */
 static void grants_ep_dead(struct tcp_ep *ep)
 {
     struct tcp_tp *t = tcp_tp_of(ep);
@@ -713,7 +735,7 @@ static void grants_ep_dead(struct tcp_ep *ep)
             if (g->ep != ep)
                 continue;
             if (g->state == G_LIVE)
-                g->state = G_DEAD;
+                grant_free_locked(t, g);
             else if (g->state == G_REVOKING)
                 g->status = -ECANCELED;
         }
@@ -731,7 +753,7 @@ static int grant_ref(struct tcp_ep *ep, uint64_t raddr, uint32_t key, uint32_t l
 
     pthread_mutex_lock(&t->gmu);
     g = grant_lookup(t, key);
-    if (!g || (g->state != G_LIVE && g->state != G_REVOKING && g->state != G_DEAD))
+    if (!g || (g->state != G_LIVE && g->state != G_REVOKING))
         why = "unknown or revoked key";
     else if (g->ep != ep)
         why = "key granted on another connection";
@@ -780,6 +802,7 @@ static int tcp_read(struct vrpc_ep *base, struct vrpc_buf *buf, uint32_t off, ui
         ep->nrslots = n;
         for (i = 0; i < n; i++) {
             ep->rslots[i].req.data = ep->rslots[i].req_space + HDR_LEN;
+            ep->rslots[i].req.priv[P_IMM] = READ_REQ_MARK;
             atomic_init(&ep->rslots[i].used, false);
         }
     }
@@ -798,11 +821,13 @@ static int tcp_read(struct vrpc_ep *base, struct vrpc_buf *buf, uint32_t off, ui
     s->done = 0;
     s->finished = false;
     atomic_store(&s->used, true);
+    atomic_store(&ep->read_ns, vrpc_tp_now_ns()); /* before nreads: the timeout scan sees both */
     atomic_fetch_add(&ep->nreads, 1);
     memcpy(s->req_space + HDR_LEN, &r, sizeof r);
     build_hdr(s->req_space, F_READ_REQ, sizeof r, (uint32_t)s->gen << 16 | (uint32_t)(s - ep->rslots),
               take_credit_ret(ep));
     s->req.len = sizeof r;
+    s->queued = true;
     idle = !ep->wq.head;
     fifo_push(&ep->wq, &s->req);
     if (idle)
@@ -1210,7 +1235,8 @@ static int handle_read_hdr(struct tcp_cq *cq, struct tcp_ep *ep, uint8_t type, u
     pthread_mutex_lock(&ep->lock);
     if (idx < ep->nrslots)
         r = &ep->rslots[idx];
-    ok = r && atomic_load(&r->used) && !r->finished && r->gen == (uint16_t)(tag >> 16);
+    /* (an answer before its request is out is a peer guessing tags) */
+    ok = r && atomic_load(&r->used) && !r->finished && !r->queued && r->gen == (uint16_t)(tag >> 16);
     if (ok && type == F_READ_RESP) {
         ok = len >= 1 && len <= r->len - r->done;
         dst = (char *)r->buf->data + r->off + r->done;
@@ -1347,6 +1373,7 @@ static int body_done(struct tcp_cq *cq, struct tcp_ep *ep, const char **why)
         bool last;
         ep->rslot = NULL;
         r->done += ep->rlen;
+        atomic_store(&ep->read_ns, vrpc_tp_now_ns());
         pthread_mutex_lock(&ep->lock);
         last = r->done == r->len;
         if (last)
@@ -1634,6 +1661,8 @@ static void scan_timeouts(struct tcp_cq *cq, uint64_t now)
             teardown(cq, ep, -ETIMEDOUT, "frame not completed within the idle timeout (slow or stuck peer)");
         else if (c && now > c + idle)
             teardown(cq, ep, -ETIMEDOUT, "peer did not finish the close");
+        else if (atomic_load(&ep->nreads) && now > atomic_load(&ep->read_ns) + idle)
+            teardown(cq, ep, -ETIMEDOUT, "our read got no data within the idle timeout (slow or stuck peer)");
     }
 }
 
@@ -1852,6 +1881,7 @@ static struct tcp_ep *ep_alloc(struct vrpc_transport *tp, struct tcp_cq *cq, int
     ep->ctrl.data = ep->ctrl_space + HDR_LEN;
     ep->errf.data = ep->err_space + HDR_LEN;
     atomic_init(&ep->nreads, 0);
+    atomic_init(&ep->read_ns, 0);
     atomic_init(&ep->state, S_HANDSHAKE);
     return ep;
 }

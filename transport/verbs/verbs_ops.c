@@ -25,7 +25,56 @@
 #include <unistd.h>
 
 #include "transport/transport_ops.h"
-#include "transport/verbs/verbs.h"
+
+/* Wire protocol version carried in the connect private data. */
+#define PROTO_VERSION 1u
+
+/* Queue-pair settings. The environment overrides some, for tests and odd
+ * set-ups (read once per transport, at vrpc_transport_create):
+ *   VRPC_VERBS_GID_INDEX=N     source GID index (default: the one rdma_cm
+ *                              picks from the bound address)
+ *   VRPC_VERBS_RNR_RETRY=N     receiver-not-ready retries, 0..7 (7 = forever,
+ *                              the default), on our queue pairs and asked of
+ *                              the peer's in the connect parameters. The
+ *                              verbs tests use 0: credits must make RNR
+ *                              impossible, so any RNR fails the connection
+ *   VRPC_VERBS_PROTO_VERSION=N test only: the protocol version this side
+ *                              claims in its handshake (the rejection tests)
+ *   VRPC_VERBS_TRACE=1         log every post, completion and rdma_cm event */
+struct qp_cfg {
+	uint8_t rnr_retry;   /* see VRPC_VERBS_RNR_RETRY */
+	uint8_t ack_timeout; /* local ACK timeout exponent, at least 14 (lossy links) */
+	uint8_t retry_cnt;   /* transport retries: 7 */
+	int gid_index;       /* -1: rdma_cm's */
+	uint16_t proto_version;
+};
+
+static long env_long(const char *name, long dflt, long lo, long hi)
+{
+	const char *v = getenv(name);
+	char *end;
+	long x;
+	if (!v || !*v)
+		return dflt;
+	x = strtol(v, &end, 0);
+	if (*end || x < lo || x > hi) {
+		vrpc_tp_log("verbs: ignoring %s=%s (want %ld..%ld)", name, v, lo, hi);
+		return dflt;
+	}
+	return x;
+}
+
+static void qp_cfg_init(struct qp_cfg *cfg)
+{
+	cfg->rnr_retry = (uint8_t)env_long("VRPC_VERBS_RNR_RETRY", 7, 0, 7);
+	cfg->ack_timeout = 14;
+	cfg->retry_cnt = 7;
+	cfg->gid_index = (int)env_long("VRPC_VERBS_GID_INDEX", -1, -1, 255);
+	cfg->proto_version = (uint16_t)env_long("VRPC_VERBS_PROTO_VERSION", PROTO_VERSION, 0, 65535);
+}
+
+/* rdma-core returns a positive errno from some calls: ours is negative. */
+static int err_pos(int rc) { return rc > 0 ? -rc : rc; }
 
 #define HDR_LEN 8u
 #define MIN_RESV 1u
@@ -154,9 +203,13 @@ struct vep {
 	uint32_t pending_ctl_min; /* credit_ret that still wants a credit-only message; 0: none */
 	bool hungry, reported, torn, in_todo, counted, reaping, disc_sent;
 	uint32_t ctl_sent, peer_ctl_seen; /* ep->lock */
+	bool cm_up; /* ep->lock: rdma_cm has the connection established */
 	atomic_uint ctl_rcvd;
 	struct vep *hnext, *tnext, *wnext;
 	struct vep *anext; /* CM thread lists */
+	struct vep *dnext, *xnext; /* deadline watch (tp->lock), expired (CM thread) */
+	uint64_t deadline_ns;      /* tp->lock */
+	bool watched;              /* tp->lock */
 	struct vtp_listener *lst;
 	uint64_t accept_user;
 
@@ -222,7 +275,7 @@ struct vmr {
 
 struct vtp {
 	struct vrpc_transport base;
-	struct vrpc_verbs_cfg cfg;
+	struct qp_cfg cfg;
 	struct rdma_event_channel *ech;
 	int epfd, wakefd;
 	pthread_t cm;
@@ -237,6 +290,7 @@ struct vtp {
 	struct vmr *mrs;
 	struct vcq *cqs;
 	struct vep *reap;
+	struct vep *watch; /* endpoints with a handshake or close deadline */
 	uint32_t rd_window, rd_chunk; /* per endpoint, clamped to the device at binding */
 	bool mw_ok;                   /* device has type-2B memory windows */
 	atomic_bool mw_warned;
@@ -362,7 +416,7 @@ static int post_srq(struct vcq *cq, struct vrpc_buf *list)
 			if (n)
 				wrs[n - 1].next = &wrs[n];
 		}
-		rc = vrpc_verbs_err_pos(ibv_post_srq_recv(cq->srq, wrs, &bad));
+		rc = err_pos(ibv_post_srq_recv(cq->srq, wrs, &bad));
 	}
 	return rc;
 }
@@ -412,7 +466,7 @@ static int tp_bind(struct vtp *tp, struct ibv_context *verbs)
 				    ibv_get_device_name(verbs->device), ibv_get_device_name(tp->verbs->device));
 		goto out;
 	}
-	if ((rc = vrpc_verbs_err_pos(ibv_query_device(verbs, &tp->dattr))))
+	if ((rc = err_pos(ibv_query_device(verbs, &tp->dattr))))
 		goto out;
 	tp->pd = ibv_alloc_pd(verbs);
 	if (!tp->pd) {
@@ -594,7 +648,7 @@ static int post_locked(struct vep *ep, struct vrpc_buf *buf, uint32_t len, uint3
 	      !buf, rc);
 	if (rc) {
 		atomic_fetch_add(&ep->credit_ret, ntohs(h->credits));
-		return vrpc_verbs_err_pos(rc);
+		return err_pos(rc);
 	}
 	ep->ring[ep->tail & ep->ring_mask] = (struct sent){ .buf = buf, .wr_id = wr_id };
 	ep->tail++;
@@ -607,11 +661,14 @@ static int post_locked(struct vep *ep, struct vrpc_buf *buf, uint32_t len, uint3
 
 /* Graceful close: once every send accepted before vrpc_ep_close() has been
  * acknowledged (and every read and window operation has completed), the
- * DREQ goes out; both sides then see DISCONNECTED. A healthy
- * endpoint cannot be torn down while its lock is held, so the id is valid. */
+ * DREQ goes out; both sides then see DISCONNECTED. A healthy endpoint cannot
+ * be torn down while its lock is held, so the id is valid.
+ * The DREQ waits for rdma_cm's ESTABLISHED too: a server may close on the
+ * client's first message, which can arrive before the RTU, and rdma_cm drops a
+ * disconnect in that state (REP sent), leaving both sides waiting forever. */
 static void close_progress_locked(struct vep *ep)
 {
-	if (ep->state == S_CLOSING && !ep->disc_sent && !ep->wq_head && sq_idle_locked(ep) && ep->id) {
+	if (ep->state == S_CLOSING && ep->cm_up && !ep->disc_sent && !ep->wq_head && sq_idle_locked(ep) && ep->id) {
 		ep->disc_sent = true;
 		rdma_disconnect(ep->id);
 	}
@@ -666,30 +723,130 @@ static void todo_add(struct vep *ep)
 }
 
 /* Fails the endpoint once (any thread but the CM thread's teardown): QP to
- * error so posted sends flush; the poller flushes the queued ones. */
-static void ep_fail(struct vep *ep, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void ep_fail(struct vep *ep, int status, const char *fmt, ...)
+ * error so posted sends flush; the poller flushes the queued ones. ep->lock
+ * held; true when it did (the caller then logs and calls todo_add). */
+static bool fail_locked(struct vep *ep, int status, const char *fmt, va_list ap)
 {
-	va_list ap;
-	pthread_mutex_lock(&ep->lock);
-	if (ep->state == S_DEAD) {
-		pthread_mutex_unlock(&ep->lock);
-		return;
-	}
+	if (ep->state == S_DEAD)
+		return false;
 	ep->state = S_DEAD;
 	ep->status = status;
-	va_start(ap, fmt);
 	vsnprintf(ep->why, sizeof(ep->why), fmt, ap);
-	va_end(ap);
 	if (ep->qp) {
 		struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
 		ibv_modify_qp(ep->qp, &a, IBV_QP_STATE);
 	}
 	pthread_cond_broadcast(&ep->cond);
-	pthread_mutex_unlock(&ep->lock);
+	return true;
+}
+
+static void failed(struct vep *ep, int status)
+{
 	if (status && status != -ECANCELED && ep->reported)
 		vrpc_tp_log("verbs: connection %s failed: %s", ep->base.peer_uri, ep->why);
 	todo_add(ep);
+}
+
+static void ep_fail(struct vep *ep, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void ep_fail(struct vep *ep, int status, const char *fmt, ...)
+{
+	va_list ap;
+	bool did;
+	pthread_mutex_lock(&ep->lock);
+	va_start(ap, fmt);
+	did = fail_locked(ep, status, fmt, ap);
+	va_end(ap);
+	pthread_mutex_unlock(&ep->lock);
+	if (did)
+		failed(ep, status);
+}
+
+/* Fails the endpoint only while it is still in `state` (a deadline that a
+ * state change has made moot is ignored). */
+static void ep_fail_in(struct vep *ep, enum ep_state state, int status, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static void ep_fail_in(struct vep *ep, enum ep_state state, int status, const char *fmt, ...)
+{
+	va_list ap;
+	bool did = false;
+	pthread_mutex_lock(&ep->lock);
+	if (ep->state == state) {
+		va_start(ap, fmt);
+		did = fail_locked(ep, status, fmt, ap);
+		va_end(ap);
+	}
+	pthread_mutex_unlock(&ep->lock);
+	if (did)
+		failed(ep, status);
+}
+
+/* ---- deadlines (CM thread) ----------------------------------------------------------
+ * A peer that vanishes mid-handshake (after CONNECT_REQUEST, before
+ * ESTABLISHED) or mid-close (never drains our sends, never answers the DREQ)
+ * would hold an endpoint forever: rdma_cm's own retries may take minutes or
+ * never end. Such endpoints sit on tp->watch with a deadline (accept:
+ * connect_timeout_ms, close: idle_timeout_ms); the CM thread fails them with
+ * -ETIMEDOUT once it passes, and what is left flushes. */
+
+static uint64_t ms_from_now(uint32_t ms) { return vrpc_tp_now_ns() + (uint64_t)ms * 1000000u; }
+
+static void watch_add(struct vep *ep, uint64_t deadline_ns)
+{
+	struct vtp *tp = ep->tp;
+	pthread_mutex_lock(&tp->lock);
+	ep->deadline_ns = deadline_ns;
+	if (!ep->watched) {
+		ep->watched = true;
+		ep->dnext = tp->watch;
+		tp->watch = ep;
+	}
+	pthread_mutex_unlock(&tp->lock);
+	wake(tp->wakefd); /* the CM thread's sleep may end before the deadline */
+}
+
+/* tp->lock held. */
+static void watch_del_locked(struct vtp *tp, struct vep *ep)
+{
+	if (!ep->watched)
+		return;
+	for (struct vep **pp = &tp->watch; *pp; pp = &(*pp)->dnext)
+		if (*pp == ep) {
+			*pp = ep->dnext;
+			break;
+		}
+	ep->watched = false;
+}
+
+/* CM thread: fails the endpoints whose deadline passed; returns the ms until
+ * the next deadline (at most cap). Endpoints are only torn down (and freed
+ * later) on this thread, so the expired ones stay valid while failed. */
+static int watch_scan(struct vtp *tp, int cap)
+{
+	uint64_t now = vrpc_tp_now_ns(), next = now + (uint64_t)cap * 1000000u;
+	struct vep *expired = NULL;
+	pthread_mutex_lock(&tp->lock);
+	for (struct vep **pp = &tp->watch; *pp;) {
+		struct vep *ep = *pp;
+		if (ep->deadline_ns <= now) {
+			*pp = ep->dnext;
+			ep->watched = false;
+			ep->xnext = expired;
+			expired = ep;
+		} else {
+			if (ep->deadline_ns < next)
+				next = ep->deadline_ns;
+			pp = &ep->dnext;
+		}
+	}
+	pthread_mutex_unlock(&tp->lock);
+	for (struct vep *ep = expired; ep; ep = ep->xnext) {
+		ep_fail_in(ep, S_ACCEPTING, -ETIMEDOUT, "accept handshake not completed within %u ms",
+			   ep->tp->base.attr.connect_timeout_ms);
+		ep_fail_in(ep, S_CLOSING, -ETIMEDOUT,
+			   "peer did not complete the graceful close within the idle timeout (%u ms)",
+			   ep->tp->base.attr.idle_timeout_ms);
+	}
+	return (int)((next - now + 999999u) / 1000000u);
 }
 
 /* ---- QP ------------------------------------------------------------------------------ */
@@ -764,7 +921,7 @@ static struct vep *map_get(struct vcq *cq, uint32_t qpn)
 
 static int qp_modify(struct vep *ep, enum ibv_qp_state state)
 {
-	const struct vrpc_verbs_cfg *cfg = &ep->tp->cfg;
+	const struct qp_cfg *cfg = &ep->tp->cfg;
 	struct ibv_qp_attr a;
 	int mask = 0;
 	memset(&a, 0, sizeof(a));
@@ -786,7 +943,7 @@ static int qp_modify(struct vep *ep, enum ibv_qp_state state)
 		TRACE("verbs: qpn %u RTS timeout %u retry %u rd_atomic %u", ep->qpn, a.timeout, a.retry_cnt,
 		      a.max_rd_atomic);
 	}
-	return vrpc_verbs_err_pos(ibv_modify_qp(ep->qp, &a, mask));
+	return err_pos(ibv_modify_qp(ep->qp, &a, mask));
 }
 
 static void hello_fill(const struct vtp *tp, struct hello *h, uint32_t credits)
@@ -977,7 +1134,7 @@ static int pump_reads_locked(struct vep *ep)
 		wr.send_flags = IBV_SEND_SIGNALED;
 		wr.wr.rdma.remote_addr = j->raddr + j->posted;
 		wr.wr.rdma.rkey = j->rkey;
-		rc = vrpc_verbs_err_pos(ibv_post_send(ep->qp, &wr, &bad));
+		rc = err_pos(ibv_post_send(ep->qp, &wr, &bad));
 		if (rc) {
 			if (!j->status)
 				j->status = rc;
@@ -1120,6 +1277,9 @@ static void verbs_ep_free(struct vrpc_ep *base)
 /* CM thread: QP and id go; then the poller reports DISCONNECTED. */
 static void ep_teardown(struct vep *ep)
 {
+	pthread_mutex_lock(&ep->tp->lock);
+	watch_del_locked(ep->tp, ep);
+	pthread_mutex_unlock(&ep->tp->lock);
 	if (ep->qp) {
 		grants_dealloc(ep);
 		pthread_mutex_lock(&ep->cq->lock);
@@ -1751,6 +1911,8 @@ static void on_connect_request(struct vtp_listener *l, struct rdma_cm_event *ev)
 		if (rdma_accept(id, &p))
 			rc = err_errno();
 	}
+	if (!rc)
+		watch_add(ep, ms_from_now(tp->base.attr.connect_timeout_ms));
 	if (rc) {
 		vrpc_tp_log("verbs: cannot accept %s: %s", ep->base.peer_uri, strerror(-rc));
 		send_reject(id, tp, rc, "server could not set up a queue pair");
@@ -1825,6 +1987,7 @@ static void on_ep_event(struct vep *ep, struct rdma_cm_event *ev)
 			break;
 		}
 		pthread_mutex_lock(&ep->lock);
+		ep->cm_up = true;
 		if (ep->state == S_CONNECTING)
 			ep->state = S_OPEN;
 		pthread_cond_broadcast(&ep->cond);
@@ -1832,8 +1995,10 @@ static void on_ep_event(struct vep *ep, struct rdma_cm_event *ev)
 		break;
 	case RDMA_CM_EVENT_ESTABLISHED:
 		pthread_mutex_lock(&ep->lock);
+		ep->cm_up = true;
 		if (ep->state == S_ACCEPTING || ep->state == S_CONNECTING)
 			ep->state = S_OPEN;
+		close_progress_locked(ep); /* a close that waited for it */
 		pthread_cond_broadcast(&ep->cond);
 		pthread_mutex_unlock(&ep->lock);
 		if (ep->lst)
@@ -1907,9 +2072,10 @@ static void handle_cm_event(struct vtp *tp, struct rdma_cm_event *ev)
 static void *cm_main(void *arg)
 {
 	struct vtp *tp = arg;
+	int tmo = 500;
 	while (!atomic_load(&tp->stop)) {
 		struct epoll_event evs[4];
-		int n = epoll_wait(tp->epfd, evs, 4, 500);
+		int n = epoll_wait(tp->epfd, evs, 4, tmo);
 		for (int i = 0; i < n; i++) {
 			if (evs[i].data.fd == tp->ech->fd) {
 				struct rdma_cm_event *ev;
@@ -1930,6 +2096,7 @@ static void *cm_main(void *arg)
 				break;
 			ep_teardown(ep);
 		}
+		tmo = watch_scan(tp, 500);
 		pthread_mutex_lock(&tp->lock);
 		if (tp->cmd && !tp->cmd_done) {
 			void (*fn)(void *) = tp->cmd;
@@ -2078,6 +2245,8 @@ static int verbs_connect(struct vrpc_transport *tbase, const struct vrpc_addr *d
 	if (rc) {
 		if (rc == -ETIMEDOUT)
 			ep_fail(ep, rc, "connect timed out");
+		if (rc == -EPROTO) /* a mismatch someone must fix: say why, here too */
+			vrpc_tp_log("verbs: connect to %s failed: %s", ep->base.peer_uri, ep->why);
 		TRACE("verbs: connect to %s failed: %s", ep->base.peer_uri, ep->why);
 		return rc; /* never handed out: no DISCONNECTED; the teardown frees it */
 	}
@@ -2192,7 +2361,7 @@ static int verbs_grant(struct vrpc_ep *base, struct vrpc_mr *mbase, const void *
 		wr.bind_mw.bind_info.addr = (uintptr_t)addr;
 		wr.bind_mw.bind_info.length = len;
 		wr.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_READ;
-		rc = vrpc_verbs_err_pos(ibv_post_send(ep->qp, &wr, &bad));
+		rc = err_pos(ibv_post_send(ep->qp, &wr, &bad));
 		if (!rc) {
 			/* the provider names the window by its current key */
 			w->mw->rkey = key;
@@ -2241,7 +2410,7 @@ static int verbs_revoke(struct vrpc_ep *base, uint32_t rkey, uint64_t wr_id)
 		wr.opcode = IBV_WR_LOCAL_INV;
 		wr.send_flags = IBV_SEND_SIGNALED;
 		wr.invalidate_rkey = rkey;
-		rc = vrpc_verbs_err_pos(ibv_post_send(ep->qp, &wr, &bad));
+		rc = err_pos(ibv_post_send(ep->qp, &wr, &bad));
 		if (!rc) {
 			w->state = MW_INV;
 			w->wr_id = wr_id;
@@ -2266,6 +2435,8 @@ static int verbs_close(struct vrpc_ep *base)
 		rc = -ENOTCONN;
 	}
 	pthread_mutex_unlock(&ep->lock);
+	if (!rc)
+		watch_add(ep, ms_from_now(ep->tp->base.attr.idle_timeout_ms));
 	return rc;
 }
 
@@ -2360,7 +2531,7 @@ static int verbs_tp_create(const struct vrpc_transport_attr *attr, struct vrpc_t
 		return -ENOMEM;
 	tp->base.attr = *attr;
 	tp->base.headroom = HDR_LEN;
-	vrpc_verbs_cfg_default(&tp->cfg);
+	qp_cfg_init(&tp->cfg);
 	tp->epfd = tp->wakefd = -1;
 	pthread_mutex_init(&tp->lock, NULL);
 	pthread_mutex_init(&tp->mw_lock, NULL);

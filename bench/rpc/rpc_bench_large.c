@@ -1,0 +1,331 @@
+/* rpc_bench --payload LIST: bandwidth of large messages (rendezvous) through
+ * verbrpc: unary calls carrying `size` bytes in the request (reply empty) at
+ * 1 and 4 outstanding, against a plain blocking-socket stream of `size`-byte
+ * frames (TCP only; on verbs, perftest's ib_read_bw/ib_send_bw run by
+ * bench/softroce are the baselines). Rounds alternate baseline and RPC; each
+ * case reports the median round, with bytes_per_s besides ops_per_s/p50/p99,
+ * and a summary line gives RPC / baseline per size. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <verbrpc/rpc.h>
+#include <verbrpc/transport.h>
+#include "common/bench.h"
+#include "rpc/futex.h"
+#include "rpc_bench_large.h"
+#include "rpc_test.pb-c.h"
+
+#define ROUNDS 3
+#define MAX_SIZES 8
+
+static struct vrpc_method_desc m_echo = {"/vrpctest.Test/Echo", 0, &vrpctest__echo_request__descriptor,
+                                         &vrpctest__echo_reply__descriptor};
+
+static const struct rpc_bench_large_cfg *C;
+static uint8_t *g_data;
+
+struct res {
+    double ops, p50, p99, bps;
+};
+
+static int cmp_res(const void *a, const void *b)
+{
+    double x = ((const struct res *)a)->bps, y = ((const struct res *)b)->bps;
+    return x < y ? -1 : x > y;
+}
+
+static void label(char *out, size_t len, size_t size)
+{
+    if (size % (1u << 20) == 0)
+        snprintf(out, len, "%zuMiB", size >> 20);
+    else if (size % 1024 == 0)
+        snprintf(out, len, "%zuKiB", size >> 10);
+    else
+        snprintf(out, len, "%zuB", size);
+}
+
+static void report(const char *name, size_t size, unsigned out, const struct res *r)
+{
+    char extra[256];
+    snprintf(extra, sizeof(extra),
+             "\"backend\":\"%s\",\"payload\":%zu,\"outstanding\":%u,\"rounds\":%d,\"bytes_per_s\":%.0f",
+             C->backend, size, out, ROUNDS, r->bps);
+    vrpc_bench_report(C->bo, name, r->ops, r->p50, r->p99, extra);
+}
+
+/* ---- the server: mode 1 answers empty (upload), else echoes ---------------- */
+
+static void h_echo(struct vrpc_server_call *call, const ProtobufCMessage *msg, void *user)
+{
+    (void)user;
+    const Vrpctest__EchoRequest *r = (const Vrpctest__EchoRequest *)msg;
+    Vrpctest__EchoReply rep = VRPCTEST__ECHO_REPLY__INIT;
+    if (r->mode != 1)
+        rep.payload = r->payload;
+    rep.seq = r->seq;
+    vrpc_server_call_respond(call, &rep.base);
+}
+
+/* ---- RPC cases ------------------------------------------------------------ */
+
+struct win {
+    struct vrpc_channel *ch;
+    size_t size;
+    int stop;
+    uint64_t outstanding, n, cap;
+    uint64_t *lat;
+    uint32_t idle;
+};
+
+struct slot {
+    struct win *w;
+    uint64_t t0;
+};
+
+static void start(struct slot *s);
+
+static void done(const struct vrpc_status *st, const ProtobufCMessage *resp, void *arg)
+{
+    struct slot *s = arg;
+    struct win *w = s->w;
+    (void)resp;
+    if (st->code != VRPC_OK) {
+        fprintf(stderr, "rpc_bench: large call failed: %s: %s\n", vrpc_code_name(st->code), st->message);
+        exit(1);
+    }
+    uint64_t k = __atomic_fetch_add(&w->n, 1, __ATOMIC_RELAXED);
+    if (k < w->cap)
+        w->lat[k] = vrpc_bench_now_ns() - s->t0;
+    if (!__atomic_load_n(&w->stop, __ATOMIC_ACQUIRE)) {
+        start(s);
+    } else if (__atomic_sub_fetch(&w->outstanding, 1, __ATOMIC_ACQ_REL) == 0) {
+        __atomic_store_n(&w->idle, 1, __ATOMIC_RELEASE);
+        vrpc_futex_wake_all(&w->idle);
+    }
+}
+
+static void start(struct slot *s)
+{
+    Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
+    r.payload.data = g_data;
+    r.payload.len = s->w->size;
+    r.mode = 1;
+    s->t0 = vrpc_bench_now_ns();
+    if (vrpc_call_async(s->w->ch, &m_echo, &r.base, NULL, done, s)) {
+        fprintf(stderr, "rpc_bench: vrpc_call_async refused\n");
+        exit(1);
+    }
+}
+
+static struct res rpc_round(struct vrpc_channel *ch, size_t size, unsigned outstanding)
+{
+    struct win w = {.ch = ch, .size = size, .outstanding = outstanding, .cap = 1000000};
+    struct slot s[16];
+    w.lat = malloc(w.cap * sizeof(*w.lat));
+    uint64_t t0 = vrpc_bench_now_ns();
+    for (unsigned i = 0; i < outstanding; i++) {
+        s[i].w = &w;
+        start(&s[i]);
+    }
+    while (vrpc_bench_now_ns() - t0 < (uint64_t)C->duration_ms * 1000000)
+        usleep(2000);
+    __atomic_store_n(&w.stop, 1, __ATOMIC_RELEASE);
+    while (!__atomic_load_n(&w.idle, __ATOMIC_ACQUIRE))
+        vrpc_futex_wait(&w.idle, 0);
+    uint64_t t1 = vrpc_bench_now_ns();
+    uint64_t n = w.n < w.cap ? w.n : w.cap;
+    struct vrpc_bench_samples smp = {.v = w.lat, .n = n, .cap = n};
+    struct res r;
+    r.ops = (double)w.n * 1e9 / (double)(t1 - t0);
+    r.bps = r.ops * (double)size;
+    r.p50 = vrpc_bench_pct_us(&smp, 50);
+    r.p99 = vrpc_bench_pct_us(&smp, 99);
+    free(w.lat);
+    return r;
+}
+
+/* ---- baseline: blocking-socket stream of size-byte frames ---------------- */
+
+struct sink {
+    int lfd;
+    size_t size;
+    atomic_ulong frames;
+    pthread_t th;
+};
+
+static int full(int fd, void *buf, size_t len, bool wr)
+{
+    size_t d = 0;
+    while (d < len) {
+        ssize_t k = wr ? send(fd, (char *)buf + d, len - d, MSG_NOSIGNAL) : recv(fd, (char *)buf + d, len - d, 0);
+        if (k <= 0) {
+            if (k < 0 && errno == EINTR)
+                continue;
+            return -1;
+        }
+        d += (size_t)k;
+    }
+    return 0;
+}
+
+static void *sink_main(void *arg)
+{
+    struct sink *s = arg;
+    uint8_t *buf = malloc(s->size);
+    int fd = accept(s->lfd, NULL, NULL);
+    for (;;) {
+        uint32_t len;
+        if (full(fd, &len, 4, false) || len != s->size || full(fd, buf, len, false))
+            break;
+        atomic_fetch_add_explicit(&s->frames, 1, memory_order_relaxed);
+    }
+    close(fd);
+    free(buf);
+    return NULL;
+}
+
+static struct res stream_round(size_t size)
+{
+    struct sink s = {.size = size};
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    socklen_t al = sizeof(a);
+    int one = 1;
+    atomic_init(&s.frames, 0);
+    inet_pton(AF_INET, C->server_ip, &a.sin_addr);
+    s.lfd = socket(AF_INET, SOCK_STREAM, 0);
+    setsockopt(s.lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (s.lfd < 0 || bind(s.lfd, (void *)&a, al) || listen(s.lfd, 1) || getsockname(s.lfd, (void *)&a, &al)) {
+        perror("rpc_bench: baseline listen");
+        exit(1);
+    }
+    pthread_create(&s.th, NULL, sink_main, &s);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(fd, (void *)&a, al)) {
+        perror("rpc_bench: baseline connect");
+        exit(1);
+    }
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    uint32_t len = (uint32_t)size;
+    uint64_t dur = (uint64_t)C->duration_ms * 1000000, t0 = vrpc_bench_now_ns();
+    while (vrpc_bench_now_ns() - t0 < dur / 10) /* warm-up */
+        if (full(fd, &len, 4, true) || full(fd, g_data, size, true))
+            break;
+    unsigned long f0 = atomic_load(&s.frames);
+    t0 = vrpc_bench_now_ns();
+    while (vrpc_bench_now_ns() - t0 < dur)
+        if (full(fd, &len, 4, true) || full(fd, g_data, size, true))
+            break;
+    unsigned long f1 = atomic_load(&s.frames);
+    uint64_t t1 = vrpc_bench_now_ns();
+    shutdown(fd, SHUT_WR);
+    pthread_join(s.th, NULL);
+    close(fd);
+    close(s.lfd);
+    struct res r = {.p50 = VRPC_BENCH_NONE, .p99 = VRPC_BENCH_NONE};
+    r.ops = (double)(f1 - f0) * 1e9 / (double)(t1 - t0);
+    r.bps = r.ops * (double)size;
+    return r;
+}
+
+/* ---- driver ------------------------------------------------------------------ */
+
+int rpc_bench_large(const struct rpc_bench_large_cfg *cfg)
+{
+    size_t sizes[MAX_SIZES], nsizes = 0, max = 0;
+    C = cfg;
+    for (const char *p = cfg->payloads; p && *p && nsizes < MAX_SIZES;) {
+        char *end;
+        unsigned long long v = strtoull(p, &end, 10);
+        if (end == p || v == 0 || v > VRPC_MSG_SIZE_MAX - 4096) {
+            fprintf(stderr, "rpc_bench: bad --payload list '%s' (sizes in bytes, comma-separated)\n", cfg->payloads);
+            return 2;
+        }
+        sizes[nsizes++] = (size_t)v;
+        if (v > max)
+            max = (size_t)v;
+        p = *end == ',' ? end + 1 : end;
+    }
+    if (!nsizes)
+        return 2;
+    m_echo.id = vrpc_method_id(m_echo.full_name);
+    g_data = malloc(max);
+    if (!g_data)
+        return 1;
+    for (size_t i = 0; i < max; i++)
+        g_data[i] = (uint8_t)(i * 131 + 7);
+    bool tcp = !strcmp(cfg->backend, "tcp");
+
+    uint32_t limit = (uint32_t)max + 4096;
+    uint64_t pinned = (uint64_t)limit * 12 + (64u << 20); /* 4 in flight each way, plus slack */
+    struct vrpc_server_opts so;
+    struct vrpc_server *srv;
+    char listen[VRPC_URI_MAX], uri[VRPC_URI_MAX];
+    vrpc_server_opts_init(&so);
+    so.max_msg_size = limit;
+    so.max_pinned = pinned;
+    snprintf(listen, sizeof(listen), "%s://%s:0", cfg->backend, cfg->server_ip);
+    int rc;
+    if ((rc = vrpc_server_create(&so, &srv)) || (rc = vrpc_server_register(srv, &m_echo, h_echo, NULL)) ||
+        (rc = vrpc_server_start(srv, listen)) || (rc = vrpc_server_uri(srv, uri, sizeof(uri)))) {
+        fprintf(stderr, "rpc_bench: server on %s: %s\n", listen, strerror(-rc));
+        return 1;
+    }
+    struct vrpc_channel_opts co;
+    struct vrpc_channel *ch;
+    vrpc_channel_opts_init(&co);
+    co.max_msg_size = limit;
+    co.max_pinned = pinned;
+    co.src_addr = cfg->client_ip;
+    if ((rc = vrpc_channel_create(uri, &co, &ch)) || (rc = vrpc_channel_connect(ch, 10000))) {
+        fprintf(stderr, "rpc_bench: channel to %s: %s\n", uri, strerror(-rc));
+        return 1;
+    }
+
+    char summary[1024];
+    int sl = snprintf(summary, sizeof(summary), "\"backend\":\"%s\"", cfg->backend);
+    for (size_t i = 0; i < nsizes; i++) {
+        size_t size = sizes[i];
+        char lab[32], name[96];
+        struct res base[ROUNDS], r1[ROUNDS], r4[ROUNDS];
+        label(lab, sizeof(lab), size);
+        rpc_round(ch, size, 1); /* warm-up: fills both sides' buffer caches */
+        for (int r = 0; r < ROUNDS; r++) {
+            if (tcp)
+                base[r] = stream_round(size);
+            r1[r] = rpc_round(ch, size, 1);
+            r4[r] = rpc_round(ch, size, 4);
+        }
+        qsort(r1, ROUNDS, sizeof(r1[0]), cmp_res);
+        qsort(r4, ROUNDS, sizeof(r4[0]), cmp_res);
+        snprintf(name, sizeof(name), "rpc:upload_%s_out1", lab);
+        report(name, size, 1, &r1[ROUNDS / 2]);
+        snprintf(name, sizeof(name), "rpc:upload_%s_out4", lab);
+        report(name, size, 4, &r4[ROUNDS / 2]);
+        if (tcp) {
+            qsort(base, ROUNDS, sizeof(base[0]), cmp_res);
+            snprintf(name, sizeof(name), "baseline:tcp_stream_%s", lab);
+            report(name, size, 1, &base[ROUNDS / 2]);
+            double best = r4[ROUNDS / 2].bps > r1[ROUNDS / 2].bps ? r4[ROUNDS / 2].bps : r1[ROUNDS / 2].bps;
+            sl += snprintf(summary + sl, sizeof(summary) - (size_t)sl, ",\"rpc_over_tcp_stream_%s\":%.2f", lab,
+                           best / base[ROUNDS / 2].bps);
+        }
+    }
+    if (cfg->bo->json)
+        printf("{\"name\":\"summary:large_%s\",\"ops_per_s\":null,\"p50_us\":null,\"p99_us\":null,%s}\n",
+               cfg->backend, summary);
+    else
+        printf("summary (large, %s): %s\ntarget: >= 0.70 of the TCP stream at 1 MiB and above (verbs: >= 0.80 of "
+               "ib_read_bw, bench/softroce)\n", cfg->backend, summary);
+    vrpc_channel_destroy(ch);
+    vrpc_server_destroy(srv);
+    free(g_data);
+    return 0;
+}

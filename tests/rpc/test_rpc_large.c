@@ -1,0 +1,887 @@
+/* Large messages end to end (--backend tcp|verbs): message size limits and
+ * their errors, rendezvous payloads of every size class in both directions
+ * with CRC32C checked end to end, the large-buffer cache bound, small calls
+ * overtaking a large transfer, a server killed mid-transfer, and forged
+ * descriptors from a raw peer. VRPC_TEST_QUICK=1 (set under sanitizers)
+ * caps payloads at 16 MiB. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include "verbs_setup.h"
+#include <verbrpc/rpc.h>
+#include <verbrpc/transport.h>
+#include "rpc/rndv.h"
+#include "rpc/wire.h"
+#include "rpc_test.pb-c.h"
+
+static struct {
+    const char *backend, *setup;
+    const char *server_ip, *client_ip;
+    bool quick, serve;
+    const char *self;
+} g_opt;
+
+#define M(name, in, out) \
+    {"/vrpctest.Test/" name, 0, &vrpctest__##in##__descriptor, &vrpctest__##out##__descriptor}
+static struct vrpc_method_desc m_echo = M("Echo", echo_request, echo_reply);
+
+/* ---- CRC32C (Castagnoli), computed by the test on both ends ------------- */
+
+static uint32_t g_crc_table[256];
+
+static void crc_init(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = c & 1 ? (c >> 1) ^ 0x82f63b78u : c >> 1;
+        g_crc_table[i] = c;
+    }
+}
+
+static uint32_t crc32c(const uint8_t *p, size_t n)
+{
+    uint32_t c = ~0u;
+    for (size_t i = 0; i < n; i++)
+        c = g_crc_table[(c ^ p[i]) & 0xff] ^ (c >> 8);
+    return ~c;
+}
+
+/* Deterministic bytes from a seed (xorshift), so both ends can make them. */
+static void fill(uint8_t *p, size_t n, uint64_t seed)
+{
+    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        memcpy(p + i, &x, 8);
+    }
+    for (; i < n; i++)
+        p[i] = (uint8_t)(x >> (8 * (i & 7)));
+}
+
+/* ---- the server's handler ------------------------------------------------ */
+
+enum mode {
+    MODE_ECHO = 0,  /* answer with the request's payload */
+    MODE_CRC = 1,   /* answer seq = CRC32C of the request payload, no payload */
+    MODE_GEN = 2,   /* answer a payload of seq bytes made from sleep_ms as seed,
+                       with its CRC32C in seq */
+    MODE_SLEEP = 3, /* answer after sleep_ms, empty */
+};
+
+static int g_last_respond_rc = 1; /* rc of the last vrpc_server_call_respond */
+
+/* The handler stores its respond's rc after the client may already have its
+ * answer: wait for it. */
+static int last_respond_rc(void)
+{
+    for (int i = 0; i < 5000 && __atomic_load_n(&g_last_respond_rc, __ATOMIC_ACQUIRE) == 1; i++)
+        usleep(1000);
+    return __atomic_load_n(&g_last_respond_rc, __ATOMIC_ACQUIRE);
+}
+
+static void h_echo(struct vrpc_server_call *call, const ProtobufCMessage *msg, void *user)
+{
+    (void)user;
+    const Vrpctest__EchoRequest *r = (const Vrpctest__EchoRequest *)msg;
+    Vrpctest__EchoReply rep = VRPCTEST__ECHO_REPLY__INIT;
+    uint8_t *gen = NULL;
+    switch ((enum mode)r->mode) {
+    case MODE_ECHO:
+        rep.payload = r->payload;
+        rep.seq = r->seq;
+        break;
+    case MODE_CRC:
+        rep.seq = crc32c(r->payload.data, r->payload.len);
+        break;
+    case MODE_GEN:
+        gen = malloc(r->seq ? r->seq : 1);
+        if (!gen) {
+            vrpc_server_call_fail(call, VRPC_RESOURCE_EXHAUSTED, "test server out of memory");
+            return;
+        }
+        fill(gen, r->seq, r->sleep_ms);
+        rep.payload.data = gen;
+        rep.payload.len = r->seq;
+        rep.seq = crc32c(gen, r->seq);
+        break;
+    case MODE_SLEEP:
+        usleep(r->sleep_ms * 1000u);
+        break;
+    }
+    int rc = vrpc_server_call_respond(call, &rep.base);
+    __atomic_store_n(&g_last_respond_rc, rc, __ATOMIC_RELEASE);
+    free(gen);
+}
+
+/* ---- fixtures ---------------------------------------------------------------- */
+
+static uint32_t g_hold_ms; /* hold_timeout_ms of the next channel/server made */
+
+static char *listen_uri(char *buf, size_t len, unsigned port)
+{
+    const char *ip = g_opt.server_ip;
+    snprintf(buf, len, "%s://%s%s%s:%u", g_opt.backend, strchr(ip, ':') ? "[" : "", ip,
+             strchr(ip, ':') ? "]" : "", port);
+    return buf;
+}
+
+static struct vrpc_server *start_server(uint32_t max_msg, uint64_t max_pinned, char *uri, size_t urilen)
+{
+    struct vrpc_server_opts o;
+    struct vrpc_server *s;
+    char lu[VRPC_URI_MAX];
+    vrpc_server_opts_init(&o);
+    o.max_msg_size = max_msg;
+    o.max_pinned = max_pinned;
+    o.hold_timeout_ms = g_hold_ms;
+    o.max_concurrent = 16;
+    assert_int_equal(vrpc_server_create(&o, &s), 0);
+    assert_int_equal(vrpc_server_register(s, &m_echo, h_echo, NULL), 0);
+    assert_int_equal(vrpc_server_start(s, listen_uri(lu, sizeof(lu), 0)), 0);
+    assert_int_equal(vrpc_server_uri(s, uri, urilen), 0);
+    return s;
+}
+
+static struct vrpc_channel *new_channel_opt(const char *uri, uint32_t max_msg, uint64_t max_pinned, bool connect)
+{
+    struct vrpc_channel_opts o;
+    struct vrpc_channel *ch;
+    vrpc_channel_opts_init(&o);
+    o.max_msg_size = max_msg;
+    o.max_pinned = max_pinned;
+    o.hold_timeout_ms = g_hold_ms;
+    o.max_outstanding = 16;
+    o.src_addr = g_opt.client_ip;
+    o.connect_timeout_ms = 5000;
+    assert_int_equal(vrpc_channel_create(uri, &o, &ch), 0);
+    if (connect)
+        assert_int_equal(vrpc_channel_connect(ch, 10000), 0);
+    return ch;
+}
+
+static struct vrpc_channel *new_channel(const char *uri, uint32_t max_msg, uint64_t max_pinned)
+{
+    return new_channel_opt(uri, max_msg, max_pinned, true);
+}
+
+static int call_echo(struct vrpc_channel *ch, const void *data, size_t len, uint64_t seq, enum mode mode,
+                     uint32_t arg, Vrpctest__EchoReply **rep, struct vrpc_status *st)
+{
+    Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
+    r.payload.data = (uint8_t *)data;
+    r.payload.len = len;
+    r.seq = seq;
+    r.mode = mode;
+    r.sleep_ms = arg;
+    return vrpc_call(ch, &m_echo, &r.base, (ProtobufCMessage **)rep, NULL, st);
+}
+
+/* Encoded sizes of a request (payload of n bytes, mode) and of a reply with
+ * only a payload of n bytes. */
+static size_t req_size(size_t n, enum mode mode)
+{
+    Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
+    static uint8_t dummy;
+    r.payload.data = &dummy;
+    r.payload.len = n;
+    r.mode = mode;
+    return protobuf_c_message_get_packed_size(&r.base);
+}
+
+static size_t rep_size(size_t n)
+{
+    Vrpctest__EchoReply rep = VRPCTEST__ECHO_REPLY__INIT;
+    static uint8_t dummy;
+    rep.payload.data = &dummy;
+    rep.payload.len = n;
+    return protobuf_c_message_get_packed_size(&rep.base);
+}
+
+/* ---- limits ------------------------------------------------------------------- */
+
+static void test_limit_options(void **state)
+{
+    (void)state;
+    struct vrpc_channel_opts co;
+    struct vrpc_channel *ch;
+    struct vrpc_server_opts so;
+    struct vrpc_server *s;
+    vrpc_channel_opts_init(&co);
+    co.max_msg_size = VRPC_MSG_SIZE_MAX + 1;
+    assert_int_equal(vrpc_channel_create("tcp://127.0.0.1:1", &co, &ch), -EINVAL);
+    co.max_msg_size = 64u << 20;
+    co.max_pinned = 32u << 20; /* a message of the limit could never get a buffer */
+    assert_int_equal(vrpc_channel_create("tcp://127.0.0.1:1", &co, &ch), -EINVAL);
+    co.max_msg_size = VRPC_MSG_SIZE_MAX;
+    co.max_pinned = (uint64_t)VRPC_MSG_SIZE_MAX;
+    assert_int_equal(vrpc_channel_create("tcp://127.0.0.1:1", &co, &ch), 0);
+    vrpc_channel_destroy(ch);
+    vrpc_server_opts_init(&so);
+    so.max_msg_size = VRPC_MSG_SIZE_MAX + 1;
+    assert_int_equal(vrpc_server_create(&so, &s), -EINVAL);
+    so.max_msg_size = 300u << 20; /* above the default max_pinned, 256 MiB */
+    assert_int_equal(vrpc_server_create(&so, &s), -EINVAL);
+    so.max_pinned = 300u << 20;
+    assert_int_equal(vrpc_server_create(&so, &s), 0);
+    vrpc_server_destroy(s);
+}
+
+/* Limits below the eager size: no rendezvous involved. */
+static void test_small_limits(void **state)
+{
+    (void)state;
+    char uri[VRPC_URI_MAX], want[VRPC_STATUS_MSG_MAX];
+    struct vrpc_server *s = start_server(6000, 0, uri, sizeof(uri));
+    struct vrpc_channel *ch = new_channel(uri, 3000, 0);
+    static uint8_t buf[7000];
+    Vrpctest__EchoReply *rep;
+    struct vrpc_status st;
+
+    /* request over the server's limit: refused locally, both figures named */
+    assert_int_equal(call_echo(ch, buf, 6100, 0, MODE_CRC, 0, &rep, &st), VRPC_RESOURCE_EXHAUSTED);
+    snprintf(want, sizeof(want), "request of %zu bytes exceeds the server's limit of 6000 bytes", req_size(6100, MODE_CRC));
+    assert_string_equal(st.message, want);
+    /* request within it, response over the client's limit */
+    assert_int_equal(call_echo(ch, buf, 5000, 0, MODE_CRC, 0, &rep, &st), VRPC_OK);
+    assert_int_equal(rep->seq, crc32c(buf, 5000));
+    __atomic_store_n(&g_last_respond_rc, 1, __ATOMIC_RELEASE);
+    assert_int_equal(call_echo(ch, buf, 5000, 0, MODE_ECHO, 0, &rep, &st), VRPC_RESOURCE_EXHAUSTED);
+    snprintf(want, sizeof(want), "response of %zu bytes exceeds the client's limit of 3000 bytes", rep_size(5000));
+    assert_string_equal(st.message, want);
+    assert_int_equal(last_respond_rc(), -EMSGSIZE);
+    /* and the connection carries on */
+    assert_int_equal(call_echo(ch, buf, 2000, 0, MODE_ECHO, 0, &rep, &st), VRPC_OK);
+    assert_int_equal(rep->payload.len, 2000);
+    vrpc_channel_destroy(ch);
+    vrpc_server_destroy(s);
+}
+
+/* ---- rendezvous: sizes, both directions ------------------------------------ */
+
+#define MiB (1u << 20)
+
+static size_t g_max;            /* largest payload tested: 64 MiB, 16 MiB quick */
+static struct vrpc_server *g_srv; /* max_msg_size = g_max, max_pinned 256 MiB */
+static char g_uri[VRPC_URI_MAX];
+
+static void lbuf_stats(struct vrpc_transport *tp, size_t *pinned, size_t *in_use)
+{
+    *pinned = *in_use = 0;
+    vrpc_lbuf_stats(tp, pinned, in_use);
+}
+
+/* Wait until the cache of tp has nothing in use (buffers go back on
+ * completions, shortly after the call). */
+static size_t wait_in_use_zero(struct vrpc_transport *tp)
+{
+    size_t pinned, in_use = 1;
+    for (int i = 0; i < 5000 && in_use; i++) {
+        lbuf_stats(tp, &pinned, &in_use);
+        if (in_use)
+            usleep(1000);
+    }
+    return in_use;
+}
+
+/* The payload size whose REQUEST frame (header + message, mode ECHO, seq 0)
+ * is exactly `frame` bytes; the echoed reply has the same size. */
+static size_t payload_for_frame(size_t frame)
+{
+    for (size_t n = frame > 64 ? frame - 64 : 0; n < frame; n++)
+        if (VRPC_WIRE_HDR_LEN + req_size(n, MODE_ECHO) == frame)
+            return n;
+    fail_msg("no payload size gives a frame of %zu bytes", frame);
+    return 0;
+}
+
+static void check_echo(struct vrpc_channel *ch, const uint8_t *data, size_t n)
+{
+    Vrpctest__EchoReply *rep;
+    struct vrpc_status st;
+    uint32_t want = crc32c(data, n);
+    int code = call_echo(ch, data, n, 0, MODE_ECHO, 0, &rep, &st);
+    if (code != VRPC_OK)
+        fail_msg("echo of %zu bytes: %s: %s", n, vrpc_code_name((enum vrpc_code)code), st.message);
+    assert_int_equal(rep->payload.len, n);
+    assert_int_equal(crc32c(rep->payload.data, n), want);
+}
+
+static void test_large_sizes_both_directions(void **state)
+{
+    (void)state;
+    struct vrpc_channel *ch = new_channel(g_uri, (uint32_t)g_max, 256u * MiB);
+    uint8_t *data = malloc(g_max);
+    assert_non_null(data);
+    fill(data, g_max, 42);
+    const size_t eager = 8192; /* the RPC layer's eager frame size */
+    size_t sizes[] = {payload_for_frame(eager - 1), payload_for_frame(eager), payload_for_frame(eager + 1),
+                      MiB, g_max > 16 * MiB ? 16 * MiB : g_max - 64};
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        int64_t t0 = vrpc_now_ns();
+        check_echo(ch, data, sizes[i]);
+        printf("# echo %zu bytes both ways: %.2f ms\n", sizes[i], (double)(vrpc_now_ns() - t0) / 1e6);
+    }
+    /* the largest once each way: the server checks the request's CRC, the
+     * client the generated response's */
+    Vrpctest__EchoReply *rep;
+    struct vrpc_status st;
+    int64_t t0 = vrpc_now_ns();
+    int code = call_echo(ch, data, g_max - 64, 0, MODE_CRC, 0, &rep, &st);
+    if (code != VRPC_OK)
+        fail_msg("request of %zu bytes: %s", g_max, st.message);
+    assert_int_equal(rep->seq, crc32c(data, g_max - 64));
+    printf("# request of %zu bytes: %.2f ms\n", g_max - 64, (double)(vrpc_now_ns() - t0) / 1e6);
+    t0 = vrpc_now_ns();
+    code = call_echo(ch, NULL, 0, g_max - 64, MODE_GEN, 7, &rep, &st);
+    if (code != VRPC_OK)
+        fail_msg("response of %zu bytes: %s", g_max, st.message);
+    assert_int_equal(rep->payload.len, g_max - 64);
+    assert_int_equal(crc32c(rep->payload.data, rep->payload.len), rep->seq);
+    printf("# response of %zu bytes: %.2f ms\n", g_max - 64, (double)(vrpc_now_ns() - t0) / 1e6);
+    vrpc_thread_release(); /* the response arena */
+    assert_int_equal(wait_in_use_zero(vrpc_channel_transport(ch)), 0);
+    assert_int_equal(wait_in_use_zero(vrpc_server_transport(g_srv)), 0);
+    free(data);
+    vrpc_channel_destroy(ch);
+}
+
+/* Limits above the eager size: the same errors, now through rendezvous. */
+static void test_large_over_limit(void **state)
+{
+    (void)state;
+    char want[VRPC_STATUS_MSG_MAX];
+    struct vrpc_channel *ch = new_channel(g_uri, MiB, 256u * MiB);
+    uint8_t *data = calloc(1, g_max + 1);
+    Vrpctest__EchoReply *rep;
+    struct vrpc_status st;
+    assert_non_null(data);
+    assert_int_equal(call_echo(ch, data, g_max, 0, MODE_CRC, 0, &rep, &st), VRPC_RESOURCE_EXHAUSTED);
+    snprintf(want, sizeof(want), "request of %zu bytes exceeds the server's limit of %zu bytes",
+             req_size(g_max, MODE_CRC), g_max);
+    assert_string_equal(st.message, want);
+    __atomic_store_n(&g_last_respond_rc, 1, __ATOMIC_RELEASE);
+    assert_int_equal(call_echo(ch, NULL, 0, 2 * MiB, MODE_GEN, 1, &rep, &st), VRPC_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(st.message, "exceeds the client's limit of 1048576 bytes"));
+    assert_int_equal(last_respond_rc(), -EMSGSIZE);
+    /* at the limit both ways it works */
+    check_echo(ch, data, MiB - 16);
+    free(data);
+    vrpc_channel_destroy(ch);
+}
+
+/* ---- small calls overtake a large transfer ------------------------------- */
+
+struct async_rec {
+    unsigned done;
+    int code;
+    uint64_t seq;
+    int64_t t_done;
+};
+
+static void async_cb(const struct vrpc_status *st, const ProtobufCMessage *resp, void *arg)
+{
+    struct async_rec *a = arg;
+    a->code = st->code;
+    a->seq = resp ? ((const Vrpctest__EchoReply *)resp)->seq : 0;
+    a->t_done = vrpc_now_ns();
+    __atomic_store_n(&a->done, 1, __ATOMIC_RELEASE);
+}
+
+static void test_small_call_overtakes_large(void **state)
+{
+    (void)state;
+    struct vrpc_channel *ch = new_channel(g_uri, (uint32_t)g_max, 256u * MiB);
+    size_t n = g_max - 64;
+    uint8_t *data = malloc(n);
+    assert_non_null(data);
+    fill(data, n, 3);
+    uint32_t crc = crc32c(data, n);
+    check_echo(ch, data, MiB); /* warm the caches of both sides */
+    struct async_rec big = {0};
+    Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
+    r.payload.data = data;
+    r.payload.len = n;
+    r.mode = MODE_CRC;
+    int64_t t0 = vrpc_now_ns();
+    assert_int_equal(vrpc_call_async(ch, &m_echo, &r.base, NULL, async_cb, &big), 0);
+    int64_t t_sent = vrpc_now_ns();
+    Vrpctest__EchoReply *rep;
+    struct vrpc_status st;
+    assert_int_equal(call_echo(ch, "x", 1, 5, MODE_ECHO, 0, &rep, &st), VRPC_OK);
+    int64_t t_small = vrpc_now_ns();
+    bool big_done_first = __atomic_load_n(&big.done, __ATOMIC_ACQUIRE);
+    while (!__atomic_load_n(&big.done, __ATOMIC_ACQUIRE))
+        usleep(1000);
+    printf("# %zu-byte request: packed and offered in %.2f ms, done after %.2f ms; a 1-byte call "
+           "issued meanwhile took %.3f ms\n", n, (double)(t_sent - t0) / 1e6, (double)(big.t_done - t0) / 1e6,
+           (double)(t_small - t_sent) / 1e6);
+    assert_int_equal(big.code, VRPC_OK);
+    assert_int_equal(big.seq, crc);
+    assert_false(big_done_first);
+    free(data);
+    vrpc_channel_destroy(ch);
+}
+
+/* ---- raw peers, built on the transport API ------------------------------- */
+
+struct raw {
+    struct vrpc_transport *tp;
+    struct vrpc_cq *cq;
+    struct vrpc_pool *pool;
+    struct vrpc_ep *ep;
+    struct vrpc_listener *l;
+    pthread_mutex_t lock;
+    uint8_t last[512];
+    uint32_t last_len;
+    unsigned nrecv;
+    unsigned disconnected;
+    struct vrpc_ep *accepted;
+};
+
+static void raw_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, void *arg)
+{
+    struct raw *r = arg;
+    for (unsigned i = 0; i < n; i++) {
+        const struct vrpc_wc *w = &wc[i];
+        switch (w->opcode) {
+        case VRPC_WC_RECV:
+            pthread_mutex_lock(&r->lock);
+            if (w->status == 0) {
+                r->last_len = w->byte_len < sizeof(r->last) ? w->byte_len : sizeof(r->last);
+                memcpy(r->last, w->buf->data, r->last_len);
+                __atomic_add_fetch(&r->nrecv, 1, __ATOMIC_RELEASE);
+            }
+            pthread_mutex_unlock(&r->lock);
+            if (w->status == -ECANCELED || vrpc_cq_post_recv(cq, &w->buf, NULL, 1))
+                vrpc_pool_put(w->buf);
+            break;
+        case VRPC_WC_SEND:
+            vrpc_pool_put(w->buf);
+            break;
+        case VRPC_WC_ACCEPTED:
+            __atomic_store_n(&r->accepted, w->ep, __ATOMIC_RELEASE);
+            break;
+        case VRPC_WC_DISCONNECTED:
+            __atomic_add_fetch(&r->disconnected, 1, __ATOMIC_RELEASE);
+            break;
+        default:
+            break;
+        }
+    }
+}
+
+static void raw_open(struct raw *r)
+{
+    struct vrpc_cq_attr ca;
+    memset(r, 0, sizeof(*r));
+    pthread_mutex_init(&r->lock, NULL);
+    assert_int_equal(vrpc_transport_create(g_opt.backend, NULL, &r->tp), 0);
+    assert_int_equal(vrpc_pool_create(r->tp, vrpc_transport_eager_size(r->tp), 64, &r->pool), 0);
+    vrpc_cq_attr_init(&ca);
+    ca.cb = raw_cb;
+    ca.cb_arg = r;
+    assert_int_equal(vrpc_cq_create(r->tp, &ca, &r->cq), 0);
+    for (int i = 0; i < 32; i++) {
+        struct vrpc_buf *b = vrpc_pool_get(r->pool);
+        assert_int_equal(vrpc_cq_post_recv(r->cq, &b, NULL, 1), 0);
+    }
+}
+
+static void raw_connect(struct raw *r, const char *uri)
+{
+    struct vrpc_ep_attr ea;
+    vrpc_ep_attr_init(&ea);
+    ea.cq = r->cq;
+    ea.src_addr = g_opt.client_ip;
+    int rc = -ECONNREFUSED;
+    for (int i = 0; i < 5 && rc == -ECONNREFUSED; i++) /* see test_rpc.c raw_connect */
+        rc = vrpc_connect(r->tp, uri, &ea, &r->ep);
+    assert_int_equal(rc, 0);
+}
+
+static bool raw_wait(const unsigned *counter, unsigned n, int ms)
+{
+    for (int i = 0; i < ms && __atomic_load_n(counter, __ATOMIC_ACQUIRE) < n; i++)
+        usleep(1000);
+    return __atomic_load_n(counter, __ATOMIC_ACQUIRE) >= n;
+}
+
+static void raw_close(struct raw *r)
+{
+    if (r->ep) {
+        vrpc_ep_close(r->ep);
+        raw_wait(&r->disconnected, 1, 10000);
+        vrpc_ep_destroy(r->ep);
+    }
+    if (r->accepted) {
+        vrpc_ep_close(r->accepted);
+        raw_wait(&r->disconnected, 1, 10000);
+        vrpc_ep_destroy(r->accepted);
+    }
+    vrpc_listener_destroy(r->l);
+    vrpc_cq_destroy(r->cq);
+    vrpc_pool_destroy(r->pool);
+    vrpc_transport_destroy(r->tp);
+    pthread_mutex_destroy(&r->lock);
+}
+
+static void raw_send(struct raw *r, struct vrpc_ep *ep, const struct vrpc_wire_hdr *h, const void *body,
+                     size_t body_len)
+{
+    struct vrpc_buf *b = vrpc_pool_get(r->pool);
+    assert_non_null(b);
+    vrpc_wire_hdr_encode(b->data, h);
+    if (body_len)
+        memcpy((uint8_t *)b->data + VRPC_WIRE_HDR_LEN, body, body_len);
+    assert_int_equal(vrpc_ep_send(ep, b, (uint32_t)(VRPC_WIRE_HDR_LEN + body_len), 0, 0, 0), 0);
+}
+
+static void raw_hello(struct raw *r, struct vrpc_ep *ep, uint8_t type)
+{
+    uint8_t p[VRPC_WIRE_HELLO_LEN];
+    struct vrpc_wire_hello hs = {.max_msg_size = 64 * MiB, .max_concurrent = 8, .features = VRPC_FEAT_LARGE};
+    vrpc_wire_hello_encode(p, &hs);
+    struct vrpc_wire_hdr h = {.version = 1, .type = type, .payload_len = sizeof(p)};
+    raw_send(r, ep, &h, p, sizeof(p));
+}
+
+static void raw_last(struct raw *r, struct vrpc_wire_hdr *h)
+{
+    pthread_mutex_lock(&r->lock);
+    assert_int_equal(vrpc_wire_hdr_decode(r->last, r->last_len, h), 0);
+    pthread_mutex_unlock(&r->lock);
+}
+
+/* ---- forged descriptors ---------------------------------------------------- */
+
+static void test_forged_descriptors(void **state)
+{
+    (void)state;
+    struct vrpc_channel *ch = new_channel(g_uri, (uint32_t)g_max, 256u * MiB);
+    uint8_t one = 1;
+    check_echo(ch, &one, 1);
+    const char *what[] = {"wrong key", "address below the buffer", "range past the buffer's end",
+                          "address above the buffer", "key 0", "overflowing range"};
+    for (int kind = 0; kind < 6; kind++) {
+        struct raw r;
+        struct vrpc_wire_hdr h;
+        raw_open(&r);
+        raw_connect(&r, g_uri);
+        raw_hello(&r, r.ep, VRPC_FT_HELLO);
+        assert_true(raw_wait(&r.nrecv, 1, 5000));
+        raw_last(&r, &h);
+        assert_int_equal(h.type, VRPC_FT_HELLO_ACK);
+        /* a real grant of a whole 1 MiB buffer, filled with a canary */
+        struct vrpc_buf *lb;
+        assert_int_equal(vrpc_lbuf_get(r.tp, MiB, &lb), 0);
+        size_t cap = lb->cap;
+        memset(lb->data, 0xc5, cap);
+        uint32_t rkey;
+        assert_int_equal(vrpc_ep_grant(r.ep, lb->mr, lb->data, (uint32_t)cap, &rkey), 0);
+        uint64_t addr = (uint64_t)(uintptr_t)lb->data;
+        uint32_t len = (uint32_t)cap;
+        switch (kind) {
+        case 0: rkey ^= 0x80; break;
+        case 1: addr -= 4096; break;
+        case 2: addr += 4096; break;
+        case 3: addr += cap; break;
+        case 4: rkey = 0; break;
+        default: addr = UINT64_MAX - 100; break;
+        }
+        uint8_t desc[VRPC_WIRE_DESC_LEN];
+        struct vrpc_wire_desc d = {.addr = addr, .rkey = rkey};
+        vrpc_wire_desc_encode(desc, &d);
+        if (kind == 4) /* the codec refuses to write key 0 through the struct check: patch it */
+            memset(desc + 8, 0, 4);
+        h = (struct vrpc_wire_hdr){.version = 1, .type = VRPC_FT_REQUEST, .flags = VRPC_FF_RNDV,
+                                   .method_id = m_echo.id, .request_id = vrpc_wire_make_id(0, 1),
+                                   .payload_len = len};
+        raw_send(&r, r.ep, &h, desc, sizeof(desc));
+        if (!raw_wait(&r.disconnected, 1, 10000))
+            fail_msg("forged descriptor (%s) did not close the connection", what[kind]);
+        for (size_t i = 0; i < cap; i++)
+            if (((uint8_t *)lb->data)[i] != 0xc5)
+                fail_msg("forged descriptor (%s): the owner's buffer changed at %zu", what[kind], i);
+        vrpc_lbuf_put(lb); /* the grant died with the endpoint */
+        raw_close(&r);
+        check_echo(ch, &one, 1); /* other connections carry on */
+    }
+    assert_int_equal(wait_in_use_zero(vrpc_server_transport(g_srv)), 0);
+    vrpc_channel_destroy(ch);
+}
+
+/* ---- a peer that never reads: cache bound and hold timeout ---------------- */
+
+struct bg_call {
+    struct vrpc_channel *ch;
+    size_t n;
+    int code;
+    struct vrpc_status st;
+};
+
+static void *bg_call_main(void *arg)
+{
+    struct bg_call *b = arg;
+    Vrpctest__EchoReply *rep;
+    uint8_t *data = calloc(1, b->n);
+    b->code = call_echo(b->ch, data, b->n, 0, MODE_CRC, 0, &rep, &b->st);
+    free(data);
+    return NULL;
+}
+
+/* A raw server takes a 3 MiB request and never reads it: a second one finds
+ * the client's 4 MiB max_pinned full (RESOURCE_EXHAUSTED naming it), and the
+ * hold timeout closes the connection, failing the first UNAVAILABLE; every
+ * buffer goes back. */
+static void test_cache_bound_and_hold_timeout(void **state)
+{
+    (void)state;
+    struct raw r;
+    char lu[VRPC_URI_MAX], bound[VRPC_URI_MAX];
+    struct vrpc_listen_attr la = {.ncqs = 1};
+    raw_open(&r);
+    la.cqs = &r.cq;
+    assert_int_equal(vrpc_listen(r.tp, listen_uri(lu, sizeof(lu), 0), &la, &r.l), 0);
+    assert_int_equal(vrpc_listener_uri(r.l, bound, sizeof(bound)), 0);
+    g_hold_ms = 1500;
+    struct bg_call a = {.ch = new_channel_opt(bound, 4 * MiB, 4 * MiB, false), .n = 3 * MiB};
+    g_hold_ms = 0;
+    pthread_t t;
+    pthread_create(&t, NULL, bg_call_main, &a);
+    assert_true(raw_wait(&r.nrecv, 1, 5000)); /* HELLO */
+    struct vrpc_ep *ep = __atomic_load_n(&r.accepted, __ATOMIC_ACQUIRE);
+    assert_non_null(ep);
+    raw_hello(&r, ep, VRPC_FT_HELLO_ACK);
+    assert_true(raw_wait(&r.nrecv, 2, 5000)); /* the REQUEST|RNDV */
+    struct vrpc_wire_hdr h;
+    raw_last(&r, &h);
+    assert_int_equal(h.type, VRPC_FT_REQUEST);
+    assert_true(h.flags & VRPC_FF_RNDV);
+    assert_true(h.payload_len > 3 * MiB);
+    size_t pinned, in_use;
+    struct vrpc_transport *ctp = vrpc_channel_transport(a.ch);
+    lbuf_stats(ctp, &pinned, &in_use);
+    assert_true(in_use > 3 * MiB);
+    struct bg_call b = {.ch = a.ch, .n = 3 * MiB};
+    bg_call_main(&b);
+    printf("# second request: %s: %s\n", vrpc_code_name((enum vrpc_code)b.code), b.st.message);
+    assert_int_equal(b.code, VRPC_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(b.st.message, "max_pinned"));
+    pthread_join(t, NULL);
+    printf("# first request: %s: %s\n", vrpc_code_name((enum vrpc_code)a.code), a.st.message);
+    assert_int_equal(a.code, VRPC_UNAVAILABLE);
+    assert_true(raw_wait(&r.disconnected, 1, 10000));
+    assert_int_equal(wait_in_use_zero(ctp), 0);
+    vrpc_channel_destroy(a.ch);
+    raw_close(&r);
+}
+
+/* A raw client asks for a large response and never sends DONE: the server's
+ * hold timeout closes its connection and the buffer goes back. */
+static void test_server_hold_timeout(void **state)
+{
+    (void)state;
+    char uri[VRPC_URI_MAX];
+    g_hold_ms = 500;
+    struct vrpc_server *s = start_server(16 * MiB, 0, uri, sizeof(uri));
+    g_hold_ms = 0;
+    struct raw r;
+    struct vrpc_wire_hdr h;
+    raw_open(&r);
+    raw_connect(&r, uri);
+    raw_hello(&r, r.ep, VRPC_FT_HELLO);
+    assert_true(raw_wait(&r.nrecv, 1, 5000));
+    Vrpctest__EchoRequest er = VRPCTEST__ECHO_REQUEST__INIT;
+    er.mode = MODE_GEN;
+    er.seq = 2 * MiB;
+    uint8_t body[64];
+    size_t blen = protobuf_c_message_pack(&er.base, body);
+    h = (struct vrpc_wire_hdr){.version = 1, .type = VRPC_FT_REQUEST, .method_id = m_echo.id,
+                               .request_id = vrpc_wire_make_id(0, 1), .payload_len = (uint32_t)blen};
+    raw_send(&r, r.ep, &h, body, blen);
+    assert_true(raw_wait(&r.nrecv, 2, 5000));
+    raw_last(&r, &h);
+    assert_int_equal(h.type, VRPC_FT_RESPONSE);
+    assert_true(h.flags & VRPC_FF_RNDV);
+    if (!raw_wait(&r.disconnected, 1, 10000))
+        fail_msg("the server kept a connection that never sent DONE");
+    assert_int_equal(wait_in_use_zero(vrpc_server_transport(s)), 0);
+    raw_close(&r);
+    vrpc_server_destroy(s);
+}
+
+/* ---- the server dies mid-transfer ------------------------------------------ */
+
+/* Child mode (--serve): a server on a free port; prints its URI, then waits. */
+static int serve_main(void)
+{
+    char uri[VRPC_URI_MAX];
+    struct vrpc_server_opts o;
+    struct vrpc_server *s;
+    char lu[VRPC_URI_MAX];
+    vrpc_server_opts_init(&o);
+    o.max_msg_size = 64 * MiB;
+    if (vrpc_server_create(&o, &s) || vrpc_server_register(s, &m_echo, h_echo, NULL) ||
+        vrpc_server_start(s, listen_uri(lu, sizeof(lu), 0)) || vrpc_server_uri(s, uri, sizeof(uri)))
+        return 1;
+    printf("%s\n", uri);
+    fflush(stdout);
+    for (;;)
+        pause();
+}
+
+static void test_server_killed_mid_transfer(void **state)
+{
+    (void)state;
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(pfd[1], 1);
+        close(pfd[0]);
+        execl(g_opt.self, g_opt.self, "--backend", g_opt.backend, "--setup", g_opt.setup, "--serve", (char *)NULL);
+        _exit(127);
+    }
+    close(pfd[1]);
+    char uri[VRPC_URI_MAX + 1] = {0};
+    size_t got = 0;
+    while (got < sizeof(uri) - 1 && !strchr(uri, '\n')) {
+        ssize_t k = read(pfd[0], uri + got, sizeof(uri) - 1 - got);
+        if (k <= 0)
+            break;
+        got += (size_t)k;
+    }
+    close(pfd[0]);
+    assert_non_null(strchr(uri, '\n'));
+    *strchr(uri, '\n') = 0;
+
+    struct vrpc_channel *ch = new_channel(uri, (uint32_t)g_max, 256u * MiB);
+    struct vrpc_transport *tp = vrpc_channel_transport(ch);
+    size_t n = g_max - 64, pinned0, in_use;
+    Vrpctest__EchoReply *rep;
+    struct vrpc_status st;
+    /* warm-up: one transfer of the same size fills the client's cache */
+    assert_int_equal(call_echo(ch, NULL, 0, n, MODE_GEN, 1, &rep, &st), VRPC_OK);
+    vrpc_thread_release();
+    assert_int_equal(wait_in_use_zero(tp), 0);
+    lbuf_stats(tp, &pinned0, &in_use);
+    /* the response read starts (our buffer in use), then the server stops
+     * and is killed: if a transfer wins the race, try again */
+    struct async_rec a = {0};
+    bool caught = false;
+    for (int attempt = 0; attempt < 5 && !caught; attempt++) {
+        memset(&a, 0, sizeof(a));
+        Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
+        r.mode = MODE_GEN;
+        r.seq = n;
+        r.sleep_ms = 2;
+        assert_int_equal(vrpc_call_async(ch, &m_echo, &r.base, NULL, async_cb, &a), 0);
+        do
+            lbuf_stats(tp, &pinned0 /* unchanged: warm */, &in_use);
+        while (!in_use && !__atomic_load_n(&a.done, __ATOMIC_ACQUIRE));
+        kill(pid, SIGSTOP);
+        caught = !__atomic_load_n(&a.done, __ATOMIC_ACQUIRE);
+        if (!caught) {
+            kill(pid, SIGCONT);
+            assert_int_equal(a.code, VRPC_OK);
+        }
+    }
+    assert_true(caught);
+    kill(pid, SIGKILL);
+    int status;
+    waitpid(pid, &status, 0);
+    while (!__atomic_load_n(&a.done, __ATOMIC_ACQUIRE))
+        usleep(1000);
+    printf("# call whose server was killed mid-transfer: %s\n", vrpc_code_name((enum vrpc_code)a.code));
+    assert_int_equal(a.code, VRPC_UNAVAILABLE);
+    assert_int_equal(wait_in_use_zero(tp), 0);
+    size_t pinned1;
+    lbuf_stats(tp, &pinned1, &in_use);
+    assert_int_equal(pinned1, pinned0);
+    vrpc_channel_destroy(ch);
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    g_srv = start_server((uint32_t)g_max, 256u * MiB, g_uri, sizeof(g_uri));
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    vrpc_server_destroy(g_srv);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    g_opt.backend = "tcp";
+    g_opt.setup = "local";
+    g_opt.self = argv[0];
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--backend") && i + 1 < argc)
+            g_opt.backend = argv[++i];
+        else if (!strcmp(argv[i], "--setup") && i + 1 < argc)
+            g_opt.setup = argv[++i];
+        else if (!strcmp(argv[i], "--quick"))
+            g_opt.quick = true;
+        else if (!strcmp(argv[i], "--serve"))
+            g_opt.serve = true;
+        else {
+            fprintf(stderr, "usage: %s [--backend tcp|verbs] [--setup local|single|veth] [--quick]\n"
+                            "--quick (or VRPC_TEST_QUICK=1): payloads up to 16 MiB only\n", argv[0]);
+            return 2;
+        }
+    }
+    if (getenv("VRPC_TEST_QUICK") && atoi(getenv("VRPC_TEST_QUICK")) > 0)
+        g_opt.quick = true;
+    crc_init();
+    m_echo.id = vrpc_method_id(m_echo.full_name);
+    if (!strcmp(g_opt.backend, "tcp")) {
+        g_opt.server_ip = "127.0.0.1";
+    } else {
+        int rc = vrpc_test_verbs_addrs(g_opt.setup, &g_opt.server_ip, &g_opt.client_ip);
+        if (rc)
+            return rc == -ENOENT ? 77 : 2;
+        struct vrpc_transport *tp;
+        rc = vrpc_transport_create(g_opt.backend, NULL, &tp);
+        if (rc) {
+            printf("SKIP: backend '%s' unavailable here: %s\n", g_opt.backend, strerror(-rc));
+            return 77;
+        }
+        vrpc_transport_destroy(tp);
+    }
+    if (g_opt.serve)
+        return serve_main();
+    g_max = (g_opt.quick ? 16 : 64) * MiB;
+    printf("# large-message tests: backend %s, setup %s, payloads up to %zu MiB\n", g_opt.backend,
+           g_opt.setup, g_max >> 20);
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_limit_options),
+        cmocka_unit_test(test_small_limits),
+        cmocka_unit_test(test_large_sizes_both_directions),
+        cmocka_unit_test(test_large_over_limit),
+        cmocka_unit_test(test_small_call_overtakes_large),
+        cmocka_unit_test(test_forged_descriptors),
+        cmocka_unit_test(test_cache_bound_and_hold_timeout),
+        cmocka_unit_test(test_server_hold_timeout),
+        cmocka_unit_test(test_server_killed_mid_transfer),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
