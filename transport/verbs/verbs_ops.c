@@ -164,7 +164,7 @@ enum mw_state {
 	MW_LIVE = 1, /* bound (or being bound): the key works */
 	MW_INV,      /* LOCAL_INV posted by vrpc_ep_revoke */
 	MW_CANCEL,   /* revoked on a dead endpoint: REVOKE -ECANCELED to stage */
-	MW_DEAD,     /* revoke completed -ECANCELED; deallocated at teardown */
+	MW_DEAD,     /* revoke completed -ECANCELED; window deallocated */
 };
 struct vmw {
 	struct ibv_mw *mw;
@@ -1151,6 +1151,18 @@ static int pump_reads_locked(struct vep *ep)
 	return 0;
 }
 
+/* A window of a dead endpoint is deallocated before its revoke completes:
+ * once the caller has the REVOKE, no window holds its MR (so the MR can be
+ * deregistered) and none ever will. */
+static void mw_kill(struct vmw *w)
+{
+	w->state = MW_DEAD;
+	if (w->mw) {
+		ibv_dealloc_mw(w->mw);
+		w->mw = NULL;
+	}
+}
+
 /* Poller, endpoint dead: jobs not yet fully posted end here (those with
  * chunks in flight end with the last of those, in on_read), revokes of dead
  * windows complete -ECANCELED. */
@@ -1168,7 +1180,7 @@ static void flush_reads_revokes_locked(struct vcq *cq, struct vep *ep)
 	}
 	for (struct vmw *w = ep->grants; w; w = w->next)
 		if (w->state == MW_CANCEL) {
-			w->state = MW_DEAD;
+			mw_kill(w);
 			stage(cq, VRPC_WC_REVOKE, ep, NULL, w->wr_id, -ECANCELED, 0, 0);
 		}
 }
@@ -1557,7 +1569,7 @@ static void on_mw(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
 				}
 			put = true;
 		} else {
-			w->state = MW_DEAD;
+			mw_kill(w);
 		}
 		stage(cq, VRPC_WC_REVOKE, ep, NULL, w->wr_id, put ? 0 : -ECANCELED, 0, 0);
 	}
