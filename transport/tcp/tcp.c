@@ -148,6 +148,8 @@ struct tcp_ep {
     char cur_hdr[HDR_LEN];
     bool err_queued;
     bool granted_any;       /* under the grant table lock */
+    bool pump_queued;       /* on cq->pumpq (poller) */
+    struct tcp_ep *pnext;
     struct vrpc_buf errf;   /* the one READ_ERR frame */
     char err_space[HDR_LEN];
 
@@ -201,6 +203,7 @@ struct tcp_cq {
     struct tcp_ep *hungry_head, *hungry_tail;
     struct tcp_ep *dead;              /* torn down this pass: DISCONNECTED after the drain */
     struct tcp_ep *reap;              /* never reported: free after this pass */
+    struct tcp_ep *pumpq;             /* got read requests this pass: pump them (empty between passes) */
     struct epoll_event ev[MAX_EVENTS];
     int nev;                          /* stashed by cq_wait for the next cq_poll */
     uint64_t next_scan;
@@ -985,8 +988,14 @@ static int handle_read_req(struct tcp_ep *ep, const char **why)
         ep->jhead = j;
     ep->jtail = j;
     ep->njobs++;
-    set_pollout_locked(ep, true);
     pthread_mutex_unlock(&ep->lock);
+    /* streamed once this pass's events are handled (pump_pending), not
+     * from inside the receive path, which must not see a teardown */
+    if (!ep->pump_queued) {
+        ep->pump_queued = true;
+        ep->pnext = ep->cq->pumpq;
+        ep->cq->pumpq = ep;
+    }
     return 0;
 }
 
@@ -1696,6 +1705,20 @@ static void finish_dead(struct tcp_cq *cq)
     cq->reap = NULL;
 }
 
+/* Start streaming for endpoints that got read requests in this pass (an
+ * idle socket takes the first chunks at once; EPOLLOUT is armed only when it
+ * fills, so a read costs no epoll_ctl round when the socket keeps up). */
+static void pump_pending(struct tcp_cq *cq)
+{
+    struct tcp_ep *ep;
+    while ((ep = cq->pumpq)) {
+        cq->pumpq = ep->pnext;
+        ep->pump_queued = false;
+        if (atomic_load(&ep->state) != S_DEAD)
+            pump(cq, ep);
+    }
+}
+
 static void progress(struct tcp_cq *cq)
 {
     uint64_t now = vrpc_tp_now_ns();
@@ -1721,6 +1744,7 @@ static void progress(struct tcp_cq *cq)
     for (i = 0; i < nev; i++)
         if (cq->ev[i].data.ptr)
             on_event(cq, cq->ev[i].data.ptr, cq->ev[i].events, now);
+    pump_pending(cq);
     if (now >= cq->next_scan) {
         cq->next_scan = now + SCAN_NS;
         scan_timeouts(cq, now);
