@@ -350,9 +350,11 @@ static void hold_fired(void *ctx, uint64_t id)
         return;
     struct vrpc_rndv_out *o = &ch->pend->slots[idx].out;
     struct vrpc_conn *c = NULL;
+    uint32_t len = 0;
     pthread_mutex_lock(&ch->conn_lock);
     if (__atomic_load_n(&o->state, __ATOMIC_ACQUIRE) == VRPC_RNDV_GRANTED && o->id == id) {
         c = vrpc_ep_user(o->ep);
+        len = o->len;
         conn_ref(c); /* safe: the grant holds one until it goes IDLE under this lock */
     }
     pthread_mutex_unlock(&ch->conn_lock);
@@ -361,7 +363,7 @@ static void hold_fired(void *ctx, uint64_t id)
     char peer[VRPC_URI_MAX] = "?";
     vrpc_ep_peer_uri(c->ep, peer, sizeof(peer));
     vrpc_rpc_log("server %s held the %u-byte payload of call %#llx for %u ms without reading it; "
-                 "closing the connection", peer, o->len, (unsigned long long)id, ch->o.hold_timeout_ms);
+                 "closing the connection", peer, len, (unsigned long long)id, ch->o.hold_timeout_ms);
     conn_fail(c, "connection closed: the server did not read a large request in time", false);
     vrpc_ep_close(c->ep);
     conn_unref(c);
@@ -575,7 +577,7 @@ static void on_recv(struct vrpc_channel *ch, struct vrpc_conn *c, const uint8_t 
     }
     switch (h.type) {
     case VRPC_FT_RESPONSE:
-        if ((h.flags & VRPC_FF_RNDV) && !(vrpc_rndv_features & VRPC_FEAT_LARGE)) {
+        if ((h.flags & VRPC_FF_RNDV) && !c->large) {
             protocol_error(c, "large-message response on a connection without large messages", -EPROTO);
             break;
         }

@@ -72,6 +72,7 @@ struct sconn {
     bool hello_done;  /* poller only */
     uint32_t client_max_payload; /* md + message bytes we may send back */
     uint32_t client_max;         /* the client's max_msg_size */
+    bool large;                  /* both sides offer VRPC_FEAT_LARGE (poller only) */
     uint32_t ncalls;
     struct vrpc_server_call *calls;
     struct vrpc_rndv_out *rsp; /* ncalls: large responses until the client's DONE
@@ -495,13 +496,18 @@ static void hold_fired(void *ctx, uint64_t arg)
     struct vrpc_server *s = ctx;
     struct vrpc_rndv_out *o = (struct vrpc_rndv_out *)(uintptr_t)arg;
     struct sconn *found = NULL;
+    uint32_t len = 0;
+    uint64_t id = 0;
     pthread_mutex_lock(&s->lock);
     for (struct sconn *c = s->conns.next; c != &s->conns; c = c->next) {
         if (c->rsp && o >= c->rsp && o < c->rsp + c->ncalls) {
+            /* the grant's reference on c is dropped only under s->lock (response_released) */
             if (__atomic_load_n(&o->state, __ATOMIC_ACQUIRE) == VRPC_RNDV_GRANTED &&
                 vrpc_now_ns() - o->sent_ns >= (int64_t)s->o.hold_timeout_ms * 1000000) {
                 __atomic_add_fetch(&c->refs, 1, __ATOMIC_RELAXED);
                 found = c;
+                len = o->len;
+                id = o->id;
             }
             break;
         }
@@ -512,7 +518,7 @@ static void hold_fired(void *ctx, uint64_t arg)
     char peer[VRPC_URI_MAX] = "?";
     vrpc_ep_peer_uri(found->ep, peer, sizeof(peer));
     vrpc_rpc_log("client %s held the %u-byte response of call %#llx for %u ms without reading it (no DONE); "
-                 "closing the connection", peer, o->len, (unsigned long long)o->id, s->o.hold_timeout_ms);
+                 "closing the connection", peer, len, (unsigned long long)id, s->o.hold_timeout_ms);
     __atomic_store_n(&found->dead, 1, __ATOMIC_RELEASE);
     vrpc_ep_close(found->ep);
     sconn_unref(found);
@@ -541,6 +547,7 @@ static void on_hello(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8
     uint32_t eager = vrpc_ep_eager_size(c->ep);
     c->client_max = hs.max_msg_size;
     c->client_max_payload = vrpc_rndv_send_limit(hs.max_msg_size, hs.features, eager);
+    c->large = (hs.features & vrpc_rndv_features & VRPC_FEAT_LARGE) != 0;
     c->ncalls = s->o.max_concurrent;
     c->calls = calloc(c->ncalls, sizeof(*c->calls));
     c->rsp = calloc(c->ncalls, sizeof(*c->rsp));
@@ -586,7 +593,7 @@ static void on_recv(struct sconn *c, const uint8_t *f, uint32_t len)
     }
     switch (h.type) {
     case VRPC_FT_REQUEST:
-        if ((h.flags & VRPC_FF_RNDV) && !(vrpc_rndv_features & VRPC_FEAT_LARGE)) {
+        if ((h.flags & VRPC_FF_RNDV) && !c->large) {
             conn_protocol_error(c, "large-message request on a connection without large messages", -EPROTO);
             break;
         }

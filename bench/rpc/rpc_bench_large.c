@@ -4,7 +4,9 @@
  * frames (TCP only; on verbs, perftest's ib_read_bw/ib_send_bw run by
  * bench/softroce are the baselines). Rounds alternate baseline and RPC; each
  * case reports the median round, with bytes_per_s besides ops_per_s/p50/p99,
- * and a summary line gives RPC / baseline per size. */
+ * and CPU seconds per GiB moved (the whole process: both ends; steadier than
+ * wall time on a shared machine), and a summary line gives RPC / baseline per
+ * size (bandwidth: the better of 1 and 4 outstanding; CPU: 1 outstanding). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -14,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <verbrpc/rpc.h>
@@ -34,7 +37,17 @@ static uint8_t *g_data;
 
 struct res {
     double ops, p50, p99, bps;
+    double cpu_per_gib; /* CPU seconds of the whole process (both ends) per GiB moved:
+                           steadier than wall time on a shared machine */
 };
+
+static double cpu_s(void)
+{
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return (double)u.ru_utime.tv_sec + (double)u.ru_stime.tv_sec +
+           ((double)u.ru_utime.tv_usec + (double)u.ru_stime.tv_usec) / 1e6;
+}
 
 static int cmp_res(const void *a, const void *b)
 {
@@ -56,8 +69,9 @@ static void report(const char *name, size_t size, unsigned out, const struct res
 {
     char extra[256];
     snprintf(extra, sizeof(extra),
-             "\"backend\":\"%s\",\"payload\":%zu,\"outstanding\":%u,\"rounds\":%d,\"bytes_per_s\":%.0f",
-             C->backend, size, out, ROUNDS, r->bps);
+             "\"backend\":\"%s\",\"payload\":%zu,\"outstanding\":%u,\"rounds\":%d,\"bytes_per_s\":%.0f,"
+             "\"cpu_s_per_GiB\":%.3f",
+             C->backend, size, out, ROUNDS, r->bps, r->cpu_per_gib);
     vrpc_bench_report(C->bo, name, r->ops, r->p50, r->p99, extra);
 }
 
@@ -130,6 +144,7 @@ static struct res rpc_round(struct vrpc_channel *ch, size_t size, unsigned outst
     struct win w = {.ch = ch, .size = size, .outstanding = outstanding, .cap = 1000000};
     struct slot s[16];
     w.lat = malloc(w.cap * sizeof(*w.lat));
+    double c0 = cpu_s();
     uint64_t t0 = vrpc_bench_now_ns();
     for (unsigned i = 0; i < outstanding; i++) {
         s[i].w = &w;
@@ -141,6 +156,7 @@ static struct res rpc_round(struct vrpc_channel *ch, size_t size, unsigned outst
     while (!__atomic_load_n(&w.idle, __ATOMIC_ACQUIRE))
         vrpc_futex_wait(&w.idle, 0);
     uint64_t t1 = vrpc_bench_now_ns();
+    double c1 = cpu_s();
     uint64_t n = w.n < w.cap ? w.n : w.cap;
     struct vrpc_bench_samples smp = {.v = w.lat, .n = n, .cap = n};
     struct res r;
@@ -148,6 +164,7 @@ static struct res rpc_round(struct vrpc_channel *ch, size_t size, unsigned outst
     r.bps = r.ops * (double)size;
     r.p50 = vrpc_bench_pct_us(&smp, 50);
     r.p99 = vrpc_bench_pct_us(&smp, 99);
+    r.cpu_per_gib = w.n ? (c1 - c0) / ((double)w.n * (double)size / (1u << 30)) : 0;
     free(w.lat);
     return r;
 }
@@ -219,12 +236,14 @@ static struct res stream_round(size_t size)
         if (full(fd, &len, 4, true) || full(fd, g_data, size, true))
             break;
     unsigned long f0 = atomic_load(&s.frames);
+    double c0 = cpu_s();
     t0 = vrpc_bench_now_ns();
     while (vrpc_bench_now_ns() - t0 < dur)
         if (full(fd, &len, 4, true) || full(fd, g_data, size, true))
             break;
     unsigned long f1 = atomic_load(&s.frames);
     uint64_t t1 = vrpc_bench_now_ns();
+    double c1 = cpu_s();
     shutdown(fd, SHUT_WR);
     pthread_join(s.th, NULL);
     close(fd);
@@ -232,6 +251,7 @@ static struct res stream_round(size_t size)
     struct res r = {.p50 = VRPC_BENCH_NONE, .p99 = VRPC_BENCH_NONE};
     r.ops = (double)(f1 - f0) * 1e9 / (double)(t1 - t0);
     r.bps = r.ops * (double)size;
+    r.cpu_per_gib = f1 > f0 ? (c1 - c0) / ((double)(f1 - f0) * (double)size / (1u << 30)) : 0;
     return r;
 }
 
@@ -314,8 +334,9 @@ int rpc_bench_large(const struct rpc_bench_large_cfg *cfg)
             snprintf(name, sizeof(name), "baseline:tcp_stream_%s", lab);
             report(name, size, 1, &base[ROUNDS / 2]);
             double best = r4[ROUNDS / 2].bps > r1[ROUNDS / 2].bps ? r4[ROUNDS / 2].bps : r1[ROUNDS / 2].bps;
-            sl += snprintf(summary + sl, sizeof(summary) - (size_t)sl, ",\"rpc_over_tcp_stream_%s\":%.2f", lab,
-                           best / base[ROUNDS / 2].bps);
+            sl += snprintf(summary + sl, sizeof(summary) - (size_t)sl,
+                           ",\"rpc_over_tcp_stream_%s\":%.2f,\"rpc_cpu_per_byte_over_tcp_stream_%s\":%.2f", lab,
+                           best / base[ROUNDS / 2].bps, lab, r1[ROUNDS / 2].cpu_per_gib / base[ROUNDS / 2].cpu_per_gib);
         }
     }
     if (cfg->bo->json)

@@ -367,9 +367,11 @@ VRPC_API int vrpc_ep_revoke(struct vrpc_ep *ep, uint32_t rkey, uint64_t wr_id);
  * put back (so repeated large messages pay no registration), in size classes
  * of at most 25 % slack. The cache never keeps more than attr.max_pinned bytes
  * registered: get evicts idle buffers (least recently used first) and then
- * fails with -ENOBUFS rather than wait. Before a buffer is reused its bytes
- * beyond what the new user writes are zeroed before they can be granted, so a
- * peer never sees an earlier message. All three functions: any thread. */
+ * fails with -ENOBUFS rather than wait. A reused buffer's bytes from len (as
+ * given to vrpc_lbuf_get) to cap that an earlier user wrote are zeroed by the
+ * get, so a peer granted any part of it sees the new bytes or zeros, never an
+ * earlier message, as long as the user writes (packs, or reads into) only
+ * data[0..len). All three functions: any thread. */
 
 /* A buffer with cap >= len (len >= 1), data page-aligned, mr set, pool NULL.
  * Errors: -ENOBUFS the bound is reached (nothing idle to evict), -ENOMEM,

@@ -434,6 +434,80 @@ static void test_small_call_overtakes_large(void **state)
     vrpc_channel_destroy(ch);
 }
 
+/* ---- cancel and deadline on a large response ------------------------------ */
+
+/* Calls of Echo the shared server has answered. */
+static uint64_t answered_calls(void)
+{
+    struct vrpc_method_stats ms[4];
+    size_t nm = 0;
+    assert_int_equal(vrpc_server_stats(g_srv, ms, 4, &nm), 0);
+    for (size_t i = 0; i < nm && i < 4; i++)
+        if (ms[i].method == &m_echo)
+            return ms[i].calls;
+    return 0;
+}
+
+/* Cancel while our read of the response runs: the call completes at once; the
+ * read finishes into the buffer, which goes back; DONE(CANCELLED) still goes
+ * out, so the server revokes and its buffer goes back too. Deadline before the
+ * descriptor arrives (the server is still making 16+ MiB): DEADLINE_EXCEEDED at
+ * once; a late descriptor gets DONE(CANCELLED) without a read. Every buffer
+ * goes back on both sides and the channel carries on. */
+static void test_cancel_and_deadline_on_large_response(void **state)
+{
+    (void)state;
+    struct vrpc_channel *ch = new_channel(g_uri, (uint32_t)g_max, 256u * MiB);
+    struct vrpc_transport *ctp = vrpc_channel_transport(ch), *stp = vrpc_server_transport(g_srv);
+    size_t n = g_max - 64, pinned, in_use;
+    uint8_t one = 1;
+    Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
+    r.mode = MODE_GEN;
+    r.seq = n;
+    r.sleep_ms = 9;
+    bool caught = false;
+    for (int attempt = 0; attempt < 5 && !caught; attempt++) {
+        struct async_rec a = {0};
+        uint64_t id = 0;
+        struct vrpc_call_opts o = {.call_id = &id};
+        assert_int_equal(vrpc_call_async(ch, &m_echo, &r.base, &o, async_cb, &a), 0);
+        do /* until our read of the response has its buffer */
+            lbuf_stats(ctp, &pinned, &in_use);
+        while (!in_use && !__atomic_load_n(&a.done, __ATOMIC_ACQUIRE));
+        int64_t t1 = vrpc_now_ns();
+        caught = vrpc_channel_cancel(ch, __atomic_load_n(&id, __ATOMIC_ACQUIRE)) == 0;
+        while (!__atomic_load_n(&a.done, __ATOMIC_ACQUIRE))
+            usleep(100);
+        if (caught) {
+            printf("# cancel during the read of a %zu-byte response: completed %.3f ms later\n", n,
+                   (double)(a.t_done - t1) / 1e6);
+            assert_int_equal(a.code, VRPC_CANCELLED);
+        }
+    }
+    assert_true(caught);
+    assert_int_equal(wait_in_use_zero(ctp), 0);
+    assert_int_equal(wait_in_use_zero(stp), 0); /* DONE(CANCELLED) reached the server */
+    check_echo(ch, &one, 1);
+
+    Vrpctest__EchoReply *rep;
+    struct vrpc_status st;
+    struct vrpc_call_opts o = {.timeout_us = 5000};
+    uint64_t calls0 = answered_calls();
+    int64_t t0 = vrpc_now_ns();
+    assert_int_equal(vrpc_call(ch, &m_echo, &r.base, (ProtobufCMessage **)&rep, &o, &st), VRPC_DEADLINE_EXCEEDED);
+    printf("# deadline of 5 ms on a %zu-byte response: completed after %.3f ms\n", n,
+           (double)(vrpc_now_ns() - t0) / 1e6);
+    /* the server answers later (counted when answered): with a descriptor,
+     * answered DONE(CANCELLED) unread, or CANCELLED if our CANCEL came first */
+    for (int i = 0; i < 10000 && answered_calls() < calls0 + 1; i++)
+        usleep(1000);
+    assert_int_equal(answered_calls(), calls0 + 1);
+    assert_int_equal(wait_in_use_zero(stp), 0);
+    assert_int_equal(wait_in_use_zero(ctp), 0);
+    check_echo(ch, &one, 1);
+    vrpc_channel_destroy(ch);
+}
+
 /* ---- raw peers, built on the transport API ------------------------------- */
 
 struct raw {
@@ -548,13 +622,18 @@ static void raw_send(struct raw *r, struct vrpc_ep *ep, const struct vrpc_wire_h
     assert_int_equal(vrpc_ep_send(ep, b, (uint32_t)(VRPC_WIRE_HDR_LEN + body_len), 0, 0, 0), 0);
 }
 
-static void raw_hello(struct raw *r, struct vrpc_ep *ep, uint8_t type)
+static void raw_hello_f(struct raw *r, struct vrpc_ep *ep, uint8_t type, uint32_t features)
 {
     uint8_t p[VRPC_WIRE_HELLO_LEN];
-    struct vrpc_wire_hello hs = {.max_msg_size = 64 * MiB, .max_concurrent = 8, .features = VRPC_FEAT_LARGE};
+    struct vrpc_wire_hello hs = {.max_msg_size = 64 * MiB, .max_concurrent = 8, .features = features};
     vrpc_wire_hello_encode(p, &hs);
     struct vrpc_wire_hdr h = {.version = 1, .type = type, .payload_len = sizeof(p)};
     raw_send(r, ep, &h, p, sizeof(p));
+}
+
+static void raw_hello(struct raw *r, struct vrpc_ep *ep, uint8_t type)
+{
+    raw_hello_f(r, ep, type, VRPC_FEAT_LARGE);
 }
 
 static void raw_last(struct raw *r, struct vrpc_wire_hdr *h)
@@ -573,13 +652,14 @@ static void test_forged_descriptors(void **state)
     uint8_t one = 1;
     check_echo(ch, &one, 1);
     const char *what[] = {"wrong key", "address below the buffer", "range past the buffer's end",
-                          "address above the buffer", "key 0", "overflowing range"};
-    for (int kind = 0; kind < 6; kind++) {
+                          "address above the buffer", "key 0", "overflowing range",
+                          "rendezvous without LARGE agreed"};
+    for (int kind = 0; kind < 7; kind++) {
         struct raw r;
         struct vrpc_wire_hdr h;
         raw_open(&r);
         raw_connect(&r, g_uri);
-        raw_hello(&r, r.ep, VRPC_FT_HELLO);
+        raw_hello_f(&r, r.ep, VRPC_FT_HELLO, kind == 6 ? 0 : VRPC_FEAT_LARGE);
         assert_true(raw_wait(&r.nrecv, 1, 5000));
         raw_last(&r, &h);
         assert_int_equal(h.type, VRPC_FT_HELLO_ACK);
@@ -598,7 +678,8 @@ static void test_forged_descriptors(void **state)
         case 2: addr += 4096; break;
         case 3: addr += cap; break;
         case 4: rkey = 0; break;
-        default: addr = UINT64_MAX - 100; break;
+        case 5: addr = UINT64_MAX - 100; break;
+        default: break; /* a valid descriptor, but LARGE was not agreed */
         }
         uint8_t desc[VRPC_WIRE_DESC_LEN];
         struct vrpc_wire_desc d = {.addr = addr, .rkey = rkey};
@@ -878,6 +959,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_large_sizes_both_directions),
         cmocka_unit_test(test_large_over_limit),
         cmocka_unit_test(test_small_call_overtakes_large),
+        cmocka_unit_test(test_cancel_and_deadline_on_large_response),
         cmocka_unit_test(test_forged_descriptors),
         cmocka_unit_test(test_cache_bound_and_hold_timeout),
         cmocka_unit_test(test_server_hold_timeout),

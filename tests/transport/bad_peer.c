@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -438,4 +439,110 @@ void t_bad_read_frames(void **state)
         vrpc_ep_destroy(rsep);
     }
     read_env_stop(&x);
+}
+
+/* ---- a bad owner: a raw server answering our reads wrongly, or not at all ---- */
+
+struct raw_srv {
+    int lfd, fd;
+    char uri[VRPC_URI_MAX];
+};
+
+/* Listen on 127.0.0.1:0; raw_srv_accept() completes the handshake. */
+static void raw_srv_listen(struct raw_srv *s)
+{
+    struct sockaddr_in sa = { .sin_family = AF_INET };
+    socklen_t sl = sizeof sa;
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    s->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(s->lfd >= 0);
+    assert_int_equal(bind(s->lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(s->lfd, 4), 0);
+    assert_int_equal(getsockname(s->lfd, (struct sockaddr *)&sa, &sl), 0);
+    snprintf(s->uri, sizeof s->uri, "tcp://127.0.0.1:%u", ntohs(sa.sin_port));
+}
+
+struct connector_arg {
+    struct client *c;
+    const char *uri;
+    struct vrpc_ep *ep;
+    int rc;
+};
+
+static void *connect_main(void *arg)
+{
+    struct connector_arg *a = arg;
+    a->rc = client_connect(a->c, a->uri, &a->ep);
+    return NULL;
+}
+
+/* Connect c to the raw server and answer the handshake by hand. */
+static struct vrpc_ep *raw_srv_accept(struct raw_srv *s, struct client *c)
+{
+    struct connector_arg a = { .c = c, .uri = s->uri };
+    struct vrpc_tcp_hdr h;
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, connect_main, &a), 0);
+    s->fd = accept(s->lfd, NULL, NULL);
+    assert_true(s->fd >= 0);
+    assert_int_equal(recv(s->fd, &h, sizeof h, MSG_WAITALL), sizeof h);
+    assert_int_equal(h.type, VRPC_TCP_HELLO);
+    hdr(&h, VRPC_TCP_HELLO_ACK, 0, 8192, 2);
+    assert_int_equal(write(s->fd, &h, sizeof h), sizeof h);
+    pthread_join(th, NULL);
+    assert_int_equal(a.rc, 0);
+    return a.ep;
+}
+
+/* Our reads against a raw owner: a READ_RESP for a tag we never used, a
+ * READ_RESP longer than the read, and silence. The first two fail the
+ * connection (-EPROTO) and the read completes -ECANCELED; silence fails it
+ * after the idle timeout (-ETIMEDOUT). Each read completes exactly once. */
+void t_bad_read_owner(void **state)
+{
+    struct vrpc_transport_attr a;
+    struct client c;
+    struct vrpc_buf *dst;
+    unsigned i;
+
+    vrpc_transport_attr_init(&a);
+    a.idle_timeout_ms = 1500;
+    assert_int_equal(client_start(&c, &a, 16, 8, 0, NULL, NULL), 0);
+    assert_int_equal(vrpc_lbuf_get(c.tp, 4096, &dst), 0);
+    for (i = 0; i < 3; i++) {
+        static const int want[] = { -EPROTO, -EPROTO, -ETIMEDOUT };
+        struct { struct vrpc_tcp_hdr h; struct vrpc_tcp_read_req r; } m;
+        struct raw_srv s;
+        struct vrpc_ep *ep;
+        struct vrpc_wc w;
+        char junk[8192] = { 0 };
+
+        raw_srv_listen(&s);
+        ep = raw_srv_accept(&s, &c);
+        assert_int_equal(vrpc_ep_read(ep, dst, 0, 4096, 0x1000, 0x101, 7), 0);
+        assert_int_equal(recv(s.fd, &m, sizeof m, MSG_WAITALL), sizeof m);
+        assert_int_equal(m.h.type, VRPC_TCP_READ_REQ);
+        assert_int_equal(le32toh(m.r.length), 4096);
+        if (i == 0)
+            hdr(&m.h, VRPC_TCP_READ_RESP, 16, le32toh(m.h.imm) ^ 0x10000, 0); /* another generation */
+        else if (i == 1)
+            hdr(&m.h, VRPC_TCP_READ_RESP, 4097, le32toh(m.h.imm), 0);
+        if (i < 2) {
+            assert_int_equal(write(s.fd, &m.h, sizeof m.h), sizeof m.h);
+            assert_int_equal(write(s.fd, junk, sizeof junk), sizeof junk);
+        }
+        assert_true(coll_wait(&c.coll, VRPC_WC_READ, ep, WAIT_MS, &w));
+        assert_int_equal(w.wr_id, 7);
+        assert_ptr_equal(w.buf, dst);
+        assert_int_equal(w.status, -ECANCELED);
+        assert_true(coll_wait(&c.coll, VRPC_WC_DISCONNECTED, ep, WAIT_MS, &w));
+        assert_int_equal(w.status, want[i]);
+        vrpc_ep_destroy(ep);
+        close(s.fd);
+        close(s.lfd);
+    }
+    vrpc_lbuf_put(dst);
+    usleep(20000);
+    assert_int_equal(coll_count(&c.coll, VRPC_WC_READ, NULL), 0);
+    client_stop(&c);
 }

@@ -42,10 +42,12 @@ void t_bad_half_frame(void **state);
 void t_bad_slow_peer(void **state);
 void t_bad_read_requests(void **state);
 void t_bad_read_frames(void **state);
+void t_bad_read_owner(void **state);
 
 #define BAD_PEER_CASES                                                                          \
     cmocka_unit_test(t_bad_garbage), cmocka_unit_test(t_bad_huge_header),                      \
         cmocka_unit_test(t_bad_half_frame), cmocka_unit_test(t_bad_slow_peer),                     \
-        cmocka_unit_test(t_bad_read_requests), cmocka_unit_test(t_bad_read_frames),
+        cmocka_unit_test(t_bad_read_requests), cmocka_unit_test(t_bad_read_frames),                \
+        cmocka_unit_test(t_bad_read_owner),
 
 #endif

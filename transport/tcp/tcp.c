@@ -44,6 +44,7 @@ enum { F_DATA = VRPC_TCP_DATA, F_CREDIT = VRPC_TCP_CREDIT, F_HELLO = VRPC_TCP_HE
 #define OP_INTERNAL 0u                    /* frames of our own (credit, read request/error): no completion */
 #define READ_CHUNK_DEFAULT (256u << 10)   /* bytes per READ_RESP frame */
 #define PUMP_CHUNKS 16                    /* chunks one EPOLLOUT event streams at most */
+#define READ_REQ_MARK 1u                  /* priv[P_IMM] of an internal frame that is a slot's READ_REQ */
 
 /* What the body of the frame being received is. */
 enum { K_NONE, K_DATA, K_RREQ, K_RRESP };
@@ -70,6 +71,7 @@ struct rslot {
     uint32_t off, len, done;
     uint16_t gen;        /* tag = gen << 16 | index */
     bool finished;       /* completion staged (under lock) */
+    bool queued;         /* req not fully written yet (under lock): no answer can be valid */
     atomic_bool used;    /* from vrpc_ep_read until its completion is polled */
 };
 
@@ -146,6 +148,8 @@ struct tcp_ep {
     char cur_hdr[HDR_LEN];
     bool err_queued;
     bool granted_any;       /* under the grant table lock */
+    bool pump_queued;       /* on cq->pumpq (poller) */
+    struct tcp_ep *pnext;
     struct vrpc_buf errf;   /* the one READ_ERR frame */
     char err_space[HDR_LEN];
 
@@ -199,6 +203,7 @@ struct tcp_cq {
     struct tcp_ep *hungry_head, *hungry_tail;
     struct tcp_ep *dead;              /* torn down this pass: DISCONNECTED after the drain */
     struct tcp_ep *reap;              /* never reported: free after this pass */
+    struct tcp_ep *pumpq;             /* got read requests this pass: pump them (empty between passes) */
     struct epoll_event ev[MAX_EVENTS];
     int nev;                          /* stashed by cq_wait for the next cq_poll */
     uint64_t next_scan;
@@ -425,8 +430,11 @@ static void tx_locked(struct tcp_ep *ep)
             fifo_pop(&ep->wq);
             if (b == &ep->ctrl)
                 ep->ctrl_queued = false;
-            if ((uint32_t)b->priv[P_OPST] == OP_INTERNAL)
+            if ((uint32_t)b->priv[P_OPST] == OP_INTERNAL) {
+                if (b->priv[P_IMM] == READ_REQ_MARK)
+                    container_of(b, struct rslot, req)->queued = false;
                 continue;
+            }
             if (last)
                 last->next = b;
             else
@@ -538,8 +546,11 @@ static void flush_sends_locked(struct tcp_ep *ep)
         while ((b = fifo_pop(qs[i]))) {
             if (b == &ep->ctrl)
                 ep->ctrl_queued = false;
-            if ((uint32_t)b->priv[P_OPST] == OP_INTERNAL)
+            if ((uint32_t)b->priv[P_OPST] == OP_INTERNAL) {
+                if (b->priv[P_IMM] == READ_REQ_MARK)
+                    container_of(b, struct rslot, req)->queued = false;
                 continue;
+            }
             stage_fill(b, VRPC_WC_SEND, -ECANCELED, ep, 0);
             b->len = 0;
             if (last)
@@ -794,6 +805,7 @@ static int tcp_read(struct vrpc_ep *base, struct vrpc_buf *buf, uint32_t off, ui
         ep->nrslots = n;
         for (i = 0; i < n; i++) {
             ep->rslots[i].req.data = ep->rslots[i].req_space + HDR_LEN;
+            ep->rslots[i].req.priv[P_IMM] = READ_REQ_MARK;
             atomic_init(&ep->rslots[i].used, false);
         }
     }
@@ -818,6 +830,7 @@ static int tcp_read(struct vrpc_ep *base, struct vrpc_buf *buf, uint32_t off, ui
     build_hdr(s->req_space, F_READ_REQ, sizeof r, (uint32_t)s->gen << 16 | (uint32_t)(s - ep->rslots),
               take_credit_ret(ep));
     s->req.len = sizeof r;
+    s->queued = true;
     idle = !ep->wq.head;
     fifo_push(&ep->wq, &s->req);
     if (idle)
@@ -975,8 +988,14 @@ static int handle_read_req(struct tcp_ep *ep, const char **why)
         ep->jhead = j;
     ep->jtail = j;
     ep->njobs++;
-    set_pollout_locked(ep, true);
     pthread_mutex_unlock(&ep->lock);
+    /* streamed once this pass's events are handled (pump_pending), not
+     * from inside the receive path, which must not see a teardown */
+    if (!ep->pump_queued) {
+        ep->pump_queued = true;
+        ep->pnext = ep->cq->pumpq;
+        ep->cq->pumpq = ep;
+    }
     return 0;
 }
 
@@ -1225,7 +1244,8 @@ static int handle_read_hdr(struct tcp_cq *cq, struct tcp_ep *ep, uint8_t type, u
     pthread_mutex_lock(&ep->lock);
     if (idx < ep->nrslots)
         r = &ep->rslots[idx];
-    ok = r && atomic_load(&r->used) && !r->finished && r->gen == (uint16_t)(tag >> 16);
+    /* (an answer before its request is out is a peer guessing tags) */
+    ok = r && atomic_load(&r->used) && !r->finished && !r->queued && r->gen == (uint16_t)(tag >> 16);
     if (ok && type == F_READ_RESP) {
         ok = len >= 1 && len <= r->len - r->done;
         dst = (char *)r->buf->data + r->off + r->done;
@@ -1685,6 +1705,20 @@ static void finish_dead(struct tcp_cq *cq)
     cq->reap = NULL;
 }
 
+/* Start streaming for endpoints that got read requests in this pass (an
+ * idle socket takes the first chunks at once; EPOLLOUT is armed only when it
+ * fills, so a read costs no epoll_ctl round when the socket keeps up). */
+static void pump_pending(struct tcp_cq *cq)
+{
+    struct tcp_ep *ep;
+    while ((ep = cq->pumpq)) {
+        cq->pumpq = ep->pnext;
+        ep->pump_queued = false;
+        if (atomic_load(&ep->state) != S_DEAD)
+            pump(cq, ep);
+    }
+}
+
 static void progress(struct tcp_cq *cq)
 {
     uint64_t now = vrpc_tp_now_ns();
@@ -1710,6 +1744,7 @@ static void progress(struct tcp_cq *cq)
     for (i = 0; i < nev; i++)
         if (cq->ev[i].data.ptr)
             on_event(cq, cq->ev[i].data.ptr, cq->ev[i].events, now);
+    pump_pending(cq);
     if (now >= cq->next_scan) {
         cq->next_scan = now + SCAN_NS;
         scan_timeouts(cq, now);
