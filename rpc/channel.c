@@ -43,6 +43,27 @@ struct vrpc_conn {
     bool gone;                     /* DISCONNECTED delivered (under conn_lock) */
 };
 
+/* An asynchronous call waiting for a slot: all max_outstanding are pending.
+ * Its request is already packed (metadata and message behind room for the
+ * header) in a send buffer; it goes out, in order, when a slot frees. Entries
+ * live in one array of the channel (never freed before it): a deadline timer
+ * or a pump that finds an entry recycled sees a different qgen. */
+struct queued {
+    struct queued *next, *prev; /* the queue, under qlock */
+    struct vrpc_channel *ch;
+    struct vrpc_buf *buf;
+    uint32_t mdsz, plen;
+    uint32_t qgen;  /* under qlock: bumped whenever it leaves the queue */
+    bool queued;    /* under qlock */
+    const struct vrpc_method_desc *m;
+    vrpc_call_cb cb;
+    void *arg;
+    int64_t deadline;
+    struct vrpc_timer timer; /* its deadline while queued */
+    struct vrpc_task task;   /* runs cb when it failed while queued */
+    struct vrpc_status st;
+};
+
 struct vrpc_channel {
     char tname[16];
     char turi[VRPC_URI_MAX + 16];
@@ -65,6 +86,14 @@ struct vrpc_channel {
     uint32_t backoff_ms;
     int last_err;
     int state; /* atomic enum vrpc_channel_state */
+
+    pthread_mutex_t qlock;   /* the async backlog: queue, free list, qclosed */
+    struct queued *qents;    /* o.max_queued entries */
+    struct queued *qfree;    /* free entries (singly linked through next) */
+    struct queued qhead;     /* queue head (sentinel) */
+    bool qclosed;
+    uint32_t qlen;           /* queued entries: written under qlock, read without it */
+    uint32_t qtasks;         /* futex: failure callbacks of entries not yet run */
 
     uint32_t live_eps; /* futex: endpoints whose DISCONNECTED has not arrived */
     struct vrpc_conn live; /* list head of those endpoints' conns (under conn_lock) */
@@ -853,9 +882,217 @@ static int grant_request(struct vrpc_channel *ch, struct vrpc_conn *c, struct vr
     return rc;
 }
 
+/* Send a queued call (eager) on slot s of connection c: as start_call's
+ * eager path, never waiting. Takes the caller's reference of c. */
+static void launch_queued(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s,
+                          struct vrpc_buf *b, uint32_t mdsz, uint32_t plen, const struct vrpc_method_desc *m,
+                          vrpc_call_cb cb, void *arg, int64_t deadline)
+{
+    uint32_t gen = vrpc_pending_gen(s);
+    uint64_t id = vrpc_wire_make_id(s->index, gen);
+    s->method = m;
+    s->cb = cb;
+    s->cb_arg = arg;
+    s->cb_ch = ch;
+    s->deadline_ns = deadline;
+    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST,
+                              .method_id = m->id, .request_id = id, .md_len = mdsz, .payload_len = plen};
+    if (deadline != VRPC_NO_DEADLINE) {
+        int64_t left = deadline - vrpc_now_ns();
+        h.flags = VRPC_FF_DEADLINE;
+        h.budget_us = left > 0 ? (uint64_t)(left / 1000) : 0;
+    }
+    vrpc_wire_hdr_encode(b->data, &h);
+    if (deadline != VRPC_NO_DEADLINE)
+        vrpc_timer_arm(ch->wheel, &s->timer, deadline, deadline_fired, ch, id);
+    /* dead read with an RMW: see start_call */
+    int rc = __atomic_fetch_or(&c->dead, 0, __ATOMIC_ACQ_REL) ? -ENOTCONN : 0;
+    if (!rc)
+        rc = vrpc_rpc_send(c->ep, b, VRPC_WIRE_HDR_LEN + mdsz + plen, false);
+    else
+        vrpc_pool_put(b);
+    if (rc) {
+        if (vrpc_pending_decide(s, gen)) {
+            vrpc_status_set(&s->st, VRPC_UNAVAILABLE, "send failed: %s", strerror(-rc));
+            complete(ch, s, gen, false);
+        }
+        slot_seen(s, gen);
+    }
+    slot_drop(s, gen); /* the owner's set-up hold (pending.h) */
+}
+
+/* ---- the async backlog ---------------------------------------------------- */
+
+static void queued_fail_task(struct vrpc_task *t)
+{
+    struct queued *e = container_of(t, struct queued, task);
+    struct vrpc_channel *ch = e->ch;
+    e->cb(&e->st, NULL, e->arg);
+    pthread_mutex_lock(&ch->qlock);
+    e->next = ch->qfree;
+    ch->qfree = e;
+    pthread_mutex_unlock(&ch->qlock);
+    /* last: the channel's destroy waits for this before freeing the entries */
+    if (__atomic_sub_fetch(&ch->qtasks, 1, __ATOMIC_ACQ_REL) == 0)
+        vrpc_futex_wake_all(&ch->qtasks);
+}
+
+/* Fail an entry that has left the queue: its callback runs on a worker. */
+static void queued_fail(struct queued *e, enum vrpc_code code, const char *why)
+{
+    struct vrpc_channel *ch = e->ch;
+    vrpc_pool_put(e->buf);
+    e->buf = NULL;
+    vrpc_status_set(&e->st, code, "%s", why);
+    vrpc_task_init(&e->task, queued_fail_task);
+    __atomic_add_fetch(&ch->qtasks, 1, __ATOMIC_RELAXED);
+    if (vrpc_sched_submit(ch->sched, &e->task))
+        queued_fail_task(&e->task); /* the scheduler is shutting down: run here rather than lose it */
+}
+
+/* Under qlock: take e out of the queue (it is queued). */
+static void queued_unlink_locked(struct vrpc_channel *ch, struct queued *e)
+{
+    e->prev->next = e->next;
+    e->next->prev = e->prev;
+    e->next = e->prev = NULL;
+    e->queued = false;
+    e->qgen++;
+    __atomic_sub_fetch(&ch->qlen, 1, __ATOMIC_RELAXED);
+    if (e->deadline != VRPC_NO_DEADLINE)
+        vrpc_timer_cancel(ch->wheel, &e->timer); /* if it is firing, it will find qgen changed */
+}
+
+static void queued_expired(void *ctx, uint64_t qgen)
+{
+    struct queued *e = ctx;
+    struct vrpc_channel *ch = e->ch;
+    pthread_mutex_lock(&ch->qlock);
+    if (!e->queued || e->qgen != (uint32_t)qgen) {
+        pthread_mutex_unlock(&ch->qlock);
+        return;
+    }
+    queued_unlink_locked(ch, e);
+    pthread_mutex_unlock(&ch->qlock);
+    queued_fail(e, VRPC_DEADLINE_EXCEEDED, "deadline exceeded waiting for a call slot");
+}
+
+/* Send queued calls while slots are free, oldest first. Runs after every
+ * enqueue and after every slot is freed (pending's on_free), on whatever
+ * thread did that: both sides look at queue and slots under qlock after
+ * their own change, so a queued call is never left behind a free slot. */
+static void pump(void *arg)
+{
+    struct vrpc_channel *ch = arg;
+    /* Without the lock when nothing is queued (every call frees a slot): an
+     * enqueuer counts its entry before its own pump tries for a slot, and a
+     * slot freed after that try is freed before this load (both under the
+     * table's lock), so the count is seen. */
+    while (__atomic_load_n(&ch->qlen, __ATOMIC_ACQUIRE)) {
+        pthread_mutex_lock(&ch->qlock);
+        struct queued *e = ch->qhead.next;
+        if (e == &ch->qhead || ch->qclosed) {
+            pthread_mutex_unlock(&ch->qlock);
+            return;
+        }
+        struct vrpc_conn *c;
+        pthread_mutex_lock(&ch->conn_lock);
+        c = ch->conn;
+        if (c && !__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE) && !__atomic_load_n(&c->goaway, __ATOMIC_ACQUIRE))
+            conn_ref(c);
+        else
+            c = NULL;
+        pthread_mutex_unlock(&ch->conn_lock);
+        if (!c) {
+            /* never connect here (this may be the poller): fail it */
+            queued_unlink_locked(ch, e);
+            pthread_mutex_unlock(&ch->qlock);
+            queued_fail(e, VRPC_UNAVAILABLE, "connection lost while the call waited for a slot");
+            continue;
+        }
+        if (e->mdsz + e->plen > c->max_payload) { /* a new connection with a lower limit */
+            queued_unlink_locked(ch, e);
+            pthread_mutex_unlock(&ch->qlock);
+            conn_unref(c);
+            queued_fail(e, VRPC_RESOURCE_EXHAUSTED, "request exceeds the server's limit");
+            continue;
+        }
+        struct vrpc_pending_slot *s;
+        if (vrpc_pending_try_alloc(ch->pend, c, &s)) {
+            /* no slot (the next free will pump again) or closing (destroy
+             * fails the queue) */
+            pthread_mutex_unlock(&ch->qlock);
+            conn_unref(c);
+            return;
+        }
+        queued_unlink_locked(ch, e);
+        struct vrpc_buf *b = e->buf;
+        uint32_t mdsz = e->mdsz, plen = e->plen;
+        const struct vrpc_method_desc *m = e->m;
+        vrpc_call_cb cb = e->cb;
+        void *cbarg = e->arg;
+        int64_t deadline = e->deadline;
+        e->buf = NULL;
+        e->next = ch->qfree;
+        ch->qfree = e;
+        pthread_mutex_unlock(&ch->qlock);
+        launch_queued(ch, c, s, b, mdsz, plen, m, cb, cbarg, deadline);
+    }
+}
+
+/* Queue an async call for lack of a slot; b holds its packed request (mdsz +
+ * plen bytes behind the header's room) and belongs to the queue on 0.
+ * 0 (queued), -EAGAIN (the backlog is full), -ESHUTDOWN. */
+static int enqueue(struct vrpc_channel *ch, struct vrpc_buf *b, uint32_t mdsz, uint32_t plen,
+                   const struct vrpc_method_desc *m, const struct vrpc_call_opts *o, vrpc_call_cb cb, void *arg,
+                   int64_t deadline)
+{
+    struct queued *e;
+    pthread_mutex_lock(&ch->qlock);
+    if (ch->qclosed) {
+        pthread_mutex_unlock(&ch->qlock);
+        return -ESHUTDOWN;
+    }
+    if (!(e = ch->qfree)) {
+        pthread_mutex_unlock(&ch->qlock);
+        return -EAGAIN;
+    }
+    ch->qfree = e->next;
+    pthread_mutex_unlock(&ch->qlock);
+    e->plen = plen;
+    e->mdsz = mdsz;
+    e->buf = b;
+    e->m = m;
+    e->cb = cb;
+    e->arg = arg;
+    e->deadline = deadline;
+    if (o && o->call_id)
+        __atomic_store_n(o->call_id, 0, __ATOMIC_RELEASE); /* see rpc.h: no id while queued */
+    pthread_mutex_lock(&ch->qlock);
+    e->queued = true;
+    e->next = &ch->qhead;
+    e->prev = ch->qhead.prev;
+    ch->qhead.prev->next = e;
+    ch->qhead.prev = e;
+    __atomic_add_fetch(&ch->qlen, 1, __ATOMIC_RELEASE);
+    if (deadline != VRPC_NO_DEADLINE) /* under qlock: a pump cannot take it before it is armed */
+        vrpc_timer_arm(ch->wheel, &e->timer, deadline, queued_expired, e, e->qgen);
+    pthread_mutex_unlock(&ch->qlock);
+    pump(ch);
+    return 0;
+}
+
+static bool backlog_empty(struct vrpc_channel *ch)
+{
+    return __atomic_load_n(&ch->qlen, __ATOMIC_ACQUIRE) == 0;
+}
+
 /* Start a call: connect, take a slot, pack and send. Returns 0 with *out set
- * (the slot's outcome will be decided by someone), or fills st and returns
- * its code (nothing pending). */
+ * (the slot's outcome will be decided by someone), 0 with *out NULL for an
+ * async call queued for lack of a slot, -EAGAIN for an async call refused
+ * (the backlog is full, or a large request finds no slot), or fills st and
+ * returns its code (nothing pending). An async call (cb set) does not wait
+ * for a slot or a send buffer. */
 static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
                       const ProtobufCMessage *req, const struct vrpc_call_opts *o, vrpc_call_cb cb,
                       void *arg, struct vrpc_status *st, struct vrpc_pending_slot **out)
@@ -912,7 +1149,35 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
         }
         plen = vrpc_pb_pack_sized(req, lb->data);
     }
-    rc = vrpc_pending_alloc(ch->pend, deadline, c, &s);
+    if (cb) {
+        /* behind calls already queued, to keep their order */
+        rc = backlog_empty(ch) ? vrpc_pending_try_alloc(ch->pend, c, &s) : -EAGAIN;
+        if (rc == -EAGAIN) {
+            /* Queue it packed in a send buffer. A large request is not
+             * queued (its grant would pin memory while it waits): refused. */
+            struct vrpc_buf *qb = lb ? NULL : vrpc_pool_get(ch->send_pool);
+            conn_unref(c);
+            if (!qb) {
+                vrpc_lbuf_put(lb);
+                return -EAGAIN;
+            }
+            if (mdsz)
+                vrpc_wire_md_encode((uint8_t *)qb->data + VRPC_WIRE_HDR_LEN, o->md, o->md_count);
+            plen = vrpc_pb_pack_sized(req, (uint8_t *)qb->data + VRPC_WIRE_HDR_LEN + mdsz);
+            rc = enqueue(ch, qb, (uint32_t)mdsz, (uint32_t)plen, m, o, cb, arg, deadline);
+            if (rc == 0) {
+                *out = NULL;
+                return 0;
+            }
+            vrpc_pool_put(qb);
+            if (rc == -EAGAIN)
+                return -EAGAIN;
+            vrpc_status_set(st, VRPC_UNAVAILABLE, "channel is shutting down");
+            return VRPC_UNAVAILABLE;
+        }
+    } else {
+        rc = vrpc_pending_alloc(ch->pend, deadline, c, &s);
+    }
     if (rc) {
         vrpc_lbuf_put(lb);
         conn_unref(c);
@@ -931,7 +1196,21 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
     s->cb_ch = ch;
     s->deadline_ns = deadline;
 
-    struct vrpc_buf *b = vrpc_rpc_buf_get(ch->send_pool, true);
+    /* async: the pool holds max_outstanding + max_queued + spare buffers, so
+     * it is empty only while many cancels are being sent: the call then
+     * fails UNAVAILABLE through its callback rather than wait */
+    struct vrpc_buf *b = vrpc_rpc_buf_get(ch->send_pool, cb == NULL);
+    if (!b) {
+        vrpc_lbuf_put(lb);
+        if (vrpc_pending_decide(s, gen)) {
+            vrpc_status_set(&s->st, VRPC_UNAVAILABLE, "no send buffer free");
+            complete(ch, s, gen, false);
+        }
+        slot_seen(s, gen);
+        slot_drop(s, gen);
+        *out = s;
+        return 0;
+    }
     struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST,
                               .method_id = m->id, .request_id = id, .md_len = (uint32_t)mdsz};
     if (deadline != VRPC_NO_DEADLINE) {
@@ -971,7 +1250,7 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
     if (!rc)
         rc = __atomic_fetch_or(&c->dead, 0, __ATOMIC_ACQ_REL) ? -ENOTCONN : 0;
     if (!rc)
-        rc = vrpc_rpc_send(c->ep, b, flen, true);
+        rc = vrpc_rpc_send(c->ep, b, flen, cb == NULL); /* async: never waits for credits */
     else
         vrpc_pool_put(b);
     if (rc) {
@@ -1038,7 +1317,10 @@ int vrpc_call_async(struct vrpc_channel *ch, const struct vrpc_method_desc *m, c
         return -EINVAL;
     if (vrpc_channel_state(ch) == VRPC_CHANNEL_SHUTDOWN)
         return -ESHUTDOWN;
-    if (start_call(ch, m, req, opts, cb, arg, &st, &s)) {
+    int code = start_call(ch, m, req, opts, cb, arg, &st, &s);
+    if (code == -EAGAIN)
+        return -EAGAIN;
+    if (code) {
         struct early_fail *e = malloc(sizeof(*e));
         if (!e)
             return -ENOMEM;
@@ -1070,6 +1352,8 @@ int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *opts, s
         return -ENOMEM;
     pthread_mutex_init(&ch->conn_lock, NULL);
     pthread_mutex_init(&ch->connect_mu, NULL);
+    pthread_mutex_init(&ch->qlock, NULL);
+    ch->qhead.next = ch->qhead.prev = &ch->qhead;
     ch->live.next = ch->live.prev = &ch->live;
     if (opts)
         ch->o = *opts;
@@ -1080,6 +1364,8 @@ int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *opts, s
         ch->o.threads = 2;
     if (!ch->o.max_outstanding)
         ch->o.max_outstanding = 256;
+    if (!ch->o.max_queued)
+        ch->o.max_queued = ch->o.max_outstanding;
     if (!ch->o.connect_timeout_ms)
         ch->o.connect_timeout_ms = 5000;
     if (!ch->o.backoff_initial_ms)
@@ -1107,7 +1393,18 @@ int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *opts, s
     if ((rc = vrpc_pending_create(ch->o.max_outstanding, &ch->pend)))
         goto fail;
     if (ch->o.no_spin)
-        ch->pend->wait_spins = 0;
+        ch->pend->spin = false;
+    ch->pend->on_free = pump;
+    ch->pend->on_free_arg = ch;
+    if (!(ch->qents = calloc(ch->o.max_queued, sizeof(*ch->qents)))) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    for (uint32_t i = ch->o.max_queued; i-- > 0;) {
+        ch->qents[i].ch = ch;
+        ch->qents[i].next = ch->qfree;
+        ch->qfree = &ch->qents[i];
+    }
     if ((rc = vrpc_timer_wheel_create(1000, &ch->wheel)))
         goto fail;
     if (ch->o.sched) {
@@ -1124,7 +1421,7 @@ int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *opts, s
     }
     if ((rc = vrpc_sched_producer_create(ch->sched, &ch->prod)))
         goto fail;
-    if ((rc = vrpc_pool_create(ch->tp, eager, ch->o.max_outstanding + 64, &ch->send_pool)))
+    if ((rc = vrpc_pool_create(ch->tp, eager, ch->o.max_outstanding + ch->o.max_queued + 64, &ch->send_pool)))
         goto fail;
     if ((rc = vrpc_pool_create(ch->tp, eager, RECV_BUFS, &ch->recv_pool)))
         goto fail;
@@ -1157,6 +1454,22 @@ void vrpc_channel_destroy(struct vrpc_channel *ch)
     if (!ch)
         return;
     set_state(ch, VRPC_CHANNEL_SHUTDOWN);
+    /* queued async calls complete once, with CANCELLED; no pump sends more */
+    pthread_mutex_lock(&ch->qlock);
+    ch->qclosed = true;
+    struct queued *flush = NULL;
+    while (ch->qhead.next != &ch->qhead) {
+        struct queued *e = ch->qhead.next;
+        queued_unlink_locked(ch, e);
+        e->next = flush;
+        flush = e;
+    }
+    pthread_mutex_unlock(&ch->qlock);
+    while (flush) {
+        struct queued *e = flush;
+        flush = e->next;
+        queued_fail(e, VRPC_CANCELLED, "channel destroyed");
+    }
     if (ch->pend) {
         vrpc_pending_close(ch->pend);
         /* every pending call completes once, with CANCELLED */
@@ -1186,10 +1499,16 @@ void vrpc_channel_destroy(struct vrpc_channel *ch)
     vrpc_sched_producer_destroy(ch->prod);
     if (ch->own_sched)
         vrpc_sched_destroy(ch->sched);
+    /* the failure callbacks of queued calls (on a caller's scheduler they
+     * may still be running) */
+    while ((v = __atomic_load_n(&ch->qtasks, __ATOMIC_ACQUIRE)) != 0)
+        vrpc_rpc_futex_wait_ns(&ch->qtasks, v, 10000000);
     vrpc_pool_destroy(ch->recv_pool);
     vrpc_pool_destroy(ch->send_pool);
     vrpc_timer_wheel_destroy(ch->wheel);
     vrpc_pending_destroy(ch->pend);
+    free(ch->qents);
+    pthread_mutex_destroy(&ch->qlock);
     vrpc_transport_destroy(ch->tp);
     pthread_mutex_destroy(&ch->conn_lock);
     pthread_mutex_destroy(&ch->connect_mu);

@@ -11,10 +11,6 @@
 #define FLAGS(w) ((uint32_t)(w))
 #define WORD(g, f) (((uint64_t)(g) << 32) | (f))
 
-/* How long a synchronous waiter spins before sleeping on its futex: most
- * responses on a fast transport arrive within it and save a wake-up. */
-#define WAIT_SPINS 2000
-
 static uint32_t next_gen(uint32_t g) { return g + 1 ? g + 1 : 1; }
 
 int vrpc_pending_create(uint32_t n, struct vrpc_pending **out)
@@ -34,7 +30,7 @@ int vrpc_pending_create(uint32_t n, struct vrpc_pending **out)
         return -ENOMEM;
     }
     p->n = p->limit = p->nfree = n;
-    p->wait_spins = WAIT_SPINS;
+    p->spin = true;
     for (uint32_t i = 0; i < n; i++) {
         p->slots[i].index = i;
         p->slots[i].table = p;
@@ -73,6 +69,18 @@ void vrpc_pending_set_limit(struct vrpc_pending *p, uint32_t limit)
     pthread_mutex_unlock(&p->lock);
 }
 
+static struct vrpc_pending_slot *take_locked(struct vrpc_pending *p, void *conn)
+{
+    struct vrpc_pending_slot *s = &p->slots[p->free[--p->nfree]];
+    p->in_use++;
+    uint64_t w = __atomic_load_n(&s->word, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->conn, conn, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->xfer, 1, __ATOMIC_RELAXED); /* the owner's hold, see pending.h */
+    /* release: conn and xfer are visible to whoever sees INUSE (the loss scan). */
+    __atomic_store_n(&s->word, WORD(GEN(w), VRPC_PEND_INUSE), __ATOMIC_RELEASE);
+    return s;
+}
+
 int vrpc_pending_alloc(struct vrpc_pending *p, int64_t deadline_ns, void *conn,
                        struct vrpc_pending_slot **out)
 {
@@ -93,16 +101,23 @@ int vrpc_pending_alloc(struct vrpc_pending *p, int64_t deadline_ns, void *conn,
     }
     if (!rc && p->closed)
         rc = -ESHUTDOWN;
-    if (!rc) {
-        struct vrpc_pending_slot *s = &p->slots[p->free[--p->nfree]];
-        p->in_use++;
-        uint64_t w = __atomic_load_n(&s->word, __ATOMIC_RELAXED);
-        __atomic_store_n(&s->conn, conn, __ATOMIC_RELAXED);
-        __atomic_store_n(&s->xfer, 1, __ATOMIC_RELAXED); /* the owner's hold, see pending.h */
-        /* release: conn and xfer are visible to whoever sees INUSE (the loss scan). */
-        __atomic_store_n(&s->word, WORD(GEN(w), VRPC_PEND_INUSE), __ATOMIC_RELEASE);
-        *out = s;
-    }
+    if (!rc)
+        *out = take_locked(p, conn);
+    pthread_mutex_unlock(&p->lock);
+    return rc;
+}
+
+int vrpc_pending_try_alloc(struct vrpc_pending *p, void *conn, struct vrpc_pending_slot **out)
+{
+    int rc = 0;
+
+    pthread_mutex_lock(&p->lock);
+    if (p->closed)
+        rc = -ESHUTDOWN;
+    else if (p->in_use >= p->limit || p->nfree == 0)
+        rc = -EAGAIN;
+    else
+        *out = take_locked(p, conn);
     pthread_mutex_unlock(&p->lock);
     return rc;
 }
@@ -127,6 +142,8 @@ static void slot_free(struct vrpc_pending_slot *s)
     else
         pthread_cond_signal(&p->cond);
     pthread_mutex_unlock(&p->lock);
+    if (p->on_free)
+        p->on_free(p->on_free_arg);
 }
 
 uint64_t vrpc_pending_id(const struct vrpc_pending_slot *s)
@@ -170,9 +187,13 @@ void vrpc_pending_publish(struct vrpc_pending_slot *s, uint32_t gen)
         vrpc_futex_wake_all(&s->done);
 }
 
+/* How long a synchronous waiter spins before sleeping on its futex: most
+ * responses on a fast transport arrive within it and save a wake-up. */
+#define WAIT_SPINS 2000
+
 void vrpc_pending_wait(struct vrpc_pending_slot *s, uint32_t gen)
 {
-    for (uint32_t i = 0; i < s->table->wait_spins; i++) {
+    for (uint32_t i = 0; s->table->spin && i < WAIT_SPINS; i++) {
         if (__atomic_load_n(&s->done, __ATOMIC_ACQUIRE) == gen)
             return;
         __builtin_ia32_pause();

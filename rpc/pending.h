@@ -78,7 +78,11 @@ struct vrpc_pending {
     uint32_t nfree;
     uint32_t *free;       /* LIFO stack of free indices, lowest on top initially */
     bool closed;
-    uint32_t wait_spins;  /* vrpc_pending_wait spins this often before sleeping */
+    bool spin;            /* false: vrpc_pending_wait sleeps at once (no_spin) */
+    /* Called, with no lock held, on whichever thread freed a slot (set once
+     * before the table is used; NULL: none). */
+    void (*on_free)(void *arg);
+    void *on_free_arg;
     pthread_mutex_t lock; /* free stack, in_use, limit, closed */
     pthread_cond_t cond;  /* signalled when a slot frees or the table closes */
     struct vrpc_pending_slot *slots;
@@ -98,6 +102,8 @@ void vrpc_pending_set_limit(struct vrpc_pending *p, uint32_t limit);
  * 0, -ETIMEDOUT or -ESHUTDOWN (table closed). */
 int vrpc_pending_alloc(struct vrpc_pending *p, int64_t deadline_ns, void *conn,
                        struct vrpc_pending_slot **out);
+/* As alloc, never waiting: -EAGAIN when limit slots are in use. */
+int vrpc_pending_try_alloc(struct vrpc_pending *p, void *conn, struct vrpc_pending_slot **out);
 /* Wake every waiter of alloc and make later allocs fail with -ESHUTDOWN. */
 void vrpc_pending_close(struct vrpc_pending *p);
 

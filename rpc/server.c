@@ -38,14 +38,37 @@ struct method_entry {
 
 struct sconn;
 
+/* A call object's state word (atomic): generation << 32 | CALL_* flags. The
+ * generation counts the calls the object has carried, so that a deadline
+ * timer of an earlier call can never touch a later one.
+ *   0 --request arrives (poller)--> RUN
+ *   RUN --the handler answers (claim: CAS)--> RUN|DECIDED --sent--> 0
+ *   RUN --deadline passes, or the connection is lost (detach: CAS)-->
+ *       RUN|DECIDED|DETACHED: the server answered for the handler (or nobody
+ *       can be answered); the handler's later answer only ends its hold:
+ *   RUN|DECIDED|DETACHED --the handler answers--> 0
+ * A detached object that is still RUN when the client reuses its slot id is
+ * replaced in the slot table by a fresh object (poller), and freed when its
+ * handler lets go. Lifetime is a reference count: one for the slot table,
+ * one from arrival until the handler answers (or the call is refused before
+ * a handler ran), one while a deadline timer is armed or firing. */
+#define CALL_RUN 0x1u
+#define CALL_DECIDED 0x2u
+#define CALL_DETACHED 0x4u
+
 struct vrpc_server_call {
     struct vrpc_task task;
-    struct sconn *conn;
+    struct vrpc_server *s;
+    struct sconn *conn;   /* valid while RUN and not DETACHED (the call holds a reference) */
     struct method_entry *me;
+    const struct vrpc_method_desc *method;
+    uint64_t state;       /* atomic, see above */
+    uint32_t refs;        /* atomic */
+    uint32_t cancelled;   /* atomic: client cancel, connection loss, deadline, detach */
+    int detach_rc;        /* what a detached call's late answer returns (set before DETACHED) */
     uint64_t req_id;
-    uint32_t busy;      /* atomic: 1 from arrival until answered */
-    uint32_t cancelled; /* atomic */
     int64_t arrival_ns, deadline_ns;
+    struct vrpc_timer timer;  /* server-side deadline while the call runs */
     uint8_t *buf;       /* copy of metadata + payload */
     uint32_t cap, len, md_len;
     size_t nmd;
@@ -74,7 +97,7 @@ struct sconn {
     uint32_t client_max;         /* the client's max_msg_size */
     bool large;                  /* both sides offer VRPC_FEAT_LARGE (poller only) */
     uint32_t ncalls;
-    struct vrpc_server_call *calls;
+    struct vrpc_server_call **calls; /* slot table: written by the poller only */
     struct vrpc_rndv_out *rsp; /* ncalls: large responses until the client's DONE
                                   (by slot; state moves as in rpc/rndv.h) */
     bool gone;                 /* DISCONNECTED seen (under s->lock): no new grant */
@@ -99,11 +122,13 @@ struct vrpc_server {
     bool own_sched;
     char uri[VRPC_URI_MAX];
 
-    struct vrpc_timer_wheel *wheel; /* hold timeouts of large responses */
+    struct vrpc_timer_wheel *wheel; /* hold timeouts of large responses, deadlines of
+                                       calls whose handler runs */
     pthread_mutex_t lock;  /* conns list, shutdown, grants vs DISCONNECTED */
     struct sconn conns;    /* list head */
     uint32_t nconns;       /* futex: sconns not yet freed */
     uint32_t inflight;     /* futex: calls arrived and not yet answered */
+    uint32_t tasks;        /* futex: call tasks submitted and not yet finished */
     uint32_t shutting;     /* atomic */
     bool shut_done;
     int shut_rc;
@@ -239,6 +264,40 @@ static struct method_entry *lookup(const struct vrpc_server *s, uint32_t id)
     }
 }
 
+/* ---- call objects ------------------------------------------------------------- */
+
+#define ST_GEN(w) ((uint32_t)((w) >> 32))
+#define ST_FLAGS(w) ((uint32_t)(w))
+#define ST_WORD(g, f) (((uint64_t)(g) << 32) | (f))
+
+static struct vrpc_server_call *call_new(struct vrpc_server *s, struct sconn *c)
+{
+    struct vrpc_server_call *call = calloc(1, sizeof(*call));
+    if (!call)
+        return NULL;
+    call->s = s;
+    call->conn = c;
+    call->refs = 1; /* the slot table's */
+    call->state = ST_WORD(1, 0);
+    /* decoded messages are rarely more than twice their encoding; the first
+     * block fits an eager request, large ones grow it */
+    vrpc_arena_init(&call->arena, (size_t)vrpc_ep_eager_size(c->ep) * 2 + 4096, (size_t)s->max_payload * 8 + 65536);
+    return call;
+}
+
+/* Touches nothing but the object: the last reference may be dropped by a
+ * handler answering after its server was destroyed. */
+static void call_unref(struct vrpc_server_call *call)
+{
+    if (!call || __atomic_sub_fetch(&call->refs, 1, __ATOMIC_ACQ_REL) != 0)
+        return;
+    vrpc_lbuf_put(call->req_lb);
+    free(call->buf);
+    free(call->md);
+    vrpc_arena_fini(&call->arena);
+    free(call);
+}
+
 /* ---- connections ------------------------------------------------------------- */
 
 static void sconn_unref(struct sconn *c)
@@ -247,11 +306,8 @@ static void sconn_unref(struct sconn *c)
         return;
     struct vrpc_server *s = c->s;
     vrpc_ep_destroy(c->ep);
-    for (uint32_t i = 0; i < c->ncalls; i++) {
-        free(c->calls[i].buf);
-        free(c->calls[i].md);
-        vrpc_arena_fini(&c->calls[i].arena);
-    }
+    for (uint32_t i = 0; i < c->ncalls; i++)
+        call_unref(c->calls[i]); /* the slot table's reference */
     free(c->calls);
     free(c->rsp);
     free(c);
@@ -294,6 +350,67 @@ static void refuse(struct sconn *c, uint64_t id, enum vrpc_code code, const char
 
 static void call_task(struct vrpc_task *t);
 static void request_read_done(struct poller *pl, struct vrpc_rndv_in *in, int status);
+static void deadline_fired(void *ctx, uint64_t gen);
+static void answered(struct sconn *c);
+static int call_claim(struct vrpc_server_call *call);
+
+/* Decide the call's outcome for the server, not its handler (deadline passed,
+ * connection lost): exactly one of this and the handler's claim wins. On a
+ * win the call no longer holds its connection: returns it, still referenced,
+ * so the caller can send the status, then calls answered(); *id is the call's
+ * request id. NULL: lost. by_timer: called by the call's own deadline timer
+ * (otherwise an armed timer is cancelled here). */
+static struct sconn *call_detach(struct vrpc_server_call *call, uint32_t gen, enum vrpc_code code, int rc,
+                                 bool by_timer, uint64_t *id)
+{
+    uint64_t w = ST_WORD(gen, CALL_RUN);
+    /* Read before the CAS: once it publishes the detach, the handler may let
+     * go and the poller reuse the object. The reads are atomic because they
+     * may meet the poller's writes for a later call; the CAS then fails. */
+    struct sconn *c = call->conn; /* never changes */
+    uint64_t rid = __atomic_load_n(&call->req_id, __ATOMIC_RELAXED);
+    struct method_entry *me = __atomic_load_n(&call->me, __ATOMIC_RELAXED);
+    int64_t arrival = __atomic_load_n(&call->arrival_ns, __ATOMIC_RELAXED);
+    int64_t deadline = __atomic_load_n(&call->deadline_ns, __ATOMIC_RELAXED);
+    __atomic_store_n(&call->detach_rc, rc, __ATOMIC_RELAXED); /* read after DETACHED is seen */
+    if (!__atomic_compare_exchange_n(&call->state, &w, ST_WORD(gen, CALL_RUN | CALL_DECIDED | CALL_DETACHED),
+                                     false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return NULL;
+    __atomic_store_n(&call->cancelled, 1, __ATOMIC_RELEASE);
+    record(me, code, arrival);
+    /* The call stays RUN until its handler lets go, so the timer cannot be
+     * re-armed meanwhile: cancelling here is safe. */
+    if (!by_timer && deadline != VRPC_NO_DEADLINE && vrpc_timer_cancel(c->s->wheel, &call->timer))
+        call_unref(call);
+    if (id)
+        *id = rid;
+    return c;
+}
+
+
+/* Poller: the request is complete: arm its deadline and hand it to a worker. */
+static void call_submit(struct poller *pl, struct vrpc_server_call *call, uint32_t gen)
+{
+    struct vrpc_server *s = pl->s;
+    if (call->deadline_ns != VRPC_NO_DEADLINE) {
+        __atomic_add_fetch(&call->refs, 1, __ATOMIC_RELAXED); /* the armed timer's */
+        vrpc_timer_arm(s->wheel, &call->timer, call->deadline_ns, deadline_fired, call, gen);
+    }
+    __atomic_add_fetch(&s->tasks, 1, __ATOMIC_RELAXED);
+    if (vrpc_sched_producer_submit(pl->prod, &call->task)) {
+        /* The scheduler is shutting down: no handler may run on a poller, so
+         * answer here without one. */
+        uint64_t id;
+        struct sconn *dc = call_detach(call, gen, VRPC_UNAVAILABLE, -ECONNRESET, false, &id);
+        if (dc) {
+            struct vrpc_wire_hdr r = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
+                                      .status = VRPC_UNAVAILABLE, .request_id = id};
+            vrpc_rpc_send_simple(dc->ep, s->send_pool, &r, "server is shutting down", 23, false);
+            answered(dc);
+        }
+        call_task(&call->task); /* sees DETACHED: only lets go of the call */
+    }
+}
 
 static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8_t *body)
 {
@@ -304,10 +421,25 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
         conn_protocol_error(c, "request beyond the granted call credits", -EPROTO);
         return;
     }
-    struct vrpc_server_call *call = &c->calls[slot];
-    if (__atomic_load_n(&call->busy, __ATOMIC_ACQUIRE)) {
+    struct vrpc_server_call *call = c->calls[slot];
+    uint64_t st = __atomic_load_n(&call->state, __ATOMIC_ACQUIRE);
+    if ((ST_FLAGS(st) & CALL_RUN) && !(ST_FLAGS(st) & CALL_DETACHED)) {
         conn_protocol_error(c, "request id reuses a call still in flight", -EPROTO);
         return;
+    }
+    if (ST_FLAGS(st) & CALL_RUN) {
+        /* The server answered this slot's last call early (its deadline
+         * passed) and the client reused the id while the handler still holds
+         * the call: the handler keeps that object, the slot gets a new one. */
+        struct vrpc_server_call *fresh = call_new(s, c);
+        if (!fresh) {
+            refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "server out of memory");
+            return;
+        }
+        c->calls[slot] = fresh;
+        call_unref(call);
+        call = fresh;
+        st = __atomic_load_n(&call->state, __ATOMIC_RELAXED);
     }
     if (__atomic_load_n(&c->rsp[slot].state, __ATOMIC_ACQUIRE) == VRPC_RNDV_GRANTED) {
         conn_protocol_error(c, "request on a slot whose large response has had no DONE", -EPROTO);
@@ -381,19 +513,26 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
     call->nmd = (size_t)nmd;
     call->len = (uint32_t)size;
     call->md_len = h->md_len;
-    call->me = me;
-    call->req_id = h->request_id;
-    call->arrival_ns = now;
-    call->deadline_ns = (h->flags & VRPC_FF_DEADLINE)
-                            ? (h->budget_us > (uint64_t)(INT64_MAX - now) / 1000 ? VRPC_NO_DEADLINE
-                                                                                  : now + (int64_t)h->budget_us * 1000)
-                            : VRPC_NO_DEADLINE;
+    call->method = me->m;
+    /* atomic: call_detach may read these of an earlier call (see there) */
+    __atomic_store_n(&call->me, me, __ATOMIC_RELAXED);
+    __atomic_store_n(&call->req_id, h->request_id, __ATOMIC_RELAXED);
+    __atomic_store_n(&call->arrival_ns, now, __ATOMIC_RELAXED);
+    __atomic_store_n(&call->deadline_ns,
+                     (h->flags & VRPC_FF_DEADLINE)
+                         ? (h->budget_us > (uint64_t)(INT64_MAX - now) / 1000 ? VRPC_NO_DEADLINE
+                                                                               : now + (int64_t)h->budget_us * 1000)
+                         : VRPC_NO_DEADLINE,
+                     __ATOMIC_RELAXED);
+    uint32_t gen = ST_GEN(st) + 1 ? ST_GEN(st) + 1 : 1;
     __atomic_store_n(&call->cancelled, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&call->busy, 1, __ATOMIC_RELEASE);
+    __atomic_add_fetch(&call->refs, 1, __ATOMIC_RELAXED); /* until the handler answers */
     __atomic_add_fetch(&c->refs, 1, __ATOMIC_RELAXED);
     __atomic_add_fetch(&s->inflight, 1, __ATOMIC_RELAXED);
+    /* release: the fields above are visible to whoever sees RUN */
+    __atomic_store_n(&call->state, ST_WORD(gen, CALL_RUN), __ATOMIC_RELEASE);
     vrpc_task_init(&call->task, call_task);
-    if (rndv) { /* the handler is scheduled from the READ completion */
+    if (rndv) { /* the handler (and the deadline) start from the READ completion */
         int rc = vrpc_rndv_read(&call->in);
         if (rc == -ENOSPC)
             vrpc_rndv_read_later(&c->poller->retry, &call->in);
@@ -401,8 +540,7 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
             request_read_done(c->poller, &call->in, rc);
         return;
     }
-    if (vrpc_sched_producer_submit(c->poller->prod, &call->task))
-        call_task(&call->task); /* scheduler shutting down: answer here (it will fail fast) */
+    call_submit(c->poller, call, gen);
 }
 
 /* ---- large messages: the server's side of the rendezvous ------------------ */
@@ -411,14 +549,11 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
  * its request payload could not be read): no RESPONSE goes out. */
 static void abandon_call(struct vrpc_server_call *call)
 {
-    struct sconn *c = call->conn;
-    record(call->me, VRPC_UNAVAILABLE, call->arrival_ns);
-    vrpc_arena_reset(&call->arena);
-    __atomic_store_n(&call->busy, 0, __ATOMIC_RELEASE);
-    struct vrpc_server *s = c->s;
-    if (__atomic_sub_fetch(&s->inflight, 1, __ATOMIC_ACQ_REL) == 0 && __atomic_load_n(&s->shutting, __ATOMIC_ACQUIRE))
-        vrpc_futex_wake_all(&s->inflight);
-    sconn_unref(c);
+    uint64_t st = __atomic_load_n(&call->state, __ATOMIC_ACQUIRE);
+    struct sconn *dc = call_detach(call, ST_GEN(st), VRPC_UNAVAILABLE, -ECONNRESET, false, NULL);
+    if (dc) /* else already detached by the connection's loss */
+        answered(dc);
+    call_claim(call); /* no handler will: let go of the call here */
 }
 
 /* Poller: the read of a request payload finished (or could not start). On
@@ -443,8 +578,7 @@ static void request_read_done(struct poller *pl, struct vrpc_rndv_in *in, int st
         if (rc && rc != -ENOTCONN)
             conn_protocol_error(c, "no send buffer or credit for DONE (closing rather than holding the client)", rc);
     }
-    if (vrpc_sched_producer_submit(pl->prod, &call->task))
-        call_task(&call->task);
+    call_submit(pl, call, ST_GEN(__atomic_load_n(&call->state, __ATOMIC_ACQUIRE)));
 }
 
 static void request_read_failed(struct vrpc_rndv_in *in, int rc, void *arg)
@@ -529,10 +663,10 @@ static void on_cancel(struct sconn *c, uint64_t id)
     uint32_t slot = vrpc_wire_id_slot(id);
     if (slot >= c->ncalls)
         return;
-    struct vrpc_server_call *call = &c->calls[slot];
+    struct vrpc_server_call *call = c->calls[slot];
     /* req_id is written by this poller thread only, so reading it is safe;
-     * busy tells whether it is still the call in flight */
-    if (__atomic_load_n(&call->busy, __ATOMIC_ACQUIRE) && call->req_id == id)
+     * RUN tells whether it is still the call in flight */
+    if ((ST_FLAGS(__atomic_load_n(&call->state, __ATOMIC_ACQUIRE)) & CALL_RUN) && call->req_id == id)
         __atomic_store_n(&call->cancelled, 1, __ATOMIC_RELEASE);
 }
 
@@ -548,19 +682,17 @@ static void on_hello(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8
     c->client_max = hs.max_msg_size;
     c->client_max_payload = vrpc_rndv_send_limit(hs.max_msg_size, hs.features, eager);
     c->large = (hs.features & vrpc_rndv_features & VRPC_FEAT_LARGE) != 0;
-    c->ncalls = s->o.max_concurrent;
-    c->calls = calloc(c->ncalls, sizeof(*c->calls));
-    c->rsp = calloc(c->ncalls, sizeof(*c->rsp));
+    c->calls = calloc(s->o.max_concurrent, sizeof(*c->calls));
+    c->rsp = calloc(s->o.max_concurrent, sizeof(*c->rsp));
     if (!c->calls || !c->rsp) {
-        c->ncalls = 0;
         conn_protocol_error(c, "out of memory for the call table", -ENOMEM);
         return;
     }
-    for (uint32_t i = 0; i < c->ncalls; i++) {
-        c->calls[i].conn = c;
-        /* decoded messages are rarely more than twice their encoding; the
-         * first block fits an eager request, large ones grow it */
-        vrpc_arena_init(&c->calls[i].arena, (size_t)eager * 2 + 4096, (size_t)s->max_payload * 8 + 65536);
+    for (c->ncalls = 0; c->ncalls < s->o.max_concurrent; c->ncalls++) {
+        if (!(c->calls[c->ncalls] = call_new(s, c))) {
+            conn_protocol_error(c, "out of memory for the call table", -ENOMEM);
+            return;
+        }
     }
     c->hello_done = true;
     struct vrpc_wire_hdr a = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_HELLO_ACK};
@@ -614,9 +746,19 @@ static void on_disconnected(struct sconn *c)
 {
     struct vrpc_server *s = c->s;
     __atomic_store_n(&c->dead, 1, __ATOMIC_RELEASE);
-    for (uint32_t i = 0; i < c->ncalls; i++)
-        if (__atomic_load_n(&c->calls[i].busy, __ATOMIC_ACQUIRE))
-            __atomic_store_n(&c->calls[i].cancelled, 1, __ATOMIC_RELEASE);
+    /* Nobody can be answered any more: detach every call still in flight, so
+     * that the connection (and a server being destroyed) need not wait for
+     * handlers that answer late or never. Their later answer returns
+     * -ECONNRESET and touches nothing but the call object. */
+    for (uint32_t i = 0; i < c->ncalls; i++) {
+        struct vrpc_server_call *call = c->calls[i];
+        uint64_t st = __atomic_load_n(&call->state, __ATOMIC_ACQUIRE);
+        if (ST_FLAGS(st) != CALL_RUN)
+            continue;
+        struct sconn *dc = call_detach(call, ST_GEN(st), VRPC_UNAVAILABLE, -ECONNRESET, false, NULL);
+        if (dc)
+            answered(dc);
+    }
     pthread_mutex_lock(&s->lock);
     c->prev->next = c->next;
     c->next->prev = c->prev;
@@ -703,22 +845,9 @@ static void server_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned 
 
 /* ---- calls: worker side ----------------------------------------------------- */
 
-/* Release the call object (before the response is sent, so the client may
- * reuse the slot the moment it sees the response). Returns the connection,
- * still referenced: the caller sends, then calls answered(). */
-static struct sconn *release_call(struct vrpc_server_call *call, enum vrpc_code code)
-{
-    struct sconn *c = call->conn;
-    struct vrpc_server *s = c->s;
-    record(call->me, code, call->arrival_ns);
-    (void)s;
-    vrpc_arena_reset(&call->arena);
-    __atomic_store_n(&call->busy, 0, __ATOMIC_RELEASE);
-    return c;
-}
-
-/* After the response went to the transport: one call fewer in flight (the
- * drain in vrpc_server_shutdown closes connections only after this). */
+/* After the call's outcome went to the transport (or could not): one call
+ * fewer in flight (the drain in vrpc_server_shutdown closes connections only
+ * after this), and the call's hold on its connection ends. */
 static void answered(struct sconn *c)
 {
     struct vrpc_server *s = c->s;
@@ -727,10 +856,56 @@ static void answered(struct sconn *c)
     sconn_unref(c);
 }
 
+/* The handler's side of the race with call_detach. 0: the handler decides the
+ * outcome (the caller answers, then finish_call). Otherwise the server has
+ * already answered for it (deadline) or its connection is gone: the handler's
+ * hold on the call ends here and the detach reason is returned (-ETIMEDOUT,
+ * -ECONNRESET); only the call object is touched, so this is safe after the
+ * server was destroyed. -EINVAL: answered twice. */
+static int call_claim(struct vrpc_server_call *call)
+{
+    uint64_t w = __atomic_load_n(&call->state, __ATOMIC_ACQUIRE);
+    for (;;) {
+        uint32_t f = ST_FLAGS(w);
+        if (!(f & CALL_RUN) || (f & CALL_DECIDED && !(f & CALL_DETACHED)))
+            return -EINVAL;
+        if (f & CALL_DETACHED) {
+            int rc = __atomic_load_n(&call->detach_rc, __ATOMIC_RELAXED);
+            vrpc_arena_reset(&call->arena); /* the handler is done with req */
+            /* release: the poller may reuse the object (if it is still in its
+             * slot) once it sees RUN cleared */
+            __atomic_store_n(&call->state, ST_WORD(ST_GEN(w), 0), __ATOMIC_RELEASE);
+            call_unref(call);
+            return rc;
+        }
+        if (__atomic_compare_exchange_n(&call->state, &w, w | CALL_DECIDED, false, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE))
+            return 0;
+    }
+}
+
+/* After a successful claim, once the response is packed: release the call
+ * object (before the response is sent, so the client may reuse the slot the
+ * moment it sees the response). Returns the connection, still referenced:
+ * the caller sends, then calls answered(). */
+static struct sconn *finish_call(struct vrpc_server_call *call, enum vrpc_code code)
+{
+    struct sconn *c = call->conn;
+    record(call->me, code, call->arrival_ns);
+    if (call->deadline_ns != VRPC_NO_DEADLINE && vrpc_timer_cancel(call->s->wheel, &call->timer))
+        call_unref(call); /* not armed any more: the timer's reference (the object keeps the slot's) */
+    vrpc_arena_reset(&call->arena);
+    uint64_t w = __atomic_load_n(&call->state, __ATOMIC_RELAXED);
+    __atomic_store_n(&call->state, ST_WORD(ST_GEN(w), 0), __ATOMIC_RELEASE);
+    call_unref(call); /* the handler's; the slot table keeps the object */
+    return c;
+}
+
+/* Claimed: answer with a status and no message body. */
 static int answer_status(struct vrpc_server_call *call, enum vrpc_code code, const char *msg)
 {
     uint64_t id = call->req_id;
-    struct sconn *c = release_call(call, code);
+    struct sconn *c = finish_call(call, code);
     int rc = -ECONNRESET;
     if (!__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE)) {
         struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
@@ -743,37 +918,72 @@ static int answer_status(struct vrpc_server_call *call, enum vrpc_code code, con
     return rc;
 }
 
+/* The call's deadline passed while its handler runs (wheel thread): answer
+ * DEADLINE_EXCEEDED for the handler, which sees the call cancelled and whose
+ * late answer is dropped (-ETIMEDOUT). The client has timed out locally by
+ * now; this answer frees its slot and credit. */
+static void deadline_fired(void *ctx, uint64_t gen)
+{
+    struct vrpc_server_call *call = ctx;
+    uint64_t id;
+    struct sconn *c = call_detach(call, (uint32_t)gen, VRPC_DEADLINE_EXCEEDED, -ETIMEDOUT, true, &id);
+    if (c) {
+        if (!__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE)) {
+            static const char msg[] = "deadline exceeded while the handler ran";
+            struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
+                                      .status = VRPC_DEADLINE_EXCEEDED, .request_id = id};
+            vrpc_rpc_send_simple(c->ep, c->s->send_pool, &h, msg, sizeof(msg) - 1, true);
+        }
+        answered(c);
+    }
+    call_unref(call); /* the timer's reference */
+}
+
 static void call_task(struct vrpc_task *t)
 {
     struct vrpc_server_call *call = container_of(t, struct vrpc_server_call, task);
-    struct vrpc_server *s = call->conn->s;
+    struct vrpc_server *s = call->s;
     ProtobufCMessage *req;
     int rc;
 
     /* a large request's payload is in req_lb until unpacked: then it goes back */
     struct vrpc_buf *lb = call->req_lb;
     call->req_lb = NULL;
+    /* Checked first: a detached call's connection (and, at destroy, its
+     * server's queues) may be gone, and no handler runs for it. */
+    if (ST_FLAGS(__atomic_load_n(&call->state, __ATOMIC_ACQUIRE)) & CALL_DETACHED) {
+        vrpc_lbuf_put(lb);
+        call_claim(call);
+        goto out;
+    }
     if (__atomic_load_n(&call->cancelled, __ATOMIC_ACQUIRE)) {
         vrpc_lbuf_put(lb);
-        answer_status(call, VRPC_CANCELLED, "cancelled by the client");
-        return;
+        if (call_claim(call) == 0)
+            answer_status(call, VRPC_CANCELLED, "cancelled by the client");
+        goto out;
     }
     if (call->deadline_ns != VRPC_NO_DEADLINE && vrpc_now_ns() >= call->deadline_ns) {
         vrpc_lbuf_put(lb);
-        answer_status(call, VRPC_DEADLINE_EXCEEDED, "deadline passed before the handler started");
-        return;
+        if (call_claim(call) == 0)
+            answer_status(call, VRPC_DEADLINE_EXCEEDED, "deadline passed before the handler started");
+        goto out;
     }
-    rc = vrpc_pb_unpack(call->me->m->input, lb ? lb->data : call->buf + call->md_len, call->len - call->md_len,
+    rc = vrpc_pb_unpack(call->method->input, lb ? lb->data : call->buf + call->md_len, call->len - call->md_len,
                         s->o.max_depth, &call->arena, &req);
     vrpc_lbuf_put(lb);
     if (rc) {
         char msg[VRPC_STATUS_MSG_MAX];
-        snprintf(msg, sizeof(msg), "request does not decode as %s: %s", call->me->m->input->name,
+        snprintf(msg, sizeof(msg), "request does not decode as %s: %s", call->method->input->name,
                  rc == -ELOOP ? "nested too deeply" : rc == -ENOMEM ? "too large when decoded" : "malformed");
-        answer_status(call, VRPC_INVALID_ARGUMENT, msg);
-        return;
+        if (call_claim(call) == 0)
+            answer_status(call, VRPC_INVALID_ARGUMENT, msg);
+        goto out;
     }
     call->me->fn(call, req, call->me->user);
+out:
+    /* last: vrpc_server_destroy frees s once no task is left */
+    if (__atomic_sub_fetch(&s->tasks, 1, __ATOMIC_ACQ_REL) == 0)
+        vrpc_futex_wake_all(&s->tasks);
 }
 
 /* A response above the eager size: pack straight into a large buffer, grant
@@ -830,7 +1040,7 @@ static int respond_large(struct vrpc_server_call *call, const ProtobufCMessage *
     struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE, .flags = VRPC_FF_RNDV,
                               .request_id = id, .payload_len = plen};
     vrpc_wire_hdr_encode(p, &h);
-    release_call(call, VRPC_OK);
+    finish_call(call, VRPC_OK);
     /* a failed send leaves the grant to the endpoint's DISCONNECTED */
     rc = vrpc_rpc_send(c->ep, b, VRPC_WIRE_HDR_LEN + VRPC_WIRE_DESC_LEN, true) ? -ECONNRESET : 0;
     answered(c);
@@ -841,7 +1051,10 @@ int vrpc_server_call_respond(struct vrpc_server_call *call, const ProtobufCMessa
 {
     if (!call || !resp)
         return -EINVAL;
-    if (resp->descriptor != call->me->m->output) {
+    int rc = call_claim(call);
+    if (rc)
+        return rc;
+    if (resp->descriptor != call->method->output) {
         answer_status(call, VRPC_INTERNAL, "handler answered with the wrong message type");
         return -EINVAL;
     }
@@ -871,8 +1084,8 @@ int vrpc_server_call_respond(struct vrpc_server_call *call, const ProtobufCMessa
     struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
                               .request_id = call->req_id, .payload_len = (uint32_t)plen};
     vrpc_wire_hdr_encode(p, &h);
-    release_call(call, VRPC_OK); /* resp may live in the call's arena: packed above */
-    int rc = vrpc_rpc_send(c->ep, b, VRPC_WIRE_HDR_LEN + (uint32_t)plen, true) ? -ECONNRESET : 0;
+    finish_call(call, VRPC_OK); /* resp may live in the call's arena: packed above */
+    rc = vrpc_rpc_send(c->ep, b, VRPC_WIRE_HDR_LEN + (uint32_t)plen, true) ? -ECONNRESET : 0;
     answered(c);
     return rc;
 }
@@ -885,12 +1098,13 @@ int vrpc_server_call_fail(struct vrpc_server_call *call, enum vrpc_code code, co
         code = VRPC_UNKNOWN;
     char m[VRPC_STATUS_MSG_MAX];
     snprintf(m, sizeof(m), "%s", msg ? msg : "");
-    return answer_status(call, code, m);
+    int rc = call_claim(call);
+    return rc ? rc : answer_status(call, code, m);
 }
 
 const struct vrpc_method_desc *vrpc_server_call_method(const struct vrpc_server_call *call)
 {
-    return call->me->m;
+    return call->method;
 }
 
 int64_t vrpc_server_call_deadline(const struct vrpc_server_call *call) { return call->deadline_ns; }
@@ -1102,18 +1316,26 @@ void vrpc_server_destroy(struct vrpc_server *s)
     if (s->started)
         vrpc_server_shutdown(s, 0);
     /* Every connection is closing; wait until each is freed: its DISCONNECTED
-     * has arrived and every call on it has been answered (a handler that never
-     * answers blocks here: see rpc.h). */
+     * has arrived, which detaches the calls still unanswered on it (their
+     * handlers' late answers return -ECONNRESET), and every answer being sent
+     * on it has gone to the transport. */
     uint32_t v;
     while ((v = __atomic_load_n(&s->nconns, __ATOMIC_ACQUIRE)) != 0)
         vrpc_rpc_futex_wait_ns(&s->nconns, v, 10000000);
-    vrpc_timer_wheel_destroy(s->wheel); /* no grant is left: every connection is gone */
+    /* No grant is left and no deadline armed: every connection is gone, and a
+     * call's timer is cancelled when it is answered or detached. */
+    vrpc_timer_wheel_destroy(s->wheel);
     for (unsigned i = 0; i < s->npollers; i++)
         vrpc_cq_destroy(s->pollers[i].cq);
     for (unsigned i = 0; s->pollers && i < s->o.pollers; i++)
         vrpc_sched_producer_destroy(s->pollers[i].prod);
+    /* Call tasks still queued see their calls detached and only let go of
+     * them; wait for them (on a caller's scheduler they run there) before s
+     * goes away. */
     if (s->own_sched)
         vrpc_sched_destroy(s->sched);
+    while ((v = __atomic_load_n(&s->tasks, __ATOMIC_ACQUIRE)) != 0)
+        vrpc_rpc_futex_wait_ns(&s->tasks, v, 10000000);
     vrpc_pool_destroy(s->recv_pool);
     vrpc_pool_destroy(s->send_pool);
     vrpc_transport_destroy(s->tp);

@@ -134,8 +134,9 @@ struct vrpc_channel_opts {
                                     accepted; 0: VRPC_MSG_SIZE_DEFAULT; at most
                                     VRPC_MSG_SIZE_MAX. Requests are bounded by the
                                     server's own limit (learnt at connect). */
-    uint32_t max_outstanding;    /* pending calls at once (further calls wait for a
-                                    slot); the server's limit lowers it; 0: 256 */
+    uint32_t max_outstanding;    /* pending calls at once (further sync calls wait
+                                    for a slot, async ones queue); the server's limit
+                                    lowers it; 0: 256 */
     uint32_t connect_timeout_ms; /* per attempt, including the handshake; 0: 5000 */
     uint32_t backoff_initial_ms; /* first reconnect delay after a failure; 0: 100 */
     uint32_t backoff_max_ms;     /* cap of the doubling delay; 0: 5000 */
@@ -150,6 +151,10 @@ struct vrpc_channel_opts {
     uint32_t hold_timeout_ms;    /* a server that neither read (DONE) nor answered a
                                     large request this long after it was offered
                                     loses its connection; 0: 60000 */
+    uint32_t max_queued;         /* async calls queued, in order, while max_outstanding
+                                    are pending; beyond them (and for a large request
+                                    without a slot) vrpc_call_async returns -EAGAIN;
+                                    0: max_outstanding */
 };
 /* Fill *o with the defaults above (all zeros mean defaults, too). */
 VRPC_API void vrpc_channel_opts_init(struct vrpc_channel_opts *o);
@@ -185,7 +190,9 @@ struct vrpc_call_opts {
     uint64_t *call_id;                  /* if set, the call's id is stored here (atomically,
                                            with release order) before the request is sent,
                                            so another thread can pass it to
-                                           vrpc_channel_cancel; 0 is never an id */
+                                           vrpc_channel_cancel; 0 is never an id. An async
+                                           call queued for lack of a slot gets 0 here: it
+                                           cannot be cancelled (its deadline still holds) */
 };
 
 /* Synchronous unary call. Blocks the calling thread on its own waiter until
@@ -212,10 +219,14 @@ typedef void (*vrpc_call_cb)(const struct vrpc_status *st, const ProtobufCMessag
 
 /* Asynchronous unary call. Returns 0 when the call was accepted: cb will run
  * exactly once, also for failures such as UNAVAILABLE or DEADLINE_EXCEEDED.
- * Returns -EINVAL (bad arguments) or -ESHUTDOWN (channel being destroyed)
- * when it was not accepted: cb will not run. May block while the channel has
- * max_outstanding calls pending (credit back-pressure), at most until the
- * call's deadline. req stays the caller's (packed before return). */
+ * Returns -EINVAL (bad arguments), -ESHUTDOWN (channel being destroyed) or
+ * -EAGAIN (back-pressure: max_outstanding calls pending and max_queued more
+ * queued; retry once some complete) when it was not accepted: cb will not
+ * run. Never waits for a slot or a credit: a call without a free slot is
+ * queued and sent, in order, when one frees (its deadline runs meanwhile).
+ * Only a channel that is not connected yet makes it wait, for the connect
+ * (at most connect_timeout_ms or the deadline). req stays the caller's
+ * (packed before return). */
 VRPC_API int vrpc_call_async(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
                              const ProtobufCMessage *req, const struct vrpc_call_opts *opts,
                              vrpc_call_cb cb, void *arg);
@@ -276,22 +287,27 @@ VRPC_API int vrpc_server_uri(const struct vrpc_server *s, char *buf, size_t len)
 /* Graceful shutdown: stop accepting, send GOAWAY on every connection (clients
  * send new calls elsewhere), wait up to timeout_ms for calls in flight to be
  * answered, then close every connection (calls still unanswered then are
- * dropped: their later respond/fail is a no-op returning -ECONNRESET).
+ * dropped: they read as cancelled, and their later respond/fail returns
+ * -ECONNRESET and only releases the call, also after vrpc_server_destroy).
  * Returns 0 if everything drained in time, -ETIMEDOUT otherwise. Idempotent. */
 VRPC_API int vrpc_server_shutdown(struct vrpc_server *s, int timeout_ms);
 
-/* Shut down (timeout 0 if not done already) and free. Safe on NULL. */
+/* Shut down (timeout 0 if not done already) and free. Safe on NULL. Does not
+ * wait for deferred calls to be answered (see shutdown), only for handlers
+ * that are running right now to return. */
 VRPC_API void vrpc_server_destroy(struct vrpc_server *s);
 
 /* Answer with VRPC_OK and resp (packed before return; resp stays the
  * caller's). Any thread, once per call; the call object is invalid after.
- * Returns 0, -ECONNRESET if the connection is gone (the call is still
- * released), -EMSGSIZE if resp exceeds the client's message limit (the client
- * gets RESOURCE_EXHAUSTED naming both sizes instead; the call is released),
- * -ENOBUFS if a large response finds the server's large-buffer memory bound
- * (max_pinned) reached (the client gets RESOURCE_EXHAUSTED with the figures),
- * -EINVAL if resp is not of the method's output type (the client gets
- * INTERNAL). */
+ * Returns 0, -ECONNRESET if the connection is gone or the server shut down
+ * (the call is still released), -ETIMEDOUT if the call's deadline passed while
+ * the handler ran (the server has already answered DEADLINE_EXCEEDED; the
+ * call is released), -EMSGSIZE if resp exceeds the client's message limit (the
+ * client gets RESOURCE_EXHAUSTED naming both sizes instead; the call is
+ * released), -ENOBUFS if a large response finds the server's large-buffer
+ * memory bound (max_pinned) reached (the client gets RESOURCE_EXHAUSTED with
+ * the figures), -EINVAL if resp is not of the method's output type (the client
+ * gets INTERNAL). */
 VRPC_API int vrpc_server_call_respond(struct vrpc_server_call *call, const ProtobufCMessage *resp);
 
 /* Answer with a non-OK code and a message (may be NULL). Same contract as
@@ -303,7 +319,10 @@ VRPC_API const struct vrpc_method_desc *vrpc_server_call_method(const struct vrp
 /* Absolute deadline (CLOCK_MONOTONIC ns, from the client's budget at arrival)
  * or VRPC_NO_DEADLINE. */
 VRPC_API int64_t vrpc_server_call_deadline(const struct vrpc_server_call *call);
-/* True once the client cancelled the call (or its connection was lost). */
+/* True once the client cancelled the call, its connection was lost, the
+ * server shut down under it, or its deadline passed while the handler ran
+ * (then the server has answered DEADLINE_EXCEEDED for the handler, and a
+ * late answer returns -ETIMEDOUT). A handler doing long work should poll it. */
 VRPC_API bool vrpc_server_call_is_cancelled(const struct vrpc_server_call *call);
 VRPC_API size_t vrpc_server_call_metadata_count(const struct vrpc_server_call *call);
 /* i-th entry; pointers valid until the call is answered. -ERANGE if i is too big. */
