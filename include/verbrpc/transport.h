@@ -166,7 +166,7 @@ struct vrpc_transport_attr {
     uint32_t connect_timeout_ms; /* vrpc_connect() and the accept handshake; 0: 5000 */
     uint32_t read_chunk;  /* bytes per READ work request (verbs) or per read
                             response frame (TCP) of one vrpc_ep_read();
-                            0: 1 MiB on verbs, 256 KiB on TCP */
+                            0: 256 KiB */
     uint32_t read_window; /* read chunks in flight per endpoint; 0: 2 */
     uint64_t max_pinned;  /* bound on the bytes the large-buffer cache keeps
                             registered (in use + idle); 0: 256 MiB. On verbs
@@ -356,9 +356,15 @@ VRPC_API int vrpc_ep_grant(struct vrpc_ep *ep, struct vrpc_mr *mr, const void *a
  * after which no read of the peer can touch the memory any more (verbs: the
  * window is invalidated, or deallocated with a dead queue pair; TCP: the grant
  * is dead and no read response streams from it). Status 0, or -ECANCELED when
- * the endpoint died first (the key is dead all the same). A revoke races a
- * read of the peer safely: the read then fails -EACCES at the peer. Errors
- * (no completion): -EINVAL unknown key, -ENOSPC (retry after a completion). */
+ * the endpoint died first (the key is dead all the same); like every
+ * completion of ep it comes before ep's DISCONNECTED. A revoke races a
+ * read of the peer safely: the read then fails at the peer (-EACCES; on
+ * rdma_rxe possibly -ETIMEDOUT, after the peer's idle timeout). Errors
+ * (no completion): -EINVAL unknown key, -ENOSPC (retry after a completion),
+ * -ENOTCONN ep died (its DISCONNECTED follows, or came): every key of it
+ * died with it, the memory is the caller's again at DISCONNECTED. (A revoke
+ * accepted before, or while the backend has not finished failing ep, still
+ * completes -ECANCELED before DISCONNECTED.) */
 VRPC_API int vrpc_ep_revoke(struct vrpc_ep *ep, uint32_t rkey, uint64_t wr_id);
 
 /* ---- large buffers: the registration cache ---------------------------------

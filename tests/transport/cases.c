@@ -1071,7 +1071,10 @@ void t_revoke_during_read(void **state)
         if (w.status == 0) {
             assert_int_equal(csum(dst[w.wr_id]->data, big), sum);
         } else {
-            assert_true(w.status == -EACCES || w.status == -ECANCELED);
+            /* verbs on rxe: a window invalidated while a READ response is
+             * sent leaves that READ without completion until the read
+             * watchdog (idle timeout) fails it */
+            assert_true(w.status == -EACCES || w.status == -ECANCELED || w.status == -ETIMEDOUT);
             failed++;
         }
     }

@@ -1,7 +1,9 @@
 /* The verbs backend behind the transport interface (vrpc_verbs_ops): rdma_cm
  * connections, RC queue pairs sending SEND_WITH_IMM, one SRQ per CQ fed with
  * the user's posted buffers, credits per transport.h's rule, selective
- * signalling and inline sends. A transport instance binds to one device, the
+ * signalling and inline sends; chunked RDMA READs (vrpc_ep_read) and one-shot
+ * read keys from type-2B memory windows (vrpc_ep_grant/revoke) on the same
+ * send queue. A transport instance binds to one device, the
  * first one an address names (listen host, connect source or route); MRs, CQs
  * and posted receives made before that wait for the binding.
  * rdma-core's error conventions become -errno here and nowhere above. */
@@ -85,7 +87,24 @@ static int err_pos(int rc) { return rc > 0 ? -rc : rc; }
 #define CTL_RESV 1u
 #define CM_TIMEOUT_MS 2000
 #define ACK_BATCH 64
-#define WRID_RECV 1ull /* receive wr_ids are buffer pointers with bit 0 set */
+/* Work request ids: the low two bits say what completed. Receives carry the
+ * buffer pointer, reads their job, window operations their window; sends the
+ * sequence number shifted left by two. */
+#define WRID_RECV 1ull
+#define WRID_READ 2ull
+#define WRID_MW 3ull
+#define WRID_TAG 3ull
+#define WRID_SEQ_SHIFT 2
+/* BIND_MW and LOCAL_INV work requests one endpoint may have on its send queue
+ * (the send queue is sized for them besides sends and read_window reads). */
+#define MW_SLOTS 16u
+/* 256 KiB: two chunks in flight are 512 packets at rxe's 1024-byte MTU. With
+ * 1 MiB chunks (2048 packets) rxe across a veth pair overflows the netdev
+ * backlog (1000), and each lost packet costs the 2 s ACK timeout (measured:
+ * 8 MiB reads stalled past 10 s; 256 KiB ran at 16-24 MB/s, like 1 MiB on one
+ * device). On hardware 256 KiB per work request is still far from any
+ * per-request overhead. */
+#define READ_CHUNK_DEFAULT (256u << 10)
 
 struct hdr {
 	uint16_t credits;
@@ -122,6 +141,38 @@ struct vcq;
 struct sent {
 	struct vrpc_buf *buf; /* NULL: credit-only */
 	uint64_t wr_id;
+};
+
+/* One vrpc_ep_read(): split into READ work requests of at most the
+ * transport's chunk, posted round-robin with the endpoint's other reads. */
+struct rjob {
+	struct vrpc_buf *buf;
+	uint64_t wr_id, raddr;
+	char *laddr;
+	uint32_t lkey, rkey, len;
+	uint32_t posted;      /* bytes covered by posted chunks */
+	uint32_t outstanding; /* chunks posted and not completed */
+	int status;           /* first error */
+	bool queued;          /* on the endpoint's round-robin queue */
+	struct rjob *next;
+};
+
+/* A type-2 memory window: on the transport's free list, or bound on one
+ * endpoint's QP (on that endpoint's grant list) until its LOCAL_INV
+ * completes (back to the free list) or the endpoint dies (deallocated). */
+enum mw_state {
+	MW_LIVE = 1, /* bound (or being bound): the key works */
+	MW_INV,      /* LOCAL_INV posted by vrpc_ep_revoke */
+	MW_CANCEL,   /* revoked on a dead endpoint: REVOKE -ECANCELED to stage */
+	MW_DEAD,     /* revoke completed -ECANCELED; window deallocated */
+};
+struct vmw {
+	struct ibv_mw *mw;
+	uint32_t rkey; /* the key of the last bind */
+	enum mw_state state;
+	bool bind_pending; /* the bind's completion has not been seen */
+	uint64_t wr_id;    /* the revoke's */
+	struct vmw *next;
 };
 
 struct vep {
@@ -161,6 +212,17 @@ struct vep {
 	bool watched;              /* tp->lock */
 	struct vtp_listener *lst;
 	uint64_t accept_user;
+
+	/* reads and grants (ep->lock) */
+	struct rjob *rjobs, *rfree;       /* all jobs (rd_njobs); the free ones */
+	uint32_t rd_njobs;
+	struct rjob *rq_head, *rq_tail;   /* jobs with chunks left to post */
+	uint32_t rd_inflight, rd_window;  /* chunks posted; at most this many */
+	atomic_ullong rd_deadline;        /* chunks in flight: next completion due by
+					     then (else the watchdog fails ep); 0: none */
+	struct vmw *grants;               /* windows bound on this QP */
+	uint32_t mw_inflight;             /* BIND_MW / LOCAL_INV not completed */
+	bool gone;                        /* DISCONNECTED staged: revoke says -ENOTCONN */
 };
 
 struct vcq {
@@ -189,6 +251,8 @@ struct vcq {
 	unsigned st_head, st_tail, st_cap;
 	struct vep *hungry_head, *hungry_tail;
 	struct vep *reap_wait; /* drained; torn down once the CQ was seen empty */
+	atomic_int reading;    /* endpoints with a read deadline set */
+	uint64_t rd_scan_ns;   /* next read watchdog scan */
 	struct ibv_wc wcs[32];
 };
 
@@ -227,6 +291,11 @@ struct vtp {
 	struct vcq *cqs;
 	struct vep *reap;
 	struct vep *watch; /* endpoints with a handshake or close deadline */
+	uint32_t rd_window, rd_chunk; /* per endpoint, clamped to the device at binding */
+	bool mw_ok;                   /* device has type-2B memory windows */
+	atomic_bool mw_warned;
+	pthread_mutex_t mw_lock;      /* mw_free */
+	struct vmw *mw_free;
 	void (*cmd)(void *);
 	void *cmd_arg;
 	bool cmd_done;
@@ -288,7 +357,10 @@ static int memlock_error(size_t bytes, int err, const char *dev)
 
 static int mr_register(struct vtp *tp, struct vmr *m)
 {
-	int acc = IBV_ACCESS_LOCAL_WRITE | ((m->base.access & VRPC_ACCESS_REMOTE_READ) ? IBV_ACCESS_REMOTE_READ : 0);
+	/* a GRANT region has no remote access of its own: peers reach it only
+	 * through a window bound over part of it (vrpc_ep_grant) */
+	int acc = IBV_ACCESS_LOCAL_WRITE | ((m->base.access & VRPC_ACCESS_REMOTE_READ) ? IBV_ACCESS_REMOTE_READ : 0) |
+		  ((m->base.access & VRPC_ACCESS_GRANT) ? IBV_ACCESS_MW_BIND : 0);
 	m->mr = ibv_reg_mr(tp->pd, m->base.addr, m->base.len, acc);
 	if (!m->mr) {
 		int err = err_errno();
@@ -402,6 +474,11 @@ static int tp_bind(struct vtp *tp, struct ibv_context *verbs)
 		goto out;
 	}
 	tp->verbs = verbs;
+	tp->rd_chunk = tp->base.attr.read_chunk ? tp->base.attr.read_chunk : READ_CHUNK_DEFAULT;
+	tp->rd_window = tp->base.attr.read_window;
+	if (tp->dattr.max_qp_init_rd_atom > 0 && tp->rd_window > (uint32_t)tp->dattr.max_qp_init_rd_atom)
+		tp->rd_window = (uint32_t)tp->dattr.max_qp_init_rd_atom;
+	tp->mw_ok = (tp->dattr.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0;
 	for (struct vmr *m = tp->mrs; m && !rc; m = m->next)
 		rc = mr_register(tp, m);
 	for (struct vcq *c = tp->cqs; c && !rc; c = c->next)
@@ -530,6 +607,13 @@ static void distribute(struct vcq *cq)
 
 static uint32_t ring_used(const struct vep *ep) { return ep->tail - ep->head; }
 
+/* Nothing of ep's is on its send queue or waiting to go there: sends, read
+ * chunks, window operations (ep->lock). */
+static bool sq_idle_locked(const struct vep *ep)
+{
+	return ep->head == ep->tail && !ep->rd_inflight && !ep->rq_head && !ep->mw_inflight;
+}
+
 static int post_locked(struct vep *ep, struct vrpc_buf *buf, uint32_t len, uint32_t imm, uint64_t wr_id, bool more)
 {
 	struct ibv_send_wr wr, *bad;
@@ -543,7 +627,7 @@ static int post_locked(struct vep *ep, struct vrpc_buf *buf, uint32_t len, uint3
 	sge.addr = (uintptr_t)h;
 	sge.length = HDR_LEN + len;
 	sge.lkey = buf ? buf->mr->lkey : 0;
-	wr.wr_id = (ep->seq_head + ring_used(ep)) << 1;
+	wr.wr_id = (ep->seq_head + ring_used(ep)) << WRID_SEQ_SHIFT;
 	wr.sg_list = &sge;
 	wr.num_sge = 1;
 	wr.opcode = IBV_WR_SEND_WITH_IMM;
@@ -576,14 +660,15 @@ static int post_locked(struct vep *ep, struct vrpc_buf *buf, uint32_t len, uint3
 }
 
 /* Graceful close: once every send accepted before vrpc_ep_close() has been
- * acknowledged, the DREQ goes out; both sides then see DISCONNECTED. A healthy
- * endpoint cannot be torn down while its lock is held, so the id is valid.
+ * acknowledged (and every read and window operation has completed), the
+ * DREQ goes out; both sides then see DISCONNECTED. A healthy endpoint cannot
+ * be torn down while its lock is held, so the id is valid.
  * The DREQ waits for rdma_cm's ESTABLISHED too: a server may close on the
  * client's first message, which can arrive before the RTU, and rdma_cm drops a
  * disconnect in that state (REP sent), leaving both sides waiting forever. */
 static void close_progress_locked(struct vep *ep)
 {
-	if (ep->state == S_CLOSING && ep->cm_up && !ep->disc_sent && !ep->wq_head && ep->head == ep->tail && ep->id) {
+	if (ep->state == S_CLOSING && ep->cm_up && !ep->disc_sent && !ep->wq_head && sq_idle_locked(ep) && ep->id) {
 		ep->disc_sent = true;
 		rdma_disconnect(ep->id);
 	}
@@ -778,7 +863,8 @@ static int qp_create(struct vep *ep)
 		ia.recv_cq = ep->cq->cq;
 		ia.srq = ep->cq->srq;
 		ia.qp_type = IBV_QPT_RC;
-		ia.cap.max_send_wr = ep->ring_mask + 1;
+		/* sends, read chunks and window operations share the send queue */
+		ia.cap.max_send_wr = ep->ring_mask + 1 + tp->rd_window + MW_SLOTS;
 		ia.cap.max_send_sge = 1;
 		ia.cap.max_inline_data = inl[i];
 		ep->qp = ibv_create_qp(tp->pd, &ia);
@@ -794,6 +880,7 @@ static int qp_create(struct vep *ep)
 	}
 	ep->qpn = ep->qp->qp_num;
 	ep->max_inline = ia.cap.max_inline_data;
+	ep->rd_window = tp->rd_window;
 	pthread_mutex_lock(&ep->cq->lock);
 	for (uint32_t i = ep->qpn & ep->cq->map_mask;; i = (i + 1) & ep->cq->map_mask)
 		if (!ep->cq->map[i]) {
@@ -853,6 +940,8 @@ static int qp_modify(struct vep *ep, enum ibv_qp_state state)
 		a.retry_cnt = cfg->retry_cnt;
 		a.rnr_retry = cfg->rnr_retry;
 		mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY;
+		TRACE("verbs: qpn %u RTS timeout %u retry %u rd_atomic %u", ep->qpn, a.timeout, a.retry_cnt,
+		      a.max_rd_atomic);
 	}
 	return err_pos(ibv_modify_qp(ep->qp, &a, mask));
 }
@@ -908,8 +997,27 @@ static void conn_param(struct vep *ep, struct rdma_conn_param *p, struct hello *
 	p->private_data_len = sizeof(*h);
 	p->retry_count = ep->tp->cfg.retry_cnt;
 	p->rnr_retry_count = ep->tp->cfg.rnr_retry;
+	/* RDMA READ depth both ways, as much as the device allows (librdmacm
+	 * clamps these two values to it). With 0/0, the default, a READ never
+	 * completes and never fails: it hangs. */
+	p->responder_resources = RDMA_MAX_RESP_RES;
+	p->initiator_depth = RDMA_MAX_INIT_DEPTH;
 	p->qp_num = ep->qpn;
 	p->srq = 1;
+}
+
+/* The READs this side may have outstanding to the peer, from its connect or
+ * accept (event data is from the receiver's point of view): the window is
+ * clamped to it. A peer that grants none (it asked rdma_cm for no responder
+ * resources) would let every READ hang, so reads to it fail at once. */
+static void ep_set_read_depth(struct vep *ep, const struct rdma_conn_param *pc)
+{
+	pthread_mutex_lock(&ep->lock);
+	if (pc->initiator_depth < ep->rd_window)
+		ep->rd_window = pc->initiator_depth;
+	pthread_mutex_unlock(&ep->lock);
+	TRACE("verbs: %s read depth: peer allows %u, window %u", ep->base.peer_uri, pc->initiator_depth,
+	      ep->rd_window);
 }
 
 static void send_reject(struct rdma_cm_id *id, const struct vtp *tp, int code, const char *why)
@@ -941,11 +1049,197 @@ static int reject_reason(const struct rdma_cm_event *ev, char *why, size_t n)
 	return -ECONNREFUSED;
 }
 
+/* ---- reads and windows: queue helpers (ep->lock) ------------------------------------------- */
+
+static void rq_push(struct vep *ep, struct rjob *j)
+{
+	j->next = NULL;
+	j->queued = true;
+	if (ep->rq_tail)
+		ep->rq_tail->next = j;
+	else
+		ep->rq_head = j;
+	ep->rq_tail = j;
+}
+
+static struct rjob *rq_pop(struct vep *ep)
+{
+	struct rjob *j = ep->rq_head;
+	if (j) {
+		ep->rq_head = j->next;
+		if (!ep->rq_head)
+			ep->rq_tail = NULL;
+		j->queued = false;
+	}
+	return j;
+}
+
+/* Rare (a failed job): a scan of the queue. */
+static void rq_remove(struct vep *ep, struct rjob *j)
+{
+	struct rjob *prev = NULL;
+	for (struct rjob *x = ep->rq_head; x; prev = x, x = x->next)
+		if (x == j) {
+			if (prev)
+				prev->next = j->next;
+			else
+				ep->rq_head = j->next;
+			if (ep->rq_tail == j)
+				ep->rq_tail = prev;
+			j->queued = false;
+			return;
+		}
+}
+
+/* A READ that never completes and never fails (e.g. a peer that left its
+ * QP in error, as rxe does when a window is invalidated while a READ
+ * response is being sent) would hold the read forever: the next completion
+ * of a busy read window is due within the idle timeout (ep->lock). */
+static void rd_deadline_update(struct vep *ep)
+{
+	uint64_t old = atomic_load(&ep->rd_deadline), d = 0;
+	if (ep->rd_inflight)
+		d = vrpc_tp_now_ns() + (uint64_t)ep->tp->base.attr.idle_timeout_ms * 1000000ull;
+	atomic_store(&ep->rd_deadline, d);
+	if (!old && d)
+		atomic_fetch_add(&ep->cq->reading, 1);
+	else if (old && !d)
+		atomic_fetch_sub(&ep->cq->reading, 1);
+}
+
+/* Posts read chunks while the endpoint's window has room, one chunk per job
+ * in turn, so a short read waits behind at most one chunk of a long one.
+ * A failed post (the send queue is sized for the window, so it means the QP
+ * is broken) gives the job its error and is returned, for the caller to fail
+ * the endpoint outside the lock; the job completes when that flushes it. */
+static int pump_reads_locked(struct vep *ep)
+{
+	uint32_t chunk = ep->tp->rd_chunk;
+	if (ep->state != S_OPEN && ep->state != S_CLOSING)
+		return 0;
+	while (ep->rq_head && ep->rd_inflight < ep->rd_window) {
+		struct rjob *j = ep->rq_head;
+		struct ibv_send_wr wr, *bad;
+		struct ibv_sge sge;
+		uint32_t n = j->len - j->posted < chunk ? j->len - j->posted : chunk;
+		int rc;
+		memset(&wr, 0, sizeof(wr));
+		sge.addr = (uintptr_t)(j->laddr + j->posted);
+		sge.length = n;
+		sge.lkey = j->lkey;
+		wr.wr_id = (uintptr_t)j | WRID_READ;
+		wr.sg_list = &sge;
+		wr.num_sge = 1;
+		wr.opcode = IBV_WR_RDMA_READ;
+		wr.send_flags = IBV_SEND_SIGNALED;
+		wr.wr.rdma.remote_addr = j->raddr + j->posted;
+		wr.wr.rdma.rkey = j->rkey;
+		rc = err_pos(ibv_post_send(ep->qp, &wr, &bad));
+		if (rc) {
+			if (!j->status)
+				j->status = rc;
+			return rc;
+		}
+		rq_pop(ep);
+		j->posted += n;
+		j->outstanding++;
+		if (!ep->rd_inflight++)
+			rd_deadline_update(ep);
+		if (j->posted < j->len)
+			rq_push(ep, j);
+	}
+	return 0;
+}
+
+/* A window of a dead endpoint is deallocated before its revoke completes:
+ * once the caller has the REVOKE, no window holds its MR (so the MR can be
+ * deregistered) and none ever will. */
+static void mw_kill(struct vmw *w)
+{
+	w->state = MW_DEAD;
+	if (w->mw) {
+		ibv_dealloc_mw(w->mw);
+		w->mw = NULL;
+	}
+}
+
+/* Poller, endpoint dead: jobs not yet fully posted end here (those with
+ * chunks in flight end with the last of those, in on_read), revokes of dead
+ * windows complete -ECANCELED. */
+static void flush_reads_revokes_locked(struct vcq *cq, struct vep *ep)
+{
+	struct rjob *j;
+	while ((j = rq_pop(ep))) {
+		if (!j->status)
+			j->status = -ECANCELED;
+		if (!j->outstanding) {
+			stage(cq, VRPC_WC_READ, ep, j->buf, j->wr_id, j->status, 0, 0);
+			j->next = ep->rfree;
+			ep->rfree = j;
+		}
+	}
+	for (struct vmw *w = ep->grants; w; w = w->next)
+		if (w->state == MW_CANCEL) {
+			mw_kill(w);
+			stage(cq, VRPC_WC_REVOKE, ep, NULL, w->wr_id, -ECANCELED, 0, 0);
+		}
+}
+
+/* CM thread, before the QP is destroyed: a bound window holds its QP, so
+ * every window of the endpoint is deallocated first (never reused: its
+ * state on a dead QP is not worth reasoning about). The records stay on the
+ * grant list until DISCONNECTED, so that a revoke still finds its key. */
+static void grants_dealloc(struct vep *ep)
+{
+	pthread_mutex_lock(&ep->lock);
+	for (struct vmw *w = ep->grants; w; w = w->next)
+		if (w->mw) {
+			ibv_dealloc_mw(w->mw);
+			w->mw = NULL;
+		}
+	pthread_mutex_unlock(&ep->lock);
+}
+
+static struct vmw *mw_get(struct vtp *tp, int *err)
+{
+	struct vmw *w;
+	pthread_mutex_lock(&tp->mw_lock);
+	w = tp->mw_free;
+	if (w)
+		tp->mw_free = w->next;
+	pthread_mutex_unlock(&tp->mw_lock);
+	if (w)
+		return w;
+	w = calloc(1, sizeof(*w));
+	if (!w) {
+		*err = -ENOMEM;
+		return NULL;
+	}
+	w->mw = ibv_alloc_mw(tp->pd, IBV_MW_TYPE_2);
+	if (!w->mw) {
+		*err = err_errno();
+		vrpc_tp_log("verbs: ibv_alloc_mw: %s", strerror(-*err));
+		free(w);
+		return NULL;
+	}
+	w->rkey = w->mw->rkey;
+	return w;
+}
+
+static void mw_put(struct vtp *tp, struct vmw *w)
+{
+	pthread_mutex_lock(&tp->mw_lock);
+	w->next = tp->mw_free;
+	tp->mw_free = w;
+	pthread_mutex_unlock(&tp->mw_lock);
+}
+
 /* ---- endpoint objects ------------------------------------------------------------------ */
 
 static struct vep *ep_new(struct vtp *tp, struct vcq *cq, void *user, uint32_t max_queued)
 {
 	struct vep *ep = calloc(1, sizeof(*ep));
+	uint32_t nj;
 	if (!ep)
 		return NULL;
 	vrpc_ep_base_init(&ep->base, &tp->base, &cq->base, user, 2);
@@ -960,9 +1254,18 @@ static struct vep *ep_new(struct vtp *tp, struct vcq *cq, void *user, uint32_t m
 	ep->target = tp->base.attr.credits;
 	ep->resv = ep->granted = MIN_RESV;
 	atomic_init(&ep->credit_ret, 0);
-	if (!ep->ring) {
+	nj = 2 * tp->base.attr.credits < 8 ? 8 : 2 * tp->base.attr.credits;
+	ep->rjobs = calloc(nj, sizeof(*ep->rjobs));
+	if (!ep->ring || !ep->rjobs) {
+		free(ep->ring);
+		free(ep->rjobs);
 		free(ep);
 		return NULL;
+	}
+	ep->rd_njobs = nj;
+	for (uint32_t i = 0; i < nj; i++) {
+		ep->rjobs[i].next = ep->rfree;
+		ep->rfree = &ep->rjobs[i];
 	}
 	return ep;
 }
@@ -970,6 +1273,13 @@ static struct vep *ep_new(struct vtp *tp, struct vcq *cq, void *user, uint32_t m
 static void verbs_ep_free(struct vrpc_ep *base)
 {
 	struct vep *ep = container_of(base, struct vep, base);
+	for (struct vmw *w = ep->grants, *n; w; w = n) {
+		n = w->next;
+		if (w->mw)
+			ibv_dealloc_mw(w->mw);
+		free(w);
+	}
+	free(ep->rjobs);
 	free(ep->ring);
 	pthread_mutex_destroy(&ep->lock);
 	pthread_cond_destroy(&ep->cond);
@@ -983,6 +1293,7 @@ static void ep_teardown(struct vep *ep)
 	watch_del_locked(ep->tp, ep);
 	pthread_mutex_unlock(&ep->tp->lock);
 	if (ep->qp) {
+		grants_dealloc(ep);
 		pthread_mutex_lock(&ep->cq->lock);
 		map_del(ep->cq, ep);
 		pthread_mutex_unlock(&ep->cq->lock);
@@ -1016,6 +1327,19 @@ static void service_ep(struct vcq *cq, struct vep *ep)
 	struct vrpc_buf *wq;
 	bool drained;
 	if (ep->torn) {
+		struct vmw *dead;
+		pthread_mutex_lock(&ep->lock);
+		flush_reads_revokes_locked(cq, ep);
+		ep->gone = true; /* revokes from now on: -ENOTCONN, the keys died with the QP */
+		dead = ep->grants;
+		ep->grants = NULL;
+		pthread_mutex_unlock(&ep->lock);
+		for (struct vmw *n; dead; dead = n) {
+			n = dead->next;
+			if (dead->mw)
+				ibv_dealloc_mw(dead->mw);
+			free(dead);
+		}
 		if (ep->counted) {
 			/* promised buffers nobody can consume any more */
 			atomic_fetch_add(&cq->avail, (int)(ep->granted + CTL_RESV));
@@ -1039,10 +1363,11 @@ static void service_ep(struct vcq *cq, struct vep *ep)
 		wq = ep->wq_head;
 		ep->wq_head = ep->wq_tail = NULL;
 		ep->nwait = 0;
+		flush_reads_revokes_locked(cq, ep);
 	} else {
 		wq = NULL;
 	}
-	drained = ep->state == S_DEAD && ep->head == ep->tail;
+	drained = ep->state == S_DEAD && sq_idle_locked(ep);
 	pthread_mutex_unlock(&ep->lock);
 	for (struct vrpc_buf *b = wq, *n; b; b = n) {
 		n = b->next;
@@ -1097,7 +1422,7 @@ static int wc_status(enum ibv_wc_status st)
 static void on_send(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
 {
 	int st = wc_status(wc->status);
-	uint64_t seq = wc->wr_id >> 1;
+	uint64_t seq = wc->wr_id >> WRID_SEQ_SHIFT;
 	bool drained = false;
 	TRACE("verbs: send wc qpn %u status %d seq %llu", wc->qp_num, wc->status, (unsigned long long)seq);
 	if (wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR)
@@ -1117,7 +1442,7 @@ static void on_send(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
 		if (hit) {
 			pump_locked(ep);
 			close_progress_locked(ep);
-			drained = ep->state == S_DEAD && ep->head == ep->tail;
+			drained = ep->state == S_DEAD && sq_idle_locked(ep);
 		}
 		pthread_mutex_unlock(&ep->lock);
 		/* the ones before this completion finished unsignalled */
@@ -1184,10 +1509,147 @@ static void on_recv(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
 	distribute(cq);
 }
 
+/* A READ chunk completed: the job completes with its last chunk, carrying its
+ * first error; the window's freed slot goes to the next job in turn. */
+static void on_read(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
+{
+	struct rjob *j = (struct rjob *)(uintptr_t)(wc->wr_id & ~WRID_TAG);
+	int st = wc_status(wc->status), prc;
+	bool drained;
+	TRACE("verbs: read wc qpn %u status %d", wc->qp_num, wc->status);
+	pthread_mutex_lock(&ep->lock);
+	j->outstanding--;
+	ep->rd_inflight--;
+	rd_deadline_update(ep);
+	if (st && !j->status)
+		j->status = st;
+	if (j->status && j->queued)
+		rq_remove(ep, j);
+	if (!j->queued && !j->outstanding) {
+		stage(cq, VRPC_WC_READ, ep, j->buf, j->wr_id, j->status, j->len, 0);
+		j->next = ep->rfree;
+		ep->rfree = j;
+	}
+	prc = pump_reads_locked(ep);
+	close_progress_locked(ep);
+	drained = ep->state == S_DEAD && sq_idle_locked(ep);
+	pthread_mutex_unlock(&ep->lock);
+	/* a refused READ leaves both QPs in error: the connection is lost */
+	if (wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR)
+		ep_fail(ep, st, "RDMA READ failed: %s", ibv_wc_status_str(wc->status));
+	else if (wc->status == IBV_WC_WR_FLUSH_ERR)
+		ep_fail(ep, -ECONNRESET, "queue pair in error"); /* no-op when ep failed first */
+	else if (prc)
+		ep_fail(ep, prc, "cannot post an RDMA READ: %s", strerror(-prc));
+	if (drained)
+		todo_add(ep);
+}
+
+/* A BIND_MW or LOCAL_INV completed (a window's completions arrive in the
+ * order they were posted: its bind's first). */
+static void on_mw(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
+{
+	struct vmw *w = (struct vmw *)(uintptr_t)(wc->wr_id & ~WRID_TAG);
+	const char *what = "memory window bind";
+	bool put = false, drained;
+	TRACE("verbs: mw wc qpn %u status %d", wc->qp_num, wc->status);
+	pthread_mutex_lock(&ep->lock);
+	ep->mw_inflight--;
+	if (w->bind_pending) {
+		w->bind_pending = false;
+	} else {
+		/* vrpc_ep_revoke's LOCAL_INV: done, the window can serve again;
+		 * flushed, the key dies with the QP and the window with it */
+		what = "memory window invalidation";
+		if (wc->status == IBV_WC_SUCCESS) {
+			for (struct vmw **pp = &ep->grants; *pp; pp = &(*pp)->next)
+				if (*pp == w) {
+					*pp = w->next;
+					break;
+				}
+			put = true;
+		} else {
+			mw_kill(w);
+		}
+		stage(cq, VRPC_WC_REVOKE, ep, NULL, w->wr_id, put ? 0 : -ECANCELED, 0, 0);
+	}
+	close_progress_locked(ep);
+	drained = ep->state == S_DEAD && sq_idle_locked(ep);
+	pthread_mutex_unlock(&ep->lock);
+	if (put)
+		mw_put(ep->tp, w);
+	if (wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR)
+		ep_fail(ep, wc_status(wc->status), "%s failed: %s", what, ibv_wc_status_str(wc->status));
+	else if (wc->status == IBV_WC_WR_FLUSH_ERR)
+		ep_fail(ep, -ECONNRESET, "queue pair in error"); /* no-op when ep failed first */
+	if (drained)
+		todo_add(ep);
+}
+
+static void on_wc(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
+{
+	switch (wc->wr_id & WRID_TAG) {
+	case WRID_RECV:
+		on_recv(cq, ep, wc);
+		break;
+	case WRID_READ:
+		if (ep)
+			on_read(cq, ep, wc);
+		break;
+	case WRID_MW:
+		if (ep)
+			on_mw(cq, ep, wc);
+		break;
+	default:
+		if (ep)
+			on_send(cq, ep, wc);
+		break;
+	}
+}
+
+/* Poller: fails endpoints whose read window made no progress within the
+ * idle timeout (-ETIMEDOUT; their reads then flush). At most every 200 ms,
+ * and only while some endpoint of the CQ reads. */
+static void read_watchdog(struct vcq *cq)
+{
+	struct vep *late[16];
+	unsigned n = 0;
+	uint64_t now;
+	if (!atomic_load(&cq->reading))
+		return;
+	now = vrpc_tp_now_ns();
+	if (now < cq->rd_scan_ns)
+		return;
+	cq->rd_scan_ns = now + 200000000ull;
+	pthread_mutex_lock(&cq->lock);
+	for (uint32_t i = 0; i <= cq->map_mask && n < 16; i++) {
+		uint64_t d = cq->map[i] ? atomic_load(&cq->map[i]->rd_deadline) : 0;
+		if (d && d < now)
+			late[n++] = cq->map[i];
+	}
+	pthread_mutex_unlock(&cq->lock);
+	/* still allocated: only this poller releases them, after DISCONNECTED */
+	for (unsigned i = 0; i < n; i++) {
+		struct vep *ep = late[i];
+		pthread_mutex_lock(&ep->lock);
+		for (uint32_t k = 0; k < ep->rd_njobs; k++)
+			if (ep->rjobs[k].outstanding && !ep->rjobs[k].status)
+				ep->rjobs[k].status = -ETIMEDOUT; /* their flush says why */
+		pthread_mutex_unlock(&ep->lock);
+		ep_fail(ep, -ETIMEDOUT, "RDMA READ made no progress for %u ms", ep->tp->base.attr.idle_timeout_ms);
+	}
+}
+
+/* The CQ whose poller this thread is (set by its first poll): a receive
+ * reposted from the CQ's own callback needs no wake-up, the poller
+ * distributes credits on its next poll anyway. */
+static _Thread_local struct vcq *tl_poller_of;
+
 static int verbs_cq_poll(struct vrpc_cq *base, struct vrpc_wc *wc, unsigned max)
 {
 	struct vcq *cq = container_of(base, struct vcq, base);
 	unsigned n = 0;
+	tl_poller_of = cq;
 	if (cq->st_head == cq->st_tail) {
 		take_todo(cq);
 		if (atomic_load(&cq->bound)) {
@@ -1200,15 +1662,13 @@ static int verbs_cq_poll(struct vrpc_cq *base, struct vrpc_wc *wc, unsigned max)
 				pthread_mutex_lock(&cq->lock);
 				ep = map_get(cq, w->qp_num);
 				pthread_mutex_unlock(&cq->lock);
-				if (w->wr_id & WRID_RECV)
-					on_recv(cq, ep, w);
-				else if (ep)
-					on_send(cq, ep, w);
+				on_wc(cq, ep, w);
 			}
 		} else {
 			reap_waiting(cq);
 		}
 		distribute(cq);
+		read_watchdog(cq);
 	}
 	while (n < max && cq->st_head != cq->st_tail)
 		wc[n++] = cq->stage[cq->st_head++ % cq->st_cap];
@@ -1281,10 +1741,7 @@ static void verbs_cq_flush(struct vrpc_cq *base)
 				pthread_mutex_lock(&cq->lock);
 				ep = map_get(cq, cq->wcs[i].qp_num);
 				pthread_mutex_unlock(&cq->lock);
-				if (cq->wcs[i].wr_id & WRID_RECV)
-					on_recv(cq, ep, &cq->wcs[i]);
-				else if (ep)
-					on_send(cq, ep, &cq->wcs[i]);
+				on_wc(cq, ep, &cq->wcs[i]);
 			}
 		}
 		take_todo(cq);
@@ -1404,8 +1861,10 @@ static int verbs_post_recv(struct vrpc_cq *base, struct vrpc_buf *const *bufs, c
 		return rc;
 	atomic_fetch_add(&cq->posted, (int)n);
 	atomic_fetch_add(&cq->avail, (int)n);
-	if (cq->hungry_head || atomic_load(&cq->sleeping))
-		wake(cq->evfd); /* the poller pays debts back */
+	/* the poller pays debts back; before the device is bound no endpoint
+	 * can owe any, and its own callback needs no wake-up */
+	if (atomic_load(&cq->bound) && tl_poller_of != cq && (cq->hungry_head || atomic_load(&cq->sleeping)))
+		wake(cq->evfd);
 	return 0;
 }
 
@@ -1467,6 +1926,7 @@ static void on_connect_request(struct vtp_listener *l, struct rdma_cm_event *ev)
 	ep_set_peer(ep, ev->param.conn.private_data);
 	rc = ep_setup_qp(ep, true);
 	if (!rc) {
+		ep_set_read_depth(ep, &ev->param.conn);
 		conn_param(ep, &p, &h);
 		if (rdma_accept(id, &p))
 			rc = err_errno();
@@ -1480,6 +1940,14 @@ static void on_connect_request(struct vtp_listener *l, struct rdma_cm_event *ev)
 		id->context = NULL;
 		ep_fail(ep, rc, "accept failed");
 	}
+}
+
+/* CM thread (which alone destroys QPs). */
+static bool qp_in_error(struct vep *ep)
+{
+	struct ibv_qp_attr a;
+	struct ibv_qp_init_attr ia;
+	return ep->qp && ibv_query_qp(ep->qp, &a, IBV_QP_STATE, &ia) == 0 && a.qp_state == IBV_QPS_ERR;
 }
 
 static void on_ep_event(struct vep *ep, struct rdma_cm_event *ev)
@@ -1528,6 +1996,7 @@ static void on_ep_event(struct vep *ep, struct rdma_cm_event *ev)
 		pthread_mutex_lock(&ep->lock);
 		ep_set_peer(ep, ev->param.conn.private_data);
 		pthread_mutex_unlock(&ep->lock);
+		ep_set_read_depth(ep, &ev->param.conn);
 		rc = qp_modify(ep, IBV_QPS_RTR);
 		if (!rc)
 			rc = qp_modify(ep, IBV_QPS_RTS);
@@ -1577,8 +2046,16 @@ static void on_ep_event(struct vep *ep, struct rdma_cm_event *ev)
 		pthread_mutex_lock(&ep->lock);
 		local = ep->state == S_CLOSING;
 		pthread_mutex_unlock(&ep->lock);
-		/* a graceful close by either side, or a peer process that died */
-		ep_fail(ep, 0, "%s", local ? "closed" : "peer disconnected");
+		/* a graceful close by either side, or a peer process that died;
+		 * but a QP already in error (nothing here moves it there before
+		 * ep_fail) means the connection broke first: e.g. this side
+		 * refused the peer's RDMA READ (bad key or range), which sets
+		 * both QPs in error and reaches this side only as the peer's
+		 * disconnect */
+		if (!local && qp_in_error(ep))
+			ep_fail(ep, -ECONNRESET, "queue pair in error (an RDMA READ of the peer refused, or a transport error)");
+		else
+			ep_fail(ep, 0, "%s", local ? "closed" : "peer disconnected");
 		break;
 	}
 	case RDMA_CM_EVENT_DEVICE_REMOVAL:
@@ -1829,6 +2306,143 @@ static int verbs_send(struct vrpc_ep *base, struct vrpc_buf *buf, uint32_t len, 
 	return rc;
 }
 
+static int verbs_read(struct vrpc_ep *base, struct vrpc_buf *buf, uint32_t off, uint32_t len, uint64_t raddr,
+		      uint32_t rkey, uint64_t wr_id)
+{
+	struct vep *ep = container_of(base, struct vep, base);
+	int rc = 0, prc = 0;
+	pthread_mutex_lock(&ep->lock);
+	if (ep->state != S_OPEN) {
+		rc = -ENOTCONN;
+	} else if (!ep->rd_window) {
+		rc = -EOPNOTSUPP;
+	} else if (!ep->rfree) {
+		rc = -ENOSPC;
+	} else {
+		struct rjob *j = ep->rfree;
+		ep->rfree = j->next;
+		j->buf = buf;
+		j->wr_id = wr_id;
+		j->raddr = raddr;
+		j->laddr = (char *)buf->data + off;
+		j->lkey = buf->mr->lkey;
+		j->rkey = rkey;
+		j->len = len;
+		j->posted = j->outstanding = 0;
+		j->status = 0;
+		rq_push(ep, j);
+		prc = pump_reads_locked(ep);
+	}
+	pthread_mutex_unlock(&ep->lock);
+	if (rc == -EOPNOTSUPP)
+		vrpc_tp_log("verbs: %s allows no RDMA READ from it (it connected with no responder resources)",
+			    base->peer_uri);
+	if (prc)
+		ep_fail(ep, prc, "cannot post an RDMA READ: %s", strerror(-prc));
+	return rc;
+}
+
+static int verbs_grant(struct vrpc_ep *base, struct vrpc_mr *mbase, const void *addr, uint32_t len, uint32_t *rkey)
+{
+	struct vep *ep = container_of(base, struct vep, base);
+	struct vmr *m = container_of(mbase, struct vmr, base);
+	struct vtp *tp = ep->tp;
+	struct vmw *w;
+	uint32_t key = 0;
+	int rc = 0;
+	if (!tp->mw_ok) {
+		if (!atomic_exchange(&tp->mw_warned, true))
+			vrpc_tp_log("verbs: device %s has no type-2B memory windows: vrpc_ep_grant (large messages) "
+				    "is not supported on it",
+				    ibv_get_device_name(tp->verbs->device));
+		return -ENOTSUP;
+	}
+	if (!m->mr)
+		return -EINVAL;
+	w = mw_get(tp, &rc);
+	if (!w)
+		return rc;
+	pthread_mutex_lock(&ep->lock);
+	if (ep->state != S_OPEN) {
+		rc = -ENOTCONN;
+	} else if (ep->mw_inflight >= MW_SLOTS) {
+		rc = -ENOSPC;
+	} else {
+		struct ibv_send_wr wr, *bad;
+		key = ibv_inc_rkey(w->rkey); /* a stale descriptor's key never matches a later bind */
+		memset(&wr, 0, sizeof(wr));
+		wr.wr_id = (uintptr_t)w | WRID_MW;
+		wr.opcode = IBV_WR_BIND_MW;
+		/* signalled, so that its send-queue slot is known to be free */
+		wr.send_flags = IBV_SEND_SIGNALED;
+		wr.bind_mw.mw = w->mw;
+		wr.bind_mw.rkey = key;
+		wr.bind_mw.bind_info.mr = m->mr;
+		wr.bind_mw.bind_info.addr = (uintptr_t)addr;
+		wr.bind_mw.bind_info.length = len;
+		wr.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_READ;
+		rc = err_pos(ibv_post_send(ep->qp, &wr, &bad));
+		if (!rc) {
+			/* the provider names the window by its current key */
+			w->mw->rkey = key;
+			w->rkey = key;
+			w->state = MW_LIVE;
+			w->bind_pending = true;
+			w->next = ep->grants;
+			ep->grants = w;
+			ep->mw_inflight++;
+		}
+	}
+	pthread_mutex_unlock(&ep->lock);
+	if (rc) {
+		mw_put(tp, w);
+		return rc;
+	}
+	*rkey = key;
+	return 0;
+}
+
+static int verbs_revoke(struct vrpc_ep *base, uint32_t rkey, uint64_t wr_id)
+{
+	struct vep *ep = container_of(base, struct vep, base);
+	struct vmw *w = NULL;
+	bool later = false;
+	int rc = 0;
+	pthread_mutex_lock(&ep->lock);
+	if (!ep->gone)
+		for (w = ep->grants; w && !(w->rkey == rkey && w->state == MW_LIVE); w = w->next)
+			;
+	if (ep->gone) {
+		rc = -ENOTCONN;
+	} else if (!w) {
+		rc = -EINVAL;
+	} else if (ep->state == S_DEAD) {
+		/* the key is dead with the QP: the poller says so */
+		w->state = MW_CANCEL;
+		w->wr_id = wr_id;
+		later = true;
+	} else if (ep->mw_inflight >= MW_SLOTS) {
+		rc = -ENOSPC;
+	} else {
+		struct ibv_send_wr wr, *bad;
+		memset(&wr, 0, sizeof(wr));
+		wr.wr_id = (uintptr_t)w | WRID_MW;
+		wr.opcode = IBV_WR_LOCAL_INV;
+		wr.send_flags = IBV_SEND_SIGNALED;
+		wr.invalidate_rkey = rkey;
+		rc = err_pos(ibv_post_send(ep->qp, &wr, &bad));
+		if (!rc) {
+			w->state = MW_INV;
+			w->wr_id = wr_id;
+			ep->mw_inflight++;
+		}
+	}
+	pthread_mutex_unlock(&ep->lock);
+	if (later)
+		todo_add(ep);
+	return rc;
+}
+
 static int verbs_close(struct vrpc_ep *base)
 {
 	struct vep *ep = container_of(base, struct vep, base);
@@ -1909,6 +2523,11 @@ static void verbs_tp_destroy(struct vrpc_transport *tbase)
 		wake(tp->wakefd);
 		pthread_join(tp->cm, NULL);
 	}
+	for (struct vmw *w = tp->mw_free, *n; w; w = n) {
+		n = w->next;
+		ibv_dealloc_mw(w->mw);
+		free(w);
+	}
 	if (tp->pd)
 		ibv_dealloc_pd(tp->pd);
 	if (tp->ech)
@@ -1918,6 +2537,7 @@ static void verbs_tp_destroy(struct vrpc_transport *tbase)
 	if (tp->wakefd >= 0)
 		close(tp->wakefd);
 	pthread_mutex_destroy(&tp->lock);
+	pthread_mutex_destroy(&tp->mw_lock);
 	pthread_cond_destroy(&tp->cond);
 	free(tp);
 }
@@ -1934,6 +2554,7 @@ static int verbs_tp_create(const struct vrpc_transport_attr *attr, struct vrpc_t
 	qp_cfg_init(&tp->cfg);
 	tp->epfd = tp->wakefd = -1;
 	pthread_mutex_init(&tp->lock, NULL);
+	pthread_mutex_init(&tp->mw_lock, NULL);
 	pthread_cond_init(&tp->cond, NULL);
 	tp->ech = rdma_create_event_channel();
 	if (!tp->ech) {
@@ -1991,9 +2612,9 @@ const struct vrpc_transport_ops vrpc_verbs_ops = {
 	.listener_destroy = verbs_listener_destroy,
 	.connect = verbs_connect,
 	.send = verbs_send,
-	.read = vrpc_enosys_read,
-	.grant = vrpc_enosys_grant,
-	.revoke = vrpc_enosys_revoke,
+	.read = verbs_read,
+	.grant = verbs_grant,
+	.revoke = verbs_revoke,
 	.close = verbs_close,
 	.ep_free = verbs_ep_free,
 };
