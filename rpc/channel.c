@@ -1338,6 +1338,13 @@ int vrpc_call_async(struct vrpc_channel *ch, const struct vrpc_method_desc *m, c
 
 /* ---- create / destroy ------------------------------------------------------ */
 
+static void worker_arena(unsigned worker, void *arg)
+{
+    (void)worker;
+    (void)arg;
+    vrpc_rpc_tls_arena();
+}
+
 int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *opts, struct vrpc_channel **out)
 {
     struct vrpc_channel *ch;
@@ -1415,6 +1422,11 @@ int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *opts, s
         sc.nworkers = ch->o.threads;
         if (ch->o.no_spin)
             sc.spin_us = 1; /* the scheduler's minimum: 0 means its default */
+        /* async completions unpack into the worker's arena: create it now,
+         * not on the worker's first completion (which may come late: an idle
+         * worker that is still spinning takes new tasks without waking the
+         * others) */
+        sc.worker_start = worker_arena;
         if ((rc = vrpc_sched_create(&sc, &ch->sched)))
             goto fail;
         ch->own_sched = true;

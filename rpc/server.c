@@ -1301,8 +1301,12 @@ int vrpc_server_shutdown(struct vrpc_server *s, int timeout_ms)
         vrpc_rpc_futex_wait_ns(&s->inflight, v, left < 10000000 ? left : 10000000);
     }
     pthread_mutex_lock(&s->lock);
-    for (struct sconn *c = s->conns.next; c != &s->conns; c = c->next)
+    for (struct sconn *c = s->conns.next; c != &s->conns; c = c->next) {
+        /* dead first: an answer given while the close is under way is
+         * dropped (-ECONNRESET), as rpc.h promises, not sent behind it */
+        __atomic_store_n(&c->dead, 1, __ATOMIC_RELEASE);
         vrpc_ep_close(c->ep);
+    }
     s->shut_done = true;
     s->shut_rc = rc;
     pthread_mutex_unlock(&s->lock);

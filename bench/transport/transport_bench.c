@@ -30,6 +30,9 @@ struct cfg {
     const char *backend, *server_ip, *client_ip;
     unsigned iters;
     double rate_secs;
+    uint32_t busy_us;   /* busy-poll window of the _busypoll variants */
+    bool pingpong_only; /* only the 32 B ping-pong pair (alternating with perftest) */
+    int rounds;         /* alternating rounds of each ping-pong pair, 1..ROUNDS_MAX */
 };
 static struct cfg g;
 
@@ -480,36 +483,37 @@ static int by_p50(const void *a, const void *b)
     return x->p50 < y->p50 ? -1 : x->p50 > y->p50;
 }
 
-#define ROUNDS 5
+#define ROUNDS_MAX 9
 
-/* The baseline and the transport ping-pong alternate ROUNDS times (this
+/* The baseline and the transport ping-pong alternate g.rounds times (this
  * machine is shared and noisy); each reports its round with the median p50,
  * the transport case also its p50 over the baseline's. */
 static void pingpong_pair(uint32_t size, const char *label)
 {
-    struct result b[ROUNDS], t[ROUNDS], tb[ROUNDS];
+    struct result b[ROUNDS_MAX], t[ROUNDS_MAX], tb[ROUNDS_MAX];
+    const int R = g.rounds;
     char name[96], extra[192];
-    for (int r = 0; r < ROUNDS; r++) {
+    for (int r = 0; r < R; r++) {
         b[r] = baseline_pingpong(size);
         t[r] = bench_pingpong(size, 0);
-        tb[r] = bench_pingpong(size, 50);
+        tb[r] = bench_pingpong(size, g.busy_us);
     }
-    qsort(b, ROUNDS, sizeof *b, by_p50);
-    qsort(t, ROUNDS, sizeof *t, by_p50);
-    qsort(tb, ROUNDS, sizeof *tb, by_p50);
+    qsort(b, (size_t)R, sizeof *b, by_p50);
+    qsort(t, (size_t)R, sizeof *t, by_p50);
+    qsort(tb, (size_t)R, sizeof *tb, by_p50);
     snprintf(name, sizeof name, "baseline:tcp_pingpong_%s", label);
-    snprintf(extra, sizeof extra, "\"size\":%u,\"rounds\":%d", size, ROUNDS);
-    vrpc_bench_report(&g.o, name, b[ROUNDS / 2].ops, b[ROUNDS / 2].p50, b[ROUNDS / 2].p99, extra);
+    snprintf(extra, sizeof extra, "\"size\":%u,\"rounds\":%d", size, R);
+    vrpc_bench_report(&g.o, name, b[R / 2].ops, b[R / 2].p50, b[R / 2].p99, extra);
     snprintf(name, sizeof name, "transport:%s_pingpong_%s", g.backend, label);
     snprintf(extra, sizeof extra,
              "\"backend\":\"%s\",\"size\":%u,\"busy_poll_us\":0,\"rounds\":%d,\"p50_vs_baseline\":%.2f",
-             g.backend, size, ROUNDS, t[ROUNDS / 2].p50 / b[ROUNDS / 2].p50);
-    vrpc_bench_report(&g.o, name, t[ROUNDS / 2].ops, t[ROUNDS / 2].p50, t[ROUNDS / 2].p99, extra);
+             g.backend, size, R, t[R / 2].p50 / b[R / 2].p50);
+    vrpc_bench_report(&g.o, name, t[R / 2].ops, t[R / 2].p50, t[R / 2].p99, extra);
     snprintf(name, sizeof name, "transport:%s_pingpong_%s_busypoll", g.backend, label);
     snprintf(extra, sizeof extra,
-             "\"backend\":\"%s\",\"size\":%u,\"busy_poll_us\":50,\"rounds\":%d,\"p50_vs_baseline\":%.2f",
-             g.backend, size, ROUNDS, tb[ROUNDS / 2].p50 / b[ROUNDS / 2].p50);
-    vrpc_bench_report(&g.o, name, tb[ROUNDS / 2].ops, tb[ROUNDS / 2].p50, tb[ROUNDS / 2].p99, extra);
+             "\"backend\":\"%s\",\"size\":%u,\"busy_poll_us\":%u,\"rounds\":%d,\"p50_vs_baseline\":%.2f",
+             g.backend, size, g.busy_us, R, tb[R / 2].p50 / b[R / 2].p50);
+    vrpc_bench_report(&g.o, name, tb[R / 2].ops, tb[R / 2].p50, tb[R / 2].p99, extra);
 }
 
 static void baseline_stream(uint32_t size, const char *name)
@@ -542,11 +546,14 @@ static void usage(FILE *f, const char *argv0)
 {
     fprintf(f,
             "usage: %s [--backend tcp|verbs] [--server IP] [--client-src IP] [--iters N] [--secs S]\n"
-            "          [--json] [--quick]\n"
+            "          [--busy-us N] [--rounds N] [--pingpong-only] [--json] [--quick]\n"
             "  Transport ping-pong latency (32 B, 4 KiB; blocking and busy-polling pollers) and\n"
             "  message rate (1 and 2 sender threads), against a plain blocking-socket TCP\n"
             "  ping-pong and stream measured in the same run. --server is where the server\n"
-            "  listens (default 127.0.0.1), --client-src the client's source address.\n",
+            "  listens (default 127.0.0.1), --client-src the client's source address.\n"
+            "  --busy-us: the busy-poll variants' spin before sleeping (default 50 us).\n"
+            "  --pingpong-only: just the 32 B ping-pong pair (for alternating with perftest).\n"
+            "  --rounds: alternating rounds per ping-pong pair, median reported (default 5, max 9).\n",
             argv0);
 }
 
@@ -557,6 +564,8 @@ int main(int argc, char **argv)
     g.server_ip = "127.0.0.1";
     g.iters = 20000;
     g.rate_secs = 1.0;
+    g.busy_us = 50;
+    g.rounds = 5;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json"))
             g.o.json = true;
@@ -572,6 +581,12 @@ int main(int argc, char **argv)
             g.iters = (unsigned)atoi(argv[++i]);
         else if (!strcmp(argv[i], "--secs") && i + 1 < argc)
             g.rate_secs = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--busy-us") && i + 1 < argc)
+            g.busy_us = (uint32_t)atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
+            g.rounds = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--pingpong-only"))
+            g.pingpong_only = true;
         else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout, argv[0]);
             return 0;
@@ -586,6 +601,8 @@ int main(int argc, char **argv)
     }
     if (!g.iters)
         g.iters = 1;
+    if (g.rounds < 1 || g.rounds > ROUNDS_MAX)
+        g.rounds = g.rounds < 1 ? 1 : ROUNDS_MAX;
     {
         struct vrpc_transport *tp;
         int rc = vrpc_transport_create(g.backend, NULL, &tp);
@@ -594,6 +611,8 @@ int main(int argc, char **argv)
         vrpc_transport_destroy(tp);
     }
     pingpong_pair(32, "32B");
+    if (g.pingpong_only)
+        return 0;
     pingpong_pair(4096, "4KiB");
     baseline_stream(32, "baseline:tcp_stream_32B");
     baseline_stream(4096, "baseline:tcp_stream_4KiB");

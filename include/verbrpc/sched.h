@@ -22,9 +22,12 @@
  *  - No ordering between tasks is promised. In practice a worker runs the
  *    tasks it spawned newest first (cache-warm), idle workers steal the
  *    oldest, and tasks from non-workers are taken roughly in FIFO order.
- *  - Idle workers spin for spin_us, then sleep on a futex (ck_ec event count);
- *    submitting to a sleeping scheduler wakes one worker. Sleeping workers use
- *    no CPU.
+ *  - Idle workers spin, then sleep on a futex (ck_ec event count). Each
+ *    worker adapts its spin between spin_us / 4 and 4 * spin_us: it doubles
+ *    after a spin that found work, halves after one that did not. Submitting
+ *    to a scheduler with a parked worker wakes one, unless another idle
+ *    worker is still spinning (it will take the task without a wake-up).
+ *    Sleeping workers use no CPU.
  *
  * Design notes (queues, fences, the parking protocol) are in sched/deque.h,
  * sched/ring.h and sched/sched.c.
@@ -62,7 +65,8 @@ struct vrpc_sched_config {
     unsigned nworkers;      /* 0: number of online CPUs */
     unsigned deque_size;    /* per-worker deque slots, power of two; 0: 4096 */
     unsigned spin_us;       /* how long an idle worker keeps looking for work before it
-                               sleeps; 0: 50 us */
+                               sleeps (adapted between spin_us / 4 and 4 * spin_us);
+                               0: 50 us */
     bool pin_cpus;          /* pin worker i to the (i mod n)-th CPU the process may run on */
     bool cancel_on_destroy; /* destroy drops queued tasks instead of running them;
                                each dropped task's cancel_fn is called (if set) */
@@ -70,6 +74,11 @@ struct vrpc_sched_config {
      * it owns the task again and may free it. */
     void (*cancel_fn)(struct vrpc_task *task, void *arg);
     void *cancel_arg;
+    /* If set, called once on each worker thread before it runs any task, with
+     * the worker's index: lets a user create thread-local caches up front
+     * rather than on a worker's first task. */
+    void (*worker_start)(unsigned worker, void *arg);
+    void *worker_start_arg;
 };
 
 /* Fill *cfg with the defaults. */

@@ -783,7 +783,9 @@ static void test_server_deadline_while_handler_runs(void **state)
             before.deadline = ms[i].by_code[VRPC_DEADLINE_EXCEEDED];
     unsigned late0 = __atomic_load_n(&g_late.done, __ATOMIC_ACQUIRE);
 
-    struct vrpc_call_opts o = {.timeout_us = 50000};
+    /* long enough that the handler has started when it passes, also on a
+     * loaded machine (else the call is answered without running it) */
+    struct vrpc_call_opts o = {.timeout_us = 500000};
     int64_t t0 = vrpc_now_ns();
     assert_int_equal(call_echo(ch, "x", 1, 1, MODE_LATE, 3000, &o, &rep, &st), VRPC_DEADLINE_EXCEEDED);
     /* the only slot is free again long before the handler answers (3 s) */

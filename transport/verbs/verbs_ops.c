@@ -1640,10 +1640,16 @@ static void read_watchdog(struct vcq *cq)
 	}
 }
 
+/* The CQ whose poller this thread is (set by its first poll): a receive
+ * reposted from the CQ's own callback needs no wake-up, the poller
+ * distributes credits on its next poll anyway. */
+static _Thread_local struct vcq *tl_poller_of;
+
 static int verbs_cq_poll(struct vrpc_cq *base, struct vrpc_wc *wc, unsigned max)
 {
 	struct vcq *cq = container_of(base, struct vcq, base);
 	unsigned n = 0;
+	tl_poller_of = cq;
 	if (cq->st_head == cq->st_tail) {
 		take_todo(cq);
 		if (atomic_load(&cq->bound)) {
@@ -1855,8 +1861,10 @@ static int verbs_post_recv(struct vrpc_cq *base, struct vrpc_buf *const *bufs, c
 		return rc;
 	atomic_fetch_add(&cq->posted, (int)n);
 	atomic_fetch_add(&cq->avail, (int)n);
-	if (cq->hungry_head || atomic_load(&cq->sleeping))
-		wake(cq->evfd); /* the poller pays debts back */
+	/* the poller pays debts back; before the device is bound no endpoint
+	 * can owe any, and its own callback needs no wake-up */
+	if (atomic_load(&cq->bound) && tl_poller_of != cq && (cq->hungry_head || atomic_load(&cq->sleeping)))
+		wake(cq->evfd);
 	return 0;
 }
 
