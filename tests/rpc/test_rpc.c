@@ -18,6 +18,7 @@
 #include <verbrpc/rpc.h>
 #include <verbrpc/transport.h>
 #include "rpc/wire.h"
+#include "raw_peer.h"
 #include "rpc_test.pb-c.h"
 
 /* ---- allocation counting (not under sanitizers, which own malloc) -------- */
@@ -908,101 +909,6 @@ static void test_connection_loss_and_reconnect(void **state)
 
 /* ---- raw-frame peers ------------------------------------------------------------- */
 
-struct raw {
-    struct vrpc_transport *tp;
-    struct vrpc_cq *cq;
-    struct vrpc_pool *pool;
-    struct vrpc_ep *ep;
-    struct vrpc_listener *l;
-    pthread_mutex_t lock;
-    uint8_t last[512];
-    uint32_t last_len;
-    unsigned nrecv;
-    unsigned disconnected;
-    struct vrpc_ep *accepted;
-};
-
-static void raw_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, void *arg)
-{
-    struct raw *r = arg;
-    for (unsigned i = 0; i < n; i++) {
-        const struct vrpc_wc *w = &wc[i];
-        switch (w->opcode) {
-        case VRPC_WC_RECV:
-            pthread_mutex_lock(&r->lock);
-            if (w->status == 0) {
-                r->last_len = w->byte_len < sizeof(r->last) ? w->byte_len : sizeof(r->last);
-                memcpy(r->last, w->buf->data, r->last_len);
-                __atomic_add_fetch(&r->nrecv, 1, __ATOMIC_RELEASE);
-            }
-            pthread_mutex_unlock(&r->lock);
-            if (w->status == -ECANCELED || vrpc_cq_post_recv(cq, &w->buf, NULL, 1))
-                vrpc_pool_put(w->buf);
-            break;
-        case VRPC_WC_SEND:
-            vrpc_pool_put(w->buf);
-            break;
-        case VRPC_WC_ACCEPTED:
-            __atomic_store_n(&r->accepted, w->ep, __ATOMIC_RELEASE);
-            break;
-        case VRPC_WC_DISCONNECTED:
-            __atomic_add_fetch(&r->disconnected, 1, __ATOMIC_RELEASE);
-            break;
-        }
-    }
-}
-
-static void raw_open(struct raw *r)
-{
-    struct vrpc_cq_attr ca;
-    memset(r, 0, sizeof(*r));
-    pthread_mutex_init(&r->lock, NULL);
-    assert_int_equal(vrpc_transport_create(g_opt.backend, NULL, &r->tp), 0);
-    assert_int_equal(vrpc_pool_create(r->tp, vrpc_transport_eager_size(r->tp), 64, &r->pool), 0);
-    vrpc_cq_attr_init(&ca);
-    ca.cb = raw_cb;
-    ca.cb_arg = r;
-    assert_int_equal(vrpc_cq_create(r->tp, &ca, &r->cq), 0);
-    for (int i = 0; i < 32; i++) {
-        struct vrpc_buf *b = vrpc_pool_get(r->pool);
-        assert_int_equal(vrpc_cq_post_recv(r->cq, &b, NULL, 1), 0);
-    }
-}
-
-static void raw_connect(struct raw *r, const char *uri)
-{
-    struct vrpc_ep_attr ea;
-    vrpc_ep_attr_init(&ea);
-    ea.cq = r->cq;
-    ea.src_addr = g_opt.client_ip;
-    assert_int_equal(vrpc_connect(r->tp, uri, &ea, &r->ep), 0);
-}
-
-static void raw_close(struct raw *r)
-{
-    if (r->ep) {
-        vrpc_ep_close(r->ep);
-        while (!__atomic_load_n(&r->disconnected, __ATOMIC_ACQUIRE))
-            usleep(1000);
-        vrpc_ep_destroy(r->ep);
-    }
-    if (r->accepted)
-        vrpc_ep_destroy(r->accepted);
-    vrpc_listener_destroy(r->l);
-    vrpc_cq_destroy(r->cq);
-    vrpc_pool_destroy(r->pool);
-    vrpc_transport_destroy(r->tp);
-    pthread_mutex_destroy(&r->lock);
-}
-
-static void raw_send(struct raw *r, struct vrpc_ep *ep, const void *bytes, size_t len)
-{
-    struct vrpc_buf *b = vrpc_pool_get(r->pool);
-    assert_non_null(b);
-    memcpy(b->data, bytes, len);
-    assert_int_equal(vrpc_ep_send(ep, b, (uint32_t)len, 0, 0, 0), 0);
-}
-
 static size_t frame(uint8_t *out, const struct vrpc_wire_hdr *h, const void *md, const void *payload)
 {
     vrpc_wire_hdr_encode(out, h);
@@ -1019,7 +925,7 @@ static void raw_hello(struct raw *r, struct vrpc_ep *ep, uint8_t type)
     struct vrpc_wire_hello hs = {.max_msg_size = 4096, .max_concurrent = 8};
     vrpc_wire_hello_encode(p, &hs);
     struct vrpc_wire_hdr h = {.version = 1, .type = type, .payload_len = sizeof(p)};
-    raw_send(r, ep, f, frame(f, &h, NULL, p));
+    raw_send_bytes(r, ep, f, frame(f, &h, NULL, p));
 }
 
 /* Wait for the n-th received frame and decode it as a RESPONSE. */
@@ -1038,7 +944,7 @@ static void raw_expect_status(struct raw *r, unsigned *n, const struct vrpc_wire
 {
     uint8_t f[8192];
     struct vrpc_wire_hdr h;
-    raw_send(r, r->ep, f, frame(f, req, md, payload));
+    raw_send_bytes(r, r->ep, f, frame(f, req, md, payload));
     raw_wait_response(r, ++*n, &h);
     assert_int_equal(h.type, VRPC_FT_RESPONSE);
     assert_true(h.request_id == req->request_id);
@@ -1052,8 +958,8 @@ static void test_bad_requests_get_status(void **state)
     struct raw r;
     unsigned n = 0;
     struct vrpc_wire_hdr h;
-    raw_open(&r);
-    raw_connect(&r, g_uri);
+    raw_open(&r, g_opt.backend);
+    raw_connect(&r, g_uri, g_opt.client_ip);
     raw_hello(&r, r.ep, VRPC_FT_HELLO);
     raw_wait_response(&r, ++n, &h);
     assert_int_equal(h.type, VRPC_FT_HELLO_ACK);
@@ -1120,7 +1026,7 @@ static void test_bad_requests_get_status(void **state)
     /* a CANCEL for an id not in flight is ignored; the connection stays */
     struct vrpc_wire_hdr c = {.version = 1, .type = VRPC_FT_CANCEL, .request_id = vrpc_wire_make_id(3, 3)};
     uint8_t f[64];
-    raw_send(&r, r.ep, f, frame(f, &c, NULL, NULL));
+    raw_send_bytes(&r, r.ep, f, frame(f, &c, NULL, NULL));
     req.md_len = 0;
     er.mode = MODE_ECHO;
     glen = protobuf_c_message_pack(&er.base, good);
@@ -1145,8 +1051,8 @@ static void test_protocol_errors_close_connection(void **state)
         size_t len;
         struct vrpc_wire_hdr h = {.version = 1, .type = VRPC_FT_REQUEST, .method_id = m_echo.id,
                                   .request_id = vrpc_wire_make_id(0, 1)};
-        raw_open(&r);
-        raw_connect(&r, g_uri);
+        raw_open(&r, g_opt.backend);
+        raw_connect(&r, g_uri, g_opt.client_ip);
         if (kind != 6)
             raw_hello(&r, r.ep, VRPC_FT_HELLO);
         switch (kind) {
@@ -1181,7 +1087,7 @@ static void test_protocol_errors_close_connection(void **state)
             len = frame(f, &h, NULL, NULL);
             break;
         }
-        raw_send(&r, r.ep, f, len);
+        raw_send_bytes(&r, r.ep, f, len);
         for (int i = 0; i < 5000 && !__atomic_load_n(&r.disconnected, __ATOMIC_ACQUIRE); i++)
             usleep(1000);
         if (!__atomic_load_n(&r.disconnected, __ATOMIC_ACQUIRE))
@@ -1219,7 +1125,7 @@ static void test_bad_server_frames(void **state)
         struct raw r;
         char uri[VRPC_URI_MAX], bound[VRPC_URI_MAX];
         struct vrpc_listen_attr la = {.cqs = NULL, .ncqs = 1};
-        raw_open(&r);
+        raw_open(&r, g_opt.backend);
         la.cqs = &r.cq;
         assert_int_equal(vrpc_listen(r.tp, listen_uri(uri, sizeof(uri), 0), &la, &r.l), 0);
         assert_int_equal(vrpc_listener_uri(r.l, bound, sizeof(bound)), 0);
@@ -1247,7 +1153,7 @@ static void test_bad_server_frames(void **state)
             h.request_id = vrpc_wire_make_id(5000, 1);   /* no such slot */
         else
             h.type = VRPC_FT_REQUEST, h.request_id = 1; /* a frame a server must not send */
-        raw_send(&r, ep, f, frame(f, &h, NULL, NULL));
+        raw_send_bytes(&r, ep, f, frame(f, &h, NULL, NULL));
         pthread_join(t, NULL);
         assert_int_equal(b.code, VRPC_UNAVAILABLE);
         for (int i = 0; i < 5000 && !__atomic_load_n(&r.disconnected, __ATOMIC_ACQUIRE); i++)

@@ -22,6 +22,7 @@
 #include <verbrpc/transport.h>
 #include "rpc/rndv.h"
 #include "rpc/wire.h"
+#include "raw_peer.h"
 #include "rpc_test.pb-c.h"
 
 static struct {
@@ -582,107 +583,6 @@ static void test_cancel_and_deadline_on_large_response(void **state)
 
 /* ---- raw peers, built on the transport API ------------------------------- */
 
-struct raw {
-    struct vrpc_transport *tp;
-    struct vrpc_cq *cq;
-    struct vrpc_pool *pool;
-    struct vrpc_ep *ep;
-    struct vrpc_listener *l;
-    pthread_mutex_t lock;
-    uint8_t last[512];
-    uint32_t last_len;
-    unsigned nrecv;
-    unsigned disconnected;
-    struct vrpc_ep *accepted;
-};
-
-static void raw_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, void *arg)
-{
-    struct raw *r = arg;
-    for (unsigned i = 0; i < n; i++) {
-        const struct vrpc_wc *w = &wc[i];
-        switch (w->opcode) {
-        case VRPC_WC_RECV:
-            pthread_mutex_lock(&r->lock);
-            if (w->status == 0) {
-                r->last_len = w->byte_len < sizeof(r->last) ? w->byte_len : sizeof(r->last);
-                memcpy(r->last, w->buf->data, r->last_len);
-                __atomic_add_fetch(&r->nrecv, 1, __ATOMIC_RELEASE);
-            }
-            pthread_mutex_unlock(&r->lock);
-            if (w->status == -ECANCELED || vrpc_cq_post_recv(cq, &w->buf, NULL, 1))
-                vrpc_pool_put(w->buf);
-            break;
-        case VRPC_WC_SEND:
-            vrpc_pool_put(w->buf);
-            break;
-        case VRPC_WC_ACCEPTED:
-            __atomic_store_n(&r->accepted, w->ep, __ATOMIC_RELEASE);
-            break;
-        case VRPC_WC_DISCONNECTED:
-            __atomic_add_fetch(&r->disconnected, 1, __ATOMIC_RELEASE);
-            break;
-        default:
-            break;
-        }
-    }
-}
-
-static void raw_open(struct raw *r)
-{
-    struct vrpc_cq_attr ca;
-    memset(r, 0, sizeof(*r));
-    pthread_mutex_init(&r->lock, NULL);
-    assert_int_equal(vrpc_transport_create(g_opt.backend, NULL, &r->tp), 0);
-    assert_int_equal(vrpc_pool_create(r->tp, vrpc_transport_eager_size(r->tp), 64, &r->pool), 0);
-    vrpc_cq_attr_init(&ca);
-    ca.cb = raw_cb;
-    ca.cb_arg = r;
-    assert_int_equal(vrpc_cq_create(r->tp, &ca, &r->cq), 0);
-    for (int i = 0; i < 32; i++) {
-        struct vrpc_buf *b = vrpc_pool_get(r->pool);
-        assert_int_equal(vrpc_cq_post_recv(r->cq, &b, NULL, 1), 0);
-    }
-}
-
-static void raw_connect(struct raw *r, const char *uri)
-{
-    struct vrpc_ep_attr ea;
-    vrpc_ep_attr_init(&ea);
-    ea.cq = r->cq;
-    ea.src_addr = g_opt.client_ip;
-    int rc = -ECONNREFUSED;
-    for (int i = 0; i < 5 && rc == -ECONNREFUSED; i++) /* see test_rpc.c raw_connect */
-        rc = vrpc_connect(r->tp, uri, &ea, &r->ep);
-    assert_int_equal(rc, 0);
-}
-
-static bool raw_wait(const unsigned *counter, unsigned n, int ms)
-{
-    for (int i = 0; i < ms && __atomic_load_n(counter, __ATOMIC_ACQUIRE) < n; i++)
-        usleep(1000);
-    return __atomic_load_n(counter, __ATOMIC_ACQUIRE) >= n;
-}
-
-static void raw_close(struct raw *r)
-{
-    if (r->ep) {
-        vrpc_ep_close(r->ep);
-        raw_wait(&r->disconnected, 1, 10000);
-        vrpc_ep_destroy(r->ep);
-    }
-    if (r->accepted) {
-        vrpc_ep_close(r->accepted);
-        raw_wait(&r->disconnected, 1, 10000);
-        vrpc_ep_destroy(r->accepted);
-    }
-    vrpc_listener_destroy(r->l);
-    vrpc_cq_destroy(r->cq);
-    vrpc_pool_destroy(r->pool);
-    vrpc_transport_destroy(r->tp);
-    pthread_mutex_destroy(&r->lock);
-}
-
 static void raw_send(struct raw *r, struct vrpc_ep *ep, const struct vrpc_wire_hdr *h, const void *body,
                      size_t body_len)
 {
@@ -729,8 +629,8 @@ static void test_forged_descriptors(void **state)
     for (int kind = 0; kind < 7; kind++) {
         struct raw r;
         struct vrpc_wire_hdr h;
-        raw_open(&r);
-        raw_connect(&r, g_uri);
+        raw_open(&r, g_opt.backend);
+        raw_connect(&r, g_uri, g_opt.client_ip);
         raw_hello_f(&r, r.ep, VRPC_FT_HELLO, kind == 6 ? 0 : VRPC_FEAT_LARGE);
         assert_true(raw_wait(&r.nrecv, 1, 5000));
         raw_last(&r, &h);
@@ -803,7 +703,7 @@ static void test_forged_response_descriptor(void **state)
     struct raw r;
     char lu[VRPC_URI_MAX], bound[VRPC_URI_MAX];
     struct vrpc_listen_attr la = {.ncqs = 1};
-    raw_open(&r);
+    raw_open(&r, g_opt.backend);
     la.cqs = &r.cq;
     assert_int_equal(vrpc_listen(r.tp, listen_uri(lu, sizeof(lu), 0), &la, &r.l), 0);
     assert_int_equal(vrpc_listener_uri(r.l, bound, sizeof(bound)), 0);
@@ -846,7 +746,7 @@ static void test_cache_bound_and_hold_timeout(void **state)
     struct raw r;
     char lu[VRPC_URI_MAX], bound[VRPC_URI_MAX];
     struct vrpc_listen_attr la = {.ncqs = 1};
-    raw_open(&r);
+    raw_open(&r, g_opt.backend);
     la.cqs = &r.cq;
     assert_int_equal(vrpc_listen(r.tp, listen_uri(lu, sizeof(lu), 0), &la, &r.l), 0);
     assert_int_equal(vrpc_listener_uri(r.l, bound, sizeof(bound)), 0);
@@ -894,8 +794,8 @@ static void test_server_hold_timeout(void **state)
     g_hold_ms = 0;
     struct raw r;
     struct vrpc_wire_hdr h;
-    raw_open(&r);
-    raw_connect(&r, uri);
+    raw_open(&r, g_opt.backend);
+    raw_connect(&r, uri, g_opt.client_ip);
     raw_hello(&r, r.ep, VRPC_FT_HELLO);
     assert_true(raw_wait(&r.nrecv, 1, 5000));
     Vrpctest__EchoRequest er = VRPCTEST__ECHO_REQUEST__INIT;
