@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <verbrpc/transport.h>
 
 /* 0 with *server and *client set (the strings belong to the environment),
  * -EINVAL for an unknown set-up name, -ENOENT when a variable is unset or
@@ -35,6 +36,31 @@ static inline int vrpc_test_verbs_addrs(const char *setup, const char **server, 
     }
     *server = s;
     *client = c;
+    return 0;
+}
+
+/* For a test program's main(): the addresses of backend ("tcp": 127.0.0.1 for
+ * the server, no client address; otherwise the verbs set-up above, after
+ * checking the backend can be opened here). Returns the exit code to leave
+ * with, or 0 to go on: 77 (skipped, a SKIP line printed), 2 (bad set-up). */
+static inline int vrpc_test_backend_addrs(const char *backend, const char *setup, const char **server,
+                                          const char **client)
+{
+    struct vrpc_transport *tp;
+    int rc;
+    if (!strcmp(backend, "tcp")) {
+        *server = "127.0.0.1";
+        return 0;
+    }
+    rc = vrpc_test_verbs_addrs(setup, server, client);
+    if (rc)
+        return rc == -ENOENT ? 77 : 2;
+    rc = vrpc_transport_create(backend, NULL, &tp);
+    if (rc) {
+        printf("SKIP: backend '%s' unavailable here: %s\n", backend, strerror(-rc));
+        return 77;
+    }
+    vrpc_transport_destroy(tp);
     return 0;
 }
 

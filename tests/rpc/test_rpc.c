@@ -1249,20 +1249,9 @@ int main(int argc, char **argv)
     const char *sc = getenv("VRPC_TEST_SCALE");
     if (sc && atoi(sc) > 0)
         g_opt.scale = (unsigned)atoi(sc);
-    if (!strcmp(g_opt.backend, "tcp")) {
-        g_opt.server_ip = "127.0.0.1";
-    } else {
-        int rc = vrpc_test_verbs_addrs(g_opt.setup, &g_opt.server_ip, &g_opt.client_ip);
-        if (rc)
-            return rc == -ENOENT ? 77 : 2;
-        struct vrpc_transport *tp;
-        rc = vrpc_transport_create(g_opt.backend, NULL, &tp);
-        if (rc) {
-            printf("SKIP: backend '%s' unavailable here: %s\n", g_opt.backend, strerror(-rc));
-            return 77;
-        }
-        vrpc_transport_destroy(tp);
-    }
+    int setup_rc = vrpc_test_backend_addrs(g_opt.backend, g_opt.setup, &g_opt.server_ip, &g_opt.client_ip);
+    if (setup_rc)
+        return setup_rc;
     printf("# rpc tests: backend %s, setup %s, scale 1/%u\n", g_opt.backend, g_opt.setup, g_opt.scale);
     setenv("VRPC_LOG", getenv("VRPC_LOG") ? getenv("VRPC_LOG") : "1", 0);
     const struct CMUnitTest tests[] = {

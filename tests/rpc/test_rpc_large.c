@@ -947,20 +947,9 @@ int main(int argc, char **argv)
         g_opt.quick = true;
     crc_init();
     m_echo.id = vrpc_method_id(m_echo.full_name);
-    if (!strcmp(g_opt.backend, "tcp")) {
-        g_opt.server_ip = "127.0.0.1";
-    } else {
-        int rc = vrpc_test_verbs_addrs(g_opt.setup, &g_opt.server_ip, &g_opt.client_ip);
-        if (rc)
-            return rc == -ENOENT ? 77 : 2;
-        struct vrpc_transport *tp;
-        rc = vrpc_transport_create(g_opt.backend, NULL, &tp);
-        if (rc) {
-            printf("SKIP: backend '%s' unavailable here: %s\n", g_opt.backend, strerror(-rc));
-            return 77;
-        }
-        vrpc_transport_destroy(tp);
-    }
+    int setup_rc = vrpc_test_backend_addrs(g_opt.backend, g_opt.setup, &g_opt.server_ip, &g_opt.client_ip);
+    if (setup_rc)
+        return setup_rc;
     if (g_opt.serve)
         return serve_main();
     g_max = (g_opt.quick ? 16 : 64) * MiB;
