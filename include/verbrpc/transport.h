@@ -41,7 +41,19 @@
  *                        and receive of it has completed before. status 0:
  *                        closed by either side gracefully; negative errno:
  *                        connection lost or protocol error (-ECONNRESET,
- *                        -EPROTO, -ETIMEDOUT, ...).
+ *                        -EPROTO, -ETIMEDOUT, ...). The peer's departure is
+ *                        a loss, -ECONNRESET, when it cuts off an operation
+ *                        of ours under way: a vrpc_ep_read() not finished (a
+ *                        closing TCP peer serves our reads first; a verbs
+ *                        close cannot wait for them), or on verbs a send
+ *                        that left and was not acknowledged. Sends still
+ *                        queued for credits just flush, status 0 stays.
+ *                        When an error completion broke the connection (a
+ *                        READ refused: -EACCES), that error is the status,
+ *                        whichever side or thread saw the end first. A peer
+ *                        process that died with nothing of ours under way
+ *                        reads as a close (0): rdma_cm's disconnect and
+ *                        TCP's FIN look the same for both.
  *   Sends (and reads) still queued or in flight when an endpoint dies complete
  *   with status -ECANCELED (flush); the buffer is handed back in wc.buf.
  *
