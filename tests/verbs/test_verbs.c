@@ -8,7 +8,11 @@
  * Test hooks are the backend's documented environment variables:
  * VRPC_VERBS_RNR_RETRY=0 (set here for every case and child) and
  * VRPC_VERBS_PROTO_VERSION (the wrong-version case). */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netdb.h>
+#include <poll.h>
+#include <rdma/rdma_cma.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -536,11 +540,149 @@ static void t_wrong_version(void **state)
     echo_stop(&e);
 }
 
+/* ---- a handshake that never completes --------------------------------------- */
+
+/* The verbs backend's handshake data (transport/verbs/verbs_ops.c struct
+ * hello, network order), as a raw rdma_cm client sends it. */
+struct raw_hello {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t credits;
+    uint32_t eager_size;
+    uint32_t rsvd;
+};
+
+/* Waits up to ms for the next rdma_cm event on ch; true when it is `want`. */
+static bool raw_cm_wait(struct rdma_event_channel *ch, enum rdma_cm_event_type want, int ms)
+{
+    struct pollfd p = { .fd = ch->fd, .events = POLLIN };
+    struct rdma_cm_event *ev;
+    enum rdma_cm_event_type got;
+    if (poll(&p, 1, ms) != 1 || rdma_get_cm_event(ch, &ev))
+        return false;
+    got = ev->event;
+    rdma_ack_cm_event(ev);
+    if (got != want)
+        printf("  raw client: rdma_cm event %s, expected %s\n", rdma_event_str(got), rdma_event_str(want));
+    return got == want;
+}
+
+/* A raw rdma_cm client sends a valid connect request to uri, gets the
+ * server's accept (CONNECT_RESPONSE) and never completes the handshake (no
+ * rdma_establish: no RTU, no message). */
+static void raw_half_open(const char *uri, struct rdma_event_channel **chp, struct rdma_cm_id **idp)
+{
+    struct rdma_event_channel *ch = rdma_create_event_channel();
+    struct rdma_cm_id *id;
+    struct addrinfo hints, *dst, *src;
+    struct rdma_conn_param p;
+    struct raw_hello h;
+    const char *port = strrchr(uri, ':');
+    assert_non_null(ch);
+    assert_non_null(port);
+    assert_int_equal(rdma_create_id(ch, &id, NULL, RDMA_PS_TCP), 0);
+    memset(&hints, 0, sizeof hints);
+    hints.ai_flags = AI_NUMERICHOST;
+    assert_int_equal(getaddrinfo(g_opt.server_ip, port + 1, &hints, &dst), 0);
+    assert_int_equal(getaddrinfo(g_opt.client_ip, NULL, &hints, &src), 0);
+    assert_int_equal(rdma_resolve_addr(id, src->ai_addr, dst->ai_addr, 2000), 0);
+    freeaddrinfo(dst);
+    freeaddrinfo(src);
+    assert_true(raw_cm_wait(ch, RDMA_CM_EVENT_ADDR_RESOLVED, WAIT_MS));
+    assert_int_equal(rdma_resolve_route(id, 2000), 0);
+    assert_true(raw_cm_wait(ch, RDMA_CM_EVENT_ROUTE_RESOLVED, WAIT_MS));
+    h = (struct raw_hello){ .magic = htonl(0x56525043u), .version = htons(1), .credits = htons(1),
+                            .eager_size = htonl(8192) };
+    memset(&p, 0, sizeof p);
+    p.private_data = &h;
+    p.private_data_len = sizeof h;
+    p.responder_resources = 1;
+    p.initiator_depth = 1;
+    p.retry_count = 7;
+    p.rnr_retry_count = 7;
+    p.qp_num = 0x4242; /* no QP behind it: nothing will ever be sent */
+    p.srq = 1;
+    assert_int_equal(rdma_connect(id, &p), 0);
+    assert_true(raw_cm_wait(ch, RDMA_CM_EVENT_CONNECT_RESPONSE, WAIT_MS));
+    *chp = ch;
+    *idp = id;
+}
+
+/* A client that gets the server's accept and then never completes the
+ * handshake holds the server's resources only until connect_timeout_ms: the
+ * server has receive buffers for two connections; one is live, the
+ * half-open one holds the other reservation, so a third is refused; after
+ * the deadline the half-open connection is gone (never reported ACCEPTED,
+ * one log line says why), its buffers are free for a new connection, and
+ * the live one echoed throughout. */
+static void t_accept_deadline(void **state)
+{
+    struct vrpc_transport_attr ta;
+    struct echo_cfg ec = { .ncq = 1, .nbufs = 4, .tattr = &ta };
+    struct echo e;
+    struct client c;
+    struct vrpc_ep *live, *late = NULL;
+    struct rdma_event_channel *ch;
+    struct rdma_cm_id *id;
+    struct timespec t0, t1;
+    char log[4096] = "";
+    FILE *cap = tmpfile();
+    int saved, rc = -1;
+    double s;
+    size_t n;
+    (void)state;
+
+    vrpc_transport_attr_init(&ta);
+    ta.connect_timeout_ms = 1000;
+    assert_non_null(cap);
+    assert_int_equal(echo_start(&e, &ec), 0);
+    assert_int_equal(client_start(&c, NULL, 16, 8, 0, NULL, NULL), 0);
+    /* no message on it yet: its reservation would grow into the rest */
+    assert_int_equal(client_connect(&c, e.uri, &live), 0);
+    raw_half_open(e.uri, &ch, &id);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    fflush(stderr);
+    saved = dup(2);
+    dup2(fileno(cap), 2);
+    /* both reservations are taken */
+    rc = client_connect(&c, e.uri, &late);
+    assert_int_equal(rc, -ECONNREFUSED);
+    echo_once(&c, live, 2);
+    echo_once(&c, live, 3);
+    for (int i = 0; i < WAIT_MS / 100; i++) {
+        rc = client_connect(&c, e.uri, &late);
+        if (rc != -ECONNREFUSED)
+            break;
+        usleep(100000);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    rewind(cap);
+    n = fread(log, 1, sizeof(log) - 1, cap);
+    log[n] = 0;
+    fclose(cap);
+    s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    printf("  new connection %d (%s) %.2f s after the half-open one; logged:\n%s", rc, strerror(-rc), s, log);
+    assert_int_equal(rc, 0);
+    assert_true(s >= 0.9);
+    assert_non_null(strstr(log, "accept handshake not completed within 1000 ms"));
+    echo_once(&c, late, 4);
+    echo_once(&c, live, 5);
+    assert_int_equal(atomic_load(&e.accepted), 2);
+    rdma_destroy_id(id);
+    rdma_destroy_event_channel(ch);
+    vrpc_ep_destroy(live);
+    vrpc_ep_destroy(late);
+    client_stop(&c);
+    echo_stop(&e);
+}
+
 int main(int argc, char **argv)
 {
     const char *filter = NULL, *scale = getenv("VRPC_TEST_SCALE");
     const char *child_role = NULL, *child_uri = NULL;
-    struct vrpc_transport *tp;
     struct rlimit rl;
     int rc;
 
@@ -563,19 +705,16 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    rc = vrpc_test_verbs_addrs(g_opt.setup, &g_opt.server_ip, &g_opt.client_ip);
-    if (rc)
-        return rc == -ENOENT ? 77 : 2;
     /* credits must make RNR impossible: any RNR NAK fails the connection */
     setenv("VRPC_VERBS_RNR_RETRY", "0", 0);
-    if (child_role)
+    if (child_role) {
+        if (vrpc_test_verbs_addrs(g_opt.setup, &g_opt.server_ip, &g_opt.client_ip))
+            return 2;
         return !strcmp(child_role, "--child-client") ? child_client(child_uri) : child_server(child_uri);
-    rc = vrpc_transport_create("verbs", NULL, &tp);
-    if (rc) {
-        printf("SKIP: verbs backend unavailable here: %s\n", strerror(-rc));
-        return 77;
     }
-    vrpc_transport_destroy(tp);
+    rc = vrpc_test_backend_addrs(g_opt.backend, g_opt.setup, &g_opt.server_ip, &g_opt.client_ip);
+    if (rc)
+        return rc;
     if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur < rl.rlim_max) {
         rl.rlim_cur = rl.rlim_max; /* 200 connections */
         setrlimit(RLIMIT_NOFILE, &rl);
@@ -586,7 +725,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(t_wrong_version),  cmocka_unit_test(t_rnr_burst),
         cmocka_unit_test(t_sigkill_flush),  cmocka_unit_test(t_server_restart),
-        cmocka_unit_test(t_many_connections),
+        cmocka_unit_test(t_many_connections), cmocka_unit_test(t_accept_deadline),
     };
     if (filter)
         cmocka_set_test_filter(filter);

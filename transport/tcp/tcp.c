@@ -1184,6 +1184,17 @@ static void teardown(struct tcp_cq *cq, struct tcp_ep *ep, int status, const cha
     }
 }
 
+/* The peer's FIN between frames: a graceful close, unless a read of ours was
+ * still unanswered (a closing peer serves every read before its FIN): then
+ * the peer died or gave up, and the connection was lost (transport.h). */
+static void teardown_eof(struct tcp_cq *cq, struct tcp_ep *ep)
+{
+    if (atomic_load(&ep->nreads))
+        teardown(cq, ep, -ECONNRESET, "peer closed with a read of ours unanswered");
+    else
+        teardown(cq, ep, 0, NULL);
+}
+
 /* ---- receive side (poller) -------------------------------------------------- */
 
 static void stage(struct tcp_cq *cq, struct vrpc_buf *b)
@@ -1477,7 +1488,7 @@ static void rx_spec(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
         else if (ep->rhdr_got)
             teardown(cq, ep, -EPROTO, "peer closed in the middle of a frame");
         else
-            teardown(cq, ep, 0, NULL);
+            teardown_eof(cq, ep);
         return;
     }
     if ((size_t)n <= hrem) {
@@ -1572,7 +1583,7 @@ static void rx(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
             else if (atomic_load(&ep->state) == S_HANDSHAKE)
                 teardown(cq, ep, -ECONNRESET, "peer closed during the handshake");
             else
-                teardown(cq, ep, 0, NULL);
+                teardown_eof(cq, ep);
             return;
         }
         if (!ep->frame_ns)

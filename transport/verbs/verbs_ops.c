@@ -188,6 +188,9 @@ struct vep {
 	pthread_cond_t cond;
 	enum ep_state state;
 	int status;            /* DISCONNECTED status */
+	bool by_cm;            /* status from an rdma_cm DISCONNECTED event (the
+				  poller may still learn a truer one: see
+				  final_status) */
 	char why[128];
 	uint32_t credits;      /* we may send this many */
 	uint32_t unsignaled, sig_every;
@@ -202,6 +205,10 @@ struct vep {
 	uint32_t granted, resv, target;
 	uint32_t pending_ctl_min; /* credit_ret that still wants a credit-only message; 0: none */
 	bool hungry, reported, torn, in_todo, counted, reaping, disc_sent;
+	/* how the connection really ended (poller only, read when DISCONNECTED
+	 * is staged, after every completion of ep was polled): */
+	int wc_err;       /* first error completion (not a flush) of ep */
+	uint32_t flushed; /* posted work requests the QP flushed, reads cut off */
 	uint32_t ctl_sent, peer_ctl_seen; /* ep->lock */
 	bool cm_up; /* ep->lock: rdma_cm has the connection established */
 	atomic_uint ctl_rcvd;
@@ -479,6 +486,14 @@ static int tp_bind(struct vtp *tp, struct ibv_context *verbs)
 	if (tp->dattr.max_qp_init_rd_atom > 0 && tp->rd_window > (uint32_t)tp->dattr.max_qp_init_rd_atom)
 		tp->rd_window = (uint32_t)tp->dattr.max_qp_init_rd_atom;
 	tp->mw_ok = (tp->dattr.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0;
+	{
+		/* the device's asynchronous events: read on the CM thread */
+		struct epoll_event ee = { .events = EPOLLIN, .data.fd = verbs->async_fd };
+		fcntl(verbs->async_fd, F_SETFL, fcntl(verbs->async_fd, F_GETFL) | O_NONBLOCK);
+		if (epoll_ctl(tp->epfd, EPOLL_CTL_ADD, verbs->async_fd, &ee))
+			vrpc_tp_log("verbs: cannot watch %s's asynchronous events: %s",
+				    ibv_get_device_name(verbs->device), strerror(errno));
+	}
 	for (struct vmr *m = tp->mrs; m && !rc; m = m->next)
 		rc = mr_register(tp, m);
 	for (struct vcq *c = tp->cqs; c && !rc; c = c->next)
@@ -742,7 +757,8 @@ static bool fail_locked(struct vep *ep, int status, const char *fmt, va_list ap)
 
 static void failed(struct vep *ep, int status)
 {
-	if (status && status != -ECANCELED && ep->reported)
+	/* accepted ones too: the server's operator hears of half-open peers */
+	if (status && status != -ECANCELED && (ep->reported || ep->lst))
 		vrpc_tp_log("verbs: connection %s failed: %s", ep->base.peer_uri, ep->why);
 	todo_add(ep);
 }
@@ -756,6 +772,25 @@ static void ep_fail(struct vep *ep, int status, const char *fmt, ...)
 	va_start(ap, fmt);
 	did = fail_locked(ep, status, fmt, ap);
 	va_end(ap);
+	pthread_mutex_unlock(&ep->lock);
+	if (did)
+		failed(ep, status);
+}
+
+/* The rdma_cm DISCONNECTED event's verdict (CM thread). It may come before
+ * the poller has seen completions that tell more (an RDMA READ refused, our
+ * sends never acknowledged): final_status settles it once they are polled. */
+static void ep_fail_cm(struct vep *ep, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void ep_fail_cm(struct vep *ep, int status, const char *fmt, ...)
+{
+	va_list ap;
+	bool did;
+	pthread_mutex_lock(&ep->lock);
+	va_start(ap, fmt);
+	did = fail_locked(ep, status, fmt, ap);
+	va_end(ap);
+	if (did)
+		ep->by_cm = true;
 	pthread_mutex_unlock(&ep->lock);
 	if (did)
 		failed(ep, status);
@@ -863,6 +898,7 @@ static int qp_create(struct vep *ep)
 		ia.recv_cq = ep->cq->cq;
 		ia.srq = ep->cq->srq;
 		ia.qp_type = IBV_QPT_RC;
+		ia.qp_context = ep; /* names it in asynchronous events */
 		/* sends, read chunks and window operations share the send queue */
 		ia.cap.max_send_wr = ep->ring_mask + 1 + tp->rd_window + MW_SLOTS;
 		ia.cap.max_send_sge = 1;
@@ -1170,8 +1206,10 @@ static void flush_reads_revokes_locked(struct vcq *cq, struct vep *ep)
 {
 	struct rjob *j;
 	while ((j = rq_pop(ep))) {
-		if (!j->status)
+		if (!j->status) {
 			j->status = -ECANCELED;
+			ep->flushed++; /* a read cut off: see final_status */
+		}
 		if (!j->outstanding) {
 			stage(cq, VRPC_WC_READ, ep, j->buf, j->wr_id, j->status, 0, 0);
 			j->next = ep->rfree;
@@ -1321,6 +1359,49 @@ static void reap_request(struct vep *ep)
 	wake(tp->wakefd);
 }
 
+/* Poller, torn endpoint: its DISCONNECTED status. Every completion of ep has
+ * been polled by now (it was torn down only once its send queue was idle and
+ * a poll then found the CQ empty), so this is where the rdma_cm thread's
+ * verdict, which may have raced the completions, is corrected:
+ *  - an error completion (a READ refused, retries exceeded) is the cause of
+ *    the peer's disconnect, or of the QP error found there: it wins;
+ *  - a disconnect that cut off work of ours (a send the peer never
+ *    acknowledged, a vrpc_ep_read not finished, a window operation) lost
+ *    the connection, it did not close it: -ECONNRESET. Our own close never
+ *    does that (its DREQ waits for our send queue to be idle); the peer's
+ *    does when it closes while we read its memory or send (a verbs close
+ *    cannot wait for either), and so does a peer process that died (the
+ *    kernel disconnects its ids like a close). Sends still queued for
+ *    credits flush without this: they never left (as on TCP).
+ * A local failure (timeouts, protocol errors, CQ destroyed) keeps its own. */
+static int final_status(struct vep *ep)
+{
+	if (!ep->by_cm)
+		return ep->status;
+	if (ep->wc_err && ep->wc_err != ep->status) {
+		snprintf(ep->why, sizeof(ep->why), "%s before the peer disconnected", strerror(-ep->wc_err));
+		if (ep->reported)
+			vrpc_tp_log("verbs: connection %s failed: %s", ep->base.peer_uri, ep->why);
+		return ep->wc_err;
+	}
+	if (!ep->status && ep->flushed) {
+		snprintf(ep->why, sizeof(ep->why), "peer disconnected while our operations were in flight");
+		if (ep->reported)
+			vrpc_tp_log("verbs: connection %s lost: %s", ep->base.peer_uri, ep->why);
+		return -ECONNRESET;
+	}
+	return ep->status;
+}
+
+/* A completion's error, for final_status (poller). */
+static void note_wc(struct vep *ep, enum ibv_wc_status st, int err)
+{
+	if (st == IBV_WC_WR_FLUSH_ERR)
+		ep->flushed++;
+	else if (st != IBV_WC_SUCCESS && !ep->wc_err)
+		ep->wc_err = err;
+}
+
 /* Poller: work on an endpoint handed over by another thread. */
 static void service_ep(struct vcq *cq, struct vep *ep)
 {
@@ -1347,7 +1428,7 @@ static void service_ep(struct vcq *cq, struct vep *ep)
 		}
 		hungry_remove(cq, ep);
 		if (ep->reported) {
-			stage(cq, VRPC_WC_DISCONNECTED, ep, NULL, 0, ep->status, 0, 0);
+			stage(cq, VRPC_WC_DISCONNECTED, ep, NULL, 0, final_status(ep), 0, 0);
 		} else {
 			vrpc_ep_unref(&ep->base);
 			vrpc_ep_unref(&ep->base);
@@ -1425,6 +1506,7 @@ static void on_send(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
 	uint64_t seq = wc->wr_id >> WRID_SEQ_SHIFT;
 	bool drained = false;
 	TRACE("verbs: send wc qpn %u status %d seq %llu", wc->qp_num, wc->status, (unsigned long long)seq);
+	note_wc(ep, wc->status, st);
 	if (wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR)
 		ep_fail(ep, st, "send failed: %s", ibv_wc_status_str(wc->status));
 	for (;;) {
@@ -1466,8 +1548,13 @@ static void on_recv(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
 	pthread_mutex_unlock(&cq->lock);
 	atomic_fetch_sub(&cq->posted, 1);
 	if (wc->status != IBV_WC_SUCCESS || !ep || ep->torn || wc->byte_len < HDR_LEN) {
-		if (ep && wc->status == IBV_WC_SUCCESS)
+		if (ep && wc->status == IBV_WC_SUCCESS) {
 			ep_fail(ep, -EPROTO, "runt message");
+		} else if (ep && !ep->torn && wc->status != IBV_WC_WR_FLUSH_ERR) {
+			/* e.g. a message longer than the buffer: the QP is in error */
+			note_wc(ep, wc->status, wc_status(wc->status));
+			ep_fail(ep, wc_status(wc->status), "receive failed: %s", ibv_wc_status_str(wc->status));
+		}
 		if (ep && ep->counted && ep->granted)
 			ep->granted--; /* its promise was used */
 		b->len = 0;
@@ -1517,6 +1604,7 @@ static void on_read(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
 	int st = wc_status(wc->status), prc;
 	bool drained;
 	TRACE("verbs: read wc qpn %u status %d", wc->qp_num, wc->status);
+	note_wc(ep, wc->status, st);
 	pthread_mutex_lock(&ep->lock);
 	j->outstanding--;
 	ep->rd_inflight--;
@@ -1553,6 +1641,7 @@ static void on_mw(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
 	const char *what = "memory window bind";
 	bool put = false, drained;
 	TRACE("verbs: mw wc qpn %u status %d", wc->qp_num, wc->status);
+	note_wc(ep, wc->status, wc_status(wc->status));
 	pthread_mutex_lock(&ep->lock);
 	ep->mw_inflight--;
 	if (w->bind_pending) {
@@ -1654,8 +1743,6 @@ static int verbs_cq_poll(struct vrpc_cq *base, struct vrpc_wc *wc, unsigned max)
 		take_todo(cq);
 		if (atomic_load(&cq->bound)) {
 			int k = ibv_poll_cq(cq->cq, 32, cq->wcs);
-			if (k >= 0 && k < 32)
-				reap_waiting(cq);
 			for (int i = 0; i < k; i++) {
 				struct ibv_wc *w = &cq->wcs[i];
 				struct vep *ep;
@@ -1664,6 +1751,14 @@ static int verbs_cq_poll(struct vrpc_cq *base, struct vrpc_wc *wc, unsigned max)
 				pthread_mutex_unlock(&cq->lock);
 				on_wc(cq, ep, w);
 			}
+			/* the CQ was found empty: the drained endpoints have
+			 * nothing left in it. Only after the completions just
+			 * polled were handled: the teardown unmaps the QP, and a
+			 * message that arrived just before the peer's DREQ must
+			 * still find its endpoint (else it would be dropped as
+			 * flushed: the lost last message of a graceful close) */
+			if (k >= 0 && k < 32)
+				reap_waiting(cq);
 		} else {
 			reap_waiting(cq);
 		}
@@ -2053,9 +2148,10 @@ static void on_ep_event(struct vep *ep, struct rdma_cm_event *ev)
 		 * both QPs in error and reaches this side only as the peer's
 		 * disconnect */
 		if (!local && qp_in_error(ep))
-			ep_fail(ep, -ECONNRESET, "queue pair in error (an RDMA READ of the peer refused, or a transport error)");
+			ep_fail_cm(ep, -ECONNRESET,
+				   "queue pair in error (an RDMA READ of the peer refused, or a transport error)");
 		else
-			ep_fail(ep, 0, "%s", local ? "closed" : "peer disconnected");
+			ep_fail_cm(ep, 0, "%s", local ? "closed" : "peer disconnected");
 		break;
 	}
 	case RDMA_CM_EVENT_DEVICE_REMOVAL:
@@ -2089,6 +2185,109 @@ static void handle_cm_event(struct vtp *tp, struct rdma_cm_event *ev)
 	rdma_ack_cm_event(ev);
 }
 
+/* ---- asynchronous device events (CM thread) --------------------------------------------
+ * Errors the device reports outside any completion: a QP-level fatal error
+ * fails that endpoint with a clear error (its work then flushes); errors of
+ * a CQ or SRQ fail the endpoints using it; a fatal device error fails them
+ * all; port changes are logged (connections on a port that stays down fail
+ * by retries or timeouts). Each event is acknowledged at once, on the same
+ * thread that destroys QPs: ibv_destroy_qp waits for the acknowledgement of
+ * every event of its QP that was read, so the QP (and its endpoint) an event
+ * names is still alive here. */
+
+/* Fails every endpoint of `only`, or of every CQ when it is NULL. The maps
+ * change only on this thread, so they hold still while cq->lock is dropped
+ * for ep_fail (which takes ep->lock, then cq->lock). */
+static void fail_all(struct vtp *tp, struct vcq *only, int status, const char *why)
+{
+	pthread_mutex_lock(&tp->lock);
+	for (struct vcq *cq = tp->cqs; cq; cq = cq->next) {
+		if (only && cq != only)
+			continue;
+		pthread_mutex_lock(&cq->lock);
+		for (uint32_t i = 0; i <= cq->map_mask; i++) {
+			struct vep *ep = cq->map[i];
+			if (!ep)
+				continue;
+			pthread_mutex_unlock(&cq->lock);
+			ep_fail(ep, status, "%s", why);
+			pthread_mutex_lock(&cq->lock);
+		}
+		pthread_mutex_unlock(&cq->lock);
+	}
+	pthread_mutex_unlock(&tp->lock);
+}
+
+static void on_async_event(struct vtp *tp, const struct ibv_async_event *ev)
+{
+	const char *name = ibv_event_type_str(ev->event_type);
+	struct vep *ep;
+	int status = -EIO;
+	switch (ev->event_type) {
+	case IBV_EVENT_QP_ACCESS_ERR:
+		status = -EACCES;
+		/* fall through */
+	case IBV_EVENT_QP_FATAL:
+	case IBV_EVENT_QP_REQ_ERR:
+	case IBV_EVENT_PATH_MIG_ERR:
+		if (ev->event_type == IBV_EVENT_QP_REQ_ERR)
+			status = -EPROTO;
+		else if (ev->event_type == IBV_EVENT_PATH_MIG_ERR)
+			status = -ENETUNREACH;
+		ep = ev->element.qp->qp_context;
+		TRACE("verbs: async event %s on qpn %u", name, ev->element.qp->qp_num);
+		ep_fail(ep, status, "queue pair error reported by the device: %s", name);
+		break;
+	case IBV_EVENT_CQ_ERR:
+		vrpc_tp_log("verbs: device reports %s", name);
+		fail_all(tp, ev->element.cq->cq_context, -EIO, "completion queue error reported by the device");
+		break;
+	case IBV_EVENT_SRQ_ERR: {
+		struct vcq *cq = NULL;
+		pthread_mutex_lock(&tp->lock);
+		for (struct vcq *c = tp->cqs; c; c = c->next)
+			if (c->srq == ev->element.srq)
+				cq = c;
+		pthread_mutex_unlock(&tp->lock);
+		vrpc_tp_log("verbs: device reports %s", name);
+		if (cq)
+			fail_all(tp, cq, -EIO, "shared receive queue error reported by the device");
+		break;
+	}
+	case IBV_EVENT_DEVICE_FATAL:
+		vrpc_tp_log("verbs: device %s reports a fatal error: every connection on it fails",
+			    ibv_get_device_name(tp->verbs->device));
+		fail_all(tp, NULL, -ENODEV, "fatal device error");
+		break;
+	case IBV_EVENT_PORT_ERR:
+	case IBV_EVENT_PORT_ACTIVE:
+		vrpc_tp_log("verbs: device %s port %d: %s%s", ibv_get_device_name(tp->verbs->device),
+			    ev->element.port_num, name,
+			    ev->event_type == IBV_EVENT_PORT_ERR ? " (its connections fail if it stays down)" : "");
+		break;
+	case IBV_EVENT_COMM_EST:
+	case IBV_EVENT_SQ_DRAINED:
+	case IBV_EVENT_QP_LAST_WQE_REACHED:
+		/* routine: rdma_cm reports establishment, a QP in error
+		 * reports the rest through its completions */
+		TRACE("verbs: async event %s on qpn %u", name, ev->element.qp->qp_num);
+		break;
+	default:
+		vrpc_tp_log("verbs: device %s: asynchronous event %s", ibv_get_device_name(tp->verbs->device), name);
+		break;
+	}
+}
+
+static void read_async_events(struct vtp *tp)
+{
+	struct ibv_async_event ev;
+	while (ibv_get_async_event(tp->verbs, &ev) == 0) {
+		TRACE("verbs: async event %s", ibv_event_type_str(ev.event_type));
+		on_async_event(tp, &ev);
+		ibv_ack_async_event(&ev);
+	}
+}
+
 static void *cm_main(void *arg)
 {
 	struct vtp *tp = arg;
@@ -2101,6 +2300,8 @@ static void *cm_main(void *arg)
 				struct rdma_cm_event *ev;
 				while (rdma_get_cm_event(tp->ech, &ev) == 0)
 					handle_cm_event(tp, ev);
+			} else if (tp->verbs && evs[i].data.fd == tp->verbs->async_fd) {
+				read_async_events(tp);
 			} else {
 				drain(tp->wakefd);
 			}
