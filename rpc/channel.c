@@ -1454,6 +1454,7 @@ int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *opts, s
          * worker that is still spinning takes new tasks without waking the
          * others) */
         sc.worker_start = worker_arena;
+        sc.cpu_mask = ch->o.cpu_mask;
         if ((rc = vrpc_sched_create(&sc, &ch->sched)))
             goto fail;
         ch->own_sched = true;
@@ -1470,6 +1471,7 @@ int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *opts, s
     ca.busy_poll_us = ch->o.no_spin ? 0 : 20;
     ca.max_recv = RECV_BUFS;
     ca.name = "vrpc-ch-poll";
+    ca.cpu = ch->o.cpu_mask ? __builtin_ctzll(ch->o.cpu_mask) : -1;
     if ((rc = vrpc_cq_create(ch->tp, &ca, &ch->cq)))
         goto fail;
     for (unsigned i = 0; i < RECV_BUFS; i++) {
