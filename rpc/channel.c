@@ -159,17 +159,30 @@ static bool slot_seen(struct vrpc_pending_slot *s, uint32_t gen)
 }
 
 /* Unpack the call's response (OK) into the arena: from its copy, or from the
- * large buffer it was read into, which goes back to the cache here. */
-static int unpack_response(struct vrpc_pending_slot *s, struct vrpc_arena *a, ProtobufCMessage **out)
+ * large buffer it was read into. That buffer goes back to the cache here,
+ * unless *held is given: then big bytes values are not copied but point into
+ * it, the arena keeps it (written to *held; the caller puts it back with
+ * vrpc_arena_unhold once the message is dead). */
+static int unpack_response(struct vrpc_pending_slot *s, struct vrpc_arena *a, ProtobufCMessage **out,
+                           struct vrpc_buf **held)
 {
-    const uint8_t *p = s->resp_lb ? s->resp_lb->data : s->resp;
+    struct vrpc_buf *lb = s->resp_lb;
     int rc = -ENOMEM;
+    s->resp_lb = NULL;
     if (a) {
         vrpc_arena_reset(a);
-        rc = vrpc_pb_unpack(s->method->output, p, s->resp_len, 0, a, out);
+        if (lb && held) {
+            rc = vrpc_pb_unpack_ref(s->method->output, lb->data, s->resp_len, 0, a, out);
+            if (rc == 0) {
+                vrpc_arena_hold(a, lb);
+                *held = lb;
+                return 0;
+            }
+        } else {
+            rc = vrpc_pb_unpack(s->method->output, lb ? lb->data : s->resp, s->resp_len, 0, a, out);
+        }
     }
-    vrpc_lbuf_put(s->resp_lb);
-    s->resp_lb = NULL;
+    vrpc_lbuf_put(lb);
     return rc;
 }
 
@@ -182,10 +195,11 @@ static void async_done_task(struct vrpc_task *t)
     struct vrpc_channel *ch = s->cb_ch;
     uint32_t gen = vrpc_pending_gen(s);
     const ProtobufCMessage *msg = NULL;
+    struct vrpc_buf *held = NULL;
 
     if (s->st.code == VRPC_OK) {
         ProtobufCMessage *m = NULL;
-        int rc = unpack_response(s, vrpc_rpc_tls_arena(), &m);
+        int rc = unpack_response(s, vrpc_rpc_tls_arena(), &m, &held);
         if (rc)
             vrpc_status_set(&s->st, VRPC_INTERNAL, "response does not decode as %s (%d)",
                             s->method->output->name, rc);
@@ -193,6 +207,10 @@ static void async_done_task(struct vrpc_task *t)
             msg = m;
     }
     s->cb(&s->st, msg, s->cb_arg);
+    /* resp was valid only during the callback: its large buffer goes back
+     * now rather than at this worker's next unpack */
+    if (held)
+        vrpc_arena_unhold(vrpc_rpc_tls_arena(), held);
     if (s->deadline_ns != VRPC_NO_DEADLINE)
         vrpc_timer_cancel(ch->wheel, &s->timer);
     /* unref before owner_done: once every slot is free the channel's destroy
@@ -1288,7 +1306,7 @@ int vrpc_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m, const P
     code = s->st.code;
     if (code == VRPC_OK) {
         ProtobufCMessage *msg = NULL;
-        int rc = unpack_response(s, vrpc_rpc_tls_arena(), &msg);
+        int rc = unpack_response(s, vrpc_rpc_tls_arena(), &msg, NULL);
         if (rc) {
             code = VRPC_INTERNAL;
             vrpc_status_set(st, VRPC_INTERNAL, "response does not decode as %s (%d)", m->output->name, rc);
