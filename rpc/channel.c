@@ -359,6 +359,16 @@ static void send_done(struct vrpc_channel *ch, struct vrpc_conn *c, uint64_t id,
     }
 }
 
+/* DONE's status for a response payload given up without reading it, because
+ * the call ended first: DEADLINE_EXCEEDED once its deadline has passed (the
+ * timer decided it, or would have), else CANCELLED (vrpc_channel_cancel).
+ * deadline_ns was set before the request went out. */
+static enum vrpc_code gave_up_code(const struct vrpc_pending_slot *s)
+{
+    return s->deadline_ns != VRPC_NO_DEADLINE && vrpc_now_ns() >= s->deadline_ns ? VRPC_DEADLINE_EXCEEDED
+                                                                                 : VRPC_CANCELLED;
+}
+
 /* End the grant of the call's request payload (poller): DONE or the RESPONSE
  * came. The buffer goes back on the REVOKE completion. */
 static void request_revoke(struct vrpc_channel *ch, struct vrpc_pending_slot *s)
@@ -434,7 +444,7 @@ static void response_read_done(struct vrpc_channel *ch, struct vrpc_rndv_in *in,
             complete(ch, s, gen, true);
         } else { /* cancelled or timed out while the read ran */
             vrpc_lbuf_put(lb);
-            send_done(ch, c, in->id, VRPC_CANCELLED);
+            send_done(ch, c, in->id, gave_up_code(s));
         }
     } else {
         vrpc_lbuf_put(lb);
@@ -480,7 +490,7 @@ static void on_large_response(struct vrpc_channel *ch, struct vrpc_conn *c, stru
     }
     uint64_t w = __atomic_load_n(&s->word, __ATOMIC_ACQUIRE);
     if ((uint32_t)w & VRPC_PEND_DECIDED) { /* cancelled or timed out: do not read */
-        send_done(ch, c, h->request_id, VRPC_CANCELLED);
+        send_done(ch, c, h->request_id, gave_up_code(s));
         slot_seen(s, gen);
         return;
     }
