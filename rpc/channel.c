@@ -910,6 +910,23 @@ static int grant_request(struct vrpc_channel *ch, struct vrpc_conn *c, struct vr
     return rc;
 }
 
+/* Publish a reserved slot whose call fields the owner has written: arm its
+ * deadline, then INUSE (release, pending.h "Publication of a call"): a loss
+ * scan, cancel or deadline that sees the slot completes it with these fields,
+ * never with the previous occupant's callback. The timer is armed before, so
+ * an owner's completion (which may run on a worker before start_call
+ * returns) always finds it armed and cancels it; a deadline that fired in
+ * between found the slot not yet open and did nothing, so the check after
+ * open decides it here (decide makes it exactly once). */
+static void open_call(struct vrpc_channel *ch, struct vrpc_pending_slot *s, uint64_t id)
+{
+    if (s->deadline_ns != VRPC_NO_DEADLINE)
+        vrpc_timer_arm(ch->wheel, &s->timer, s->deadline_ns, deadline_fired, ch, id);
+    vrpc_pending_open(s);
+    if (s->deadline_ns != VRPC_NO_DEADLINE && vrpc_now_ns() >= s->deadline_ns)
+        deadline_fired(ch, id);
+}
+
 /* Send a queued call (eager) on slot s of connection c: as start_call's
  * eager path, never waiting. Takes the caller's reference of c. */
 static void launch_queued(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s,
@@ -923,6 +940,8 @@ static void launch_queued(struct vrpc_channel *ch, struct vrpc_conn *c, struct v
     s->cb_arg = arg;
     s->cb_ch = ch;
     s->deadline_ns = deadline;
+    conn_ref(c); /* ours while we send: see start_call */
+    open_call(ch, s, id);
     struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST,
                               .method_id = m->id, .request_id = id, .md_len = mdsz, .payload_len = plen};
     if (deadline != VRPC_NO_DEADLINE) {
@@ -931,8 +950,6 @@ static void launch_queued(struct vrpc_channel *ch, struct vrpc_conn *c, struct v
         h.budget_us = left > 0 ? (uint64_t)(left / 1000) : 0;
     }
     vrpc_wire_hdr_encode(b->data, &h);
-    if (deadline != VRPC_NO_DEADLINE)
-        vrpc_timer_arm(ch->wheel, &s->timer, deadline, deadline_fired, ch, id);
     /* dead read with an RMW: see start_call */
     int rc = __atomic_fetch_or(&c->dead, 0, __ATOMIC_ACQ_REL) ? -ENOTCONN : 0;
     if (!rc)
@@ -947,6 +964,7 @@ static void launch_queued(struct vrpc_channel *ch, struct vrpc_conn *c, struct v
         slot_seen(s, gen);
     }
     slot_drop(s, gen); /* the owner's set-up hold (pending.h) */
+    conn_unref(c);
 }
 
 /* ---- the async backlog ---------------------------------------------------- */
@@ -1223,6 +1241,13 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
     s->cb_arg = arg;
     s->cb_ch = ch;
     s->deadline_ns = deadline;
+    /* From open on, an async call can be completed by another thread (loss
+     * scan, cancel) whose callback task drops the call's reference of c
+     * before we have sent: keep one of our own until we are done with c. A
+     * synchronous call completes on this thread, after we return. */
+    if (cb)
+        conn_ref(c);
+    open_call(ch, s, id);
 
     /* async: the pool holds max_outstanding + max_queued + spare buffers, so
      * it is empty only while many cancels are being sent: the call then
@@ -1236,6 +1261,8 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
         }
         slot_seen(s, gen);
         slot_drop(s, gen);
+        if (cb)
+            conn_unref(c);
         *out = s;
         return 0;
     }
@@ -1269,8 +1296,6 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
     h.payload_len = (uint32_t)plen;
     vrpc_wire_hdr_encode(p, &h);
 
-    if (deadline != VRPC_NO_DEADLINE)
-        vrpc_timer_arm(ch->wheel, &s->timer, deadline, deadline_fired, ch, id);
     if (o && o->call_id)
         __atomic_store_n(o->call_id, id, __ATOMIC_RELEASE);
     /* Read dead with an RMW (release): pairs with conn_fail's exchange, see
@@ -1290,6 +1315,8 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
         slot_seen(s, gen);
     }
     slot_drop(s, gen); /* the owner's set-up hold (pending.h) */
+    if (cb)
+        conn_unref(c);
     *out = s;
     return 0;
 }

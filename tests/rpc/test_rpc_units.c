@@ -377,6 +377,11 @@ static void test_pending_ids_and_limit(void **state)
     for (int i = 0; i < 3; i++) {
         assert_int_equal(vrpc_pending_alloc(p, VRPC_NO_DEADLINE, NULL, &s[i]), 0);
         assert_true(s[i]->index < 3);
+        /* reserved, not yet open: invisible to responses, cancels and scans */
+        uint64_t rid = vrpc_pending_id(s[i]);
+        assert_null(vrpc_pending_lookup(p, rid));
+        assert_false(vrpc_pending_decide(s[i], vrpc_wire_id_gen(rid)));
+        vrpc_pending_open(s[i]);
     }
     /* credits exhausted: times out */
     assert_int_equal(vrpc_pending_alloc(p, vrpc_now_ns() + 2000000, NULL, &x), -ETIMEDOUT);
@@ -396,6 +401,7 @@ static void test_pending_ids_and_limit(void **state)
     assert_int_equal(p->in_use, 2);
     assert_null(vrpc_pending_lookup(p, id0)); /* freed: the old id is dead */
     assert_int_equal(vrpc_pending_alloc(p, VRPC_NO_DEADLINE, NULL, &x), 0);
+    vrpc_pending_open(x);
     assert_ptr_equal(x, s[0]);
     assert_true(vrpc_pending_id(x) != id0);
     vrpc_pending_close(p);
@@ -453,6 +459,7 @@ static void test_pending_decide_race(void **state)
     unsigned total_before = 0;
     for (unsigned i = 0; i < r.rounds; i++) {
         assert_int_equal(vrpc_pending_alloc(p, VRPC_NO_DEADLINE, NULL, &r.slot), 0);
+        vrpc_pending_open(r.slot);
         r.gen = vrpc_pending_gen(r.slot);
         pthread_barrier_wait(&r.bar);
         pthread_barrier_wait(&r.bar);
