@@ -159,17 +159,30 @@ static bool slot_seen(struct vrpc_pending_slot *s, uint32_t gen)
 }
 
 /* Unpack the call's response (OK) into the arena: from its copy, or from the
- * large buffer it was read into, which goes back to the cache here. */
-static int unpack_response(struct vrpc_pending_slot *s, struct vrpc_arena *a, ProtobufCMessage **out)
+ * large buffer it was read into. That buffer goes back to the cache here,
+ * unless *held is given: then big bytes values are not copied but point into
+ * it, the arena keeps it (written to *held; the caller puts it back with
+ * vrpc_arena_unhold once the message is dead). */
+static int unpack_response(struct vrpc_pending_slot *s, struct vrpc_arena *a, ProtobufCMessage **out,
+                           struct vrpc_buf **held)
 {
-    const uint8_t *p = s->resp_lb ? s->resp_lb->data : s->resp;
+    struct vrpc_buf *lb = s->resp_lb;
     int rc = -ENOMEM;
+    s->resp_lb = NULL;
     if (a) {
         vrpc_arena_reset(a);
-        rc = vrpc_pb_unpack(s->method->output, p, s->resp_len, 0, a, out);
+        if (lb && held) {
+            rc = vrpc_pb_unpack_ref(s->method->output, lb->data, s->resp_len, 0, a, out);
+            if (rc == 0) {
+                vrpc_arena_hold(a, lb);
+                *held = lb;
+                return 0;
+            }
+        } else {
+            rc = vrpc_pb_unpack(s->method->output, lb ? lb->data : s->resp, s->resp_len, 0, a, out);
+        }
     }
-    vrpc_lbuf_put(s->resp_lb);
-    s->resp_lb = NULL;
+    vrpc_lbuf_put(lb);
     return rc;
 }
 
@@ -182,10 +195,11 @@ static void async_done_task(struct vrpc_task *t)
     struct vrpc_channel *ch = s->cb_ch;
     uint32_t gen = vrpc_pending_gen(s);
     const ProtobufCMessage *msg = NULL;
+    struct vrpc_buf *held = NULL;
 
     if (s->st.code == VRPC_OK) {
         ProtobufCMessage *m = NULL;
-        int rc = unpack_response(s, vrpc_rpc_tls_arena(), &m);
+        int rc = unpack_response(s, vrpc_rpc_tls_arena(), &m, &held);
         if (rc)
             vrpc_status_set(&s->st, VRPC_INTERNAL, "response does not decode as %s (%d)",
                             s->method->output->name, rc);
@@ -193,6 +207,10 @@ static void async_done_task(struct vrpc_task *t)
             msg = m;
     }
     s->cb(&s->st, msg, s->cb_arg);
+    /* resp was valid only during the callback: its large buffer goes back
+     * now rather than at this worker's next unpack */
+    if (held)
+        vrpc_arena_unhold(vrpc_rpc_tls_arena(), held);
     if (s->deadline_ns != VRPC_NO_DEADLINE)
         vrpc_timer_cancel(ch->wheel, &s->timer);
     /* unref before owner_done: once every slot is free the channel's destroy
@@ -341,6 +359,16 @@ static void send_done(struct vrpc_channel *ch, struct vrpc_conn *c, uint64_t id,
     }
 }
 
+/* DONE's status for a response payload given up without reading it, because
+ * the call ended first: DEADLINE_EXCEEDED once its deadline has passed (the
+ * timer decided it, or would have), else CANCELLED (vrpc_channel_cancel).
+ * deadline_ns was set before the request went out. */
+static enum vrpc_code gave_up_code(const struct vrpc_pending_slot *s)
+{
+    return s->deadline_ns != VRPC_NO_DEADLINE && vrpc_now_ns() >= s->deadline_ns ? VRPC_DEADLINE_EXCEEDED
+                                                                                 : VRPC_CANCELLED;
+}
+
 /* End the grant of the call's request payload (poller): DONE or the RESPONSE
  * came. The buffer goes back on the REVOKE completion. */
 static void request_revoke(struct vrpc_channel *ch, struct vrpc_pending_slot *s)
@@ -416,7 +444,7 @@ static void response_read_done(struct vrpc_channel *ch, struct vrpc_rndv_in *in,
             complete(ch, s, gen, true);
         } else { /* cancelled or timed out while the read ran */
             vrpc_lbuf_put(lb);
-            send_done(ch, c, in->id, VRPC_CANCELLED);
+            send_done(ch, c, in->id, gave_up_code(s));
         }
     } else {
         vrpc_lbuf_put(lb);
@@ -462,7 +490,7 @@ static void on_large_response(struct vrpc_channel *ch, struct vrpc_conn *c, stru
     }
     uint64_t w = __atomic_load_n(&s->word, __ATOMIC_ACQUIRE);
     if ((uint32_t)w & VRPC_PEND_DECIDED) { /* cancelled or timed out: do not read */
-        send_done(ch, c, h->request_id, VRPC_CANCELLED);
+        send_done(ch, c, h->request_id, gave_up_code(s));
         slot_seen(s, gen);
         return;
     }
@@ -1315,7 +1343,7 @@ int vrpc_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m, const P
     code = s->st.code;
     if (code == VRPC_OK) {
         ProtobufCMessage *msg = NULL;
-        int rc = unpack_response(s, vrpc_rpc_tls_arena(), &msg);
+        int rc = unpack_response(s, vrpc_rpc_tls_arena(), &msg, NULL);
         if (rc) {
             code = VRPC_INTERNAL;
             vrpc_status_set(st, VRPC_INTERNAL, "response does not decode as %s (%d)", m->output->name, rc);

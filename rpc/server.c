@@ -946,7 +946,8 @@ static void call_task(struct vrpc_task *t)
     ProtobufCMessage *req;
     int rc;
 
-    /* a large request's payload is in req_lb until unpacked: then it goes back */
+    /* a large request's payload is in req_lb until unpacked: then the
+     * call's arena holds it (or it goes back) */
     struct vrpc_buf *lb = call->req_lb;
     call->req_lb = NULL;
     /* Checked first: a detached call's connection (and, at destroy, its
@@ -968,9 +969,19 @@ static void call_task(struct vrpc_task *t)
             answer_status(call, VRPC_DEADLINE_EXCEEDED, "deadline passed before the handler started");
         goto out;
     }
-    rc = vrpc_pb_unpack(call->method->input, lb ? lb->data : call->buf + call->md_len, call->len - call->md_len,
-                        s->o.max_depth, &call->arena, &req);
-    vrpc_lbuf_put(lb);
+    if (lb) {
+        /* big bytes values stay in the large buffer: the arena keeps it
+         * until the call is answered (finish_call / call_claim reset it) */
+        rc = vrpc_pb_unpack_ref(call->method->input, lb->data, call->len - call->md_len, s->o.max_depth,
+                                &call->arena, &req);
+        if (rc)
+            vrpc_lbuf_put(lb);
+        else
+            vrpc_arena_hold(&call->arena, lb);
+    } else {
+        rc = vrpc_pb_unpack(call->method->input, call->buf + call->md_len, call->len - call->md_len,
+                            s->o.max_depth, &call->arena, &req);
+    }
     if (rc) {
         char msg[VRPC_STATUS_MSG_MAX];
         snprintf(msg, sizeof(msg), "request does not decode as %s: %s", call->method->input->name,
