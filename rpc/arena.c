@@ -23,6 +23,7 @@ void vrpc_arena_init(struct vrpc_arena *a, size_t initial, size_t limit)
     a->extra = NULL;
     a->extra_total = 0;
     a->limit = limit;
+    a->held = NULL;
     a->pb.alloc = pb_alloc;
     a->pb.free = pb_free;
     a->pb.allocator_data = a;
@@ -53,8 +54,27 @@ void *vrpc_arena_alloc(struct vrpc_arena *a, size_t n)
     return c->data;
 }
 
+void vrpc_arena_hold(struct vrpc_arena *a, struct vrpc_buf *lb)
+{
+    if (a->held)
+        vrpc_lbuf_put(a->held);
+    a->held = lb;
+}
+
+void vrpc_arena_unhold(struct vrpc_arena *a, struct vrpc_buf *lb)
+{
+    if (lb && a->held == lb) {
+        a->held = NULL;
+        vrpc_lbuf_put(lb);
+    }
+}
+
 void vrpc_arena_reset(struct vrpc_arena *a)
 {
+    if (a->held) {
+        vrpc_lbuf_put(a->held);
+        a->held = NULL;
+    }
     if (a->extra) {
         size_t want = ALIGN16(a->cap + a->extra_total);
         /* Regrow only up to a bound: a large message now and then (tens of

@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 #include <protobuf-c/protobuf-c.h>
+#include <verbrpc/transport.h>
 
 struct vrpc_arena_chunk;
 
@@ -20,6 +21,8 @@ struct vrpc_arena {
     struct vrpc_arena_chunk *extra; /* overflow blocks since the last reset */
     size_t extra_total;
     size_t limit;        /* total bytes this arena may hold; 0: unlimited */
+    struct vrpc_buf *held; /* a large buffer the unpacked message points into
+                              (vrpc_pb_unpack_ref), put back at reset */
     ProtobufCAllocator pb; /* allocator_data = this arena */
 };
 
@@ -31,6 +34,12 @@ void *vrpc_arena_alloc(struct vrpc_arena *a, size_t n);
 /* Forget every allocation. If overflow blocks were needed, they are freed and
  * the main block is regrown once to cover them next time. */
 void vrpc_arena_reset(struct vrpc_arena *a);
+/* Keep the large buffer lb (vrpc_lbuf_get) until the next reset or fini,
+ * which put it back: a message unpacked with vrpc_pb_unpack_ref from lb
+ * lives as long as the arena's other memory. The arena takes lb. */
+void vrpc_arena_hold(struct vrpc_arena *a, struct vrpc_buf *lb);
+/* Put lb back now if the arena still holds it (the message is dead). */
+void vrpc_arena_unhold(struct vrpc_arena *a, struct vrpc_buf *lb);
 void vrpc_arena_fini(struct vrpc_arena *a);
 
 #endif

@@ -159,17 +159,30 @@ static bool slot_seen(struct vrpc_pending_slot *s, uint32_t gen)
 }
 
 /* Unpack the call's response (OK) into the arena: from its copy, or from the
- * large buffer it was read into, which goes back to the cache here. */
-static int unpack_response(struct vrpc_pending_slot *s, struct vrpc_arena *a, ProtobufCMessage **out)
+ * large buffer it was read into. That buffer goes back to the cache here,
+ * unless *held is given: then big bytes values are not copied but point into
+ * it, the arena keeps it (written to *held; the caller puts it back with
+ * vrpc_arena_unhold once the message is dead). */
+static int unpack_response(struct vrpc_pending_slot *s, struct vrpc_arena *a, ProtobufCMessage **out,
+                           struct vrpc_buf **held)
 {
-    const uint8_t *p = s->resp_lb ? s->resp_lb->data : s->resp;
+    struct vrpc_buf *lb = s->resp_lb;
     int rc = -ENOMEM;
+    s->resp_lb = NULL;
     if (a) {
         vrpc_arena_reset(a);
-        rc = vrpc_pb_unpack(s->method->output, p, s->resp_len, 0, a, out);
+        if (lb && held) {
+            rc = vrpc_pb_unpack_ref(s->method->output, lb->data, s->resp_len, 0, a, out);
+            if (rc == 0) {
+                vrpc_arena_hold(a, lb);
+                *held = lb;
+                return 0;
+            }
+        } else {
+            rc = vrpc_pb_unpack(s->method->output, lb ? lb->data : s->resp, s->resp_len, 0, a, out);
+        }
     }
-    vrpc_lbuf_put(s->resp_lb);
-    s->resp_lb = NULL;
+    vrpc_lbuf_put(lb);
     return rc;
 }
 
@@ -182,10 +195,11 @@ static void async_done_task(struct vrpc_task *t)
     struct vrpc_channel *ch = s->cb_ch;
     uint32_t gen = vrpc_pending_gen(s);
     const ProtobufCMessage *msg = NULL;
+    struct vrpc_buf *held = NULL;
 
     if (s->st.code == VRPC_OK) {
         ProtobufCMessage *m = NULL;
-        int rc = unpack_response(s, vrpc_rpc_tls_arena(), &m);
+        int rc = unpack_response(s, vrpc_rpc_tls_arena(), &m, &held);
         if (rc)
             vrpc_status_set(&s->st, VRPC_INTERNAL, "response does not decode as %s (%d)",
                             s->method->output->name, rc);
@@ -193,6 +207,10 @@ static void async_done_task(struct vrpc_task *t)
             msg = m;
     }
     s->cb(&s->st, msg, s->cb_arg);
+    /* resp was valid only during the callback: its large buffer goes back
+     * now rather than at this worker's next unpack */
+    if (held)
+        vrpc_arena_unhold(vrpc_rpc_tls_arena(), held);
     if (s->deadline_ns != VRPC_NO_DEADLINE)
         vrpc_timer_cancel(ch->wheel, &s->timer);
     /* unref before owner_done: once every slot is free the channel's destroy
@@ -341,6 +359,16 @@ static void send_done(struct vrpc_channel *ch, struct vrpc_conn *c, uint64_t id,
     }
 }
 
+/* DONE's status for a response payload given up without reading it, because
+ * the call ended first: DEADLINE_EXCEEDED once its deadline has passed (the
+ * timer decided it, or would have), else CANCELLED (vrpc_channel_cancel).
+ * deadline_ns was set before the request went out. */
+static enum vrpc_code gave_up_code(const struct vrpc_pending_slot *s)
+{
+    return s->deadline_ns != VRPC_NO_DEADLINE && vrpc_now_ns() >= s->deadline_ns ? VRPC_DEADLINE_EXCEEDED
+                                                                                 : VRPC_CANCELLED;
+}
+
 /* End the grant of the call's request payload (poller): DONE or the RESPONSE
  * came. The buffer goes back on the REVOKE completion. */
 static void request_revoke(struct vrpc_channel *ch, struct vrpc_pending_slot *s)
@@ -416,7 +444,7 @@ static void response_read_done(struct vrpc_channel *ch, struct vrpc_rndv_in *in,
             complete(ch, s, gen, true);
         } else { /* cancelled or timed out while the read ran */
             vrpc_lbuf_put(lb);
-            send_done(ch, c, in->id, VRPC_CANCELLED);
+            send_done(ch, c, in->id, gave_up_code(s));
         }
     } else {
         vrpc_lbuf_put(lb);
@@ -462,7 +490,7 @@ static void on_large_response(struct vrpc_channel *ch, struct vrpc_conn *c, stru
     }
     uint64_t w = __atomic_load_n(&s->word, __ATOMIC_ACQUIRE);
     if ((uint32_t)w & VRPC_PEND_DECIDED) { /* cancelled or timed out: do not read */
-        send_done(ch, c, h->request_id, VRPC_CANCELLED);
+        send_done(ch, c, h->request_id, gave_up_code(s));
         slot_seen(s, gen);
         return;
     }
@@ -882,6 +910,23 @@ static int grant_request(struct vrpc_channel *ch, struct vrpc_conn *c, struct vr
     return rc;
 }
 
+/* Publish a reserved slot whose call fields the owner has written: arm its
+ * deadline, then INUSE (release, pending.h "Publication of a call"): a loss
+ * scan, cancel or deadline that sees the slot completes it with these fields,
+ * never with the previous occupant's callback. The timer is armed before, so
+ * an owner's completion (which may run on a worker before start_call
+ * returns) always finds it armed and cancels it; a deadline that fired in
+ * between found the slot not yet open and did nothing, so the check after
+ * open decides it here (decide makes it exactly once). */
+static void open_call(struct vrpc_channel *ch, struct vrpc_pending_slot *s, uint64_t id)
+{
+    if (s->deadline_ns != VRPC_NO_DEADLINE)
+        vrpc_timer_arm(ch->wheel, &s->timer, s->deadline_ns, deadline_fired, ch, id);
+    vrpc_pending_open(s);
+    if (s->deadline_ns != VRPC_NO_DEADLINE && vrpc_now_ns() >= s->deadline_ns)
+        deadline_fired(ch, id);
+}
+
 /* Send a queued call (eager) on slot s of connection c: as start_call's
  * eager path, never waiting. Takes the caller's reference of c. */
 static void launch_queued(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s,
@@ -895,6 +940,8 @@ static void launch_queued(struct vrpc_channel *ch, struct vrpc_conn *c, struct v
     s->cb_arg = arg;
     s->cb_ch = ch;
     s->deadline_ns = deadline;
+    conn_ref(c); /* ours while we send: see start_call */
+    open_call(ch, s, id);
     struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST,
                               .method_id = m->id, .request_id = id, .md_len = mdsz, .payload_len = plen};
     if (deadline != VRPC_NO_DEADLINE) {
@@ -903,8 +950,6 @@ static void launch_queued(struct vrpc_channel *ch, struct vrpc_conn *c, struct v
         h.budget_us = left > 0 ? (uint64_t)(left / 1000) : 0;
     }
     vrpc_wire_hdr_encode(b->data, &h);
-    if (deadline != VRPC_NO_DEADLINE)
-        vrpc_timer_arm(ch->wheel, &s->timer, deadline, deadline_fired, ch, id);
     /* dead read with an RMW: see start_call */
     int rc = __atomic_fetch_or(&c->dead, 0, __ATOMIC_ACQ_REL) ? -ENOTCONN : 0;
     if (!rc)
@@ -919,6 +964,7 @@ static void launch_queued(struct vrpc_channel *ch, struct vrpc_conn *c, struct v
         slot_seen(s, gen);
     }
     slot_drop(s, gen); /* the owner's set-up hold (pending.h) */
+    conn_unref(c);
 }
 
 /* ---- the async backlog ---------------------------------------------------- */
@@ -1195,6 +1241,13 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
     s->cb_arg = arg;
     s->cb_ch = ch;
     s->deadline_ns = deadline;
+    /* From open on, an async call can be completed by another thread (loss
+     * scan, cancel) whose callback task drops the call's reference of c
+     * before we have sent: keep one of our own until we are done with c. A
+     * synchronous call completes on this thread, after we return. */
+    if (cb)
+        conn_ref(c);
+    open_call(ch, s, id);
 
     /* async: the pool holds max_outstanding + max_queued + spare buffers, so
      * it is empty only while many cancels are being sent: the call then
@@ -1208,6 +1261,8 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
         }
         slot_seen(s, gen);
         slot_drop(s, gen);
+        if (cb)
+            conn_unref(c);
         *out = s;
         return 0;
     }
@@ -1241,8 +1296,6 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
     h.payload_len = (uint32_t)plen;
     vrpc_wire_hdr_encode(p, &h);
 
-    if (deadline != VRPC_NO_DEADLINE)
-        vrpc_timer_arm(ch->wheel, &s->timer, deadline, deadline_fired, ch, id);
     if (o && o->call_id)
         __atomic_store_n(o->call_id, id, __ATOMIC_RELEASE);
     /* Read dead with an RMW (release): pairs with conn_fail's exchange, see
@@ -1262,6 +1315,8 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
         slot_seen(s, gen);
     }
     slot_drop(s, gen); /* the owner's set-up hold (pending.h) */
+    if (cb)
+        conn_unref(c);
     *out = s;
     return 0;
 }
@@ -1288,7 +1343,7 @@ int vrpc_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m, const P
     code = s->st.code;
     if (code == VRPC_OK) {
         ProtobufCMessage *msg = NULL;
-        int rc = unpack_response(s, vrpc_rpc_tls_arena(), &msg);
+        int rc = unpack_response(s, vrpc_rpc_tls_arena(), &msg, NULL);
         if (rc) {
             code = VRPC_INTERNAL;
             vrpc_status_set(st, VRPC_INTERNAL, "response does not decode as %s (%d)", m->output->name, rc);
@@ -1427,6 +1482,7 @@ int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *opts, s
          * worker that is still spinning takes new tasks without waking the
          * others) */
         sc.worker_start = worker_arena;
+        sc.cpu_mask = ch->o.cpu_mask;
         if ((rc = vrpc_sched_create(&sc, &ch->sched)))
             goto fail;
         ch->own_sched = true;
@@ -1443,6 +1499,7 @@ int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *opts, s
     ca.busy_poll_us = ch->o.no_spin ? 0 : 20;
     ca.max_recv = RECV_BUFS;
     ca.name = "vrpc-ch-poll";
+    ca.cpu = ch->o.cpu_mask ? __builtin_ctzll(ch->o.cpu_mask) : -1;
     if ((rc = vrpc_cq_create(ch->tp, &ca, &ch->cq)))
         goto fail;
     for (unsigned i = 0; i < RECV_BUFS; i++) {

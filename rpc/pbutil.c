@@ -2,6 +2,8 @@
 #include "rpc/pbutil.h"
 
 #include <errno.h>
+#include <stdbool.h>
+#include <string.h>
 
 static int read_varint(const uint8_t *p, size_t len, size_t *off, uint64_t *v)
 {
@@ -93,6 +95,99 @@ int vrpc_pb_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size
     ProtobufCMessage *m = protobuf_c_message_unpack(d, &a->pb, len, buf);
     if (!m)
         return a->limit && a->used + a->extra_total >= a->limit ? -ENOMEM : -EBADMSG;
+    *out = m;
+    return 0;
+}
+
+/* A top-level bytes value vrpc_pb_unpack_ref references instead of copying. */
+struct big {
+    const ProtobufCFieldDescriptor *f;
+    size_t tag, lenpos, data, len; /* offsets in buf: the tag, its length varint, the value */
+    bool last;                     /* no later occurrence of the field: its value wins */
+};
+#define MAX_BIG 8
+
+static bool referable(const ProtobufCFieldDescriptor *f)
+{
+    return f && f->type == PROTOBUF_C_TYPE_BYTES && f->label != PROTOBUF_C_LABEL_REPEATED &&
+           !(f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF);
+}
+
+int vrpc_pb_unpack_ref(const ProtobufCMessageDescriptor *d, uint8_t *buf, size_t len, unsigned max_depth,
+                       struct vrpc_arena *a, ProtobufCMessage **out)
+{
+    struct big big[MAX_BIG];
+    unsigned nbig = 0;
+    size_t off = 0, cut = 0;
+
+    /* Find the big values: one walk over the top level. A malformed message
+     * is left to the plain unpack to refuse. */
+    while (off < len) {
+        size_t tag = off;
+        uint64_t t, v;
+        if (read_varint(buf, len, &off, &t))
+            return vrpc_pb_unpack(d, buf, len, max_depth, a, out);
+        uint32_t field = (uint32_t)(t >> 3);
+        for (unsigned i = 0; i < nbig; i++)
+            if (big[i].f->id == field)
+                big[i].last = false;
+        switch (t & 7) {
+        case 0:
+            if (read_varint(buf, len, &off, &v))
+                return vrpc_pb_unpack(d, buf, len, max_depth, a, out);
+            break;
+        case 1:
+            off += 8;
+            break;
+        case 5:
+            off += 4;
+            break;
+        case 2: {
+            size_t lenpos = off;
+            if (read_varint(buf, len, &off, &v) || v > len - off)
+                return vrpc_pb_unpack(d, buf, len, max_depth, a, out);
+            const ProtobufCFieldDescriptor *f =
+                v >= VRPC_PB_REF_MIN && nbig < MAX_BIG && field > 0 && field <= 0x1fffffff
+                    ? protobuf_c_message_descriptor_get_field(d, field) : NULL;
+            if (referable(f)) {
+                big[nbig++] = (struct big){.f = f, .tag = tag, .lenpos = lenpos, .data = off, .len = (size_t)v,
+                                           .last = true};
+                cut += off - lenpos + (size_t)v - 1; /* the value and its length become one 0 byte */
+            }
+            off += (size_t)v;
+            break;
+        }
+        default:
+            return vrpc_pb_unpack(d, buf, len, max_depth, a, out);
+        }
+    }
+    if (off != len || !nbig)
+        return vrpc_pb_unpack(d, buf, len, max_depth, a, out);
+    int rc = may_nest(d) ? vrpc_pb_check_depth(d, buf, len, max_depth) : 0;
+    if (rc)
+        return rc;
+    /* The compact copy: everything but the big values, each now empty. */
+    size_t clen = len - cut, at = 0, from = 0;
+    uint8_t *c = vrpc_arena_alloc(a, clen ? clen : 1);
+    if (!c)
+        return -ENOMEM;
+    for (unsigned i = 0; i < nbig; i++) {
+        memcpy(c + at, buf + from, big[i].lenpos - from);
+        at += big[i].lenpos - from;
+        c[at++] = 0;
+        from = big[i].data + big[i].len;
+    }
+    memcpy(c + at, buf + from, len - from);
+    ProtobufCMessage *m = protobuf_c_message_unpack(d, &a->pb, clen, c);
+    if (!m)
+        return a->limit && a->used + a->extra_total >= a->limit ? -ENOMEM : -EBADMSG;
+    for (unsigned i = 0; i < nbig; i++) {
+        if (!big[i].last)
+            continue; /* a later occurrence of the field gave its value */
+        ProtobufCBinaryData *bd = (ProtobufCBinaryData *)((char *)m + big[i].f->offset);
+        bd->data = buf + big[i].data;
+        bd->len = big[i].len;
+    }
     *out = m;
     return 0;
 }

@@ -26,6 +26,21 @@ int vrpc_pb_check_depth(const ProtobufCMessageDescriptor *d, const uint8_t *buf,
 int vrpc_pb_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len,
                    unsigned max_depth, struct vrpc_arena *a, ProtobufCMessage **out);
 
+/* Bytes fields at least this long are referenced, not copied, by
+ * vrpc_pb_unpack_ref. */
+#define VRPC_PB_REF_MIN 4096u
+
+/* vrpc_pb_unpack without the copy of big payloads: every singular bytes
+ * field of the top-level message (not repeated, not in a oneof) whose value
+ * is at least VRPC_PB_REF_MIN bytes points into buf instead of into the
+ * arena. protobuf-c always copies bytes fields, so the message is unpacked
+ * from a compact copy of buf (in the arena) in which those values are
+ * empty, and the fields are pointed at buf afterwards. buf must stay valid
+ * and unchanged as long as the message is used: the caller keeps it with
+ * the arena (vrpc_arena_hold). Results as vrpc_pb_unpack. */
+int vrpc_pb_unpack_ref(const ProtobufCMessageDescriptor *d, uint8_t *buf, size_t len, unsigned max_depth,
+                       struct vrpc_arena *a, ProtobufCMessage **out);
+
 /* Packed size of msg, or -EMSGSIZE if it exceeds cap. */
 long vrpc_pb_size(const ProtobufCMessage *msg, size_t cap);
 /* Pack msg into out when the caller has already checked that its packed

@@ -73,12 +73,18 @@ static struct vrpc_pending_slot *take_locked(struct vrpc_pending *p, void *conn)
 {
     struct vrpc_pending_slot *s = &p->slots[p->free[--p->nfree]];
     p->in_use++;
-    uint64_t w = __atomic_load_n(&s->word, __ATOMIC_RELAXED);
+    /* RESERVED: the word stays FREE-looking (flags 0) until vrpc_pending_open */
     __atomic_store_n(&s->conn, conn, __ATOMIC_RELAXED);
     __atomic_store_n(&s->xfer, 1, __ATOMIC_RELAXED); /* the owner's hold, see pending.h */
-    /* release: conn and xfer are visible to whoever sees INUSE (the loss scan). */
-    __atomic_store_n(&s->word, WORD(GEN(w), VRPC_PEND_INUSE), __ATOMIC_RELEASE);
     return s;
+}
+
+void vrpc_pending_open(struct vrpc_pending_slot *s)
+{
+    uint64_t w = __atomic_load_n(&s->word, __ATOMIC_RELAXED);
+    /* release: every call field the owner wrote (conn, xfer, cb, ...) is
+     * visible to a thread that acquires this INUSE (the loss scan, cancel) */
+    __atomic_store_n(&s->word, WORD(GEN(w), VRPC_PEND_INUSE), __ATOMIC_RELEASE);
 }
 
 int vrpc_pending_alloc(struct vrpc_pending *p, int64_t deadline_ns, void *conn,

@@ -4,7 +4,8 @@
  * exactly one winner.
  *
  * Slot life (one 64-bit atomic word per slot: generation << 32 | flags):
- *   FREE --alloc(owner)--> INUSE
+ *   FREE --alloc(owner)--> RESERVED (flags still 0: only the owner knows it)
+ *   RESERVED --open(owner, release)--> INUSE
  *   INUSE --decide(any thread; CAS, exactly one winner)--> INUSE|DECIDED
  *   ... |WIRE_DONE  set once the server can no longer send for this id
  *                   (its response arrived, or the connection died)
@@ -16,10 +17,18 @@
  * slot's current one, or for a slot already WIRE_DONE, is a protocol error.
  *
  * Thread contract: alloc/lookup/decide/wire_done/owner_done may be called
- * from any thread; the fields of a slot other than `word` are written by the
- * owner before the request is sent and by the decide winner before it
- * publishes the outcome with vrpc_pending_publish (release) and read by the
- * owner after vrpc_pending_wait returns (acquire). */
+ * from any thread.
+ * Publication of a call (the start_call race): alloc hands the owner a
+ * RESERVED slot that no other thread looks at, because every other thread
+ * (the connection-loss scan, cancel, a deadline, a response) acts only on a
+ * word with INUSE set. The owner writes every call field (conn, xfer, method,
+ * cb, cb_arg, cb_ch, deadline_ns, qent) and only then calls vrpc_pending_open,
+ * a release store of INUSE. Every other thread reads the word with acquire
+ * (vrpc_pending_lookup, decide's CAS, the scan's load) before it reads a call
+ * field, so it sees that call's fields, never the previous occupant's.
+ * The outcome fields are written by the decide winner before it publishes
+ * them with vrpc_pending_publish (release) and read by the owner after
+ * vrpc_pending_wait returns (acquire). */
 #ifndef VRPC_RPC_PENDING_H
 #define VRPC_RPC_PENDING_H
 
@@ -44,7 +53,7 @@ struct vrpc_pending_slot {
     uint32_t sleeping;    /* the synchronous owner sleeps (or is about to) on done */
     uint32_t index;
     struct vrpc_pending *table;
-    /* The call, written by its owner before sending. */
+    /* The call, written by its owner before vrpc_pending_open. */
     void *conn;           /* connection the request goes out on (atomic: read by the loss scan) */
     const struct vrpc_method_desc *method;
     vrpc_call_cb cb;      /* NULL for a synchronous call */
@@ -96,14 +105,19 @@ void vrpc_pending_destroy(struct vrpc_pending *p);
  * free stack guarantees the indices handed out stay below the limit. */
 void vrpc_pending_set_limit(struct vrpc_pending *p, uint32_t limit);
 
-/* Take a free slot for a call on connection conn (stored in slot->conn
- * before the slot is published INUSE), waiting while limit slots are in use,
- * at most until deadline_ns (CLOCK_MONOTONIC; VRPC_NO_DEADLINE: forever).
+/* Reserve a free slot for a call on connection conn (stored in slot->conn),
+ * waiting while limit slots are in use, at most until deadline_ns
+ * (CLOCK_MONOTONIC; VRPC_NO_DEADLINE: forever). The slot is RESERVED: the
+ * owner fills the call fields, then publishes it with vrpc_pending_open.
  * 0, -ETIMEDOUT or -ESHUTDOWN (table closed). */
 int vrpc_pending_alloc(struct vrpc_pending *p, int64_t deadline_ns, void *conn,
                        struct vrpc_pending_slot **out);
 /* As alloc, never waiting: -EAGAIN when limit slots are in use. */
 int vrpc_pending_try_alloc(struct vrpc_pending *p, void *conn, struct vrpc_pending_slot **out);
+/* Publish a RESERVED slot INUSE (release: the call fields written before are
+ * visible to whoever acquires INUSE). Owner only, once per allocation, before
+ * anything else may act on the call (send, timer, call id). */
+void vrpc_pending_open(struct vrpc_pending_slot *s);
 /* Wake every waiter of alloc and make later allocs fail with -ESHUTDOWN. */
 void vrpc_pending_close(struct vrpc_pending *p);
 

@@ -946,7 +946,8 @@ static void call_task(struct vrpc_task *t)
     ProtobufCMessage *req;
     int rc;
 
-    /* a large request's payload is in req_lb until unpacked: then it goes back */
+    /* a large request's payload is in req_lb until unpacked: then the
+     * call's arena holds it (or it goes back) */
     struct vrpc_buf *lb = call->req_lb;
     call->req_lb = NULL;
     /* Checked first: a detached call's connection (and, at destroy, its
@@ -968,9 +969,19 @@ static void call_task(struct vrpc_task *t)
             answer_status(call, VRPC_DEADLINE_EXCEEDED, "deadline passed before the handler started");
         goto out;
     }
-    rc = vrpc_pb_unpack(call->method->input, lb ? lb->data : call->buf + call->md_len, call->len - call->md_len,
-                        s->o.max_depth, &call->arena, &req);
-    vrpc_lbuf_put(lb);
+    if (lb) {
+        /* big bytes values stay in the large buffer: the arena keeps it
+         * until the call is answered (finish_call / call_claim reset it) */
+        rc = vrpc_pb_unpack_ref(call->method->input, lb->data, call->len - call->md_len, s->o.max_depth,
+                                &call->arena, &req);
+        if (rc)
+            vrpc_lbuf_put(lb);
+        else
+            vrpc_arena_hold(&call->arena, lb);
+    } else {
+        rc = vrpc_pb_unpack(call->method->input, call->buf + call->md_len, call->len - call->md_len,
+                            s->o.max_depth, &call->arena, &req);
+    }
     if (rc) {
         char msg[VRPC_STATUS_MSG_MAX];
         snprintf(msg, sizeof(msg), "request does not decode as %s: %s", call->method->input->name,
@@ -1177,6 +1188,18 @@ int vrpc_server_create(const struct vrpc_server_opts *o, struct vrpc_server **ou
     return 0;
 }
 
+/* The (i mod n)-th CPU of mask (n CPUs set), -1 for an empty mask. */
+static int nth_cpu(uint64_t mask, unsigned i)
+{
+    int n = __builtin_popcountll(mask);
+    if (!n)
+        return -1;
+    for (int k = (int)(i % (unsigned)n), c = 0; c < 64; c++)
+        if ((mask & (1ull << c)) && k-- == 0)
+            return c;
+    return -1;
+}
+
 int vrpc_server_start(struct vrpc_server *s, const char *uri)
 {
     char tname[16], turi[VRPC_URI_MAX + 16];
@@ -1211,6 +1234,7 @@ int vrpc_server_start(struct vrpc_server *s, const char *uri)
         sc.nworkers = s->o.threads;
         if (s->o.no_spin)
             sc.spin_us = 1; /* the scheduler's minimum: 0 means its default */
+        sc.cpu_mask = s->o.cpu_mask;
         if ((rc = vrpc_sched_create(&sc, &s->sched)))
             return rc;
         s->own_sched = true;
@@ -1235,6 +1259,7 @@ int vrpc_server_start(struct vrpc_server *s, const char *uri)
         ca.busy_poll_us = s->o.no_spin ? 0 : 20;
         ca.max_recv = SERVER_RECV_BUFS;
         ca.name = "vrpc-srv-poll";
+        ca.cpu = nth_cpu(s->o.cpu_mask, i);
         if ((rc = vrpc_cq_create(s->tp, &ca, &pl->cq)))
             return rc;
         s->npollers++;

@@ -6,7 +6,12 @@
  * case reports the median round, with bytes_per_s besides ops_per_s/p50/p99,
  * and CPU seconds per GiB moved (the whole process: both ends; steadier than
  * wall time on a shared machine), and a summary line gives RPC / baseline per
- * size (bandwidth: the better of 1 and 4 outstanding; CPU: 1 outstanding). */
+ * size (bandwidth: the better of 1 and 4 outstanding; CPU: 1 outstanding).
+ * Both sides move the same bytes and check them the same way: every payload
+ * starts with its own sequence number (so a stale buffer cannot pass) and
+ * the receiver checks it plus one word per 4 KiB against the pattern; the
+ * warm-up compares every byte. VRPC_BENCH_ROUNDS=N (odd, <= 15)
+ * sets the number of alternating rounds (default 3). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -26,14 +31,39 @@
 #include "rpc_bench_large.h"
 #include "rpc_test.pb-c.h"
 
-#define ROUNDS 3
+#define MAX_ROUNDS 15
 #define MAX_SIZES 8
+#define MAX_OUT 4
 
 static struct vrpc_method_desc m_echo = {"/vrpctest.Test/Echo", 0, &vrpctest__echo_request__descriptor,
                                          &vrpctest__echo_reply__descriptor};
 
 static const struct rpc_bench_large_cfg *C;
-static uint8_t *g_data;
+static uint8_t *g_data;            /* the pattern; the sources below are copies of it */
+static uint8_t *g_src[MAX_OUT];    /* one per outstanding call (its seq in front) */
+static int ROUNDS = 3;
+static int g_full;                 /* atomic: check every byte (warm-up) */
+static uint64_t g_bad;             /* atomic: payloads that failed the check */
+
+static uint8_t pat(size_t i) { return (uint8_t)(i * 131 + 7); }
+
+/* Check a received payload: its sequence number, then every byte (full) or
+ * one 8-byte word per 4 KiB against the pattern. Same on both sides. */
+static bool payload_ok(const uint8_t *p, size_t len, uint64_t seq)
+{
+    uint64_t got;
+    if (len < 64)
+        return false;
+    memcpy(&got, p, 8);
+    if (got != seq)
+        return false;
+    if (__atomic_load_n(&g_full, __ATOMIC_RELAXED))
+        return !memcmp(p + 8, g_data + 8, len - 8);
+    for (size_t i = 4096; i + 8 <= len; i += 4096)
+        if (memcmp(p + i, g_data + i, 8))
+            return false;
+    return !memcmp(p + len - 8, g_data + len - 8, 8);
+}
 
 struct res {
     double ops, p50, p99, bps;
@@ -82,6 +112,8 @@ static void h_echo(struct vrpc_server_call *call, const ProtobufCMessage *msg, v
     (void)user;
     const Vrpctest__EchoRequest *r = (const Vrpctest__EchoRequest *)msg;
     Vrpctest__EchoReply rep = VRPCTEST__ECHO_REPLY__INIT;
+    if (!payload_ok(r->payload.data, r->payload.len, r->seq))
+        __atomic_add_fetch(&g_bad, 1, __ATOMIC_RELAXED);
     if (r->mode != 1)
         rep.payload = r->payload;
     rep.seq = r->seq;
@@ -101,7 +133,8 @@ struct win {
 
 struct slot {
     struct win *w;
-    uint64_t t0;
+    uint64_t t0, seq;
+    uint8_t *src;
 };
 
 static void start(struct slot *s);
@@ -129,8 +162,11 @@ static void done(const struct vrpc_status *st, const ProtobufCMessage *resp, voi
 static void start(struct slot *s)
 {
     Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
-    r.payload.data = g_data;
+    s->seq += MAX_OUT;
+    memcpy(s->src, &s->seq, 8); /* (the call packs the request before it returns) */
+    r.payload.data = s->src;
     r.payload.len = s->w->size;
+    r.seq = s->seq;
     r.mode = 1;
     s->t0 = vrpc_bench_now_ns();
     if (vrpc_call_async(s->w->ch, &m_echo, &r.base, NULL, done, s)) {
@@ -142,12 +178,14 @@ static void start(struct slot *s)
 static struct res rpc_round(struct vrpc_channel *ch, size_t size, unsigned outstanding)
 {
     struct win w = {.ch = ch, .size = size, .outstanding = outstanding, .cap = 1000000};
-    struct slot s[16];
+    struct slot s[MAX_OUT];
     w.lat = malloc(w.cap * sizeof(*w.lat));
     double c0 = cpu_s();
     uint64_t t0 = vrpc_bench_now_ns();
     for (unsigned i = 0; i < outstanding; i++) {
         s[i].w = &w;
+        s[i].seq = i;
+        s[i].src = g_src[i];
         start(&s[i]);
     }
     while (vrpc_bench_now_ns() - t0 < (uint64_t)C->duration_ms * 1000000)
@@ -198,10 +236,12 @@ static void *sink_main(void *arg)
     struct sink *s = arg;
     uint8_t *buf = malloc(s->size);
     int fd = accept(s->lfd, NULL, NULL);
-    for (;;) {
+    for (uint64_t seq = 1;; seq++) {
         uint32_t len;
         if (full(fd, &len, 4, false) || len != s->size || full(fd, buf, len, false))
             break;
+        if (!payload_ok(buf, len, seq))
+            __atomic_add_fetch(&g_bad, 1, __ATOMIC_RELAXED);
         atomic_fetch_add_explicit(&s->frames, 1, memory_order_relaxed);
     }
     close(fd);
@@ -231,16 +271,23 @@ static struct res stream_round(size_t size)
     }
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     uint32_t len = (uint32_t)size;
-    uint64_t dur = (uint64_t)C->duration_ms * 1000000, t0 = vrpc_bench_now_ns();
-    while (vrpc_bench_now_ns() - t0 < dur / 10) /* warm-up */
-        if (full(fd, &len, 4, true) || full(fd, g_data, size, true))
+    uint64_t dur = (uint64_t)C->duration_ms * 1000000, t0 = vrpc_bench_now_ns(), seq = 0;
+    uint8_t *src = g_src[0];
+    while (vrpc_bench_now_ns() - t0 < dur / 10) { /* warm-up */
+        seq++;
+        memcpy(src, &seq, 8);
+        if (full(fd, &len, 4, true) || full(fd, src, size, true))
             break;
+    }
     unsigned long f0 = atomic_load(&s.frames);
     double c0 = cpu_s();
     t0 = vrpc_bench_now_ns();
-    while (vrpc_bench_now_ns() - t0 < dur)
-        if (full(fd, &len, 4, true) || full(fd, g_data, size, true))
+    while (vrpc_bench_now_ns() - t0 < dur) {
+        seq++;
+        memcpy(src, &seq, 8);
+        if (full(fd, &len, 4, true) || full(fd, src, size, true))
             break;
+    }
     unsigned long f1 = atomic_load(&s.frames);
     uint64_t t1 = vrpc_bench_now_ns();
     double c1 = cpu_s();
@@ -275,12 +322,20 @@ int rpc_bench_large(const struct rpc_bench_large_cfg *cfg)
     }
     if (!nsizes)
         return 2;
+    const char *er = getenv("VRPC_BENCH_ROUNDS");
+    if (er && atoi(er) >= 1)
+        ROUNDS = atoi(er) > MAX_ROUNDS ? MAX_ROUNDS : atoi(er);
     m_echo.id = vrpc_method_id(m_echo.full_name);
     g_data = malloc(max);
     if (!g_data)
         return 1;
     for (size_t i = 0; i < max; i++)
-        g_data[i] = (uint8_t)(i * 131 + 7);
+        g_data[i] = pat(i);
+    for (int i = 0; i < MAX_OUT; i++) {
+        if (!(g_src[i] = malloc(max)))
+            return 1;
+        memcpy(g_src[i], g_data, max);
+    }
     bool tcp = !strcmp(cfg->backend, "tcp");
 
     uint32_t limit = (uint32_t)max + 4096;
@@ -314,9 +369,13 @@ int rpc_bench_large(const struct rpc_bench_large_cfg *cfg)
     for (size_t i = 0; i < nsizes; i++) {
         size_t size = sizes[i];
         char lab[32], name[96];
-        struct res base[ROUNDS], r1[ROUNDS], r4[ROUNDS];
+        struct res base[MAX_ROUNDS], r1[MAX_ROUNDS], r4[MAX_ROUNDS];
         label(lab, sizeof(lab), size);
+        __atomic_store_n(&g_full, 1, __ATOMIC_RELAXED);
         rpc_round(ch, size, 1); /* warm-up: fills both sides' buffer caches */
+        if (tcp)
+            stream_round(size);
+        __atomic_store_n(&g_full, 0, __ATOMIC_RELAXED);
         for (int r = 0; r < ROUNDS; r++) {
             if (tcp)
                 base[r] = stream_round(size);
@@ -348,5 +407,12 @@ int rpc_bench_large(const struct rpc_bench_large_cfg *cfg)
     vrpc_channel_destroy(ch);
     vrpc_server_destroy(srv);
     free(g_data);
+    for (int i = 0; i < MAX_OUT; i++)
+        free(g_src[i]);
+    if (__atomic_load_n(&g_bad, __ATOMIC_RELAXED)) {
+        fprintf(stderr, "rpc_bench: %llu payloads arrived damaged\n",
+                (unsigned long long)__atomic_load_n(&g_bad, __ATOMIC_RELAXED));
+        return 1;
+    }
     return 0;
 }

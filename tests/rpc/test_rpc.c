@@ -1164,6 +1164,210 @@ static void test_bad_server_frames(void **state)
     }
 }
 
+/* ---- calls racing connection loss ------------------------------------------------ */
+
+/* A raw server that answers HELLO and answers every REQUEST OK (empty reply),
+ * except that it closes the connection at every `every`-th request it gets:
+ * the channel's connection-loss scan then runs again and again while other
+ * threads are starting calls on fresh slots (the start_call race: a scan that
+ * saw a slot in use before its callback fields were written would complete
+ * the previous occupant's callback a second time, and lose this call). */
+struct flaky {
+    struct vrpc_transport *tp;
+    struct vrpc_cq *cq;
+    struct vrpc_pool *pool;
+    struct vrpc_listener *l;
+    unsigned every;
+    unsigned requests;     /* poller only */
+    unsigned drops;        /* atomic: connections it closed */
+    unsigned disconnected; /* atomic */
+    unsigned accepted;     /* atomic */
+};
+
+static void flaky_send(struct flaky *f, struct vrpc_ep *ep, const struct vrpc_wire_hdr *h, const void *p)
+{
+    struct vrpc_buf *b = vrpc_pool_get(f->pool);
+    if (!b)
+        return; /* the client's call then fails with the connection */
+    uint32_t len = (uint32_t)frame(b->data, h, NULL, p);
+    if (vrpc_ep_send(ep, b, len, 0, 0, 0))
+        vrpc_pool_put(b);
+}
+
+static void flaky_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, void *arg)
+{
+    struct flaky *f = arg;
+    for (unsigned i = 0; i < n; i++) {
+        const struct vrpc_wc *w = &wc[i];
+        struct vrpc_wire_hdr h;
+        switch (w->opcode) {
+        case VRPC_WC_RECV:
+            if (w->status == 0 && vrpc_wire_hdr_decode(w->buf->data, w->byte_len, &h) == 0) {
+                if (h.type == VRPC_FT_HELLO) {
+                    uint8_t p[VRPC_WIRE_HELLO_LEN];
+                    struct vrpc_wire_hello hs = {.max_msg_size = 4096, .max_concurrent = 32};
+                    vrpc_wire_hello_encode(p, &hs);
+                    struct vrpc_wire_hdr a = {.version = 1, .type = VRPC_FT_HELLO_ACK, .payload_len = sizeof(p)};
+                    flaky_send(f, w->ep, &a, p);
+                } else if (h.type == VRPC_FT_REQUEST) {
+                    if (++f->requests % f->every == 0) {
+                        if (vrpc_ep_close(w->ep) == 0)
+                            __atomic_add_fetch(&f->drops, 1, __ATOMIC_RELAXED);
+                    } else {
+                        struct vrpc_wire_hdr a = {.version = 1, .type = VRPC_FT_RESPONSE,
+                                                  .request_id = h.request_id};
+                        flaky_send(f, w->ep, &a, NULL);
+                    }
+                }
+            }
+            if (w->status == -ECANCELED || vrpc_cq_post_recv(cq, &w->buf, NULL, 1))
+                vrpc_pool_put(w->buf);
+            break;
+        case VRPC_WC_SEND:
+            vrpc_pool_put(w->buf);
+            break;
+        case VRPC_WC_ACCEPTED:
+            __atomic_add_fetch(&f->accepted, 1, __ATOMIC_RELAXED);
+            break;
+        case VRPC_WC_DISCONNECTED:
+            vrpc_ep_destroy(w->ep);
+            __atomic_add_fetch(&f->disconnected, 1, __ATOMIC_RELEASE);
+            break;
+        default:
+            break;
+        }
+    }
+}
+
+/* One async call's record: used for exactly one call, so a second
+ * completion (someone else's callback run with our arg) is seen. */
+struct loss_rec {
+    unsigned calls; /* atomic */
+    int code;
+};
+
+struct loss_state {
+    struct vrpc_channel *ch;
+    struct loss_rec *recs;
+    unsigned per_thread;
+    unsigned done;    /* atomic: async completions */
+    unsigned sync_bad; /* atomic: sync calls with a code other than OK/UNAVAILABLE */
+    unsigned sync_n;  /* atomic */
+};
+
+struct loss_thread {
+    struct loss_state *st;
+    unsigned idx;
+};
+
+static void loss_cb(const struct vrpc_status *st, const ProtobufCMessage *resp, void *arg)
+{
+    struct loss_rec *r = arg;
+    (void)resp;
+    r->code = st->code;
+    __atomic_add_fetch(&r->calls, 1, __ATOMIC_RELEASE);
+}
+
+static void *loss_async_main(void *arg)
+{
+    struct loss_thread *t = arg;
+    struct loss_state *ls = t->st;
+    Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
+    for (unsigned i = 0; i < ls->per_thread; i++) {
+        struct loss_rec *rec = &ls->recs[t->idx * ls->per_thread + i];
+        int rc;
+        while ((rc = vrpc_call_async(ls->ch, &m_echo, &r.base, NULL, loss_cb, rec)) == -EAGAIN)
+            usleep(50);
+        assert_int_equal(rc, 0);
+        /* a sync call every few, on the same slots (a slot's previous
+         * occupant then has a callback, the new one has none) */
+        if (i % 8 == 0) {
+            Vrpctest__EchoReply *rep;
+            struct vrpc_status st;
+            int code = vrpc_call(ls->ch, &m_echo, &r.base, (ProtobufCMessage **)&rep, NULL, &st);
+            if (code != VRPC_OK && code != VRPC_UNAVAILABLE)
+                __atomic_add_fetch(&ls->sync_bad, 1, __ATOMIC_RELAXED);
+            __atomic_add_fetch(&ls->sync_n, 1, __ATOMIC_RELAXED);
+        }
+    }
+    return NULL;
+}
+
+static void test_calls_racing_connection_loss(void **state)
+{
+    (void)state;
+    enum { THREADS = 4 };
+    struct flaky f = {.every = 37};
+    struct vrpc_cq_attr ca;
+    char uri[VRPC_URI_MAX], bound[VRPC_URI_MAX];
+    struct vrpc_listen_attr la = {.ncqs = 1};
+
+    assert_int_equal(vrpc_transport_create(g_opt.backend, NULL, &f.tp), 0);
+    assert_int_equal(vrpc_pool_create(f.tp, vrpc_transport_eager_size(f.tp), 512, &f.pool), 0);
+    vrpc_cq_attr_init(&ca);
+    ca.cb = flaky_cb;
+    ca.cb_arg = &f;
+    ca.max_recv = 128;
+    assert_int_equal(vrpc_cq_create(f.tp, &ca, &f.cq), 0);
+    for (int i = 0; i < 128; i++) {
+        struct vrpc_buf *b = vrpc_pool_get(f.pool);
+        assert_int_equal(vrpc_cq_post_recv(f.cq, &b, NULL, 1), 0);
+    }
+    la.cqs = &f.cq;
+    assert_int_equal(vrpc_listen(f.tp, listen_uri(uri, sizeof(uri), 0), &la, &f.l), 0);
+    assert_int_equal(vrpc_listener_uri(f.l, bound, sizeof(bound)), 0);
+
+    struct loss_state ls = {.ch = new_channel(bound, 16, true), .per_thread = 6000 / g_opt.scale};
+    unsigned total = THREADS * ls.per_thread;
+    ls.recs = calloc(total, sizeof(*ls.recs));
+    pthread_t th[THREADS];
+    struct loss_thread lt[THREADS];
+    for (unsigned i = 0; i < THREADS; i++) {
+        lt[i] = (struct loss_thread){&ls, i};
+        pthread_create(&th[i], NULL, loss_async_main, &lt[i]);
+    }
+    for (unsigned i = 0; i < THREADS; i++)
+        pthread_join(th[i], NULL);
+    /* every accepted call completes exactly once: OK, or UNAVAILABLE when its
+     * connection was dropped under it */
+    unsigned ok = 0, unavailable = 0, pending = total;
+    for (int wait = 0; wait < 30000 && pending; wait++) {
+        pending = 0;
+        for (unsigned k = 0; k < total; k++)
+            pending += __atomic_load_n(&ls.recs[k].calls, __ATOMIC_ACQUIRE) == 0;
+        if (pending)
+            usleep(1000);
+    }
+    for (unsigned k = 0; k < total; k++) {
+        unsigned c = __atomic_load_n(&ls.recs[k].calls, __ATOMIC_ACQUIRE);
+        if (c != 1)
+            fail_msg("call %u completed %u times", k, c);
+        if (ls.recs[k].code == VRPC_OK)
+            ok++;
+        else if (ls.recs[k].code == VRPC_UNAVAILABLE)
+            unavailable++;
+        else
+            fail_msg("call %u: unexpected %s", k, vrpc_code_name((enum vrpc_code)ls.recs[k].code));
+    }
+    printf("# %u async + %u sync calls, %u connections dropped: %u ok, %u unavailable\n", total, ls.sync_n,
+           __atomic_load_n(&f.drops, __ATOMIC_RELAXED), ok, unavailable);
+    assert_int_equal(ls.sync_bad, 0);
+    assert_true(__atomic_load_n(&f.drops, __ATOMIC_RELAXED) > 0);
+    assert_true(ok > 0);
+    vrpc_channel_destroy(ls.ch);
+    /* every connection the server accepted has gone (each DISCONNECTED destroyed its endpoint) */
+    raw_wait(&f.disconnected, __atomic_load_n(&f.accepted, __ATOMIC_ACQUIRE), 10000);
+    assert_int_equal(f.disconnected, f.accepted);
+    /* the client's second completion of a record, if any, would land now */
+    for (unsigned k = 0; k < total; k++)
+        assert_int_equal(ls.recs[k].calls, 1);
+    free(ls.recs);
+    vrpc_listener_destroy(f.l);
+    vrpc_cq_destroy(f.cq);
+    vrpc_pool_destroy(f.pool);
+    vrpc_transport_destroy(f.tp);
+}
+
 /* ---- no malloc in steady state --------------------------------------------------- */
 
 static void test_no_malloc_steady_state(void **state)
@@ -1266,6 +1470,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_server_deadline_while_handler_runs),
         cmocka_unit_test(test_destroy_with_unanswered_call),
         cmocka_unit_test(test_connection_loss_and_reconnect),
+        cmocka_unit_test(test_calls_racing_connection_loss),
         cmocka_unit_test(test_bad_requests_get_status),
         cmocka_unit_test(test_protocol_errors_close_connection),
         cmocka_unit_test(test_bad_server_frames),

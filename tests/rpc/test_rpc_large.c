@@ -736,6 +736,60 @@ static void test_forged_response_descriptor(void **state)
     raw_close(&r);
 }
 
+/* A large response that arrives after the client's deadline is not read:
+ * the client's DONE says why, DEADLINE_EXCEEDED (docs/PROTOCOL.md), and
+ * no read buffer stays in use. */
+static void test_done_after_deadline(void **state)
+{
+    (void)state;
+    struct raw r;
+    char lu[VRPC_URI_MAX], bound[VRPC_URI_MAX];
+    struct vrpc_listen_attr la = {.ncqs = 1};
+    raw_open(&r, g_opt.backend);
+    la.cqs = &r.cq;
+    assert_int_equal(vrpc_listen(r.tp, listen_uri(lu, sizeof(lu), 0), &la, &r.l), 0);
+    assert_int_equal(vrpc_listener_uri(r.l, bound, sizeof(bound)), 0);
+    struct vrpc_channel_opts o;
+    vrpc_channel_opts_init(&o);
+    o.max_msg_size = 4 * MiB;
+    o.src_addr = g_opt.client_ip;
+    o.default_timeout_us = 300000;
+    struct bg_call a = {.n = 10};
+    assert_int_equal(vrpc_channel_create(bound, &o, &a.ch), 0);
+    pthread_t t;
+    pthread_create(&t, NULL, bg_call_main, &a);
+    assert_true(raw_wait(&r.nrecv, 1, 5000)); /* HELLO */
+    struct vrpc_ep *ep = __atomic_load_n(&r.accepted, __ATOMIC_ACQUIRE);
+    assert_non_null(ep);
+    raw_hello(&r, ep, VRPC_FT_HELLO_ACK);
+    assert_true(raw_wait(&r.nrecv, 2, 5000)); /* the REQUEST */
+    struct vrpc_wire_hdr h;
+    raw_last(&r, &h);
+    assert_int_equal(h.type, VRPC_FT_REQUEST);
+    uint64_t id = h.request_id;
+    pthread_join(t, NULL); /* the call timed out (its CANCEL follows) */
+    assert_int_equal(a.code, VRPC_DEADLINE_EXCEEDED);
+    assert_true(raw_wait(&r.nrecv, 3, 5000));
+    raw_last(&r, &h);
+    assert_int_equal(h.type, VRPC_FT_CANCEL);
+    /* now the answer, by rendezvous (a key never granted: it must not be read) */
+    uint8_t desc[VRPC_WIRE_DESC_LEN];
+    struct vrpc_wire_desc d = {.addr = 0x10000000, .rkey = 0x12345};
+    vrpc_wire_desc_encode(desc, &d);
+    struct vrpc_wire_hdr rh = {.version = 1, .type = VRPC_FT_RESPONSE, .flags = VRPC_FF_RNDV, .request_id = id,
+                               .payload_len = MiB};
+    raw_send(&r, ep, &rh, desc, sizeof(desc));
+    assert_true(raw_wait(&r.nrecv, 4, 5000));
+    raw_last(&r, &h);
+    assert_int_equal(h.type, VRPC_FT_DONE);
+    assert_int_equal(h.request_id, id);
+    assert_int_equal(h.status, VRPC_DEADLINE_EXCEEDED);
+    assert_int_equal(__atomic_load_n(&r.disconnected, __ATOMIC_ACQUIRE), 0); /* nothing was read */
+    assert_int_equal(wait_in_use_zero(vrpc_channel_transport(a.ch)), 0);
+    vrpc_channel_destroy(a.ch);
+    raw_close(&r);
+}
+
 /* A raw server takes a 3 MiB request and never reads it: a second one finds
  * the client's 4 MiB max_pinned full (RESOURCE_EXHAUSTED naming it), and the
  * hold timeout closes the connection, failing the first UNAVAILABLE; every
@@ -966,6 +1020,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_cancel_and_deadline_on_large_response),
         cmocka_unit_test(test_forged_descriptors),
         cmocka_unit_test(test_forged_response_descriptor),
+        cmocka_unit_test(test_done_after_deadline),
         cmocka_unit_test(test_cache_bound_and_hold_timeout),
         cmocka_unit_test(test_server_hold_timeout),
         cmocka_unit_test(test_server_killed_mid_transfer),

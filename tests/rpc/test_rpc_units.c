@@ -239,6 +239,79 @@ static size_t encode_chain(uint8_t *buf, size_t cap, unsigned depth)
     return len;
 }
 
+/* vrpc_pb_unpack_ref: big singular bytes values point into the input,
+ * small ones are copied, the last occurrence of a field wins, and what the
+ * plain unpack refuses it refuses too. */
+static void test_unpack_ref(void **state)
+{
+    (void)state;
+    struct vrpc_arena a;
+    vrpc_arena_init(&a, 4096, 0);
+    enum { BIG = 3 * VRPC_PB_REF_MIN };
+    uint8_t *big = malloc(BIG), *buf = malloc(2 * BIG);
+    assert_non_null(big);
+    assert_non_null(buf);
+    for (size_t i = 0; i < BIG; i++)
+        big[i] = (uint8_t)(i * 7 + 1);
+    Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
+    r.payload.data = big;
+    r.payload.len = BIG;
+    r.seq = 42;
+    r.mode = 3;
+    size_t n = protobuf_c_message_pack(&r.base, buf);
+    ProtobufCMessage *m;
+    assert_int_equal(vrpc_pb_unpack_ref(&vrpctest__echo_request__descriptor, buf, n, 0, &a, &m), 0);
+    Vrpctest__EchoRequest *q = (Vrpctest__EchoRequest *)m;
+    assert_int_equal(q->seq, 42);
+    assert_int_equal(q->mode, 3);
+    assert_int_equal(q->payload.len, BIG);
+    assert_true(q->payload.data > buf && q->payload.data + BIG <= buf + n); /* referenced */
+    assert_memory_equal(q->payload.data, big, BIG);
+    assert_true(a.used < 1024); /* the value was not copied into the arena */
+
+    /* small: copied */
+    vrpc_arena_reset(&a);
+    r.payload.len = VRPC_PB_REF_MIN - 1;
+    n = protobuf_c_message_pack(&r.base, buf);
+    assert_int_equal(vrpc_pb_unpack_ref(&vrpctest__echo_request__descriptor, buf, n, 0, &a, &m), 0);
+    q = (Vrpctest__EchoRequest *)m;
+    assert_int_equal(q->payload.len, VRPC_PB_REF_MIN - 1);
+    assert_true(q->payload.data + q->payload.len <= buf || q->payload.data >= buf + n);
+    assert_memory_equal(q->payload.data, big, VRPC_PB_REF_MIN - 1);
+
+    /* field 1 twice, big then small: the small one wins (copied) */
+    vrpc_arena_reset(&a);
+    r.payload.len = BIG;
+    n = protobuf_c_message_pack(&r.base, buf);
+    static const uint8_t tail[] = {0x0a, 0x03, 'a', 'b', 'c'};
+    memcpy(buf + n, tail, sizeof(tail));
+    assert_int_equal(vrpc_pb_unpack_ref(&vrpctest__echo_request__descriptor, buf, n + sizeof(tail), 0, &a, &m), 0);
+    q = (Vrpctest__EchoRequest *)m;
+    assert_int_equal(q->payload.len, 3);
+    assert_memory_equal(q->payload.data, "abc", 3);
+    assert_int_equal(q->seq, 42);
+
+    /* small then big: the big one wins (referenced) */
+    vrpc_arena_reset(&a);
+    memcpy(buf, tail, sizeof(tail));
+    n = protobuf_c_message_pack(&r.base, buf + sizeof(tail)) + sizeof(tail);
+    assert_int_equal(vrpc_pb_unpack_ref(&vrpctest__echo_request__descriptor, buf, n, 0, &a, &m), 0);
+    q = (Vrpctest__EchoRequest *)m;
+    assert_int_equal(q->payload.len, BIG);
+    assert_true(q->payload.data > buf && q->payload.data + BIG <= buf + n);
+    assert_memory_equal(q->payload.data, big, BIG);
+
+    /* truncated inside the big value, and a bad wire type after it: refused */
+    vrpc_arena_reset(&a);
+    n = protobuf_c_message_pack(&r.base, buf);
+    assert_int_equal(vrpc_pb_unpack_ref(&vrpctest__echo_request__descriptor, buf, n - 10, 0, &a, &m), -EBADMSG);
+    buf[n] = 0x0f; /* field 1, wire type 7 */
+    assert_int_equal(vrpc_pb_unpack_ref(&vrpctest__echo_request__descriptor, buf, n + 1, 0, &a, &m), -EBADMSG);
+    vrpc_arena_fini(&a);
+    free(big);
+    free(buf);
+}
+
 static void test_depth_guard(void **state)
 {
     (void)state;
@@ -304,6 +377,11 @@ static void test_pending_ids_and_limit(void **state)
     for (int i = 0; i < 3; i++) {
         assert_int_equal(vrpc_pending_alloc(p, VRPC_NO_DEADLINE, NULL, &s[i]), 0);
         assert_true(s[i]->index < 3);
+        /* reserved, not yet open: invisible to responses, cancels and scans */
+        uint64_t rid = vrpc_pending_id(s[i]);
+        assert_null(vrpc_pending_lookup(p, rid));
+        assert_false(vrpc_pending_decide(s[i], vrpc_wire_id_gen(rid)));
+        vrpc_pending_open(s[i]);
     }
     /* credits exhausted: times out */
     assert_int_equal(vrpc_pending_alloc(p, vrpc_now_ns() + 2000000, NULL, &x), -ETIMEDOUT);
@@ -323,6 +401,7 @@ static void test_pending_ids_and_limit(void **state)
     assert_int_equal(p->in_use, 2);
     assert_null(vrpc_pending_lookup(p, id0)); /* freed: the old id is dead */
     assert_int_equal(vrpc_pending_alloc(p, VRPC_NO_DEADLINE, NULL, &x), 0);
+    vrpc_pending_open(x);
     assert_ptr_equal(x, s[0]);
     assert_true(vrpc_pending_id(x) != id0);
     vrpc_pending_close(p);
@@ -380,6 +459,7 @@ static void test_pending_decide_race(void **state)
     unsigned total_before = 0;
     for (unsigned i = 0; i < r.rounds; i++) {
         assert_int_equal(vrpc_pending_alloc(p, VRPC_NO_DEADLINE, NULL, &r.slot), 0);
+        vrpc_pending_open(r.slot);
         r.gen = vrpc_pending_gen(r.slot);
         pthread_barrier_wait(&r.bar);
         pthread_barrier_wait(&r.bar);
@@ -456,6 +536,7 @@ int main(void)
         cmocka_unit_test(test_rndv_and_done_frames),
         cmocka_unit_test(test_arena_steady_state),
         cmocka_unit_test(test_depth_guard),
+        cmocka_unit_test(test_unpack_ref),
         cmocka_unit_test(test_pack_size_check),
         cmocka_unit_test(test_pending_ids_and_limit),
         cmocka_unit_test(test_pending_decide_race),
