@@ -40,6 +40,10 @@
  *                              impossible, so any RNR fails the connection
  *   VRPC_VERBS_PROTO_VERSION=N test only: the protocol version this side
  *                              claims in its handshake (the rejection tests)
+ *   VRPC_VERBS_SRQ_LIMIT=N     log (once per CQ) when fewer than N receive
+ *                              buffers are left posted on a CQ: the device's
+ *                              SRQ limit event (default 0: not armed). Also
+ *                              what shows the asynchronous events are read
  *   VRPC_VERBS_TRACE=1         log every post, completion and rdma_cm event */
 struct qp_cfg {
 	uint8_t rnr_retry;   /* see VRPC_VERBS_RNR_RETRY */
@@ -47,6 +51,7 @@ struct qp_cfg {
 	uint8_t retry_cnt;   /* transport retries: 7 */
 	int gid_index;       /* -1: rdma_cm's */
 	uint16_t proto_version;
+	uint32_t srq_limit;  /* see VRPC_VERBS_SRQ_LIMIT */
 };
 
 static long env_long(const char *name, long dflt, long lo, long hi)
@@ -71,6 +76,7 @@ static void qp_cfg_init(struct qp_cfg *cfg)
 	cfg->retry_cnt = 7;
 	cfg->gid_index = (int)env_long("VRPC_VERBS_GID_INDEX", -1, -1, 255);
 	cfg->proto_version = (uint16_t)env_long("VRPC_VERBS_PROTO_VERSION", PROTO_VERSION, 0, 65535);
+	cfg->srq_limit = (uint32_t)env_long("VRPC_VERBS_SRQ_LIMIT", 0, 0, 1 << 20);
 }
 
 /* rdma-core returns a positive errno from some calls: ours is negative. */
@@ -252,6 +258,7 @@ struct vcq {
 	struct vep **map;           /* qpn -> endpoint */
 	uint32_t map_mask;
 	struct vcq *next; /* tp's list */
+	atomic_int async_err; /* a device error of this CQ or its SRQ, for the CM thread */
 
 	/* poller only */
 	struct vrpc_wc *stage;
@@ -288,6 +295,9 @@ struct vtp {
 	pthread_t cm;
 	bool cm_started;
 	atomic_bool stop;
+	atomic_bool async_pending; /* some async_err or dev_fatal is set */
+	atomic_bool dev_fatal;
+	struct vtp *gnext;         /* g_tps */
 
 	pthread_mutex_t lock; /* binding, lists, cmd */
 	pthread_cond_t cond;
@@ -445,6 +455,7 @@ static int cq_bind(struct vtp *tp, struct vcq *cq)
 	memset(&sa, 0, sizeof(sa));
 	sa.attr.max_wr = cq->max_recv < (uint32_t)tp->dattr.max_srq_wr ? cq->max_recv : (uint32_t)tp->dattr.max_srq_wr;
 	sa.attr.max_sge = 1;
+	sa.srq_context = cq; /* names it in asynchronous events */
 	cq->srq = ibv_create_srq(tp->pd, &sa);
 	if (!cq->srq)
 		return err_errno();
@@ -455,6 +466,11 @@ static int cq_bind(struct vtp *tp, struct vcq *cq)
 	pthread_mutex_unlock(&cq->lock);
 	if (rc)
 		return rc;
+	if (tp->cfg.srq_limit && tp->cfg.srq_limit < sa.attr.max_wr) {
+		struct ibv_srq_attr la = { .srq_limit = tp->cfg.srq_limit };
+		if ((rc = err_pos(ibv_modify_srq(cq->srq, &la, IBV_SRQ_LIMIT))))
+			vrpc_tp_log("verbs: cannot arm the receive queue's limit: %s", strerror(-rc));
+	}
 	atomic_store(&cq->bound, true);
 	wake(cq->evfd);
 	return 0;
@@ -2185,19 +2201,28 @@ static void handle_cm_event(struct vtp *tp, struct rdma_cm_event *ev)
 	rdma_ack_cm_event(ev);
 }
 
-/* ---- asynchronous device events (CM thread) --------------------------------------------
+/* ---- asynchronous device events (CM threads) --------------------------------------------
  * Errors the device reports outside any completion: a QP-level fatal error
- * fails that endpoint with a clear error (its work then flushes); errors of
- * a CQ or SRQ fail the endpoints using it; a fatal device error fails them
- * all; port changes are logged (connections on a port that stays down fail
- * by retries or timeouts). Each event is acknowledged at once, on the same
- * thread that destroys QPs: ibv_destroy_qp waits for the acknowledgement of
- * every event of its QP that was read, so the QP (and its endpoint) an event
- * names is still alive here. */
+ * fails that endpoint with a clear error (its work then flushes); an error of
+ * a CQ or SRQ fails the endpoints using it; a fatal device error fails them
+ * all; port changes and an SRQ below its limit are logged.
+ * rdma_cm opens each device once per process, so every transport on a
+ * device shares its one event queue: whichever transport's CM thread reads
+ * an event handles it for the owner, found through the object's context
+ * (QP: the endpoint, CQ and SRQ: the vcq). Each event is acknowledged once
+ * handled: destroying a QP, CQ or SRQ waits for the acknowledgement of every
+ * event of it that was read, so the object an event names (and its endpoint
+ * or vcq) is alive while it is handled. Failing a single endpoint is safe
+ * from any thread; failing many walks the owner's maps, which only the
+ * owner's CM thread may do: it is asked through async_err / dev_fatal. */
 
-/* Fails every endpoint of `only`, or of every CQ when it is NULL. The maps
- * change only on this thread, so they hold still while cq->lock is dropped
- * for ep_fail (which takes ep->lock, then cq->lock). */
+static pthread_mutex_t g_tps_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct vtp *g_tps; /* every transport, for device-wide events */
+
+/* Fails every endpoint of `only`, or of every CQ when it is NULL (the
+ * transport's own CM thread: the maps change only there, so they hold still
+ * while cq->lock is dropped for ep_fail, which takes ep->lock, then
+ * cq->lock). */
 static void fail_all(struct vtp *tp, struct vcq *only, int status, const char *why)
 {
 	pthread_mutex_lock(&tp->lock);
@@ -2218,51 +2243,80 @@ static void fail_all(struct vtp *tp, struct vcq *only, int status, const char *w
 	pthread_mutex_unlock(&tp->lock);
 }
 
-static void on_async_event(struct vtp *tp, const struct ibv_async_event *ev)
+/* The owner's CM thread: failures asked for by async events. */
+static void async_fail_pending(struct vtp *tp)
 {
-	const char *name = ibv_event_type_str(ev->event_type);
+	struct vcq *failed_cqs[16];
+	int st[16];
+	unsigned n = 0;
+	if (!atomic_exchange(&tp->async_pending, false))
+		return;
+	if (atomic_exchange(&tp->dev_fatal, false))
+		fail_all(tp, NULL, -ENODEV, "fatal device error");
+	pthread_mutex_lock(&tp->lock);
+	for (struct vcq *cq = tp->cqs; cq && n < 16; cq = cq->next)
+		if ((st[n] = atomic_exchange(&cq->async_err, 0)))
+			failed_cqs[n++] = cq;
+	pthread_mutex_unlock(&tp->lock);
+	/* fail_all only compares these with the CQs still listed: one the
+	 * user destroyed meanwhile is skipped, never dereferenced */
+	for (unsigned i = 0; i < n; i++)
+		fail_all(tp, failed_cqs[i], st[i], "completion or receive queue error reported by the device");
+}
+
+static void async_ask(struct vtp *tp)
+{
+	atomic_store(&tp->async_pending, true);
+	wake(tp->wakefd);
+}
+
+static void on_async_event(struct ibv_context *ctx, const struct ibv_async_event *ev)
+{
+	const char *name = ibv_event_type_str(ev->event_type), *dev = ibv_get_device_name(ctx->device);
 	struct vep *ep;
+	struct vcq *cq;
 	int status = -EIO;
 	switch (ev->event_type) {
 	case IBV_EVENT_QP_ACCESS_ERR:
-		status = -EACCES;
-		/* fall through */
 	case IBV_EVENT_QP_FATAL:
 	case IBV_EVENT_QP_REQ_ERR:
 	case IBV_EVENT_PATH_MIG_ERR:
-		if (ev->event_type == IBV_EVENT_QP_REQ_ERR)
+		if (ev->event_type == IBV_EVENT_QP_ACCESS_ERR)
+			status = -EACCES;
+		else if (ev->event_type == IBV_EVENT_QP_REQ_ERR)
 			status = -EPROTO;
 		else if (ev->event_type == IBV_EVENT_PATH_MIG_ERR)
 			status = -ENETUNREACH;
 		ep = ev->element.qp->qp_context;
-		TRACE("verbs: async event %s on qpn %u", name, ev->element.qp->qp_num);
 		ep_fail(ep, status, "queue pair error reported by the device: %s", name);
 		break;
 	case IBV_EVENT_CQ_ERR:
-		vrpc_tp_log("verbs: device reports %s", name);
-		fail_all(tp, ev->element.cq->cq_context, -EIO, "completion queue error reported by the device");
+	case IBV_EVENT_SRQ_ERR:
+		cq = ev->event_type == IBV_EVENT_CQ_ERR ? ev->element.cq->cq_context : ev->element.srq->srq_context;
+		vrpc_tp_log("verbs: device %s reports %s: the connections of that completion queue fail", dev, name);
+		atomic_store(&cq->async_err, -EIO);
+		async_ask(cq->tp);
 		break;
-	case IBV_EVENT_SRQ_ERR: {
-		struct vcq *cq = NULL;
-		pthread_mutex_lock(&tp->lock);
-		for (struct vcq *c = tp->cqs; c; c = c->next)
-			if (c->srq == ev->element.srq)
-				cq = c;
-		pthread_mutex_unlock(&tp->lock);
-		vrpc_tp_log("verbs: device reports %s", name);
-		if (cq)
-			fail_all(tp, cq, -EIO, "shared receive queue error reported by the device");
+	case IBV_EVENT_SRQ_LIMIT_REACHED:
+		/* the device disarmed the limit: once per CQ */
+		cq = ev->element.srq->srq_context;
+		vrpc_tp_log("verbs: fewer than %u receive buffers left posted on a completion queue (%d now; %s): "
+			    "post more, or the peers wait for credits",
+			    cq->tp->cfg.srq_limit, atomic_load(&cq->posted), name);
 		break;
-	}
 	case IBV_EVENT_DEVICE_FATAL:
-		vrpc_tp_log("verbs: device %s reports a fatal error: every connection on it fails",
-			    ibv_get_device_name(tp->verbs->device));
-		fail_all(tp, NULL, -ENODEV, "fatal device error");
+		vrpc_tp_log("verbs: device %s reports a fatal error: every connection on it fails", dev);
+		pthread_mutex_lock(&g_tps_lock);
+		for (struct vtp *tp = g_tps; tp; tp = tp->gnext)
+			if (tp->verbs == ctx) {
+				atomic_store(&tp->dev_fatal, true);
+				async_ask(tp);
+			}
+		pthread_mutex_unlock(&g_tps_lock);
 		break;
 	case IBV_EVENT_PORT_ERR:
 	case IBV_EVENT_PORT_ACTIVE:
-		vrpc_tp_log("verbs: device %s port %d: %s%s", ibv_get_device_name(tp->verbs->device),
-			    ev->element.port_num, name,
+		vrpc_tp_log("verbs: device %s port %d: %s%s", dev, ev->element.port_num, name,
 			    ev->event_type == IBV_EVENT_PORT_ERR ? " (its connections fail if it stays down)" : "");
 		break;
 	case IBV_EVENT_COMM_EST:
@@ -2273,17 +2327,17 @@ static void on_async_event(struct vtp *tp, const struct ibv_async_event *ev)
 		TRACE("verbs: async event %s on qpn %u", name, ev->element.qp->qp_num);
 		break;
 	default:
-		vrpc_tp_log("verbs: device %s: asynchronous event %s", ibv_get_device_name(tp->verbs->device), name);
+		vrpc_tp_log("verbs: device %s: asynchronous event %s", dev, name);
 		break;
 	}
 }
 
-static void read_async_events(struct vtp *tp)
+static void read_async_events(struct ibv_context *ctx)
 {
 	struct ibv_async_event ev;
-	while (ibv_get_async_event(tp->verbs, &ev) == 0) {
+	while (ibv_get_async_event(ctx, &ev) == 0) {
 		TRACE("verbs: async event %s", ibv_event_type_str(ev.event_type));
-		on_async_event(tp, &ev);
+		on_async_event(ctx, &ev);
 		ibv_ack_async_event(&ev);
 	}
 }
@@ -2301,7 +2355,7 @@ static void *cm_main(void *arg)
 				while (rdma_get_cm_event(tp->ech, &ev) == 0)
 					handle_cm_event(tp, ev);
 			} else if (tp->verbs && evs[i].data.fd == tp->verbs->async_fd) {
-				read_async_events(tp);
+				read_async_events(tp->verbs);
 			} else {
 				drain(tp->wakefd);
 			}
@@ -2318,6 +2372,7 @@ static void *cm_main(void *arg)
 			ep_teardown(ep);
 		}
 		tmo = watch_scan(tp, 500);
+		async_fail_pending(tp);
 		pthread_mutex_lock(&tp->lock);
 		if (tp->cmd && !tp->cmd_done) {
 			void (*fn)(void *) = tp->cmd;
@@ -2711,6 +2766,13 @@ static void verbs_mr_dereg(struct vrpc_mr *base)
 static void verbs_tp_destroy(struct vrpc_transport *tbase)
 {
 	struct vtp *tp = container_of(tbase, struct vtp, base);
+	pthread_mutex_lock(&g_tps_lock);
+	for (struct vtp **pp = &g_tps; *pp; pp = &(*pp)->gnext)
+		if (*pp == tp) {
+			*pp = tp->gnext;
+			break;
+		}
+	pthread_mutex_unlock(&g_tps_lock);
 	if (tp->cm_started) {
 		for (int i = 0; i < 400; i++) {
 			pthread_mutex_lock(&tp->lock);
@@ -2778,6 +2840,10 @@ static int verbs_tp_create(const struct vrpc_transport_attr *attr, struct vrpc_t
 	if (rc)
 		goto err;
 	tp->cm_started = true;
+	pthread_mutex_lock(&g_tps_lock);
+	tp->gnext = g_tps;
+	g_tps = tp;
+	pthread_mutex_unlock(&g_tps_lock);
 	*out = &tp->base;
 	return 0;
 err:
