@@ -1531,6 +1531,8 @@ int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *opts, s
         goto fail;
     if (ch->o.no_spin)
         ch->pend->spin = false;
+    /* pinned: callers are expected on the poller's CPU (rpc.h, cpu_mask) */
+    ch->pend->spin_yield = ch->o.cpu_mask != 0;
     ch->pend->on_free = pump;
     ch->pend->on_free_arg = ch;
     ch->nqents = ch->o.max_queued + ch->o.max_outstanding;
@@ -1560,6 +1562,7 @@ int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *opts, s
          * others) */
         sc.worker_start = worker_arena;
         sc.cpu_mask = ch->o.cpu_mask;
+        sc.spin_yield = ch->o.cpu_mask != 0; /* they share the poller's CPU */
         if ((rc = vrpc_sched_create(&sc, &ch->sched)))
             goto fail;
         ch->own_sched = true;
