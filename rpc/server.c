@@ -1258,6 +1258,18 @@ int vrpc_server_create(const struct vrpc_server_opts *o, struct vrpc_server **ou
     return 0;
 }
 
+/* The (i mod n)-th CPU of mask (n CPUs set), -1 for an empty mask. */
+static int nth_cpu(uint64_t mask, unsigned i)
+{
+    int n = __builtin_popcountll(mask);
+    if (!n)
+        return -1;
+    for (int k = (int)(i % (unsigned)n), c = 0; c < 64; c++)
+        if ((mask & (1ull << c)) && k-- == 0)
+            return c;
+    return -1;
+}
+
 int vrpc_server_start(struct vrpc_server *s, const char *uri)
 {
     char tname[16], turi[VRPC_URI_MAX + 16];
@@ -1292,6 +1304,7 @@ int vrpc_server_start(struct vrpc_server *s, const char *uri)
         sc.nworkers = s->o.threads;
         if (s->o.no_spin)
             sc.spin_us = 1; /* the scheduler's minimum: 0 means its default */
+        sc.cpu_mask = s->o.cpu_mask;
         if ((rc = vrpc_sched_create(&sc, &s->sched)))
             return rc;
         s->own_sched = true;
@@ -1316,6 +1329,7 @@ int vrpc_server_start(struct vrpc_server *s, const char *uri)
         ca.busy_poll_us = s->o.no_spin ? 0 : 20;
         ca.max_recv = SERVER_RECV_BUFS;
         ca.name = "vrpc-srv-poll";
+        ca.cpu = nth_cpu(s->o.cpu_mask, i);
         if ((rc = vrpc_cq_create(s->tp, &ca, &pl->cq)))
             return rc;
         s->npollers++;

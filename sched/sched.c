@@ -465,12 +465,22 @@ static struct vrpc_task *idle_wait(struct vrpc_worker *w)
     return NULL;
 }
 
-static void pin_self(unsigned idx)
+/* Pin the calling worker to the (idx mod n)-th CPU of mask (0: of the CPUs
+ * the process may run on). */
+static void pin_self(unsigned idx, uint64_t mask)
 {
     cpu_set_t allowed, one;
     int cnt, k;
 
-    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0 || (cnt = CPU_COUNT(&allowed)) == 0)
+    if (mask) {
+        CPU_ZERO(&allowed);
+        for (int c = 0; c < 64; c++)
+            if (mask & (1ull << c))
+                CPU_SET(c, &allowed);
+    } else if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) {
+        return;
+    }
+    if ((cnt = CPU_COUNT(&allowed)) == 0)
         return;
     k = (int)(idx % (unsigned)cnt);
     for (int cpu = 0; cpu < CPU_SETSIZE; cpu++) {
@@ -491,8 +501,8 @@ static void *worker_main(void *arg)
 
     snprintf(name, sizeof(name), "vrpc-w%u", w->idx);
     pthread_setname_np(pthread_self(), name);
-    if (s->cfg.pin_cpus)
-        pin_self(w->idx);
+    if (s->cfg.pin_cpus || s->cfg.cpu_mask)
+        pin_self(w->idx, s->cfg.cpu_mask);
     tls_worker = w;
     if (s->cfg.worker_start)
         s->cfg.worker_start(w->idx, s->cfg.worker_start_arg);

@@ -1,6 +1,6 @@
 /* echo_client: calls examples.echo.v1.Echo/Say and prints the answer and the
  * round-trip time.
- *   echo_client [--connect URI] [--threads N] [--pollers N] [--count N] [TEXT...] */
+ *   echo_client [--connect URI] [--threads N] [--count N] [TEXT...] */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,11 +14,10 @@
 static void usage(FILE *f, const char *argv0)
 {
     fprintf(f,
-            "usage: %s [--connect URI] [--threads N] [--pollers N] [--count N] [TEXT...]\n"
+            "usage: %s [--connect URI] [--threads N] [--count N] [TEXT...]\n"
             "  --connect URI   the server: tcp://HOST:PORT, verbs://IP:PORT, auto://HOST:PORT or\n"
             "                  HOST:PORT (default tcp://127.0.0.1:7070)\n"
             "  --threads N     scheduler workers for callbacks (default 2)\n"
-            "  --pollers N     accepted; a channel runs one poller today\n"
             "  --count N       send the text N times (default 1); prints the last answer and\n"
             "                  the round-trip times\n"
             "Sends TEXT (default \"hello\") to examples.echo.v1.Echo/Say.\n",
@@ -29,7 +28,7 @@ int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
         { "connect", required_argument, NULL, 'c' }, { "threads", required_argument, NULL, 't' },
-        { "pollers", required_argument, NULL, 'p' }, { "count", required_argument, NULL, 'n' },
+        { "count", required_argument, NULL, 'n' },
         { "help", no_argument, NULL, 'h' },          { NULL, 0, NULL, 0 },
     };
     const char *uri = "tcp://127.0.0.1:7070";
@@ -45,7 +44,6 @@ int main(int argc, char **argv)
         switch (c) {
         case 'c': uri = optarg; break;
         case 't':
-        case 'p':
         case 'n':
             if (!ex_parse_uint(optarg, &v) || v == 0 || (c != 'n' && v > 1024)) {
                 fprintf(stderr, "%s: bad number '%s'\n", argv[0], optarg);
@@ -53,8 +51,6 @@ int main(int argc, char **argv)
             }
             if (c == 't')
                 o.threads = (unsigned)v;
-            else if (c == 'p')
-                o.pollers = (unsigned)v;
             else
                 count = v;
             break;

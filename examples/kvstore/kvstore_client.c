@@ -2,7 +2,7 @@
  * statistics, or a load (closed loop: a fixed number of calls in flight,
  * each completion issuing the next) that prints throughput and latency
  * percentiles.
- *   kvstore_client [--connect URI] [--threads N] [--pollers N] COMMAND ...
+ *   kvstore_client [--connect URI] [--threads N] COMMAND ...
  * Run with --help for the commands and the load options. */
 #include <ctype.h>
 #include <errno.h>
@@ -28,11 +28,10 @@ struct load_cfg {
 static void usage(FILE *f, const char *argv0)
 {
     fprintf(f,
-            "usage: %s [--connect URI] [--threads N] [--pollers N] COMMAND [ARGS]\n"
+            "usage: %s [--connect URI] [--threads N] COMMAND [ARGS]\n"
             "  --connect URI     the server: tcp://HOST:PORT, verbs://IP:PORT, auto://HOST:PORT or\n"
             "                    HOST:PORT (default tcp://127.0.0.1:7071)\n"
             "  --threads N       scheduler workers running async completions (default 2)\n"
-            "  --pollers N       accepted; a channel runs one poller today\n"
             "commands:\n"
             "  put KEY VALUE     store VALUE under KEY\n"
             "  fill KEY BYTES    store BYTES bytes of a pattern under KEY (sizes above the\n"
@@ -493,7 +492,7 @@ int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
         { "connect", required_argument, NULL, 'c' },   { "threads", required_argument, NULL, 't' },
-        { "pollers", required_argument, NULL, 'p' },   { "keys", required_argument, NULL, 'k' },
+        { "keys", required_argument, NULL, 'k' },
         { "value-size", required_argument, NULL, 'v' }, { "outstanding", required_argument, NULL, 'o' },
         { "duration", required_argument, NULL, 'd' },  { "get-ratio", required_argument, NULL, 'g' },
         { "sync", no_argument, NULL, 's' },            { "json", no_argument, NULL, 'j' },
@@ -515,22 +514,19 @@ int main(int argc, char **argv)
         case 'j': cfg.json = true; break;
         case 'h': usage(stdout, argv[0]); return 0;
         case 't':
-        case 'p':
         case 'k':
         case 'v':
         case 'o':
         case 'd':
         case 'g':
             if (!ex_parse_uint(optarg, &v) || (v == 0 && c != 'v' && c != 'g') || (c == 'g' && v > 100) ||
-                ((c == 't' || c == 'p' || c == 'o') && v > 4096) || v > (1ull << 32)) {
+                ((c == 't' || c == 'o') && v > 4096) || v > (1ull << 32)) {
                 fprintf(stderr, "%s: bad value '%s' for --%s\n", argv[0], optarg,
-                        c == 't' ? "threads" : c == 'p' ? "pollers" : "a load option");
+                        c == 't' ? "threads" : "a load option");
                 return 2;
             }
             if (c == 't')
                 o.threads = (unsigned)v;
-            else if (c == 'p')
-                o.pollers = (unsigned)v;
             else if (c == 'k')
                 cfg.keys = v;
             else if (c == 'v')

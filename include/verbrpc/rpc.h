@@ -126,9 +126,9 @@ struct vrpc_channel_opts {
     struct vrpc_sched *sched;    /* workers for async callbacks; NULL: the channel
                                     creates its own with `threads` workers. A caller's
                                     scheduler must outlive the channel. */
-    unsigned threads;            /* workers of the channel's own scheduler; 0: 2 */
-    unsigned pollers;            /* reserved: a channel holds one connection and
-                                    runs one poller whatever this says (today) */
+    unsigned threads;            /* workers of the channel's own scheduler; 0: 2.
+                                    (A channel holds one connection and one poller:
+                                    spread load over pollers with several channels.) */
     int64_t default_timeout_us;  /* deadline of calls whose opts say 0; 0: none */
     uint32_t max_msg_size;       /* largest response payload (metadata + message)
                                     accepted; 0: VRPC_MSG_SIZE_DEFAULT; at most
@@ -155,6 +155,15 @@ struct vrpc_channel_opts {
                                     are pending; beyond them (and for a large request
                                     without a slot) vrpc_call_async returns -EAGAIN;
                                     0: max_outstanding */
+    uint64_t cpu_mask;           /* CPU placement, bit i = CPU i (CPUs 0..63): the
+                                    channel's poller runs on the lowest CPU of the mask
+                                    and the workers of its own scheduler are pinned
+                                    round-robin over the mask's CPUs (a caller's
+                                    scheduler keeps its own placement). 0: no pinning.
+                                    Pin the threads that call to the same CPUs: a
+                                    hand-off between threads of one CPU costs a few
+                                    microseconds, waking a thread on an idle CPU of a
+                                    VM can cost tens (rpc_bench --placement). */
 };
 /* Fill *o with the defaults above (all zeros mean defaults, too). */
 VRPC_API void vrpc_channel_opts_init(struct vrpc_channel_opts *o);
@@ -188,11 +197,12 @@ struct vrpc_call_opts {
                                            before the call function returns */
     size_t md_count;
     uint64_t *call_id;                  /* if set, the call's id is stored here (atomically,
-                                           with release order) before the request is sent,
-                                           so another thread can pass it to
-                                           vrpc_channel_cancel; 0 is never an id. An async
-                                           call queued for lack of a slot gets 0 here: it
-                                           cannot be cancelled (its deadline still holds) */
+                                           with release order) before the call can complete
+                                           and before the request is sent (an async call
+                                           queued for lack of a slot gets its id when it is
+                                           queued and keeps it when it is sent), so another
+                                           thread can pass it to vrpc_channel_cancel. Ids
+                                           are opaque; 0 is never an id. */
 };
 
 /* Synchronous unary call. Blocks the calling thread on its own waiter until
@@ -223,7 +233,8 @@ typedef void (*vrpc_call_cb)(const struct vrpc_status *st, const ProtobufCMessag
  * -EAGAIN (back-pressure: max_outstanding calls pending and max_queued more
  * queued; retry once some complete) when it was not accepted: cb will not
  * run. Never waits for a slot or a credit: a call without a free slot is
- * queued and sent, in order, when one frees (its deadline runs meanwhile).
+ * queued and sent, in order, when one frees (its deadline runs meanwhile,
+ * and its id cancels it).
  * Only a channel that is not connected yet makes it wait, for the connect
  * (at most connect_timeout_ms or the deadline). req stays the caller's
  * (packed before return). */
@@ -232,9 +243,10 @@ VRPC_API int vrpc_call_async(struct vrpc_channel *ch, const struct vrpc_method_d
                              vrpc_call_cb cb, void *arg);
 
 /* Cancel the call with this id (from vrpc_call_opts.call_id). If it is still
- * pending it completes at once with CANCELLED and the server is told. Returns
- * 0 if this cancel decided the outcome, -ENOENT if the call had already
- * completed (or the id is unknown). Any thread. */
+ * pending it completes at once with CANCELLED: an async call still queued for
+ * a slot leaves the queue and is never sent; for a call already sent the
+ * server is told. Returns 0 if this cancel decided the outcome, -ENOENT if the
+ * call had already completed (or the id is unknown). Any thread. */
 VRPC_API int vrpc_channel_cancel(struct vrpc_channel *ch, uint64_t call_id);
 
 /* ---- server ---------------------------------------------------------------*/
@@ -250,7 +262,9 @@ typedef void (*vrpc_handler_fn)(struct vrpc_server_call *call, const ProtobufCMe
 struct vrpc_server_opts {
     struct vrpc_sched *sched;      /* workers that run handlers; NULL: own scheduler */
     unsigned threads;              /* workers of the server's own scheduler; 0: 2 */
-    unsigned pollers;              /* transport poller threads; 0: 1 */
+    unsigned pollers;              /* transport poller threads, each with its own
+                                      completion queue; connections are spread over
+                                      them; 0: 1 */
     uint32_t max_concurrent;       /* calls in flight per connection (credits granted
                                       to each client); 0: 256 */
     uint32_t max_msg_size;         /* largest request payload (metadata + message)
@@ -264,6 +278,12 @@ struct vrpc_server_opts {
     uint32_t hold_timeout_ms;      /* a client that has not read (DONE) a large
                                       response this long after it was offered loses
                                       its connection; 0: 60000 */
+    uint64_t cpu_mask;             /* CPU placement, bit i = CPU i (CPUs 0..63):
+                                      poller i runs on the (i mod n)-th CPU of the
+                                      mask, the workers of the server's own scheduler
+                                      are pinned round-robin over it (a caller's
+                                      scheduler keeps its own placement). 0: no
+                                      pinning. See vrpc_channel_opts.cpu_mask. */
 };
 VRPC_API void vrpc_server_opts_init(struct vrpc_server_opts *o);
 

@@ -68,6 +68,9 @@ struct vrpc_sched_config {
                                sleeps (adapted between spin_us / 4 and 4 * spin_us);
                                0: 50 us */
     bool pin_cpus;          /* pin worker i to the (i mod n)-th CPU the process may run on */
+    uint64_t cpu_mask;      /* if nonzero: pin worker i to the (i mod n)-th CPU set in
+                               it instead (bit c = CPU c, CPUs 0..63), whatever
+                               pin_cpus says */
     bool cancel_on_destroy; /* destroy drops queued tasks instead of running them;
                                each dropped task's cancel_fn is called (if set) */
     /* Called on the thread running vrpc_sched_destroy, once per dropped task;

@@ -2,6 +2,7 @@
  * external producers and spawning tasks, idle workers steal, no wake-up is
  * lost when a submission races a worker going to sleep, and destroy runs or
  * cancels what is still queued. */
+#define _GNU_SOURCE /* pthread_getaffinity_np, CPU_* */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -9,6 +10,7 @@
 #include <cmocka.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -446,10 +448,61 @@ static void test_api_contracts(void **state)
     vrpc_sched_producer_destroy(NULL);
 }
 
+/* cfg.cpu_mask pins every worker to one of the mask's CPUs. */
+struct pin_probe {
+    struct vrpc_task t;
+    cpu_set_t got;
+    int rc;
+    uint32_t done; /* atomic */
+};
+
+static void pin_probe_fn(struct vrpc_task *t)
+{
+    struct pin_probe *p = (struct pin_probe *)t;
+    p->rc = pthread_getaffinity_np(pthread_self(), sizeof(p->got), &p->got);
+    __atomic_store_n(&p->done, 1, __ATOMIC_RELEASE);
+}
+
+static void test_cpu_mask_pins_workers(void **state)
+{
+    (void)state;
+    cpu_set_t allowed;
+    int cpu = -1;
+    assert_int_equal(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+    for (int c = 63; c >= 0 && cpu < 0; c--) /* the highest CPU we may use (below 64) */
+        if (CPU_ISSET(c, &allowed))
+            cpu = c;
+    if (cpu < 0)
+        skip();
+    struct vrpc_sched_config cfg;
+    struct vrpc_sched *s;
+    vrpc_sched_config_init(&cfg);
+    cfg.nworkers = 2;
+    cfg.cpu_mask = 1ull << cpu;
+    assert_int_equal(vrpc_sched_create(&cfg, &s), 0);
+    struct pin_probe p[8];
+    memset(p, 0, sizeof(p));
+    for (int i = 0; i < 8; i++) {
+        vrpc_task_init(&p[i].t, pin_probe_fn);
+        assert_int_equal(vrpc_sched_submit(s, &p[i].t), 0);
+    }
+    vrpc_sched_destroy(s); /* runs what is left; joins the workers */
+    for (int i = 0; i < 8; i++) {
+        assert_int_equal(p[i].done, 1);
+        assert_int_equal(p[i].rc, 0);
+        /* a worker ran it pinned to {cpu}, or destroy ran it on this thread */
+        if (CPU_COUNT(&p[i].got) == 1)
+            assert_true(CPU_ISSET(cpu, &p[i].got));
+        else
+            assert_true(CPU_EQUAL(&p[i].got, &allowed));
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_api_contracts),
+        cmocka_unit_test(test_cpu_mask_pins_workers),
         cmocka_unit_test(test_exactly_once),
         cmocka_unit_test(test_stealing),
         cmocka_unit_test(test_no_lost_wakeup),
