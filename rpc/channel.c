@@ -109,6 +109,8 @@ struct vrpc_channel {
     struct vrpc_conn live; /* list head of those endpoints' conns (under conn_lock) */
     uint32_t posted;   /* receive buffers posted, for destroy */
     struct vrpc_rndv_retry retry; /* reads/revokes to retry (poller only) */
+    struct vrpc_rndv_out *parked; /* request offers waiting for a grant (under conn_lock) */
+    uint32_t nparked;             /* their count (atomic: the poller looks without the lock) */
 };
 
 /* Completion of an asynchronous call that failed before it got a slot. */
@@ -359,6 +361,8 @@ static void protocol_error(struct vrpc_conn *c, const char *what, int rc)
 }
 
 /* ---- large messages: the client's side of the rendezvous ------------------ */
+
+static void request_offers_run(struct vrpc_channel *ch, bool on_poller);
 
 /* DONE for a RNDV response. From the poller, never waiting; without a buffer
  * or credit the server would hold its payload until its hold timeout, so the
@@ -724,6 +728,8 @@ static void channel_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned
     }
     if (ch->retry.reads || ch->retry.revokes)
         vrpc_rndv_retry_run(&ch->retry, response_read_failed, ch);
+    if (__atomic_load_n(&ch->nparked, __ATOMIC_ACQUIRE))
+        request_offers_run(ch, true);
 }
 
 /* ---- connecting ---------------------------------------------------------- */
@@ -900,32 +906,131 @@ static int64_t call_deadline(const struct vrpc_channel *ch, const struct vrpc_ca
     return vrpc_now_ns() + t * 1000;
 }
 
-/* Offer the packed request payload in lb to the server (caller's thread).
- * Under conn_lock against the endpoint's DISCONNECTED (release_transfers):
+/* Grant the server the packed request payload parked in s->out (p_*):
+ * under conn_lock, against the endpoint's DISCONNECTED (release_transfers):
  * either it sees the grant, or we see `gone` and grant nothing. */
-static int grant_request(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s,
-                         struct vrpc_buf *lb, uint32_t len, uint64_t id)
+static int grant_request_locked(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s)
 {
-    int rc;
-    for (;;) {
-        pthread_mutex_lock(&ch->conn_lock);
-        if (c->gone || __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE)) {
-            rc = -ENOTCONN;
-        } else {
-            rc = vrpc_rndv_grant(&s->out, c->ep, lb, len, id);
-            if (rc == 0) {
-                conn_ref(c);  /* the grant's: the endpoint outlives the key */
-                slot_hold(s); /* the grant's */
-                vrpc_timer_arm(ch->wheel, &s->out.hold_timer,
-                               vrpc_now_ns() + (int64_t)ch->o.hold_timeout_ms * 1000000, hold_fired, ch, id);
-            }
-        }
-        pthread_mutex_unlock(&ch->conn_lock);
-        if (rc != -ENOSPC)
-            break;
-        sched_yield(); /* no send-queue slot: completions free them */
+    struct vrpc_rndv_out *o = &s->out;
+    if (c->gone || __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
+        return -ENOTCONN;
+    int rc = vrpc_rndv_grant(o, c->ep, o->p_lb, o->p_len, o->p_id);
+    if (rc == 0) {
+        conn_ref(c);  /* the grant's: the endpoint outlives the key */
+        slot_hold(s); /* the grant's */
+        vrpc_timer_arm(ch->wheel, &o->hold_timer, vrpc_now_ns() + (int64_t)ch->o.hold_timeout_ms * 1000000,
+                       hold_fired, ch, o->p_id);
     }
     return rc;
+}
+
+/* The end of sending a request (start_call's, or a parked offer's): send
+ * the frame b unless rc already says why not, fail the call if it could not
+ * go, end the owner's set-up hold. Drops the async call's own reference of c
+ * (see start_call). */
+static void request_go(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s, uint32_t gen,
+                       struct vrpc_buf *b, uint32_t flen, int rc, bool async, bool may_wait, bool on_poller)
+{
+    /* Read dead with an RMW (release): pairs with conn_fail's exchange, see
+     * there; a plain load could miss it while the scan misses our slot. */
+    if (!rc)
+        rc = __atomic_fetch_or(&c->dead, 0, __ATOMIC_ACQ_REL) ? -ENOTCONN : 0;
+    if (!rc)
+        rc = vrpc_rpc_send(c->ep, b, flen, may_wait);
+    else
+        vrpc_pool_put(b);
+    if (rc) {
+        /* a grant made stays until the endpoint's DISCONNECTED releases it */
+        if (vrpc_pending_decide(s, gen)) {
+            vrpc_status_set(&s->st, VRPC_UNAVAILABLE, "send failed: %s", strerror(-rc));
+            complete(ch, s, gen, on_poller);
+        }
+        slot_seen(s, gen);
+    }
+    slot_drop(s, gen); /* the owner's set-up hold (pending.h) */
+    if (async)
+        conn_unref(c);
+}
+
+/* A request offer off the parked list (or never parked): its descriptor
+ * goes out if it got its grant. A call decided while its offer was parked
+ * (deadline, cancel) is not sent at all. Drops the offer's reference of c. */
+static void request_offer_done(struct vrpc_channel *ch, struct vrpc_pending_slot *s, bool may_wait, bool on_poller)
+{
+    struct vrpc_rndv_out *o = &s->out;
+    struct vrpc_conn *c = o->p_conn;
+    uint32_t gen = vrpc_wire_id_gen(o->p_id);
+    bool async = s->cb != NULL;
+    if (o->p_rc == 0)
+        vrpc_rndv_offer_desc(o);
+    else
+        vrpc_lbuf_put(o->p_lb);
+    if (o->p_rc == -ECANCELED) { /* the server never hears of it */
+        vrpc_pool_put(o->p_frame);
+        slot_seen(s, gen);
+        slot_drop(s, gen);
+        if (async)
+            conn_unref(c);
+    } else {
+        request_go(ch, c, s, gen, o->p_frame, o->p_frame_len, o->p_rc, async, may_wait, on_poller);
+    }
+    conn_unref(c);
+}
+
+/* Try the parked request offers again, oldest first (after a completion
+ * batch, or by a parker). Any thread; never waits. */
+static void request_offers_run(struct vrpc_channel *ch, bool on_poller)
+{
+    struct vrpc_rndv_out *done = NULL, **tail = &done;
+    pthread_mutex_lock(&ch->conn_lock);
+    for (struct vrpc_rndv_out **pp = &ch->parked; *pp;) {
+        struct vrpc_rndv_out *o = *pp;
+        struct vrpc_pending_slot *s = container_of(o, struct vrpc_pending_slot, out);
+        int rc = ((uint32_t)__atomic_load_n(&s->word, __ATOMIC_ACQUIRE) & VRPC_PEND_DECIDED)
+                     ? -ECANCELED
+                     : grant_request_locked(ch, o->p_conn, s);
+        if (rc == -ENOSPC) {
+            pp = &o->p_next;
+            continue;
+        }
+        *pp = o->p_next;
+        o->p_rc = rc;
+        o->p_next = NULL;
+        __atomic_store_n(&o->parked, 0, __ATOMIC_RELAXED);
+        *tail = o;
+        tail = &o->p_next;
+        __atomic_sub_fetch(&ch->nparked, 1, __ATOMIC_RELAXED);
+    }
+    pthread_mutex_unlock(&ch->conn_lock);
+    while (done) {
+        struct vrpc_rndv_out *o = done;
+        done = o->p_next;
+        request_offer_done(ch, container_of(o, struct vrpc_pending_slot, out), false, on_poller);
+    }
+}
+
+/* Offer the packed request payload (s->out.p_*, frame b with its header
+ * written) to the server (caller's thread): grant and send, or park the
+ * offer when the transport has no grant left for now. */
+static void offer_request(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s, bool may_wait)
+{
+    struct vrpc_rndv_out *o = &s->out;
+    conn_ref(c); /* the offer's */
+    o->p_conn = c;
+    pthread_mutex_lock(&ch->conn_lock);
+    int rc = grant_request_locked(ch, c, s);
+    if (rc == -ENOSPC) {
+        vrpc_rndv_park(&ch->parked, o);
+        __atomic_add_fetch(&ch->nparked, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&ch->conn_lock);
+    if (rc == -ENOSPC) {
+        /* what freed a grant before we parked announced nothing to us */
+        request_offers_run(ch, false);
+        return;
+    }
+    o->p_rc = rc;
+    request_offer_done(ch, s, may_wait, false);
 }
 
 /* Publish a reserved slot whose call fields the owner has written: arm its
@@ -1352,17 +1457,10 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
     if (mdsz)
         vrpc_wire_md_encode(p + VRPC_WIRE_HDR_LEN, o->md, o->md_count);
     uint32_t flen = VRPC_WIRE_HDR_LEN + (uint32_t)mdsz;
-    rc = 0;
     if (lb) {
-        rc = grant_request(ch, c, s, lb, (uint32_t)plen, id);
-        if (rc == 0) {
-            struct vrpc_wire_desc d = {.addr = (uint64_t)(uintptr_t)lb->data, .rkey = s->out.rkey};
-            vrpc_wire_desc_encode(p + flen, &d);
-            flen += VRPC_WIRE_DESC_LEN;
-            h.flags |= VRPC_FF_RNDV;
-        } else {
-            vrpc_lbuf_put(lb);
-        }
+        /* the descriptor goes in once granted (offer_request) */
+        flen += VRPC_WIRE_DESC_LEN;
+        h.flags |= VRPC_FF_RNDV;
     } else {
         /* need <= eager - header = room in b: checked above */
         plen = vrpc_pb_pack_sized(req, p + flen);
@@ -1373,25 +1471,16 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
 
     if (o && o->call_id)
         __atomic_store_n(o->call_id, id, __ATOMIC_RELEASE);
-    /* Read dead with an RMW (release): pairs with conn_fail's exchange, see
-     * there; a plain load could miss it while the scan misses our slot. */
-    if (!rc)
-        rc = __atomic_fetch_or(&c->dead, 0, __ATOMIC_ACQ_REL) ? -ENOTCONN : 0;
-    if (!rc)
-        rc = vrpc_rpc_send(c->ep, b, flen, cb == NULL); /* async: never waits for credits */
-    else
-        vrpc_pool_put(b);
-    if (rc) {
-        /* a grant made stays until the endpoint's DISCONNECTED releases it */
-        if (vrpc_pending_decide(s, gen)) {
-            vrpc_status_set(&s->st, VRPC_UNAVAILABLE, "send failed: %s", strerror(-rc));
-            complete(ch, s, gen, false);
-        }
-        slot_seen(s, gen);
+    if (lb) {
+        s->out.p_lb = lb;
+        s->out.p_frame = b;
+        s->out.p_len = (uint32_t)plen;
+        s->out.p_frame_len = flen;
+        s->out.p_id = id;
+        offer_request(ch, c, s, cb == NULL);
+    } else {
+        request_go(ch, c, s, gen, b, flen, 0, cb != NULL, cb == NULL, false); /* async: never waits for credits */
     }
-    slot_drop(s, gen); /* the owner's set-up hold (pending.h) */
-    if (cb)
-        conn_unref(c);
     *out = s;
     return 0;
 }
