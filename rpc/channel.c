@@ -46,15 +46,23 @@ struct vrpc_conn {
 /* An asynchronous call waiting for a slot: all max_outstanding are pending.
  * Its request is already packed (metadata and message behind room for the
  * header) in a send buffer; it goes out, in order, when a slot frees. Entries
- * live in one array of the channel (never freed before it): a deadline timer
- * or a pump that finds an entry recycled sees a different qgen. */
+ * live in one array of the channel (never freed before it).
+ * The call's id (vrpc_call_opts.call_id) names the entry: qgen << 32 |
+ * QID_BIT | index, QID_BIT never set in a request id (slot indices are far
+ * below 2^31). The entry stays the call's until the call completes, also
+ * after it was sent (LAUNCHED: slot_id says where it went), so the id keeps
+ * working for vrpc_channel_cancel; qgen is bumped when it goes back to the
+ * free list, so a stale id, deadline timer or pump finds it changed. */
+#define QID_BIT 0x80000000u
+enum { Q_FREE, Q_QUEUED, Q_LAUNCHED, Q_FAILING };
 struct queued {
-    struct queued *next, *prev; /* the queue, under qlock */
+    struct queued *next, *prev; /* the queue, or the free list (next), under qlock */
     struct vrpc_channel *ch;
     struct vrpc_buf *buf;
     uint32_t mdsz, plen;
-    uint32_t qgen;  /* under qlock: bumped whenever it leaves the queue */
-    bool queued;    /* under qlock */
+    uint32_t qgen;  /* under qlock, never 0 */
+    uint8_t state;  /* Q_*, under qlock */
+    uint64_t slot_id; /* LAUNCHED: the request id it was sent with (under qlock) */
     const struct vrpc_method_desc *m;
     vrpc_call_cb cb;
     void *arg;
@@ -88,17 +96,21 @@ struct vrpc_channel {
     int state; /* atomic enum vrpc_channel_state */
 
     pthread_mutex_t qlock;   /* the async backlog: queue, free list, qclosed */
-    struct queued *qents;    /* o.max_queued entries */
+    struct queued *qents;    /* nqents = max_queued + max_outstanding entries: a
+                                sent call keeps its entry (one per slot at most) */
+    uint32_t nqents;
     struct queued *qfree;    /* free entries (singly linked through next) */
     struct queued qhead;     /* queue head (sentinel) */
     bool qclosed;
-    uint32_t qlen;           /* queued entries: written under qlock, read without it */
+    uint32_t qlen;           /* QUEUED entries: written under qlock, read without it */
     uint32_t qtasks;         /* futex: failure callbacks of entries not yet run */
 
     uint32_t live_eps; /* futex: endpoints whose DISCONNECTED has not arrived */
     struct vrpc_conn live; /* list head of those endpoints' conns (under conn_lock) */
     uint32_t posted;   /* receive buffers posted, for destroy */
     struct vrpc_rndv_retry retry; /* reads/revokes to retry (poller only) */
+    struct vrpc_rndv_out *parked; /* request offers waiting for a grant (under conn_lock) */
+    uint32_t nparked;             /* their count (atomic: the poller looks without the lock) */
 };
 
 /* Completion of an asynchronous call that failed before it got a slot. */
@@ -188,6 +200,8 @@ static int unpack_response(struct vrpc_pending_slot *s, struct vrpc_arena *a, Pr
 
 /* ---- completing a call ------------------------------------------------- */
 
+static void queued_release(struct vrpc_channel *ch, struct queued *e);
+
 /* Async completion on a worker: unpack, run the callback, release. */
 static void async_done_task(struct vrpc_task *t)
 {
@@ -216,6 +230,8 @@ static void async_done_task(struct vrpc_task *t)
     /* unref before owner_done: once every slot is free the channel's destroy
      * may go on to destroy the CQ, and our reference must be gone by then */
     conn_unref(__atomic_load_n((struct vrpc_conn **)&s->conn, __ATOMIC_RELAXED));
+    if (s->qent) /* before owner_done: destroy frees the entries once every slot is free */
+        queued_release(ch, s->qent);
     vrpc_pending_owner_done(s, gen);
 }
 
@@ -258,9 +274,13 @@ static void deadline_fired(void *ctx, uint64_t id)
     complete(ch, s, gen, false);
 }
 
+static int cancel_queued(struct vrpc_channel *ch, uint64_t id);
+
 int vrpc_channel_cancel(struct vrpc_channel *ch, uint64_t id)
 {
     uint32_t idx = vrpc_wire_id_slot(id), gen = vrpc_wire_id_gen(id);
+    if (ch && (idx & QID_BIT))
+        return cancel_queued(ch, id);
     if (!ch || id == 0 || idx >= ch->pend->n)
         return -ENOENT;
     struct vrpc_pending_slot *s = &ch->pend->slots[idx];
@@ -341,6 +361,8 @@ static void protocol_error(struct vrpc_conn *c, const char *what, int rc)
 }
 
 /* ---- large messages: the client's side of the rendezvous ------------------ */
+
+static void request_offers_run(struct vrpc_channel *ch, bool on_poller);
 
 /* DONE for a RNDV response. From the poller, never waiting; without a buffer
  * or credit the server would hold its payload until its hold timeout, so the
@@ -706,6 +728,8 @@ static void channel_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned
     }
     if (ch->retry.reads || ch->retry.revokes)
         vrpc_rndv_retry_run(&ch->retry, response_read_failed, ch);
+    if (__atomic_load_n(&ch->nparked, __ATOMIC_ACQUIRE))
+        request_offers_run(ch, true);
 }
 
 /* ---- connecting ---------------------------------------------------------- */
@@ -882,32 +906,131 @@ static int64_t call_deadline(const struct vrpc_channel *ch, const struct vrpc_ca
     return vrpc_now_ns() + t * 1000;
 }
 
-/* Offer the packed request payload in lb to the server (caller's thread).
- * Under conn_lock against the endpoint's DISCONNECTED (release_transfers):
+/* Grant the server the packed request payload parked in s->out (p_*):
+ * under conn_lock, against the endpoint's DISCONNECTED (release_transfers):
  * either it sees the grant, or we see `gone` and grant nothing. */
-static int grant_request(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s,
-                         struct vrpc_buf *lb, uint32_t len, uint64_t id)
+static int grant_request_locked(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s)
 {
-    int rc;
-    for (;;) {
-        pthread_mutex_lock(&ch->conn_lock);
-        if (c->gone || __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE)) {
-            rc = -ENOTCONN;
-        } else {
-            rc = vrpc_rndv_grant(&s->out, c->ep, lb, len, id);
-            if (rc == 0) {
-                conn_ref(c);  /* the grant's: the endpoint outlives the key */
-                slot_hold(s); /* the grant's */
-                vrpc_timer_arm(ch->wheel, &s->out.hold_timer,
-                               vrpc_now_ns() + (int64_t)ch->o.hold_timeout_ms * 1000000, hold_fired, ch, id);
-            }
-        }
-        pthread_mutex_unlock(&ch->conn_lock);
-        if (rc != -ENOSPC)
-            break;
-        sched_yield(); /* no send-queue slot: completions free them */
+    struct vrpc_rndv_out *o = &s->out;
+    if (c->gone || __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
+        return -ENOTCONN;
+    int rc = vrpc_rndv_grant(o, c->ep, o->p_lb, o->p_len, o->p_id);
+    if (rc == 0) {
+        conn_ref(c);  /* the grant's: the endpoint outlives the key */
+        slot_hold(s); /* the grant's */
+        vrpc_timer_arm(ch->wheel, &o->hold_timer, vrpc_now_ns() + (int64_t)ch->o.hold_timeout_ms * 1000000,
+                       hold_fired, ch, o->p_id);
     }
     return rc;
+}
+
+/* The end of sending a request (start_call's, or a parked offer's): send
+ * the frame b unless rc already says why not, fail the call if it could not
+ * go, end the owner's set-up hold. Drops the async call's own reference of c
+ * (see start_call). */
+static void request_go(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s, uint32_t gen,
+                       struct vrpc_buf *b, uint32_t flen, int rc, bool async, bool may_wait, bool on_poller)
+{
+    /* Read dead with an RMW (release): pairs with conn_fail's exchange, see
+     * there; a plain load could miss it while the scan misses our slot. */
+    if (!rc)
+        rc = __atomic_fetch_or(&c->dead, 0, __ATOMIC_ACQ_REL) ? -ENOTCONN : 0;
+    if (!rc)
+        rc = vrpc_rpc_send(c->ep, b, flen, may_wait);
+    else
+        vrpc_pool_put(b);
+    if (rc) {
+        /* a grant made stays until the endpoint's DISCONNECTED releases it */
+        if (vrpc_pending_decide(s, gen)) {
+            vrpc_status_set(&s->st, VRPC_UNAVAILABLE, "send failed: %s", strerror(-rc));
+            complete(ch, s, gen, on_poller);
+        }
+        slot_seen(s, gen);
+    }
+    slot_drop(s, gen); /* the owner's set-up hold (pending.h) */
+    if (async)
+        conn_unref(c);
+}
+
+/* A request offer off the parked list (or never parked): its descriptor
+ * goes out if it got its grant. A call decided while its offer was parked
+ * (deadline, cancel) is not sent at all. Drops the offer's reference of c. */
+static void request_offer_done(struct vrpc_channel *ch, struct vrpc_pending_slot *s, bool may_wait, bool on_poller)
+{
+    struct vrpc_rndv_out *o = &s->out;
+    struct vrpc_conn *c = o->p_conn;
+    uint32_t gen = vrpc_wire_id_gen(o->p_id);
+    bool async = s->cb != NULL;
+    if (o->p_rc == 0)
+        vrpc_rndv_offer_desc(o);
+    else
+        vrpc_lbuf_put(o->p_lb);
+    if (o->p_rc == -ECANCELED) { /* the server never hears of it */
+        vrpc_pool_put(o->p_frame);
+        slot_seen(s, gen);
+        slot_drop(s, gen);
+        if (async)
+            conn_unref(c);
+    } else {
+        request_go(ch, c, s, gen, o->p_frame, o->p_frame_len, o->p_rc, async, may_wait, on_poller);
+    }
+    conn_unref(c);
+}
+
+/* Try the parked request offers again, oldest first (after a completion
+ * batch, or by a parker). Any thread; never waits. */
+static void request_offers_run(struct vrpc_channel *ch, bool on_poller)
+{
+    struct vrpc_rndv_out *done = NULL, **tail = &done;
+    pthread_mutex_lock(&ch->conn_lock);
+    for (struct vrpc_rndv_out **pp = &ch->parked; *pp;) {
+        struct vrpc_rndv_out *o = *pp;
+        struct vrpc_pending_slot *s = container_of(o, struct vrpc_pending_slot, out);
+        int rc = ((uint32_t)__atomic_load_n(&s->word, __ATOMIC_ACQUIRE) & VRPC_PEND_DECIDED)
+                     ? -ECANCELED
+                     : grant_request_locked(ch, o->p_conn, s);
+        if (rc == -ENOSPC) {
+            pp = &o->p_next;
+            continue;
+        }
+        *pp = o->p_next;
+        o->p_rc = rc;
+        o->p_next = NULL;
+        __atomic_store_n(&o->parked, 0, __ATOMIC_RELAXED);
+        *tail = o;
+        tail = &o->p_next;
+        __atomic_sub_fetch(&ch->nparked, 1, __ATOMIC_RELAXED);
+    }
+    pthread_mutex_unlock(&ch->conn_lock);
+    while (done) {
+        struct vrpc_rndv_out *o = done;
+        done = o->p_next;
+        request_offer_done(ch, container_of(o, struct vrpc_pending_slot, out), false, on_poller);
+    }
+}
+
+/* Offer the packed request payload (s->out.p_*, frame b with its header
+ * written) to the server (caller's thread): grant and send, or park the
+ * offer when the transport has no grant left for now. */
+static void offer_request(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s, bool may_wait)
+{
+    struct vrpc_rndv_out *o = &s->out;
+    conn_ref(c); /* the offer's */
+    o->p_conn = c;
+    pthread_mutex_lock(&ch->conn_lock);
+    int rc = grant_request_locked(ch, c, s);
+    if (rc == -ENOSPC) {
+        vrpc_rndv_park(&ch->parked, o);
+        __atomic_add_fetch(&ch->nparked, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&ch->conn_lock);
+    if (rc == -ENOSPC) {
+        /* what freed a grant before we parked announced nothing to us */
+        request_offers_run(ch, false);
+        return;
+    }
+    o->p_rc = rc;
+    request_offer_done(ch, s, may_wait, false);
 }
 
 /* Publish a reserved slot whose call fields the owner has written: arm its
@@ -923,27 +1046,45 @@ static void open_call(struct vrpc_channel *ch, struct vrpc_pending_slot *s, uint
     if (s->deadline_ns != VRPC_NO_DEADLINE)
         vrpc_timer_arm(ch->wheel, &s->timer, s->deadline_ns, deadline_fired, ch, id);
     vrpc_pending_open(s);
-    if (s->deadline_ns != VRPC_NO_DEADLINE && vrpc_now_ns() >= s->deadline_ns)
+}
+
+/* After open_call, with no lock held: the deadline may have passed already. */
+static void check_expired(struct vrpc_channel *ch, int64_t deadline, uint64_t id)
+{
+    if (deadline != VRPC_NO_DEADLINE && vrpc_now_ns() >= deadline)
         deadline_fired(ch, id);
 }
 
-/* Send a queued call (eager) on slot s of connection c: as start_call's
- * eager path, never waiting. Takes the caller's reference of c. */
-static void launch_queued(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s,
-                          struct vrpc_buf *b, uint32_t mdsz, uint32_t plen, const struct vrpc_method_desc *m,
-                          vrpc_call_cb cb, void *arg, int64_t deadline)
+/* Under qlock: put queued call e on slot s of connection c (taking over the
+ * caller's reference of c) and publish the slot, so that from here on e's id
+ * cancels it through the slot. Returns the request id. */
+static uint64_t launch_open_locked(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s,
+                                   struct queued *e)
 {
-    uint32_t gen = vrpc_pending_gen(s);
-    uint64_t id = vrpc_wire_make_id(s->index, gen);
-    s->method = m;
-    s->cb = cb;
-    s->cb_arg = arg;
+    uint64_t id = vrpc_wire_make_id(s->index, vrpc_pending_gen(s));
+    s->method = e->m;
+    s->cb = e->cb;
+    s->cb_arg = e->arg;
     s->cb_ch = ch;
-    s->deadline_ns = deadline;
-    conn_ref(c); /* ours while we send: see start_call */
+    s->qent = e;
+    s->deadline_ns = e->deadline;
+    conn_ref(c); /* ours while launch_queued sends: see start_call */
     open_call(ch, s, id);
+    e->state = Q_LAUNCHED;
+    e->slot_id = id;
+    return id;
+}
+
+/* Send the queued call opened on slot s (no lock held): as start_call's
+ * eager path, never waiting. b holds the packed request. */
+static void launch_queued(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s,
+                          struct vrpc_buf *b, uint32_t mdsz, uint32_t plen, uint32_t method_id, uint64_t id,
+                          int64_t deadline)
+{
+    uint32_t gen = vrpc_wire_id_gen(id);
+    check_expired(ch, deadline, id);
     struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST,
-                              .method_id = m->id, .request_id = id, .md_len = mdsz, .payload_len = plen};
+                              .method_id = method_id, .request_id = id, .md_len = mdsz, .payload_len = plen};
     if (deadline != VRPC_NO_DEADLINE) {
         int64_t left = deadline - vrpc_now_ns();
         h.flags = VRPC_FF_DEADLINE;
@@ -974,16 +1115,25 @@ static void queued_fail_task(struct vrpc_task *t)
     struct queued *e = container_of(t, struct queued, task);
     struct vrpc_channel *ch = e->ch;
     e->cb(&e->st, NULL, e->arg);
-    pthread_mutex_lock(&ch->qlock);
-    e->next = ch->qfree;
-    ch->qfree = e;
-    pthread_mutex_unlock(&ch->qlock);
+    queued_release(ch, e);
     /* last: the channel's destroy waits for this before freeing the entries */
     if (__atomic_sub_fetch(&ch->qtasks, 1, __ATOMIC_ACQ_REL) == 0)
         vrpc_futex_wake_all(&ch->qtasks);
 }
 
-/* Fail an entry that has left the queue: its callback runs on a worker. */
+/* The call of entry e is over: back to the free list, its id dead. */
+static void queued_release(struct vrpc_channel *ch, struct queued *e)
+{
+    pthread_mutex_lock(&ch->qlock);
+    e->state = Q_FREE;
+    e->qgen = e->qgen + 1 ? e->qgen + 1 : 1;
+    e->next = ch->qfree;
+    ch->qfree = e;
+    pthread_mutex_unlock(&ch->qlock);
+}
+
+/* Fail an entry that has left the queue (FAILING): its callback runs on a
+ * worker, then the entry is released. */
 static void queued_fail(struct queued *e, enum vrpc_code code, const char *why)
 {
     struct vrpc_channel *ch = e->ch;
@@ -996,17 +1146,46 @@ static void queued_fail(struct queued *e, enum vrpc_code code, const char *why)
         queued_fail_task(&e->task); /* the scheduler is shutting down: run here rather than lose it */
 }
 
-/* Under qlock: take e out of the queue (it is queued). */
-static void queued_unlink_locked(struct vrpc_channel *ch, struct queued *e)
+/* Under qlock: take e out of the queue (it is QUEUED) into state st. */
+static void queued_unlink_locked(struct vrpc_channel *ch, struct queued *e, uint8_t st)
 {
     e->prev->next = e->next;
     e->next->prev = e->prev;
     e->next = e->prev = NULL;
-    e->queued = false;
-    e->qgen++;
+    e->state = st;
     __atomic_sub_fetch(&ch->qlen, 1, __ATOMIC_RELAXED);
     if (e->deadline != VRPC_NO_DEADLINE)
-        vrpc_timer_cancel(ch->wheel, &e->timer); /* if it is firing, it will find qgen changed */
+        vrpc_timer_cancel(ch->wheel, &e->timer); /* if it is firing, it finds e no longer QUEUED */
+}
+
+static uint64_t queued_id(const struct vrpc_channel *ch, const struct queued *e)
+{
+    return (uint64_t)e->qgen << 32 | QID_BIT | (uint32_t)(e - ch->qents);
+}
+
+/* vrpc_channel_cancel for an id of a call that was queued. */
+static int cancel_queued(struct vrpc_channel *ch, uint64_t id)
+{
+    uint32_t idx = vrpc_wire_id_slot(id) & ~QID_BIT;
+    if (idx >= ch->nqents)
+        return -ENOENT;
+    struct queued *e = &ch->qents[idx];
+    pthread_mutex_lock(&ch->qlock);
+    if (e->qgen != vrpc_wire_id_gen(id) || (e->state != Q_QUEUED && e->state != Q_LAUNCHED)) {
+        pthread_mutex_unlock(&ch->qlock);
+        return -ENOENT;
+    }
+    if (e->state == Q_LAUNCHED) {
+        /* sent: its slot was opened before it became LAUNCHED, so the slot
+         * id decides (a call completed since fails the generation check) */
+        uint64_t sid = e->slot_id;
+        pthread_mutex_unlock(&ch->qlock);
+        return vrpc_channel_cancel(ch, sid);
+    }
+    queued_unlink_locked(ch, e, Q_FAILING);
+    pthread_mutex_unlock(&ch->qlock);
+    queued_fail(e, VRPC_CANCELLED, "cancelled by the client while queued for a slot (never sent)");
+    return 0;
 }
 
 static void queued_expired(void *ctx, uint64_t qgen)
@@ -1014,11 +1193,11 @@ static void queued_expired(void *ctx, uint64_t qgen)
     struct queued *e = ctx;
     struct vrpc_channel *ch = e->ch;
     pthread_mutex_lock(&ch->qlock);
-    if (!e->queued || e->qgen != (uint32_t)qgen) {
+    if (e->state != Q_QUEUED || e->qgen != (uint32_t)qgen) {
         pthread_mutex_unlock(&ch->qlock);
         return;
     }
-    queued_unlink_locked(ch, e);
+    queued_unlink_locked(ch, e, Q_FAILING);
     pthread_mutex_unlock(&ch->qlock);
     queued_fail(e, VRPC_DEADLINE_EXCEEDED, "deadline exceeded waiting for a call slot");
 }
@@ -1051,13 +1230,13 @@ static void pump(void *arg)
         pthread_mutex_unlock(&ch->conn_lock);
         if (!c) {
             /* never connect here (this may be the poller): fail it */
-            queued_unlink_locked(ch, e);
+            queued_unlink_locked(ch, e, Q_FAILING);
             pthread_mutex_unlock(&ch->qlock);
             queued_fail(e, VRPC_UNAVAILABLE, "connection lost while the call waited for a slot");
             continue;
         }
         if (e->mdsz + e->plen > c->max_payload) { /* a new connection with a lower limit */
-            queued_unlink_locked(ch, e);
+            queued_unlink_locked(ch, e, Q_FAILING);
             pthread_mutex_unlock(&ch->qlock);
             conn_unref(c);
             queued_fail(e, VRPC_RESOURCE_EXHAUSTED, "request exceeds the server's limit");
@@ -1071,18 +1250,16 @@ static void pump(void *arg)
             conn_unref(c);
             return;
         }
-        queued_unlink_locked(ch, e);
+        queued_unlink_locked(ch, e, Q_LAUNCHED);
         struct vrpc_buf *b = e->buf;
-        uint32_t mdsz = e->mdsz, plen = e->plen;
-        const struct vrpc_method_desc *m = e->m;
-        vrpc_call_cb cb = e->cb;
-        void *cbarg = e->arg;
+        uint32_t mdsz = e->mdsz, plen = e->plen, method_id = e->m->id;
         int64_t deadline = e->deadline;
         e->buf = NULL;
-        e->next = ch->qfree;
-        ch->qfree = e;
+        /* opened under qlock: a cancel by e's id that finds it LAUNCHED
+         * finds the slot INUSE (the entry is released with the call) */
+        uint64_t id = launch_open_locked(ch, c, s, e);
         pthread_mutex_unlock(&ch->qlock);
-        launch_queued(ch, c, s, b, mdsz, plen, m, cb, cbarg, deadline);
+        launch_queued(ch, c, s, b, mdsz, plen, method_id, id, deadline);
     }
 }
 
@@ -1099,11 +1276,12 @@ static int enqueue(struct vrpc_channel *ch, struct vrpc_buf *b, uint32_t mdsz, u
         pthread_mutex_unlock(&ch->qlock);
         return -ESHUTDOWN;
     }
-    if (!(e = ch->qfree)) {
+    if (__atomic_load_n(&ch->qlen, __ATOMIC_RELAXED) >= ch->o.max_queued || !(e = ch->qfree)) {
         pthread_mutex_unlock(&ch->qlock);
         return -EAGAIN;
     }
     ch->qfree = e->next;
+    e->state = Q_FAILING; /* taken, not queued yet: its id cancels nothing */
     pthread_mutex_unlock(&ch->qlock);
     e->plen = plen;
     e->mdsz = mdsz;
@@ -1112,10 +1290,10 @@ static int enqueue(struct vrpc_channel *ch, struct vrpc_buf *b, uint32_t mdsz, u
     e->cb = cb;
     e->arg = arg;
     e->deadline = deadline;
-    if (o && o->call_id)
-        __atomic_store_n(o->call_id, 0, __ATOMIC_RELEASE); /* see rpc.h: no id while queued */
+    if (o && o->call_id) /* before it is queued, i.e. before it can complete */
+        __atomic_store_n(o->call_id, queued_id(ch, e), __ATOMIC_RELEASE);
     pthread_mutex_lock(&ch->qlock);
-    e->queued = true;
+    e->state = Q_QUEUED;
     e->next = &ch->qhead;
     e->prev = ch->qhead.prev;
     ch->qhead.prev->next = e;
@@ -1247,7 +1425,9 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
      * synchronous call completes on this thread, after we return. */
     if (cb)
         conn_ref(c);
+    s->qent = NULL;
     open_call(ch, s, id);
+    check_expired(ch, deadline, id);
 
     /* async: the pool holds max_outstanding + max_queued + spare buffers, so
      * it is empty only while many cancels are being sent: the call then
@@ -1277,17 +1457,10 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
     if (mdsz)
         vrpc_wire_md_encode(p + VRPC_WIRE_HDR_LEN, o->md, o->md_count);
     uint32_t flen = VRPC_WIRE_HDR_LEN + (uint32_t)mdsz;
-    rc = 0;
     if (lb) {
-        rc = grant_request(ch, c, s, lb, (uint32_t)plen, id);
-        if (rc == 0) {
-            struct vrpc_wire_desc d = {.addr = (uint64_t)(uintptr_t)lb->data, .rkey = s->out.rkey};
-            vrpc_wire_desc_encode(p + flen, &d);
-            flen += VRPC_WIRE_DESC_LEN;
-            h.flags |= VRPC_FF_RNDV;
-        } else {
-            vrpc_lbuf_put(lb);
-        }
+        /* the descriptor goes in once granted (offer_request) */
+        flen += VRPC_WIRE_DESC_LEN;
+        h.flags |= VRPC_FF_RNDV;
     } else {
         /* need <= eager - header = room in b: checked above */
         plen = vrpc_pb_pack_sized(req, p + flen);
@@ -1298,25 +1471,16 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
 
     if (o && o->call_id)
         __atomic_store_n(o->call_id, id, __ATOMIC_RELEASE);
-    /* Read dead with an RMW (release): pairs with conn_fail's exchange, see
-     * there; a plain load could miss it while the scan misses our slot. */
-    if (!rc)
-        rc = __atomic_fetch_or(&c->dead, 0, __ATOMIC_ACQ_REL) ? -ENOTCONN : 0;
-    if (!rc)
-        rc = vrpc_rpc_send(c->ep, b, flen, cb == NULL); /* async: never waits for credits */
-    else
-        vrpc_pool_put(b);
-    if (rc) {
-        /* a grant made stays until the endpoint's DISCONNECTED releases it */
-        if (vrpc_pending_decide(s, gen)) {
-            vrpc_status_set(&s->st, VRPC_UNAVAILABLE, "send failed: %s", strerror(-rc));
-            complete(ch, s, gen, false);
-        }
-        slot_seen(s, gen);
+    if (lb) {
+        s->out.p_lb = lb;
+        s->out.p_frame = b;
+        s->out.p_len = (uint32_t)plen;
+        s->out.p_frame_len = flen;
+        s->out.p_id = id;
+        offer_request(ch, c, s, cb == NULL);
+    } else {
+        request_go(ch, c, s, gen, b, flen, 0, cb != NULL, cb == NULL, false); /* async: never waits for credits */
     }
-    slot_drop(s, gen); /* the owner's set-up hold (pending.h) */
-    if (cb)
-        conn_unref(c);
     *out = s;
     return 0;
 }
@@ -1456,14 +1620,18 @@ int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *opts, s
         goto fail;
     if (ch->o.no_spin)
         ch->pend->spin = false;
+    /* pinned: callers are expected on the poller's CPU (rpc.h, cpu_mask) */
+    ch->pend->spin_yield = ch->o.cpu_mask != 0;
     ch->pend->on_free = pump;
     ch->pend->on_free_arg = ch;
-    if (!(ch->qents = calloc(ch->o.max_queued, sizeof(*ch->qents)))) {
+    ch->nqents = ch->o.max_queued + ch->o.max_outstanding;
+    if (ch->nqents >= QID_BIT || !(ch->qents = calloc(ch->nqents, sizeof(*ch->qents)))) {
         rc = -ENOMEM;
         goto fail;
     }
-    for (uint32_t i = ch->o.max_queued; i-- > 0;) {
+    for (uint32_t i = ch->nqents; i-- > 0;) {
         ch->qents[i].ch = ch;
+        ch->qents[i].qgen = 1;
         ch->qents[i].next = ch->qfree;
         ch->qfree = &ch->qents[i];
     }
@@ -1483,6 +1651,7 @@ int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *opts, s
          * others) */
         sc.worker_start = worker_arena;
         sc.cpu_mask = ch->o.cpu_mask;
+        sc.spin_yield = ch->o.cpu_mask != 0; /* they share the poller's CPU */
         if ((rc = vrpc_sched_create(&sc, &ch->sched)))
             goto fail;
         ch->own_sched = true;
@@ -1529,7 +1698,7 @@ void vrpc_channel_destroy(struct vrpc_channel *ch)
     struct queued *flush = NULL;
     while (ch->qhead.next != &ch->qhead) {
         struct queued *e = ch->qhead.next;
-        queued_unlink_locked(ch, e);
+        queued_unlink_locked(ch, e, Q_FAILING);
         e->next = flush;
         flush = e;
     }

@@ -22,7 +22,7 @@
  * RESERVED slot that no other thread looks at, because every other thread
  * (the connection-loss scan, cancel, a deadline, a response) acts only on a
  * word with INUSE set. The owner writes every call field (conn, xfer, method,
- * cb, cb_arg, cb_ch, deadline_ns, qent) and only then calls vrpc_pending_open,
+ * cb, cb_arg, cb_ch, qent, deadline_ns) and only then calls vrpc_pending_open,
  * a release store of INUSE. Every other thread reads the word with acquire
  * (vrpc_pending_lookup, decide's CAS, the scan's load) before it reads a call
  * field, so it sees that call's fields, never the previous occupant's.
@@ -59,6 +59,8 @@ struct vrpc_pending_slot {
     vrpc_call_cb cb;      /* NULL for a synchronous call */
     void *cb_arg;
     void *cb_ch;          /* the channel, for the async completion task */
+    void *qent;           /* the channel's queue entry the call was queued in
+                             (its id lives there until the call completes); NULL: none */
     int64_t deadline_ns;
     struct vrpc_timer timer;
     struct vrpc_task task; /* async completion runs as this task */
@@ -88,6 +90,8 @@ struct vrpc_pending {
     uint32_t *free;       /* LIFO stack of free indices, lowest on top initially */
     bool closed;
     bool spin;            /* false: vrpc_pending_wait sleeps at once (no_spin) */
+    bool spin_yield;      /* vrpc_pending_wait yields its CPU while it spins: the
+                             waiter shares a CPU with the poller that answers it */
     /* Called, with no lock held, on whichever thread freed a slot (set once
      * before the table is used; NULL: none). */
     void (*on_free)(void *arg);

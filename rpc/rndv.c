@@ -75,6 +75,21 @@ int vrpc_rndv_grant(struct vrpc_rndv_out *o, struct vrpc_ep *ep, struct vrpc_buf
     return 0;
 }
 
+void vrpc_rndv_park(struct vrpc_rndv_out **list, struct vrpc_rndv_out *o)
+{
+    while (*list)
+        list = &(*list)->p_next;
+    o->p_next = NULL;
+    *list = o;
+    __atomic_store_n(&o->parked, 1, __ATOMIC_RELEASE);
+}
+
+void vrpc_rndv_offer_desc(struct vrpc_rndv_out *o)
+{
+    struct vrpc_wire_desc d = {.addr = (uint64_t)(uintptr_t)o->p_lb->data, .rkey = o->rkey};
+    vrpc_wire_desc_encode((uint8_t *)o->p_frame->data + o->p_frame_len - VRPC_WIRE_DESC_LEN, &d);
+}
+
 int vrpc_rndv_revoke(struct vrpc_rndv_out *o)
 {
     uint32_t want = VRPC_RNDV_GRANTED;

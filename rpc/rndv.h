@@ -55,6 +55,25 @@ struct vrpc_rndv_out {
     struct vrpc_ep *ep;
     struct vrpc_rndv_out *next; /* the poller's list of revokes to retry */
     struct vrpc_timer hold_timer; /* the owner's hold timeout */
+    /* An offer parked for this record, waiting for its grant: vrpc_ep_grant
+     * said -ENOSPC (no send-queue slot or grant left), or (server) the
+     * record is still revoking its previous payload. Nobody spins: the
+     * offer waits on its owner's list (under the owner's lock) and is tried
+     * again after each completion batch of the poller, and once by the
+     * parker right after parking. No wake-up is lost: whatever frees a
+     * grant is followed by a completion of that endpoint (the REVOKE, or the
+     * SEND of the descriptor that follows each grant). p_* are written by
+     * the parker before it takes the lock, and read by whoever takes the
+     * offer off the list. */
+    struct vrpc_buf *p_lb;    /* the packed payload */
+    struct vrpc_buf *p_frame; /* its descriptor frame, header written; the
+                                 descriptor goes in its last 16 bytes */
+    uint32_t p_len, p_frame_len;
+    uint64_t p_id;
+    void *p_conn;             /* the owner's connection (holds a reference) */
+    int p_rc;                 /* the grant's outcome once taken off the list */
+    uint32_t parked;          /* atomic 0/1: on the owner's list */
+    struct vrpc_rndv_out *p_next;
 };
 
 /* ---- the reader's side: a payload being read ------------------------------
@@ -76,12 +95,15 @@ int vrpc_rndv_buf(struct vrpc_transport *tp, uint64_t max_pinned, size_t len, st
                   char *why, size_t whylen);
 
 /* Grant the peer of ep the first len bytes of lb for call id: IDLE -> GRANTED.
- * One attempt: -ENOSPC means retry after a completion of ep (the caller
- * retries outside its locks); other errors: the endpoint is unusable. On
- * error the record stays IDLE and lb stays the caller's. Any thread but the
- * poller of ep (for -ENOSPC). */
+ * One attempt: -ENOSPC means retry after a completion of ep (park the
+ * offer, see p_* above); other errors: the endpoint is unusable. On error
+ * the record stays IDLE and lb stays the caller's. Any thread. */
 int vrpc_rndv_grant(struct vrpc_rndv_out *o, struct vrpc_ep *ep, struct vrpc_buf *lb, uint32_t len,
                     uint64_t id);
+/* Append o to a list of parked offers (FIFO; under the owner's lock). */
+void vrpc_rndv_park(struct vrpc_rndv_out **list, struct vrpc_rndv_out *o);
+/* The parked offer's descriptor, once granted: into the frame's last 16 bytes. */
+void vrpc_rndv_offer_desc(struct vrpc_rndv_out *o);
 
 /* Poller: GRANTED -> REVOKING and post the revoke. 0 posted; -EALREADY the
  * record was not GRANTED; -ENOSPC: stays GRANTED, retry after a completion

@@ -83,6 +83,9 @@ struct poller {
     struct vrpc_cq *cq;
     struct vrpc_sched_producer *prod; /* this poller thread's ring */
     struct vrpc_rndv_retry retry;     /* reads/revokes to retry (this poller only) */
+    struct vrpc_rndv_out *parked;     /* response offers of its connections waiting
+                                         for a grant (under s->lock) */
+    uint32_t nparked;                 /* their count (atomic: looked at without the lock) */
 };
 
 struct sconn {
@@ -350,6 +353,7 @@ static void refuse(struct sconn *c, uint64_t id, enum vrpc_code code, const char
 
 static void call_task(struct vrpc_task *t);
 static void request_read_done(struct poller *pl, struct vrpc_rndv_in *in, int status);
+static void response_offers_run(struct poller *pl);
 static void deadline_fired(void *ctx, uint64_t gen);
 static void answered(struct sconn *c);
 static int call_claim(struct vrpc_server_call *call);
@@ -441,7 +445,9 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
         call = fresh;
         st = __atomic_load_n(&call->state, __ATOMIC_RELAXED);
     }
-    if (__atomic_load_n(&c->rsp[slot].state, __ATOMIC_ACQUIRE) == VRPC_RNDV_GRANTED) {
+    if (__atomic_load_n(&c->rsp[slot].state, __ATOMIC_ACQUIRE) == VRPC_RNDV_GRANTED ||
+        __atomic_load_n(&c->rsp[slot].parked, __ATOMIC_ACQUIRE)) {
+        /* (a parked response has not been sent: the client cannot have it) */
         conn_protocol_error(c, "request on a slot whose large response has had no DONE", -EPROTO);
         return;
     }
@@ -841,6 +847,8 @@ static void server_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned 
     }
     if (pl->retry.reads || pl->retry.revokes)
         vrpc_rndv_retry_run(&pl->retry, request_read_failed, pl);
+    if (__atomic_load_n(&pl->nparked, __ATOMIC_ACQUIRE))
+        response_offers_run(pl);
 }
 
 /* ---- calls: worker side ----------------------------------------------------- */
@@ -997,8 +1005,87 @@ out:
         vrpc_futex_wake_all(&s->tasks);
 }
 
-/* A response above the eager size: pack straight into a large buffer, grant
- * it to the client and send the descriptor; the record waits for DONE. */
+/* Grant the client the response payload parked in o (p_*). Under s->lock,
+ * against on_disconnected: it sees the grant or we see `gone`. -ENOSPC also
+ * while o still revokes the slot's previous payload (the client may reuse
+ * a slot once it has sent DONE). */
+static int grant_response_locked(struct vrpc_server *s, struct vrpc_rndv_out *o)
+{
+    struct sconn *c = o->p_conn;
+    if (c->gone || __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
+        return -ENOTCONN;
+    if (__atomic_load_n(&o->state, __ATOMIC_ACQUIRE) != VRPC_RNDV_IDLE)
+        return -ENOSPC;
+    int rc = vrpc_rndv_grant(o, c->ep, o->p_lb, o->p_len, o->p_id);
+    if (rc == 0) {
+        __atomic_add_fetch(&c->refs, 1, __ATOMIC_RELAXED); /* the grant's */
+        vrpc_timer_arm(s->wheel, &o->hold_timer, vrpc_now_ns() + (int64_t)s->o.hold_timeout_ms * 1000000,
+                       hold_fired, s, (uint64_t)(uintptr_t)o);
+    }
+    return rc;
+}
+
+/* A response offer off the parked list (or never parked): its descriptor
+ * goes out if it got its grant; if not, and the connection still stands,
+ * the client is answered UNAVAILABLE. Ends the call's hold on c. */
+static int response_offer_done(struct vrpc_rndv_out *o, bool may_wait)
+{
+    struct sconn *c = o->p_conn;
+    int rc = o->p_rc;
+    if (rc == 0) {
+        vrpc_rndv_offer_desc(o);
+        /* a failed send leaves the grant to the endpoint's DISCONNECTED */
+        rc = vrpc_rpc_send(c->ep, o->p_frame, o->p_frame_len, may_wait) ? -ECONNRESET : 0;
+    } else {
+        vrpc_lbuf_put(o->p_lb);
+        vrpc_pool_put(o->p_frame);
+        if (rc != -ENOTCONN && !__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE)) {
+            static const char msg[] = "a large response could not be offered";
+            struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
+                                      .status = VRPC_UNAVAILABLE, .request_id = o->p_id};
+            vrpc_rpc_send_simple(c->ep, c->s->send_pool, &h, msg, sizeof(msg) - 1, may_wait);
+        }
+        rc = -ECONNRESET;
+    }
+    answered(c);
+    return rc;
+}
+
+/* Try the poller's parked response offers again, oldest first (after a
+ * completion batch, or by a parker). Any thread; never waits. */
+static void response_offers_run(struct poller *pl)
+{
+    struct vrpc_server *s = pl->s;
+    struct vrpc_rndv_out *done = NULL, **tail = &done;
+    pthread_mutex_lock(&s->lock);
+    for (struct vrpc_rndv_out **pp = &pl->parked; *pp;) {
+        struct vrpc_rndv_out *o = *pp;
+        int rc = grant_response_locked(s, o);
+        if (rc == -ENOSPC) {
+            pp = &o->p_next;
+            continue;
+        }
+        *pp = o->p_next;
+        o->p_rc = rc;
+        o->p_next = NULL;
+        *tail = o;
+        tail = &o->p_next;
+        __atomic_sub_fetch(&pl->nparked, 1, __ATOMIC_RELAXED);
+    }
+    pthread_mutex_unlock(&s->lock);
+    while (done) {
+        struct vrpc_rndv_out *o = done;
+        done = o->p_next;
+        /* (cleared only now: until its descriptor is out no request may
+         * come on its slot) */
+        __atomic_store_n(&o->parked, 0, __ATOMIC_RELEASE);
+        response_offer_done(o, false);
+    }
+}
+
+/* A response above the eager size: pack straight into a large buffer and
+ * offer it to the client (grant + descriptor); the record then waits for
+ * DONE. Without a grant for now the offer is parked, not waited for. */
 static int respond_large(struct vrpc_server_call *call, const ProtobufCMessage *resp, size_t size)
 {
     struct sconn *c = call->conn;
@@ -1007,55 +1094,38 @@ static int respond_large(struct vrpc_server_call *call, const ProtobufCMessage *
     struct vrpc_buf *lb;
     uint64_t id = call->req_id;
     struct vrpc_rndv_out *o = &c->rsp[vrpc_wire_id_slot(id)];
-    int rc;
 
     if (vrpc_rndv_buf(s->tp, s->o.max_pinned, size, &lb, why, sizeof(why))) {
         answer_status(call, VRPC_RESOURCE_EXHAUSTED, why);
         return -ENOBUFS;
     }
     uint32_t plen = (uint32_t)vrpc_pb_pack_sized(resp, lb->data);
-    /* The slot's previous large response may still be revoking (the client
-     * may reuse a slot once it has sent DONE): wait for its completion. */
-    while (__atomic_load_n(&o->state, __ATOMIC_ACQUIRE) != VRPC_RNDV_IDLE &&
-           !__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
-        sched_yield();
-    for (;;) {
-        /* under s->lock against on_disconnected: it sees the grant or we see gone */
-        pthread_mutex_lock(&s->lock);
-        if (c->gone || __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE) ||
-            __atomic_load_n(&o->state, __ATOMIC_ACQUIRE) != VRPC_RNDV_IDLE) {
-            rc = -ENOTCONN;
-        } else {
-            rc = vrpc_rndv_grant(o, c->ep, lb, plen, id);
-            if (rc == 0) {
-                __atomic_add_fetch(&c->refs, 1, __ATOMIC_RELAXED); /* the grant's */
-                vrpc_timer_arm(s->wheel, &o->hold_timer,
-                               vrpc_now_ns() + (int64_t)s->o.hold_timeout_ms * 1000000, hold_fired, s,
-                               (uint64_t)(uintptr_t)o);
-            }
-        }
-        pthread_mutex_unlock(&s->lock);
-        if (rc != -ENOSPC)
-            break;
-        sched_yield(); /* no send-queue slot: completions free them */
-    }
-    if (rc) {
-        vrpc_lbuf_put(lb);
-        answer_status(call, VRPC_UNAVAILABLE, "connection lost before a large response could be offered");
-        return -ECONNRESET;
-    }
     struct vrpc_buf *b = vrpc_rpc_buf_get(s->send_pool, true);
-    uint8_t *p = b->data;
-    struct vrpc_wire_desc d = {.addr = (uint64_t)(uintptr_t)lb->data, .rkey = o->rkey};
-    vrpc_wire_desc_encode(p + VRPC_WIRE_HDR_LEN, &d);
     struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE, .flags = VRPC_FF_RNDV,
                               .request_id = id, .payload_len = plen};
-    vrpc_wire_hdr_encode(p, &h);
-    finish_call(call, VRPC_OK);
-    /* a failed send leaves the grant to the endpoint's DISCONNECTED */
-    rc = vrpc_rpc_send(c->ep, b, VRPC_WIRE_HDR_LEN + VRPC_WIRE_DESC_LEN, true) ? -ECONNRESET : 0;
-    answered(c);
-    return rc;
+    vrpc_wire_hdr_encode(b->data, &h);
+    o->p_lb = lb;
+    o->p_frame = b;
+    o->p_len = plen;
+    o->p_frame_len = VRPC_WIRE_HDR_LEN + VRPC_WIRE_DESC_LEN;
+    o->p_id = id;
+    o->p_conn = c;
+    finish_call(call, VRPC_OK); /* the call's hold on c goes with the offer (answered) */
+    struct poller *pl = c->poller;
+    pthread_mutex_lock(&s->lock);
+    int rc = grant_response_locked(s, o);
+    if (rc == -ENOSPC) {
+        vrpc_rndv_park(&pl->parked, o);
+        __atomic_add_fetch(&pl->nparked, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (rc == -ENOSPC) {
+        /* what freed a grant before we parked announced nothing to us */
+        response_offers_run(pl);
+        return 0;
+    }
+    o->p_rc = rc;
+    return response_offer_done(o, true);
 }
 
 int vrpc_server_call_respond(struct vrpc_server_call *call, const ProtobufCMessage *resp)
@@ -1235,6 +1305,7 @@ int vrpc_server_start(struct vrpc_server *s, const char *uri)
         if (s->o.no_spin)
             sc.spin_us = 1; /* the scheduler's minimum: 0 means its default */
         sc.cpu_mask = s->o.cpu_mask;
+        sc.spin_yield = s->o.cpu_mask != 0; /* they share CPUs with the pollers */
         if ((rc = vrpc_sched_create(&sc, &s->sched)))
             return rc;
         s->own_sched = true;

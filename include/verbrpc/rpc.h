@@ -163,7 +163,10 @@ struct vrpc_channel_opts {
                                     Pin the threads that call to the same CPUs: a
                                     hand-off between threads of one CPU costs a few
                                     microseconds, waking a thread on an idle CPU of a
-                                    VM can cost tens (rpc_bench --placement). */
+                                    VM can cost tens (rpc_bench --placement). Pinned,
+                                    waiting callers and idle workers spin by yielding
+                                    the CPU (sched_yield), so the poller they share it
+                                    with runs at once. */
 };
 /* Fill *o with the defaults above (all zeros mean defaults, too). */
 VRPC_API void vrpc_channel_opts_init(struct vrpc_channel_opts *o);
@@ -197,11 +200,12 @@ struct vrpc_call_opts {
                                            before the call function returns */
     size_t md_count;
     uint64_t *call_id;                  /* if set, the call's id is stored here (atomically,
-                                           with release order) before the request is sent,
-                                           so another thread can pass it to
-                                           vrpc_channel_cancel; 0 is never an id. An async
-                                           call queued for lack of a slot gets 0 here: it
-                                           cannot be cancelled (its deadline still holds) */
+                                           with release order) before the call can complete
+                                           and before the request is sent (an async call
+                                           queued for lack of a slot gets its id when it is
+                                           queued and keeps it when it is sent), so another
+                                           thread can pass it to vrpc_channel_cancel. Ids
+                                           are opaque; 0 is never an id. */
 };
 
 /* Synchronous unary call. Blocks the calling thread on its own waiter until
@@ -232,7 +236,8 @@ typedef void (*vrpc_call_cb)(const struct vrpc_status *st, const ProtobufCMessag
  * -EAGAIN (back-pressure: max_outstanding calls pending and max_queued more
  * queued; retry once some complete) when it was not accepted: cb will not
  * run. Never waits for a slot or a credit: a call without a free slot is
- * queued and sent, in order, when one frees (its deadline runs meanwhile).
+ * queued and sent, in order, when one frees (its deadline runs meanwhile,
+ * and its id cancels it).
  * Only a channel that is not connected yet makes it wait, for the connect
  * (at most connect_timeout_ms or the deadline). req stays the caller's
  * (packed before return). */
@@ -241,9 +246,10 @@ VRPC_API int vrpc_call_async(struct vrpc_channel *ch, const struct vrpc_method_d
                              vrpc_call_cb cb, void *arg);
 
 /* Cancel the call with this id (from vrpc_call_opts.call_id). If it is still
- * pending it completes at once with CANCELLED and the server is told. Returns
- * 0 if this cancel decided the outcome, -ENOENT if the call had already
- * completed (or the id is unknown). Any thread. */
+ * pending it completes at once with CANCELLED: an async call still queued for
+ * a slot leaves the queue and is never sent; for a call already sent the
+ * server is told. Returns 0 if this cancel decided the outcome, -ENOENT if the
+ * call had already completed (or the id is unknown). Any thread. */
 VRPC_API int vrpc_channel_cancel(struct vrpc_channel *ch, uint64_t call_id);
 
 /* ---- server ---------------------------------------------------------------*/

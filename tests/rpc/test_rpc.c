@@ -3,6 +3,7 @@
  * server drain, connection loss and reconnect, every kind of bad input (from
  * raw-frame clients and a raw-frame server), and no malloc in steady state.
  * VRPC_TEST_SCALE=N divides the round counts (set under sanitizers). */
+#define _GNU_SOURCE /* pthread_setaffinity_np, CPU_* */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -10,6 +11,7 @@
 #include <cmocka.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -542,7 +544,7 @@ static void test_async_never_blocks(void **state)
     assert_int_equal(vrpc_call_async(ch, &m_echo, &r.base, NULL, timed_cb, &t[1]), 0);
     assert_int_equal(vrpc_call_async(ch, &m_echo, &r.base, &quick, timed_cb, &t[2]), 0);
     assert_int_equal(vrpc_call_async(ch, &m_echo, &r.base, &with_id, timed_cb, &t[3]), 0);
-    assert_int_equal(id, 0); /* queued: no id yet */
+    assert_true(id != 0 && id != 99); /* queued: it has an id all the same */
     /* the queue is full: refused at once, its callback never runs */
     assert_int_equal(vrpc_call_async(ch, &m_echo, &r.base, NULL, timed_cb, &t[4]), -EAGAIN);
     int64_t took = vrpc_now_ns() - t0;
@@ -572,6 +574,88 @@ static void test_async_never_blocks(void **state)
     assert_int_equal(t[0].calls, 2);
     assert_int_equal(t[2].calls, 2);
     assert_int_equal(t[2].code, VRPC_CANCELLED);
+}
+
+/* Wait (up to 30 s) until the server's handlers have started `target` calls
+ * in all: a call is in flight at the server only once it has arrived, and on
+ * an emulated RDMA link arrival can take far longer than on loopback TCP. */
+static void wait_handler_runs(unsigned target)
+{
+    for (int i = 0; i < 30000 && __atomic_load_n(&g_handler_runs, __ATOMIC_RELAXED) < target; i++)
+        usleep(1000);
+    assert_true(__atomic_load_n(&g_handler_runs, __ATOMIC_RELAXED) >= target);
+}
+
+/* A call queued for lack of a slot has an id that cancels it: it completes
+ * CANCELLED at once and is never sent; once sent, the same id still works. */
+static void wait_calls(const struct timed_cb *t, unsigned n, int ms)
+{
+    for (int i = 0; i < ms && __atomic_load_n(&t->calls, __ATOMIC_ACQUIRE) < n; i++)
+        usleep(1000);
+    assert_int_equal(__atomic_load_n(&t->calls, __ATOMIC_ACQUIRE), n);
+}
+
+static void test_cancel_queued_call(void **state)
+{
+    (void)state;
+    struct vrpc_channel_opts o;
+    struct vrpc_channel *ch;
+    vrpc_channel_opts_init(&o);
+    o.max_outstanding = 1;
+    o.max_queued = 4;
+    o.src_addr = g_opt.client_ip;
+    assert_int_equal(vrpc_channel_create(g_uri, &o, &ch), 0);
+    assert_int_equal(vrpc_channel_connect(ch, 10000), 0);
+    unsigned runs0 = __atomic_load_n(&g_handler_runs, __ATOMIC_RELAXED);
+
+    static struct timed_cb ta, tb, tc, td;
+    memset(&ta, 0, sizeof(ta)), memset(&tb, 0, sizeof(tb)), memset(&tc, 0, sizeof(tc)), memset(&td, 0, sizeof(td));
+    uint64_t idb = 0, idc = 0, idd = 0;
+    struct vrpc_call_opts ob = {.call_id = &idb}, oc = {.call_id = &idc}, od = {.call_id = &idd};
+    Vrpctest__EchoRequest slow = VRPCTEST__ECHO_REQUEST__INIT, held = VRPCTEST__ECHO_REQUEST__INIT,
+                          quick = VRPCTEST__ECHO_REQUEST__INIT;
+    slow.mode = MODE_DEFERRED;
+    slow.sleep_ms = 1000;
+    held.mode = MODE_WAIT_CANCEL;
+    held.sleep_ms = 5000;
+    /* A takes the only slot; B and C queue behind it */
+    assert_int_equal(vrpc_call_async(ch, &m_echo, &slow.base, NULL, timed_cb, &ta), 0);
+    assert_int_equal(vrpc_call_async(ch, &m_echo, &quick.base, &ob, timed_cb, &tb), 0);
+    assert_int_equal(vrpc_call_async(ch, &m_echo, &held.base, &oc, timed_cb, &tc), 0);
+    assert_true(idb != 0 && idc != 0 && idb != idc);
+
+    /* B: cancelled while queued, completes at once (A still holds the slot) */
+    assert_int_equal(vrpc_channel_cancel(ch, idb), 0);
+    wait_calls(&tb, 1, 900);
+    assert_int_equal(tb.code, VRPC_CANCELLED);
+    assert_non_null(strstr(tb.msg, "never sent"));
+    assert_int_equal(__atomic_load_n(&ta.calls, __ATOMIC_ACQUIRE), 0);
+    assert_int_equal(vrpc_channel_cancel(ch, idb), -ENOENT);
+    /* D may reuse B's queue entry: B's old id stays dead */
+    assert_int_equal(vrpc_call_async(ch, &m_echo, &quick.base, &od, timed_cb, &td), 0);
+    assert_true(idd != 0 && idd != idb);
+    assert_int_equal(vrpc_channel_cancel(ch, idb), -ENOENT);
+
+    /* A answers; C goes out on the freed slot and its queued-time id still
+     * cancels it (the server's handler sees the cancel) */
+    wait_calls(&ta, 1, 30000);
+    assert_int_equal(ta.code, VRPC_OK);
+    wait_handler_runs(runs0 + 2);
+    int64_t t0 = vrpc_now_ns();
+    assert_int_equal(vrpc_channel_cancel(ch, idc), 0);
+    wait_calls(&tc, 1, 3000);
+    assert_int_equal(tc.code, VRPC_CANCELLED);
+    assert_true(tc.at - t0 < 3000000000);
+    assert_int_equal(vrpc_channel_cancel(ch, idc), -ENOENT);
+    /* D is sent once the server has answered C's cancel */
+    wait_calls(&td, 1, 30000);
+    assert_int_equal(td.code, VRPC_OK);
+    assert_int_equal(vrpc_channel_cancel(ch, idd), -ENOENT);
+    /* B never reached the server: A, C and D did */
+    usleep(20000);
+    assert_int_equal(__atomic_load_n(&g_handler_runs, __ATOMIC_RELAXED), runs0 + 3);
+    assert_int_equal(tb.calls, 1);
+    vrpc_channel_destroy(ch);
 }
 
 /* ---- deadlines ---------------------------------------------------------------------- */
@@ -700,16 +784,6 @@ static unsigned uri_port(const char *uri)
 {
     const char *p = strrchr(uri, ':');
     return p ? (unsigned)atoi(p + 1) : 0;
-}
-
-/* Wait (up to 30 s) until the server's handlers have started `target` calls
- * in all: a call is in flight at the server only once it has arrived, and on
- * an emulated RDMA link arrival can take far longer than on loopback TCP. */
-static void wait_handler_runs(unsigned target)
-{
-    for (int i = 0; i < 30000 && __atomic_load_n(&g_handler_runs, __ATOMIC_RELAXED) < target; i++)
-        usleep(1000);
-    assert_true(__atomic_load_n(&g_handler_runs, __ATOMIC_RELAXED) >= target);
 }
 
 static void test_server_drain(void **state)
@@ -1164,6 +1238,64 @@ static void test_bad_server_frames(void **state)
     }
 }
 
+/* ---- CPU placement ------------------------------------------------------------------ */
+
+/* cpu_mask on both sides (and the caller pinned with its channel): the
+ * pollers and workers share one CPU and hand work over by yielding it. */
+static void test_pinned_placement(void **state)
+{
+    (void)state;
+    cpu_set_t allowed, one;
+    int cpu = -1;
+    assert_int_equal(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+    for (int c = 0; c < 64 && cpu < 0; c++)
+        if (CPU_ISSET(c, &allowed))
+            cpu = c;
+    if (cpu < 0)
+        skip();
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    pthread_setaffinity_np(pthread_self(), sizeof(one), &one);
+
+    char uri[VRPC_URI_MAX], bound[VRPC_URI_MAX];
+    struct vrpc_server_opts so;
+    struct vrpc_server *s;
+    vrpc_server_opts_init(&so);
+    so.cpu_mask = 1ull << cpu;
+    assert_int_equal(vrpc_server_create(&so, &s), 0);
+    assert_int_equal(vrpc_server_register(s, &m_echo, h_echo, NULL), 0);
+    assert_int_equal(vrpc_server_start(s, listen_uri(uri, sizeof(uri), 0)), 0);
+    assert_int_equal(vrpc_server_uri(s, bound, sizeof(bound)), 0);
+    struct vrpc_channel_opts co;
+    struct vrpc_channel *ch;
+    vrpc_channel_opts_init(&co);
+    co.src_addr = g_opt.client_ip;
+    co.cpu_mask = 1ull << cpu;
+    assert_int_equal(vrpc_channel_create(bound, &co, &ch), 0);
+    assert_int_equal(vrpc_channel_connect(ch, 10000), 0);
+
+    unsigned n = 2000 / g_opt.scale;
+    struct async_state a = {0};
+    for (unsigned i = 0; i < n; i++) {
+        Vrpctest__EchoReply *rep;
+        struct vrpc_status st;
+        assert_int_equal(call_echo(ch, "p", 1, i, MODE_ECHO, 0, NULL, &rep, &st), VRPC_OK);
+        assert_int_equal(rep->seq, i);
+        Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
+        r.seq = i;
+        int rc;
+        while ((rc = vrpc_call_async(ch, &m_echo, &r.base, NULL, async_cb, &a)) == -EAGAIN)
+            usleep(100);
+        assert_int_equal(rc, 0);
+    }
+    for (int i = 0; i < 30000 && __atomic_load_n(&a.done, __ATOMIC_ACQUIRE) < n; i++)
+        usleep(1000);
+    assert_int_equal(a.ok, n);
+    vrpc_channel_destroy(ch);
+    vrpc_server_destroy(s);
+    pthread_setaffinity_np(pthread_self(), sizeof(allowed), &allowed);
+}
+
 /* ---- calls racing connection loss ------------------------------------------------ */
 
 /* A raw server that answers HELLO and answers every REQUEST OK (empty reply),
@@ -1275,10 +1407,17 @@ static void *loss_async_main(void *arg)
     Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
     for (unsigned i = 0; i < ls->per_thread; i++) {
         struct loss_rec *rec = &ls->recs[t->idx * ls->per_thread + i];
+        uint64_t id = 0;
+        struct vrpc_call_opts o = {.call_id = &id};
         int rc;
-        while ((rc = vrpc_call_async(ls->ch, &m_echo, &r.base, NULL, loss_cb, rec)) == -EAGAIN)
+        while ((rc = vrpc_call_async(ls->ch, &m_echo, &r.base, &o, loss_cb, rec)) == -EAGAIN)
             usleep(50);
         assert_int_equal(rc, 0);
+        /* every 5th is cancelled at once: queued, being sent or pending */
+        if (i % 5 == 0) {
+            rc = vrpc_channel_cancel(ls->ch, id);
+            assert_true(rc == 0 || rc == -ENOENT);
+        }
         /* a sync call every few, on the same slots (a slot's previous
          * occupant then has a callback, the new one has none) */
         if (i % 8 == 0) {
@@ -1328,8 +1467,8 @@ static void test_calls_racing_connection_loss(void **state)
     }
     for (unsigned i = 0; i < THREADS; i++)
         pthread_join(th[i], NULL);
-    /* every accepted call completes exactly once: OK, or UNAVAILABLE when its
-     * connection was dropped under it */
+    /* every accepted call completes exactly once: OK, UNAVAILABLE when its
+     * connection was dropped under it, or CANCELLED */
     unsigned ok = 0, unavailable = 0, pending = total;
     for (int wait = 0; wait < 30000 && pending; wait++) {
         pending = 0;
@@ -1344,12 +1483,12 @@ static void test_calls_racing_connection_loss(void **state)
             fail_msg("call %u completed %u times", k, c);
         if (ls.recs[k].code == VRPC_OK)
             ok++;
-        else if (ls.recs[k].code == VRPC_UNAVAILABLE)
+        else if (ls.recs[k].code == VRPC_UNAVAILABLE || ls.recs[k].code == VRPC_CANCELLED)
             unavailable++;
         else
             fail_msg("call %u: unexpected %s", k, vrpc_code_name((enum vrpc_code)ls.recs[k].code));
     }
-    printf("# %u async + %u sync calls, %u connections dropped: %u ok, %u unavailable\n", total, ls.sync_n,
+    printf("# %u async + %u sync calls, %u connections dropped: %u ok, %u unavailable or cancelled\n", total, ls.sync_n,
            __atomic_load_n(&f.drops, __ATOMIC_RELAXED), ok, unavailable);
     assert_int_equal(ls.sync_bad, 0);
     assert_true(__atomic_load_n(&f.drops, __ATOMIC_RELAXED) > 0);
@@ -1466,11 +1605,13 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_deadline_exceeded),
         cmocka_unit_test(test_cancel_races_response),
         cmocka_unit_test(test_cancel_reaches_server),
+        cmocka_unit_test(test_cancel_queued_call),
         cmocka_unit_test(test_server_drain),
         cmocka_unit_test(test_server_deadline_while_handler_runs),
         cmocka_unit_test(test_destroy_with_unanswered_call),
         cmocka_unit_test(test_connection_loss_and_reconnect),
         cmocka_unit_test(test_calls_racing_connection_loss),
+        cmocka_unit_test(test_pinned_placement),
         cmocka_unit_test(test_bad_requests_get_status),
         cmocka_unit_test(test_protocol_errors_close_connection),
         cmocka_unit_test(test_bad_server_frames),

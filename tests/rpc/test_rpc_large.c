@@ -527,6 +527,57 @@ static uint64_t answered_calls(void)
  * descriptor arrives (the server is still making 16+ MiB): DEADLINE_EXCEEDED at
  * once; a late descriptor gets DONE(CANCELLED) without a read. Every buffer
  * goes back on both sides and the channel carries on. */
+/* No grant left (TCP with one live grant per endpoint, a test-only knob):
+ * offers of large requests and responses wait for one without spinning
+ * (rpc/rndv.h, p_*) and go out as grants free; every call completes with
+ * its payload intact, and every buffer goes back. */
+static void test_grants_exhausted(void **state)
+{
+    (void)state;
+    if (strcmp(g_opt.backend, "tcp")) {
+        skip(); /* the knob is the TCP backend's */
+        return;
+    }
+    enum { N = 8 };
+    size_t n = 300 * 1024;
+    char uri[VRPC_URI_MAX];
+    setenv("VRPC_TCP_TEST_EP_GRANTS", "1", 1);
+    struct vrpc_server *srv = start_server(4 * MiB, 64 * MiB, uri, sizeof(uri));
+    struct vrpc_channel *ch = new_channel(uri, 4 * MiB, 64 * MiB);
+    unsetenv("VRPC_TCP_TEST_EP_GRANTS");
+    uint8_t *data[N];
+    struct async_rec rec[N];
+    memset(rec, 0, sizeof(rec));
+    for (int i = 0; i < N; i++) {
+        data[i] = malloc(n);
+        assert_non_null(data[i]);
+        fill(data[i], n, 100 + (uint64_t)i);
+        Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
+        r.payload.data = data[i];
+        r.payload.len = n;
+        r.seq = crc32c(data[i], n); /* echoed: the response's CRC */
+        r.mode = MODE_ECHO;
+        assert_int_equal(vrpc_call_async(ch, &m_echo, &r.base, NULL, async_cb_crc, &rec[i]), 0);
+    }
+    /* a synchronous one among them waits for its grant too */
+    Vrpctest__EchoReply *rep;
+    struct vrpc_status st;
+    assert_int_equal(call_echo(ch, data[0], n, 0, MODE_CRC, 0, &rep, &st), VRPC_OK);
+    assert_int_equal(rep->seq, crc32c(data[0], n));
+    for (int i = 0; i < N; i++) {
+        while (!__atomic_load_n(&rec[i].done, __ATOMIC_ACQUIRE))
+            usleep(1000);
+        assert_int_equal(rec[i].code, VRPC_OK);
+        assert_int_equal(rec[i].crc_ok, 1);
+    }
+    assert_int_equal(wait_in_use_zero(vrpc_channel_transport(ch)), 0);
+    assert_int_equal(wait_in_use_zero(vrpc_server_transport(srv)), 0);
+    vrpc_channel_destroy(ch);
+    vrpc_server_destroy(srv);
+    for (int i = 0; i < N; i++)
+        free(data[i]);
+}
+
 static void test_cancel_and_deadline_on_large_response(void **state)
 {
     (void)state;
@@ -1017,6 +1068,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_large_over_limit),
         cmocka_unit_test(test_small_call_overtakes_large),
         cmocka_unit_test(test_many_large_transfers_one_connection),
+        cmocka_unit_test(test_grants_exhausted),
         cmocka_unit_test(test_cancel_and_deadline_on_large_response),
         cmocka_unit_test(test_forged_descriptors),
         cmocka_unit_test(test_forged_response_descriptor),

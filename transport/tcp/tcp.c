@@ -101,6 +101,8 @@ struct tcp_tp {
     struct grant *blocks[GMAX_BLOCKS];
     uint32_t nblocks, hw; /* hw: entries ever used */
     uint32_t free_head;   /* index + 1, 0: none */
+    uint32_t ep_grants;   /* most live grants per endpoint, 0: no limit (test
+                             only: VRPC_TCP_TEST_EP_GRANTS, forces -ENOSPC) */
 };
 
 /* Owner side: one read request of the peer being served (under the endpoint
@@ -148,6 +150,7 @@ struct tcp_ep {
     char cur_hdr[HDR_LEN];
     bool err_queued;
     bool granted_any;       /* under the grant table lock */
+    uint32_t ngrants;       /* grants not freed yet (under the grant table lock) */
     bool pump_queued;       /* on cq->pumpq (poller) */
     struct tcp_ep *pnext;
     struct vrpc_buf errf;   /* the one READ_ERR frame */
@@ -633,6 +636,8 @@ static void grant_unref(struct tcp_ep *ep, struct grant *g)
 /* gmu held: the entry is free; its key names nothing any more. */
 static void grant_free_locked(struct tcp_tp *t, struct grant *g)
 {
+    if (g->ep)
+        g->ep->ngrants--;
     g->state = G_FREE;
     g->ep = NULL;
     g->addr = NULL;
@@ -666,6 +671,10 @@ static int tcp_grant(struct vrpc_ep *base, struct vrpc_mr *mr, const void *addr,
         pthread_mutex_unlock(&t->gmu);
         return -ENOTCONN;
     }
+    if (t->ep_grants && ep->ngrants >= t->ep_grants) {
+        pthread_mutex_unlock(&t->gmu);
+        return -ENOSPC;
+    }
     if (t->free_head) {
         idx = t->free_head - 1;
         g = grant_at(t, idx);
@@ -690,6 +699,7 @@ static int tcp_grant(struct vrpc_ep *base, struct vrpc_mr *mr, const void *addr,
     g->state = G_LIVE;
     g->status = 0;
     ep->granted_any = true;
+    ep->ngrants++;
     *rkey = idx << 8 | g->gen;
     pthread_mutex_unlock(&t->gmu);
     return 0;
@@ -2189,6 +2199,9 @@ static int tcp_tp_create(const struct vrpc_transport_attr *attr, struct vrpc_tra
     if (!t)
         return -ENOMEM;
     pthread_mutex_init(&t->gmu, NULL);
+    const char *eg = getenv("VRPC_TCP_TEST_EP_GRANTS");
+    if (eg)
+        t->ep_grants = (uint32_t)strtoul(eg, NULL, 10);
     t->base.headroom = HDR_LEN; /* the frame header is written in front of the payload */
     *out = &t->base;
     return 0;
