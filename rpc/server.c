@@ -1305,6 +1305,7 @@ int vrpc_server_start(struct vrpc_server *s, const char *uri)
         if (s->o.no_spin)
             sc.spin_us = 1; /* the scheduler's minimum: 0 means its default */
         sc.cpu_mask = s->o.cpu_mask;
+        sc.spin_yield = s->o.cpu_mask != 0; /* they share CPUs with the pollers */
         if ((rc = vrpc_sched_create(&sc, &s->sched)))
             return rc;
         s->own_sched = true;

@@ -422,7 +422,10 @@ static struct vrpc_task *idle_wait(struct vrpc_worker *w)
     if (vs_faa_32(&s->nspinning, 1) < s->max_spinning) {
         deadline = now_ns() + w->spin_ns;
         do {
-            ck_pr_stall();
+            if (s->cfg.spin_yield)
+                sched_yield(); /* the poller we share a CPU with goes first */
+            else
+                ck_pr_stall();
             if ((t = find_work(w)) || vs_load_32(&s->exiting)) {
                 vs_faa_32(&s->nspinning, -1);
                 spin_found(s);

@@ -163,7 +163,10 @@ struct vrpc_channel_opts {
                                     Pin the threads that call to the same CPUs: a
                                     hand-off between threads of one CPU costs a few
                                     microseconds, waking a thread on an idle CPU of a
-                                    VM can cost tens (rpc_bench --placement). */
+                                    VM can cost tens (rpc_bench --placement). Pinned,
+                                    waiting callers and idle workers spin by yielding
+                                    the CPU (sched_yield), so the poller they share it
+                                    with runs at once. */
 };
 /* Fill *o with the defaults above (all zeros mean defaults, too). */
 VRPC_API void vrpc_channel_opts_init(struct vrpc_channel_opts *o);

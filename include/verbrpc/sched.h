@@ -71,6 +71,10 @@ struct vrpc_sched_config {
     uint64_t cpu_mask;      /* if nonzero: pin worker i to the (i mod n)-th CPU set in
                                it instead (bit c = CPU c, CPUs 0..63), whatever
                                pin_cpus says */
+    bool spin_yield;        /* an idle worker yields its CPU (sched_yield) between looks
+                               while it spins: for workers pinned to a CPU they share
+                               with the thread that feeds them (a transport poller),
+                               which then runs at once instead of after the spin */
     bool cancel_on_destroy; /* destroy drops queued tasks instead of running them;
                                each dropped task's cancel_fn is called (if set) */
     /* Called on the thread running vrpc_sched_destroy, once per dropped task;

@@ -3,6 +3,7 @@
  * server drain, connection loss and reconnect, every kind of bad input (from
  * raw-frame clients and a raw-frame server), and no malloc in steady state.
  * VRPC_TEST_SCALE=N divides the round counts (set under sanitizers). */
+#define _GNU_SOURCE /* pthread_setaffinity_np, CPU_* */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -10,6 +11,7 @@
 #include <cmocka.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1236,6 +1238,64 @@ static void test_bad_server_frames(void **state)
     }
 }
 
+/* ---- CPU placement ------------------------------------------------------------------ */
+
+/* cpu_mask on both sides (and the caller pinned with its channel): the
+ * pollers and workers share one CPU and hand work over by yielding it. */
+static void test_pinned_placement(void **state)
+{
+    (void)state;
+    cpu_set_t allowed, one;
+    int cpu = -1;
+    assert_int_equal(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+    for (int c = 0; c < 64 && cpu < 0; c++)
+        if (CPU_ISSET(c, &allowed))
+            cpu = c;
+    if (cpu < 0)
+        skip();
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    pthread_setaffinity_np(pthread_self(), sizeof(one), &one);
+
+    char uri[VRPC_URI_MAX], bound[VRPC_URI_MAX];
+    struct vrpc_server_opts so;
+    struct vrpc_server *s;
+    vrpc_server_opts_init(&so);
+    so.cpu_mask = 1ull << cpu;
+    assert_int_equal(vrpc_server_create(&so, &s), 0);
+    assert_int_equal(vrpc_server_register(s, &m_echo, h_echo, NULL), 0);
+    assert_int_equal(vrpc_server_start(s, listen_uri(uri, sizeof(uri), 0)), 0);
+    assert_int_equal(vrpc_server_uri(s, bound, sizeof(bound)), 0);
+    struct vrpc_channel_opts co;
+    struct vrpc_channel *ch;
+    vrpc_channel_opts_init(&co);
+    co.src_addr = g_opt.client_ip;
+    co.cpu_mask = 1ull << cpu;
+    assert_int_equal(vrpc_channel_create(bound, &co, &ch), 0);
+    assert_int_equal(vrpc_channel_connect(ch, 10000), 0);
+
+    unsigned n = 2000 / g_opt.scale;
+    struct async_state a = {0};
+    for (unsigned i = 0; i < n; i++) {
+        Vrpctest__EchoReply *rep;
+        struct vrpc_status st;
+        assert_int_equal(call_echo(ch, "p", 1, i, MODE_ECHO, 0, NULL, &rep, &st), VRPC_OK);
+        assert_int_equal(rep->seq, i);
+        Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
+        r.seq = i;
+        int rc;
+        while ((rc = vrpc_call_async(ch, &m_echo, &r.base, NULL, async_cb, &a)) == -EAGAIN)
+            usleep(100);
+        assert_int_equal(rc, 0);
+    }
+    for (int i = 0; i < 30000 && __atomic_load_n(&a.done, __ATOMIC_ACQUIRE) < n; i++)
+        usleep(1000);
+    assert_int_equal(a.ok, n);
+    vrpc_channel_destroy(ch);
+    vrpc_server_destroy(s);
+    pthread_setaffinity_np(pthread_self(), sizeof(allowed), &allowed);
+}
+
 /* ---- calls racing connection loss ------------------------------------------------ */
 
 /* A raw server that answers HELLO and answers every REQUEST OK (empty reply),
@@ -1551,6 +1611,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_destroy_with_unanswered_call),
         cmocka_unit_test(test_connection_loss_and_reconnect),
         cmocka_unit_test(test_calls_racing_connection_loss),
+        cmocka_unit_test(test_pinned_placement),
         cmocka_unit_test(test_bad_requests_get_status),
         cmocka_unit_test(test_protocol_errors_close_connection),
         cmocka_unit_test(test_bad_server_frames),

@@ -1,9 +1,13 @@
 // grpc_echo_bench: gRPC C++ unary echo, the baseline of rpc_bench: latency
 // p50/p99 and throughput at 1, 16 and 64 outstanding calls, 32 B and 4 KiB,
-// over loopback TCP, server and client in one process (as rpc_bench does).
-// Server: callback API; client: blocking stub at 1 outstanding, callback API
-// above. --role server|client runs one side alone (callgrind.sh).
+// over loopback TCP, server and client in one process, or (--run --connect)
+// against a server started apart (--role server), which is how rpc_bench
+// places the two sides on different CPUs (--cpus, set before gRPC starts any
+// thread, so all of them inherit it). Server: callback API; client: blocking
+// stub at 1 outstanding, callback API above. --role server|client runs one
+// side alone (callgrind.sh).
 #include <grpcpp/grpcpp.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
@@ -210,6 +214,7 @@ int main(int argc, char **argv)
     unsigned long calls = 0, exit_after = 0;
     unsigned size = 32;
     bool run = false;
+    const char *cpus = nullptr;
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : nullptr;
@@ -233,13 +238,34 @@ int main(int argc, char **argv)
             exit_after = strtoul(argv[++i], nullptr, 10);
         else if (a == "--size" && v)
             size = (unsigned)atoi(argv[++i]);
+        else if (a == "--cpus" && v)
+            cpus = argv[++i];
         else {
             fprintf(a == "--help" ? stdout : stderr,
                     "usage: %s --run [--json] [--quick] [--duration-ms N] [--server-ip IP]\n"
+                    "          [--connect HOST:PORT] [--cpus C[,C...]]\n"
                     "       %s --role server --listen HOST:PORT [--exit-after CALLS]\n"
                     "       %s --role client --connect HOST:PORT --calls N [--size BYTES]\n",
                     argv[0], argv[0], argv[0]);
             return a == "--help" ? 0 : 2;
+        }
+    }
+    if (cpus) { // before gRPC starts a thread: every one inherits it
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        for (const char *p = cpus; *p;) {
+            char *end;
+            long c = strtol(p, &end, 10);
+            if (end == p || c < 0 || c >= CPU_SETSIZE) {
+                fprintf(stderr, "grpc_echo_bench: bad --cpus '%s'\n", cpus);
+                return 2;
+            }
+            CPU_SET((int)c, &set);
+            p = *end == ',' ? end + 1 : end;
+        }
+        if (sched_setaffinity(0, sizeof(set), &set) != 0) {
+            perror("grpc_echo_bench: sched_setaffinity");
+            return 1;
         }
     }
     if (role == "server") {
@@ -270,16 +296,21 @@ int main(int argc, char **argv)
         return 0;
     }
     EchoService svc;
-    int port = 0;
-    auto srv = start_server(&svc, server_ip + ":0", &port);
-    if (!srv || !port) {
-        fprintf(stderr, "grpc_echo_bench: cannot start the server\n");
-        return 1;
+    std::unique_ptr<grpc::Server> srv;
+    if (uri.empty()) { // our own server, in this process
+        int port = 0;
+        srv = start_server(&svc, server_ip + ":0", &port);
+        if (!srv || !port) {
+            fprintf(stderr, "grpc_echo_bench: cannot start the server\n");
+            return 1;
+        }
+        uri = server_ip + ":" + std::to_string(port);
     }
-    auto stub = stub_for(server_ip + ":" + std::to_string(port));
+    auto stub = stub_for(uri);
     for (unsigned s : {32u, 4096u})
         for (unsigned o : {1u, 16u, 64u})
             run_case(stub.get(), s, o);
-    srv->Shutdown();
+    if (srv)
+        srv->Shutdown();
     return 0;
 }
