@@ -154,7 +154,7 @@ static void slot_hold(struct vrpc_pending_slot *s) { __atomic_add_fetch(&s->xfer
 /* Drop one hold; the last one after the response ends the wire side. */
 static void slot_drop(struct vrpc_pending_slot *s, uint32_t gen)
 {
-    if (__atomic_sub_fetch(&s->xfer, 1, __ATOMIC_ACQ_REL) == VRPC_PEND_XFER_SEEN)
+    if ((uint32_t)__atomic_sub_fetch(&s->xfer, 1, __ATOMIC_ACQ_REL) == VRPC_PEND_XFER_SEEN)
         vrpc_pending_wire_done(s, gen);
 }
 
@@ -162,10 +162,13 @@ static void slot_drop(struct vrpc_pending_slot *s, uint32_t gen)
  * connection died). True the first time. */
 static bool slot_seen(struct vrpc_pending_slot *s, uint32_t gen)
 {
-    uint32_t old = __atomic_fetch_or(&s->xfer, VRPC_PEND_XFER_SEEN, __ATOMIC_ACQ_REL);
-    if (old & VRPC_PEND_XFER_SEEN)
-        return false;
-    if (old == 0)
+    uint64_t old = __atomic_load_n(&s->xfer, __ATOMIC_ACQUIRE);
+    do { /* only generation gen's word: the slot may have moved on */
+        if ((uint32_t)(old >> 32) != gen || ((uint32_t)old & VRPC_PEND_XFER_SEEN))
+            return false;
+    } while (!__atomic_compare_exchange_n(&s->xfer, &old, old | VRPC_PEND_XFER_SEEN, false, __ATOMIC_ACQ_REL,
+                                          __ATOMIC_ACQUIRE));
+    if ((uint32_t)old == 0)
         vrpc_pending_wire_done(s, gen);
     return true;
 }
@@ -546,7 +549,7 @@ static void on_response(struct vrpc_channel *ch, struct vrpc_conn *c, const stru
 {
     struct vrpc_pending_slot *s = vrpc_pending_lookup(ch->pend, h->request_id);
     if (!s || __atomic_load_n((struct vrpc_conn **)&s->conn, __ATOMIC_ACQUIRE) != c ||
-        (__atomic_load_n(&s->xfer, __ATOMIC_ACQUIRE) & VRPC_PEND_XFER_SEEN)) {
+        ((uint32_t)__atomic_load_n(&s->xfer, __ATOMIC_ACQUIRE) & VRPC_PEND_XFER_SEEN)) {
         protocol_error(c, "response to a request id that is not pending", -EPROTO);
         return;
     }

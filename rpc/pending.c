@@ -76,7 +76,8 @@ static struct vrpc_pending_slot *take_locked(struct vrpc_pending *p, void *conn)
     p->in_use++;
     /* RESERVED: the word stays FREE-looking (flags 0) until vrpc_pending_open */
     __atomic_store_n(&s->conn, conn, __ATOMIC_RELAXED);
-    __atomic_store_n(&s->xfer, 1, __ATOMIC_RELAXED); /* the owner's hold, see pending.h */
+    /* the owner's hold, see pending.h; the call's generation is the word's */
+    __atomic_store_n(&s->xfer, (__atomic_load_n(&s->word, __ATOMIC_RELAXED) & ~0xffffffffull) | 1, __ATOMIC_RELAXED);
     return s;
 }
 

@@ -76,7 +76,9 @@ struct vrpc_pending_slot {
      * connection died) | count of holds (the owner's while it sets the call
      * up, one per grant or read in progress). Reset to 1 (the owner's hold)
      * by vrpc_pending_alloc. */
-    uint32_t xfer;
+    uint64_t xfer;        /* gen << 32 | the above: a late slot_seen for an earlier
+                             generation (the loss scan racing the response) then
+                             fails instead of marking the slot's next call */
     struct vrpc_rndv_out out;  /* the request payload, granted to the server */
     struct vrpc_rndv_in in;    /* the response payload, being read */
 };
