@@ -541,9 +541,9 @@ static void t_revoke_mid_read(void **state)
  * of its memory: its DREQ cuts the READ off. The reader's READ then flushes
  * and its DISCONNECTED says the connection was lost (-ECONNRESET), not
  * closed: an operation of ours died with it. Without the rule it was 0. The
- * owner's own close is clean (0). Repeated a few times: the READ must still
- * be running when the DREQ arrives, and the first round may be the one
- * where it is not. */
+ * owner's own close is clean (0). Up to three rounds: the READ must still
+ * be running when the DREQ arrives (a round where it finished first must
+ * end with a plain close, 0, on both sides). */
 static void t_close_mid_read(void **state)
 {
     struct pair p;
@@ -561,8 +561,8 @@ static void t_close_mid_read(void **state)
         uint32_t rkey;
         pair_connect(&p, &cep, &sep);
         assert_int_equal(vrpc_ep_grant(sep, own.mr, own.base, n, &rkey), 0);
+        /* no pause: on fast hardware 8 MiB is a millisecond */
         assert_int_equal(vrpc_ep_read(cep, &dst.buf, 0, n, (uintptr_t)own.base, rkey, 1), 0);
-        usleep(1000);
         assert_int_equal(vrpc_ep_close(sep), 0);
         assert_true(coll_wait(&p.c.coll, VRPC_WC_READ, cep, 3 * WAIT_MS, &w));
         printf("round %d: read %d (%s)", round, w.status, strerror(-w.status));
@@ -571,8 +571,8 @@ static void t_close_mid_read(void **state)
         assert_true(w.status == 0 || w.status == -ECANCELED);
         assert_true(coll_wait(&p.c.coll, VRPC_WC_DISCONNECTED, cep, WAIT_MS, &w));
         printf(", reader's DISCONNECTED %d (%s)", w.status, strerror(-w.status));
-        if (cut)
-            assert_int_equal(w.status, -ECONNRESET);
+        /* cut off: lost; finished first: a plain close */
+        assert_int_equal(w.status, cut ? -ECONNRESET : 0);
         assert_true(coll_wait(&p.s.coll, VRPC_WC_DISCONNECTED, sep, WAIT_MS, &w));
         printf(", owner's %d\n", w.status);
         assert_int_equal(w.status, 0);
