@@ -659,7 +659,9 @@ int main(int argc, char **argv)
     if (g.payloads) {
         struct rpc_bench_large_cfg lc = {.bo = &g.bo, .backend = g.backend, .server_ip = g.server_ip,
                                          .client_ip = g.client_ip, .payloads = g.payloads,
-                                         .duration_ms = g.duration_set ? g.duration_ms : g.bo.quick ? 300 : 1000};
+                                         .duration_ms = g.duration_set ? g.duration_ms : g.bo.quick ? 300 : 1000,
+                                         .ccpu = g.split ? g.ccpu : -1, .scpu = g.split ? g.scpu : -1,
+                                         .no_spin = g.no_spin};
         return rpc_bench_large(&lc);
     }
     char listen[VRPC_URI_MAX], uri[VRPC_URI_MAX];

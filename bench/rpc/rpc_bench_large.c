@@ -11,12 +11,16 @@
  * starts with its own sequence number (so a stale buffer cannot pass) and
  * the receiver checks it plus one word per 4 KiB against the pattern; the
  * warm-up compares every byte. VRPC_BENCH_ROUNDS=N (odd, <= 15)
- * sets the number of alternating rounds (default 3). */
+ * sets the number of alternating rounds (default 3). Placement
+ * (cfg->ccpu/scpu) is the same for RPC and baseline: sender side on one CPU,
+ * receiver side on the other. */
+#define _GNU_SOURCE /* pthread_setaffinity_np, CPU_SET */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -207,6 +211,19 @@ static struct res rpc_round(struct vrpc_channel *ch, size_t size, unsigned outst
     return r;
 }
 
+/* Pin the calling thread to cpu (-1: leave it as it is). */
+static void pin_to(int cpu)
+{
+    if (cpu < 0)
+        return;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    pthread_setaffinity_np(pthread_self(), sizeof(one), &one);
+}
+
+static uint64_t cpu_bit(int cpu) { return cpu >= 0 && cpu < 64 ? 1ull << cpu : 0; }
+
 /* ---- baseline: blocking-socket stream of size-byte frames ---------------- */
 
 struct sink {
@@ -234,6 +251,7 @@ static int full(int fd, void *buf, size_t len, bool wr)
 static void *sink_main(void *arg)
 {
     struct sink *s = arg;
+    pin_to(C->scpu);
     uint8_t *buf = malloc(s->size);
     int fd = accept(s->lfd, NULL, NULL);
     for (uint64_t seq = 1;; seq++) {
@@ -346,6 +364,8 @@ int rpc_bench_large(const struct rpc_bench_large_cfg *cfg)
     vrpc_server_opts_init(&so);
     so.max_msg_size = limit;
     so.max_pinned = pinned;
+    so.cpu_mask = cpu_bit(cfg->scpu);
+    so.no_spin = cfg->no_spin;
     snprintf(listen, sizeof(listen), "%s://%s:0", cfg->backend, cfg->server_ip);
     int rc;
     if ((rc = vrpc_server_create(&so, &srv)) || (rc = vrpc_server_register(srv, &m_echo, h_echo, NULL)) ||
@@ -358,12 +378,25 @@ int rpc_bench_large(const struct rpc_bench_large_cfg *cfg)
     vrpc_channel_opts_init(&co);
     co.max_msg_size = limit;
     co.max_pinned = pinned;
+    co.cpu_mask = cpu_bit(cfg->ccpu);
+    co.no_spin = cfg->no_spin;
+    pin_to(cfg->ccpu); /* the caller and the stream's sender */
     co.src_addr = cfg->client_ip;
     if ((rc = vrpc_channel_create(uri, &co, &ch)) || (rc = vrpc_channel_connect(ch, 10000))) {
         fprintf(stderr, "rpc_bench: channel to %s: %s\n", uri, strerror(-rc));
         return 1;
     }
 
+    if (cfg->bo->json)
+        printf("{\"name\":\"info:placement\",\"ops_per_s\":null,\"p50_us\":null,\"p99_us\":null,"
+               "\"placement\":\"%s\",\"client_cpu\":%d,\"server_cpu\":%d,\"rounds\":%d}\n",
+               cfg->ccpu >= 0 ? "split" : "none", cfg->ccpu, cfg->scpu, ROUNDS);
+    else if (cfg->ccpu >= 0)
+        printf("placement split: client side (caller, channel threads, stream sender) on CPU %d, server side "
+               "(server threads, stream sink) on CPU %d; %d alternating rounds\n", cfg->ccpu, cfg->scpu, ROUNDS);
+    else
+        printf("placement none: threads unpinned; %d alternating rounds\n", ROUNDS);
+    fflush(stdout);
     char summary[1024];
     int sl = snprintf(summary, sizeof(summary), "\"backend\":\"%s\"", cfg->backend);
     for (size_t i = 0; i < nsizes; i++) {
