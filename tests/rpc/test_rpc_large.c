@@ -666,6 +666,44 @@ static void raw_last(struct raw *r, struct vrpc_wire_hdr *h)
     pthread_mutex_unlock(&r->lock);
 }
 
+/* A raw server: r opened and listening on a free port; its URI in bound. */
+static void raw_server_open(struct raw *r, char *bound, size_t len)
+{
+    char lu[VRPC_URI_MAX];
+    struct vrpc_listen_attr la = {.ncqs = 1};
+    raw_open(r, g_opt.backend);
+    la.cqs = &r->cq;
+    assert_int_equal(vrpc_listen(r->tp, listen_uri(lu, sizeof(lu), 0), &la, &r->l), 0);
+    assert_int_equal(vrpc_listener_uri(r->l, bound, len), 0);
+}
+
+/* The raw server's side of a client's first call: waits for the HELLO,
+ * answers HELLO_ACK, waits for the REQUEST (its header in *h); returns the
+ * accepted endpoint. */
+static struct vrpc_ep *raw_server_take_request(struct raw *r, struct vrpc_wire_hdr *h)
+{
+    assert_true(raw_wait(&r->nrecv, 1, 5000)); /* HELLO */
+    struct vrpc_ep *ep = __atomic_load_n(&r->accepted, __ATOMIC_ACQUIRE);
+    assert_non_null(ep);
+    raw_hello(r, ep, VRPC_FT_HELLO_ACK);
+    assert_true(raw_wait(&r->nrecv, 2, 5000)); /* the REQUEST (|RNDV) */
+    raw_last(r, h);
+    assert_int_equal(h->type, VRPC_FT_REQUEST);
+    return ep;
+}
+
+/* Answer request_id with a 1 MiB RESPONSE|RNDV whose descriptor names a key
+ * the client never granted: it must not be read. */
+static void raw_send_forged_response(struct raw *r, struct vrpc_ep *ep, uint64_t request_id)
+{
+    uint8_t desc[VRPC_WIRE_DESC_LEN];
+    struct vrpc_wire_desc d = {.addr = 0x10000000, .rkey = 0x12345};
+    vrpc_wire_desc_encode(desc, &d);
+    struct vrpc_wire_hdr rh = {.version = 1, .type = VRPC_FT_RESPONSE, .flags = VRPC_FF_RNDV,
+                               .request_id = request_id, .payload_len = MiB};
+    raw_send(r, ep, &rh, desc, sizeof(desc));
+}
+
 /* ---- forged descriptors ---------------------------------------------------- */
 
 static void test_forged_descriptors(void **state)
@@ -752,29 +790,14 @@ static void test_forged_response_descriptor(void **state)
 {
     (void)state;
     struct raw r;
-    char lu[VRPC_URI_MAX], bound[VRPC_URI_MAX];
-    struct vrpc_listen_attr la = {.ncqs = 1};
-    raw_open(&r, g_opt.backend);
-    la.cqs = &r.cq;
-    assert_int_equal(vrpc_listen(r.tp, listen_uri(lu, sizeof(lu), 0), &la, &r.l), 0);
-    assert_int_equal(vrpc_listener_uri(r.l, bound, sizeof(bound)), 0);
+    char bound[VRPC_URI_MAX];
+    raw_server_open(&r, bound, sizeof(bound));
     struct bg_call a = {.ch = new_channel_opt(bound, 4 * MiB, 0, false), .n = 10};
     pthread_t t;
     pthread_create(&t, NULL, bg_call_main, &a);
-    assert_true(raw_wait(&r.nrecv, 1, 5000)); /* HELLO */
-    struct vrpc_ep *ep = __atomic_load_n(&r.accepted, __ATOMIC_ACQUIRE);
-    assert_non_null(ep);
-    raw_hello(&r, ep, VRPC_FT_HELLO_ACK);
-    assert_true(raw_wait(&r.nrecv, 2, 5000)); /* the REQUEST */
     struct vrpc_wire_hdr h;
-    raw_last(&r, &h);
-    assert_int_equal(h.type, VRPC_FT_REQUEST);
-    uint8_t desc[VRPC_WIRE_DESC_LEN];
-    struct vrpc_wire_desc d = {.addr = 0x10000000, .rkey = 0x12345};
-    vrpc_wire_desc_encode(desc, &d);
-    struct vrpc_wire_hdr rh = {.version = 1, .type = VRPC_FT_RESPONSE, .flags = VRPC_FF_RNDV,
-                               .request_id = h.request_id, .payload_len = MiB};
-    raw_send(&r, ep, &rh, desc, sizeof(desc));
+    struct vrpc_ep *ep = raw_server_take_request(&r, &h);
+    raw_send_forged_response(&r, ep, h.request_id);
     pthread_join(t, NULL);
     printf("# call answered with a forged descriptor: %s: %s\n", vrpc_code_name((enum vrpc_code)a.code),
            a.st.message);
@@ -794,12 +817,8 @@ static void test_done_after_deadline(void **state)
 {
     (void)state;
     struct raw r;
-    char lu[VRPC_URI_MAX], bound[VRPC_URI_MAX];
-    struct vrpc_listen_attr la = {.ncqs = 1};
-    raw_open(&r, g_opt.backend);
-    la.cqs = &r.cq;
-    assert_int_equal(vrpc_listen(r.tp, listen_uri(lu, sizeof(lu), 0), &la, &r.l), 0);
-    assert_int_equal(vrpc_listener_uri(r.l, bound, sizeof(bound)), 0);
+    char bound[VRPC_URI_MAX];
+    raw_server_open(&r, bound, sizeof(bound));
     struct vrpc_channel_opts o;
     vrpc_channel_opts_init(&o);
     o.max_msg_size = 4 * MiB;
@@ -809,14 +828,8 @@ static void test_done_after_deadline(void **state)
     assert_int_equal(vrpc_channel_create(bound, &o, &a.ch), 0);
     pthread_t t;
     pthread_create(&t, NULL, bg_call_main, &a);
-    assert_true(raw_wait(&r.nrecv, 1, 5000)); /* HELLO */
-    struct vrpc_ep *ep = __atomic_load_n(&r.accepted, __ATOMIC_ACQUIRE);
-    assert_non_null(ep);
-    raw_hello(&r, ep, VRPC_FT_HELLO_ACK);
-    assert_true(raw_wait(&r.nrecv, 2, 5000)); /* the REQUEST */
     struct vrpc_wire_hdr h;
-    raw_last(&r, &h);
-    assert_int_equal(h.type, VRPC_FT_REQUEST);
+    struct vrpc_ep *ep = raw_server_take_request(&r, &h);
     uint64_t id = h.request_id;
     pthread_join(t, NULL); /* the call timed out (its CANCEL follows) */
     assert_int_equal(a.code, VRPC_DEADLINE_EXCEEDED);
@@ -824,12 +837,7 @@ static void test_done_after_deadline(void **state)
     raw_last(&r, &h);
     assert_int_equal(h.type, VRPC_FT_CANCEL);
     /* now the answer, by rendezvous (a key never granted: it must not be read) */
-    uint8_t desc[VRPC_WIRE_DESC_LEN];
-    struct vrpc_wire_desc d = {.addr = 0x10000000, .rkey = 0x12345};
-    vrpc_wire_desc_encode(desc, &d);
-    struct vrpc_wire_hdr rh = {.version = 1, .type = VRPC_FT_RESPONSE, .flags = VRPC_FF_RNDV, .request_id = id,
-                               .payload_len = MiB};
-    raw_send(&r, ep, &rh, desc, sizeof(desc));
+    raw_send_forged_response(&r, ep, id);
     assert_true(raw_wait(&r.nrecv, 4, 5000));
     raw_last(&r, &h);
     assert_int_equal(h.type, VRPC_FT_DONE);
@@ -849,25 +857,15 @@ static void test_cache_bound_and_hold_timeout(void **state)
 {
     (void)state;
     struct raw r;
-    char lu[VRPC_URI_MAX], bound[VRPC_URI_MAX];
-    struct vrpc_listen_attr la = {.ncqs = 1};
-    raw_open(&r, g_opt.backend);
-    la.cqs = &r.cq;
-    assert_int_equal(vrpc_listen(r.tp, listen_uri(lu, sizeof(lu), 0), &la, &r.l), 0);
-    assert_int_equal(vrpc_listener_uri(r.l, bound, sizeof(bound)), 0);
+    char bound[VRPC_URI_MAX];
+    raw_server_open(&r, bound, sizeof(bound));
     g_hold_ms = 1500;
     struct bg_call a = {.ch = new_channel_opt(bound, 4 * MiB, 4 * MiB, false), .n = 3 * MiB};
     g_hold_ms = 0;
     pthread_t t;
     pthread_create(&t, NULL, bg_call_main, &a);
-    assert_true(raw_wait(&r.nrecv, 1, 5000)); /* HELLO */
-    struct vrpc_ep *ep = __atomic_load_n(&r.accepted, __ATOMIC_ACQUIRE);
-    assert_non_null(ep);
-    raw_hello(&r, ep, VRPC_FT_HELLO_ACK);
-    assert_true(raw_wait(&r.nrecv, 2, 5000)); /* the REQUEST|RNDV */
     struct vrpc_wire_hdr h;
-    raw_last(&r, &h);
-    assert_int_equal(h.type, VRPC_FT_REQUEST);
+    raw_server_take_request(&r, &h); /* the REQUEST|RNDV, never read */
     assert_true(h.flags & VRPC_FF_RNDV);
     assert_true(h.payload_len > 3 * MiB);
     size_t pinned, in_use;
