@@ -518,17 +518,25 @@ static void timed_cb(const struct vrpc_status *st, const ProtobufCMessage *resp,
     __atomic_add_fetch(&t->calls, 1, __ATOMIC_RELEASE);
 }
 
-static void test_async_never_blocks(void **state)
+/* A channel to g_uri with max_outstanding slots and max_queued places to
+ * wait for one, connected (READY). */
+static struct vrpc_channel *new_queued_channel(uint32_t max_outstanding, uint32_t max_queued)
 {
-    (void)state;
     struct vrpc_channel_opts o;
     struct vrpc_channel *ch;
     vrpc_channel_opts_init(&o);
-    o.max_outstanding = 2;
-    o.max_queued = 2;
+    o.max_outstanding = max_outstanding;
+    o.max_queued = max_queued;
     o.src_addr = g_opt.client_ip;
     assert_int_equal(vrpc_channel_create(g_uri, &o, &ch), 0);
     assert_int_equal(vrpc_channel_connect(ch, 10000), 0);
+    return ch;
+}
+
+static void test_async_never_blocks(void **state)
+{
+    (void)state;
+    struct vrpc_channel *ch = new_queued_channel(2, 2);
 
     static struct timed_cb t[5];
     memset(t, 0, sizeof(t));
@@ -598,14 +606,7 @@ static void wait_calls(const struct timed_cb *t, unsigned n, int ms)
 static void test_cancel_queued_call(void **state)
 {
     (void)state;
-    struct vrpc_channel_opts o;
-    struct vrpc_channel *ch;
-    vrpc_channel_opts_init(&o);
-    o.max_outstanding = 1;
-    o.max_queued = 4;
-    o.src_addr = g_opt.client_ip;
-    assert_int_equal(vrpc_channel_create(g_uri, &o, &ch), 0);
-    assert_int_equal(vrpc_channel_connect(ch, 10000), 0);
+    struct vrpc_channel *ch = new_queued_channel(1, 4);
     unsigned runs0 = __atomic_load_n(&g_handler_runs, __ATOMIC_RELAXED);
 
     static struct timed_cb ta, tb, tc, td;
@@ -690,14 +691,17 @@ static void test_deadline_exceeded(void **state)
 
 /* ---- cancellation ------------------------------------------------------------------- */
 
-struct cancel_round {
-    unsigned calls;
+/* One async call's outcome, for call_rec_cb. A record used for exactly one
+ * call also shows a second completion (someone else's callback run with our
+ * arg) in calls. */
+struct call_rec {
+    unsigned calls; /* atomic */
     int code;
 };
 
-static void cancel_cb(const struct vrpc_status *st, const ProtobufCMessage *resp, void *arg)
+static void call_rec_cb(const struct vrpc_status *st, const ProtobufCMessage *resp, void *arg)
 {
-    struct cancel_round *r = arg;
+    struct call_rec *r = arg;
     (void)resp;
     r->code = st->code;
     __atomic_add_fetch(&r->calls, 1, __ATOMIC_RELEASE);
@@ -708,14 +712,14 @@ static void test_cancel_races_response(void **state)
     (void)state;
     unsigned rounds = 10000 / g_opt.scale, cancelled = 0, completed = 0;
     struct vrpc_channel *ch = new_channel(g_uri, 64, true);
-    static struct cancel_round r[10000];
+    static struct call_rec r[10000];
     memset(r, 0, sizeof(r));
     for (unsigned i = 0; i < rounds; i++) {
         uint64_t id = 0;
         struct vrpc_call_opts o = {.call_id = &id};
         Vrpctest__EchoRequest req = VRPCTEST__ECHO_REQUEST__INIT;
         req.seq = i;
-        assert_int_equal(vrpc_call_async(ch, &m_echo, &req.base, &o, cancel_cb, &r[i]), 0);
+        assert_int_equal(vrpc_call_async(ch, &m_echo, &req.base, &o, call_rec_cb, &r[i]), 0);
         if (i % 3)
             usleep((i * 7) % 40); /* vary who wins */
         int rc = vrpc_channel_cancel(ch, __atomic_load_n(&id, __ATOMIC_ACQUIRE));
@@ -897,13 +901,13 @@ static void test_destroy_with_unanswered_call(void **state)
     struct vrpc_server *s = start_server(listen_uri(uri, sizeof(uri), 0), 64);
     assert_int_equal(vrpc_server_uri(s, bound, sizeof(bound)), 0);
     struct vrpc_channel *ch = new_channel(bound, 64, true);
-    struct cancel_round r = {0};
+    struct call_rec r = {0};
     Vrpctest__EchoRequest req = VRPCTEST__ECHO_REQUEST__INIT;
     req.mode = MODE_NEVER;
     req.payload.data = (uint8_t *)"kept";
     req.payload.len = 4;
     memset(&g_never, 0, sizeof(g_never));
-    assert_int_equal(vrpc_call_async(ch, &m_echo, &req.base, NULL, cancel_cb, &r), 0);
+    assert_int_equal(vrpc_call_async(ch, &m_echo, &req.base, NULL, call_rec_cb, &r), 0);
     for (int i = 0; i < 30000 && !__atomic_load_n(&g_never.n, __ATOMIC_ACQUIRE); i++)
         usleep(1000);
     assert_int_equal(__atomic_load_n(&g_never.n, __ATOMIC_ACQUIRE), 1);
@@ -937,13 +941,13 @@ static void test_connection_loss_and_reconnect(void **state)
     assert_int_equal(vrpc_server_uri(s, bound, sizeof(bound)), 0);
     unsigned port = uri_port(bound);
     struct vrpc_channel *ch = new_channel(bound, 64, true);
-    static struct cancel_round r[16];
+    static struct call_rec r[16];
     memset(r, 0, sizeof(r));
     for (unsigned i = 0; i < 16; i++) {
         Vrpctest__EchoRequest req = VRPCTEST__ECHO_REQUEST__INIT;
         req.mode = MODE_DEFERRED;
         req.sleep_ms = 300;
-        assert_int_equal(vrpc_call_async(ch, &m_echo, &req.base, NULL, cancel_cb, &r[i]), 0);
+        assert_int_equal(vrpc_call_async(ch, &m_echo, &req.base, NULL, call_rec_cb, &r[i]), 0);
     }
     usleep(30000);
     vrpc_server_shutdown(s, 0); /* closes the connection under the calls */
@@ -1371,16 +1375,9 @@ static void flaky_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, v
     }
 }
 
-/* One async call's record: used for exactly one call, so a second
- * completion (someone else's callback run with our arg) is seen. */
-struct loss_rec {
-    unsigned calls; /* atomic */
-    int code;
-};
-
 struct loss_state {
     struct vrpc_channel *ch;
-    struct loss_rec *recs;
+    struct call_rec *recs;
     unsigned per_thread;
     unsigned done;    /* atomic: async completions */
     unsigned sync_bad; /* atomic: sync calls with a code other than OK/UNAVAILABLE */
@@ -1392,25 +1389,17 @@ struct loss_thread {
     unsigned idx;
 };
 
-static void loss_cb(const struct vrpc_status *st, const ProtobufCMessage *resp, void *arg)
-{
-    struct loss_rec *r = arg;
-    (void)resp;
-    r->code = st->code;
-    __atomic_add_fetch(&r->calls, 1, __ATOMIC_RELEASE);
-}
-
 static void *loss_async_main(void *arg)
 {
     struct loss_thread *t = arg;
     struct loss_state *ls = t->st;
     Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
     for (unsigned i = 0; i < ls->per_thread; i++) {
-        struct loss_rec *rec = &ls->recs[t->idx * ls->per_thread + i];
+        struct call_rec *rec = &ls->recs[t->idx * ls->per_thread + i];
         uint64_t id = 0;
         struct vrpc_call_opts o = {.call_id = &id};
         int rc;
-        while ((rc = vrpc_call_async(ls->ch, &m_echo, &r.base, &o, loss_cb, rec)) == -EAGAIN)
+        while ((rc = vrpc_call_async(ls->ch, &m_echo, &r.base, &o, call_rec_cb, rec)) == -EAGAIN)
             usleep(50);
         assert_int_equal(rc, 0);
         /* every 5th is cancelled at once: queued, being sent or pending */
