@@ -927,10 +927,10 @@ static int grant_request_locked(struct vrpc_channel *ch, struct vrpc_conn *c, st
     return rc;
 }
 
-/* The end of sending a request (start_call's, or a parked offer's): send
- * the frame b unless rc already says why not, fail the call if it could not
- * go, end the owner's set-up hold. Drops the async call's own reference of c
- * (see start_call). */
+/* The end of sending a request (start_call's, a parked offer's or a queued
+ * call's): send the frame b unless rc already says why not, fail the call if
+ * it could not go, end the owner's set-up hold. Drops the async call's own
+ * reference of c (see start_call). */
 static void request_go(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s, uint32_t gen,
                        struct vrpc_buf *b, uint32_t flen, int rc, bool async, bool may_wait, bool on_poller)
 {
@@ -1094,21 +1094,8 @@ static void launch_queued(struct vrpc_channel *ch, struct vrpc_conn *c, struct v
         h.budget_us = left > 0 ? (uint64_t)(left / 1000) : 0;
     }
     vrpc_wire_hdr_encode(b->data, &h);
-    /* dead read with an RMW: see start_call */
-    int rc = __atomic_fetch_or(&c->dead, 0, __ATOMIC_ACQ_REL) ? -ENOTCONN : 0;
-    if (!rc)
-        rc = vrpc_rpc_send(c->ep, b, VRPC_WIRE_HDR_LEN + mdsz + plen, false);
-    else
-        vrpc_pool_put(b);
-    if (rc) {
-        if (vrpc_pending_decide(s, gen)) {
-            vrpc_status_set(&s->st, VRPC_UNAVAILABLE, "send failed: %s", strerror(-rc));
-            complete(ch, s, gen, false);
-        }
-        slot_seen(s, gen);
-    }
-    slot_drop(s, gen); /* the owner's set-up hold (pending.h) */
-    conn_unref(c);
+    /* a queued call is async: drops launch_open_locked's reference of c */
+    request_go(ch, c, s, gen, b, VRPC_WIRE_HDR_LEN + mdsz + plen, 0, true, false, false);
 }
 
 /* ---- the async backlog ---------------------------------------------------- */
