@@ -779,18 +779,27 @@ static void failed(struct vep *ep, int status)
 	todo_add(ep);
 }
 
+/* ep_fail and ep_fail_cm: fails ep once, by_cm recording that the verdict
+ * is the CM's; when it did, logs and hands ep to the poller. */
+static void ep_fail_va(struct vep *ep, bool by_cm, int status, const char *fmt, va_list ap)
+{
+	bool did;
+	pthread_mutex_lock(&ep->lock);
+	did = fail_locked(ep, status, fmt, ap);
+	if (did && by_cm)
+		ep->by_cm = true;
+	pthread_mutex_unlock(&ep->lock);
+	if (did)
+		failed(ep, status);
+}
+
 static void ep_fail(struct vep *ep, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void ep_fail(struct vep *ep, int status, const char *fmt, ...)
 {
 	va_list ap;
-	bool did;
-	pthread_mutex_lock(&ep->lock);
 	va_start(ap, fmt);
-	did = fail_locked(ep, status, fmt, ap);
+	ep_fail_va(ep, false, status, fmt, ap);
 	va_end(ap);
-	pthread_mutex_unlock(&ep->lock);
-	if (did)
-		failed(ep, status);
 }
 
 /* The rdma_cm DISCONNECTED event's verdict (CM thread). It may come before
@@ -800,16 +809,9 @@ static void ep_fail_cm(struct vep *ep, int status, const char *fmt, ...) __attri
 static void ep_fail_cm(struct vep *ep, int status, const char *fmt, ...)
 {
 	va_list ap;
-	bool did;
-	pthread_mutex_lock(&ep->lock);
 	va_start(ap, fmt);
-	did = fail_locked(ep, status, fmt, ap);
+	ep_fail_va(ep, true, status, fmt, ap);
 	va_end(ap);
-	if (did)
-		ep->by_cm = true;
-	pthread_mutex_unlock(&ep->lock);
-	if (did)
-		failed(ep, status);
 }
 
 /* Fails the endpoint only while it is still in `state` (a deadline that a
