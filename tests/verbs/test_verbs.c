@@ -490,6 +490,45 @@ static void t_server_restart(void **state)
     client_stop(&c);
 }
 
+/* ---- logs: stderr captured ------------------------------------------------------- */
+
+/* For tests that check what the transport logged: stderr goes to a temporary
+ * file between capture_start and capture_stop. */
+struct capture {
+    FILE *f;
+    int saved; /* the real stderr */
+};
+
+static void capture_start(struct capture *c)
+{
+    c->f = tmpfile();
+    assert_non_null(c->f);
+    fflush(stderr);
+    c->saved = dup(2);
+    dup2(fileno(c->f), 2);
+}
+
+/* What was logged so far, into log (NUL-terminated, truncated to len - 1). */
+static void capture_read(struct capture *c, char *log, size_t len)
+{
+    size_t n;
+    fflush(stderr);
+    rewind(c->f);
+    n = fread(log, 1, len - 1, c->f);
+    log[n] = 0;
+}
+
+/* stderr back; then, when log is not NULL, all that was logged into it. */
+static void capture_stop(struct capture *c, char *log, size_t len)
+{
+    fflush(stderr);
+    dup2(c->saved, 2);
+    close(c->saved);
+    if (log)
+        capture_read(c, log, len);
+    fclose(c->f);
+}
+
 /* ---- wrong protocol version ------------------------------------------------------ */
 
 /* A client claiming protocol version 99 is refused: vrpc_connect() fails
@@ -502,28 +541,18 @@ static void t_wrong_version(void **state)
     struct client bad, good;
     struct vrpc_ep *ep = NULL;
     char log[4096] = "";
-    FILE *cap = tmpfile();
-    int saved, rc;
-    size_t n;
+    struct capture cap;
+    int rc;
     (void)state;
 
-    assert_non_null(cap);
     assert_int_equal(echo_start(&e, &ec), 0);
     setenv("VRPC_VERBS_PROTO_VERSION", "99", 1);
     rc = client_start(&bad, NULL, 8, 4, 0, NULL, NULL);
     unsetenv("VRPC_VERBS_PROTO_VERSION");
     assert_int_equal(rc, 0);
-    fflush(stderr);
-    saved = dup(2);
-    dup2(fileno(cap), 2);
+    capture_start(&cap);
     rc = client_connect(&bad, e.uri, &ep);
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    rewind(cap);
-    n = fread(log, 1, sizeof(log) - 1, cap);
-    log[n] = 0;
-    fclose(cap);
+    capture_stop(&cap, log, sizeof(log));
     printf("  connect: %d (%s); logged:\n%s", rc, strerror(-rc), log);
     assert_int_equal(rc, -EPROTO);
     assert_non_null(strstr(log, "refusing a connection: protocol version 99 not supported"));
@@ -626,24 +655,20 @@ static void t_accept_deadline(void **state)
     struct rdma_cm_id *id;
     struct timespec t0, t1;
     char log[4096] = "";
-    FILE *cap = tmpfile();
-    int saved, rc = -1;
+    struct capture cap;
+    int rc = -1;
     double s;
-    size_t n;
     (void)state;
 
     vrpc_transport_attr_init(&ta);
     ta.connect_timeout_ms = 1000;
-    assert_non_null(cap);
     assert_int_equal(echo_start(&e, &ec), 0);
     assert_int_equal(client_start(&c, NULL, 16, 8, 0, NULL, NULL), 0);
     /* no message on it yet: its reservation would grow into the rest */
     assert_int_equal(client_connect(&c, e.uri, &live), 0);
     raw_half_open(e.uri, &ch, &id);
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    fflush(stderr);
-    saved = dup(2);
-    dup2(fileno(cap), 2);
+    capture_start(&cap);
     /* both reservations are taken */
     rc = client_connect(&c, e.uri, &late);
     assert_int_equal(rc, -ECONNREFUSED);
@@ -656,13 +681,7 @@ static void t_accept_deadline(void **state)
         usleep(100000);
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    rewind(cap);
-    n = fread(log, 1, sizeof(log) - 1, cap);
-    log[n] = 0;
-    fclose(cap);
+    capture_stop(&cap, log, sizeof(log));
     s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
     printf("  new connection %d (%s) %.2f s after the half-open one; logged:\n%s", rc, strerror(-rc), s, log);
     assert_int_equal(rc, 0);
@@ -694,21 +713,18 @@ static void t_async_srq_limit(void **state)
     struct client c;
     struct vrpc_ep *ep;
     char log[4096] = "";
-    FILE *cap = tmpfile();
-    int saved, rc;
+    struct capture cap;
+    int rc;
     bool seen = false;
     (void)state;
 
-    assert_non_null(cap);
     setenv("VRPC_VERBS_SRQ_LIMIT", "4", 1);
     rc = echo_start(&e, &ec);
     unsetenv("VRPC_VERBS_SRQ_LIMIT");
     assert_int_equal(rc, 0);
     assert_int_equal(client_start(&c, NULL, 16, 8, 0, NULL, NULL), 0);
     assert_int_equal(client_connect(&c, e.uri, &ep), 0);
-    fflush(stderr);
-    saved = dup(2);
-    dup2(fileno(cap), 2);
+    capture_start(&cap);
     for (uint32_t i = 0; i < 6; i++) {
         struct vrpc_buf *b = vrpc_pool_get(c.pool);
         assert_non_null(b);
@@ -718,19 +734,12 @@ static void t_async_srq_limit(void **state)
     for (int i = 0; i < WAIT_MS && atomic_load(&e.recvs) < 5; i++)
         usleep(1000);
     for (int i = 0; i < 5000 && !seen; i += 10) {
-        size_t n;
-        fflush(stderr);
-        rewind(cap);
-        n = fread(log, 1, sizeof(log) - 1, cap);
-        log[n] = 0;
+        capture_read(&cap, log, sizeof(log));
         seen = strstr(log, "receive buffers left posted") != NULL;
         if (!seen)
             usleep(10000);
     }
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    fclose(cap);
+    capture_stop(&cap, NULL, 0);
     printf("  %lu messages held; logged:\n%s", atomic_load(&e.recvs), log);
     assert_true(atomic_load(&e.recvs) >= 5);
     assert_true(seen);
