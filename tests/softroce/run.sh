@@ -18,6 +18,8 @@
 # Every registered verbs test that is not seen passing or skipping counts as
 # failed (a VM that dies mid-run fails them all). No verbs tests registered:
 # says so and counts 0. Exit status: 0 only when nothing failed.
+# A VM that fails before the tests start (vm.sh exit 125, e.g. a boot that
+# hangs) is booted once more; tests are never retried.
 # Environment: VRPC_VERBS_MODE=auto|device|vm, VRPC_SOFTROCE_TIMEOUT (s, default 1500).
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -53,9 +55,16 @@ device)
     "${CTEST[@]}" 2>&1 | tee "$log"; rc=${PIPESTATUS[0]} ;;
 vm)
     echo "verbs: running $total test(s) in the Soft-RoCE VM (one boot)"
-    "$HERE/vm.sh" --net both --share "$BUILD" --no-share-cwd --timing-file "$log.t" \
-        --timeout "${VRPC_SOFTROCE_TIMEOUT:-1500}" -- "${CTEST[@]}" 2>&1 | tee "$log"
-    rc=${PIPESTATUS[0]}
+    for attempt in 1 2; do
+        rm -f "$log.t"
+        "$HERE/vm.sh" --net both --share "$BUILD" --no-share-cwd --timing-file "$log.t" \
+            --timeout "${VRPC_SOFTROCE_TIMEOUT:-1500}" -- "${CTEST[@]}" 2>&1 | tee "$log"
+        rc=${PIPESTATUS[0]}
+        # A VM that never got to start the tests (vm.sh 125, no boot time) is
+        # booted once more; once the tests have started, nothing is retried.
+        ((rc == 125 && attempt == 1)) && ! grep -q '^boot ' "$log.t" 2>/dev/null || break
+        echo "verbs: the VM did not get to start the tests; booting it once more"
+    done
     if [[ -s $log.t ]]; then
         t() { awk -v k="$1" '$1 == k { print $2 }' "$log.t"; }
         echo "verbs: VM timings: prepare $(t prepare) s, boot $(t boot) s, tests $(t command) s, total $(t total) s"

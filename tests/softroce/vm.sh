@@ -142,6 +142,8 @@ while kill -0 "$QPID" 2>/dev/null; do
     [[ -z $T_START && -e $R/started ]] && T_START=$t
     if [[ -z $T_START ]] && ((t > boot_deadline)); then
         echo "vm.sh: the command did not start within ${BOOT_TIMEOUT}s ($ACCEL); killing the VM" >&2
+        [[ -f $R/init-error ]] && echo "vm.sh: init: $(<"$R/init-error")" >&2
+        tail -n 20 "$R/console.log" 2>/dev/null | sed 's/^/vm.sh: console: /' >&2
         status=125; kill "$QPID"; break
     fi
     if ((all_deadline > 0 && t > all_deadline)); then
