@@ -243,8 +243,8 @@ static void no_lost_wakeup(bool fences)
     vrpc_sched_config_init(&cfg);
     cfg.nworkers = 2;
     cfg.spin_us = 1; /* park almost at once, so that submissions race the parking */
-    if (fences)
-        setenv("VRPC_SCHED_MEMBARRIER", "0", 1); /* read by create only */
+    if (!fences)
+        setenv("VRPC_SCHED_MEMBARRIER", "1", 1); /* read by create only */
     assert_int_equal(vrpc_sched_create(&cfg, &s), 0);
     unsetenv("VRPC_SCHED_MEMBARRIER");
     assert_int_equal(vrpc_sched_producer_create(s, &p), 0);
