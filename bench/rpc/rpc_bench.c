@@ -543,7 +543,8 @@ static void usage(FILE *f, const char *argv0)
             "VRPC_VERBS_IP (or VRPC_VERBS_IP_B, with VRPC_VERBS_IP_A as --client-ip).\n"
             "--payload: large messages instead: requests of each size (bytes_per_s), 1 and 4\n"
             "outstanding, against a blocking-socket TCP stream of the same frame size (tcp),\n"
-            "3 alternating rounds, medians (default 1000 ms per case and round).\n",
+            "3 alternating rounds (VRPC_BENCH_ROUNDS=N), medians (default 1000 ms per case and\n"
+            "round), with the same --placement for RPC and stream.\n",
             argv0, argv0, argv0, argv0);
 }
 
