@@ -1000,8 +1000,13 @@ static void call_task(struct vrpc_task *t)
     }
     call->me->fn(call, req, call->me->user);
 out:
-    /* last: vrpc_server_destroy frees s once no task is left */
-    if (__atomic_sub_fetch(&s->tasks, 1, __ATOMIC_ACQ_REL) == 0)
+    /* Last: vrpc_server_destroy frees s once no task is left. Only destroy
+     * waits for tasks, after the shutdown began, in 10 ms naps: no wake (a
+     * syscall) per call before that; a task that read shutting just before
+     * it was set only leaves destroy a nap late. */
+    if (!__atomic_load_n(&s->shutting, __ATOMIC_ACQUIRE))
+        __atomic_sub_fetch(&s->tasks, 1, __ATOMIC_ACQ_REL);
+    else if (__atomic_sub_fetch(&s->tasks, 1, __ATOMIC_ACQ_REL) == 0)
         vrpc_futex_wake_all(&s->tasks);
 }
 
