@@ -1332,7 +1332,7 @@ int vrpc_server_start(struct vrpc_server *s, const char *uri)
         vrpc_cq_attr_init(&ca);
         ca.cb = server_cq_cb;
         ca.cb_arg = pl;
-        ca.busy_poll_us = s->o.no_spin ? 0 : 20;
+        ca.busy_poll_us = s->o.no_spin ? 0 : VRPC_RPC_BUSY_POLL_US;
         ca.max_recv = SERVER_RECV_BUFS;
         ca.name = "vrpc-srv-poll";
         ca.cpu = nth_cpu(s->o.cpu_mask, i);

@@ -23,6 +23,7 @@
 #include <verbrpc/transport.h>
 #include "common/bench.h"
 #include "rpc/futex.h"
+#include "rpc/internal.h"
 #include "rpc_bench_large.h"
 #include "rpc_test.pb-c.h"
 
@@ -304,7 +305,7 @@ static void tp_open(struct tp *t, bool server, int cpu)
     vrpc_cq_attr_init(&ca);
     ca.cb = tp_cb;
     ca.cb_arg = t;
-    ca.busy_poll_us = g.no_spin ? 0 : 20; /* as the RPC core's pollers */
+    ca.busy_poll_us = g.no_spin ? 0 : VRPC_RPC_BUSY_POLL_US; /* as the RPC core's pollers */
     ca.cpu = cpu;                         /* as the RPC core's pollers are placed */
     if (vrpc_cq_create(t->t, &ca, &t->cq))
         exit(1);
