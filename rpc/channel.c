@@ -668,15 +668,19 @@ static void release_transfers(struct vrpc_channel *ch, struct vrpc_ep *ep)
     vrpc_rndv_retry_forget(&ch->retry, ep, response_read_failed, ch);
     for (uint32_t i = 0; i < ch->pend->n; i++) {
         struct vrpc_pending_slot *s = &ch->pend->slots[i];
-        if (__atomic_load_n(&s->out.state, __ATOMIC_ACQUIRE) != VRPC_RNDV_GRANTED || s->out.ep != ep)
+        /* REVOKING too: request_go's revoke of a grant whose descriptor
+         * could not be sent holds GRANTED -> REVOKING -> GRANTED (failed)
+         * under conn_lock, so the state is decided under the lock */
+        uint32_t st = __atomic_load_n(&s->out.state, __ATOMIC_ACQUIRE);
+        if ((st != VRPC_RNDV_GRANTED && st != VRPC_RNDV_REVOKING) || s->out.ep != ep)
             continue;
         struct vrpc_conn *c = vrpc_ep_user(ep);
-        uint32_t gen = vrpc_wire_id_gen(s->out.id);
-        vrpc_timer_cancel(ch->wheel, &s->out.hold_timer);
         pthread_mutex_lock(&ch->conn_lock);
+        uint32_t gen = vrpc_wire_id_gen(s->out.id);
         bool dropped = vrpc_rndv_drop(&s->out, ep);
         pthread_mutex_unlock(&ch->conn_lock);
         if (dropped) {
+            vrpc_timer_cancel(ch->wheel, &s->out.hold_timer);
             zc_release(ch, s, true);
             conn_unref(c);
             slot_drop(s, gen);
@@ -1009,9 +1013,11 @@ static void request_go(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc
          * (its REVOKE completion releases it); one that cannot be revoked
          * (-ENOSPC, a dying endpoint) stays until the endpoint's
          * DISCONNECTED or the hold timeout releases it. */
+        pthread_mutex_lock(&ch->conn_lock); /* against release_transfers: see there */
         if (__atomic_load_n(&s->out.state, __ATOMIC_ACQUIRE) == VRPC_RNDV_GRANTED &&
             s->out.id == vrpc_wire_make_id(s->index, gen))
             vrpc_rndv_revoke(&s->out);
+        pthread_mutex_unlock(&ch->conn_lock);
         if (vrpc_pending_decide(s, gen)) {
             vrpc_status_set(&s->st, VRPC_UNAVAILABLE, "send failed: %s", strerror(-rc));
             complete(ch, s, gen, on_poller);

@@ -119,7 +119,8 @@ void vrpc_rndv_park(struct vrpc_rndv_out **list, struct vrpc_rndv_out *o);
 /* The parked offer's descriptor, once granted: into the frame's last 16 bytes. */
 void vrpc_rndv_offer_desc(struct vrpc_rndv_out *o);
 
-/* Poller: GRANTED -> REVOKING and post the revoke. 0 posted; -EALREADY the
+/* Poller (the channel also, under its conn_lock, for a grant whose
+ * descriptor could not be sent): GRANTED -> REVOKING and post the revoke. 0 posted; -EALREADY the
  * record was not GRANTED; -ENOSPC: stays GRANTED, retry after a completion
  * (vrpc_rndv_revoke_later); other errors: stays GRANTED (the endpoint is
  * dying; its DISCONNECTED releases it). */
