@@ -9,7 +9,9 @@
  * transport: the reader sends READ_REQ (no credit) and readv's the READ_RESP
  * chunks straight into its buffer; the owner checks the request against the
  * transport's grant table and streams the granted memory in read_chunk
- * frames with sendmsg (header + slice, no copy of ours), driven by its poller
+ * frames with sendmsg (header + slice, no copy of ours; a gathered grant,
+ * vrpc_ep_grant_segs, is one iovec per segment the chunk spans; the
+ * memory may be the RPC caller's own), driven by its poller
  * on EPOLLOUT, one chunk at a time round-robin over the endpoint's read jobs,
  * with the endpoint's small frames going first between chunks. Any bad
  * request: READ_ERR, log, the connection fails (-EPROTO), as a bad key kills
