@@ -1655,7 +1655,7 @@ int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *opts, s
     vrpc_cq_attr_init(&ca);
     ca.cb = channel_cq_cb;
     ca.cb_arg = ch;
-    ca.busy_poll_us = ch->o.no_spin ? 0 : 20;
+    ca.busy_poll_us = ch->o.no_spin ? 0 : VRPC_RPC_BUSY_POLL_US;
     ca.max_recv = RECV_BUFS;
     ca.name = "vrpc-ch-poll";
     ca.cpu = ch->o.cpu_mask ? __builtin_ctzll(ch->o.cpu_mask) : -1;

@@ -18,6 +18,14 @@
 /* Receive buffers (and their pool) a channel/server CQ keeps posted. */
 #define VRPC_RPC_DEFAULT_EAGER 8192u
 
+/* How long a channel's or server's poller busy-polls after its last
+ * completion before it sleeps (unless no_spin). It must outlast a round trip
+ * counted from the send completion that opens it (about 17-25 us on TCP over
+ * loopback in a VM): a response that finds the poller asleep pays an epoll
+ * wake-up, and if its CPU went idle meanwhile a wake from idle (~100 us on a
+ * VM). As long as a synchronous caller's and an idle worker's spin. */
+#define VRPC_RPC_BUSY_POLL_US 50u
+
 /* The calling thread's arena for unpacking responses (created on first use,
  * freed at thread exit or vrpc_thread_release). NULL if out of memory. */
 struct vrpc_arena *vrpc_rpc_tls_arena(void);

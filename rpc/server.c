@@ -1000,8 +1000,13 @@ static void call_task(struct vrpc_task *t)
     }
     call->me->fn(call, req, call->me->user);
 out:
-    /* last: vrpc_server_destroy frees s once no task is left */
-    if (__atomic_sub_fetch(&s->tasks, 1, __ATOMIC_ACQ_REL) == 0)
+    /* Last: vrpc_server_destroy frees s once no task is left. Only destroy
+     * waits for tasks, after the shutdown began, in 10 ms naps: no wake (a
+     * syscall) per call before that; a task that read shutting just before
+     * it was set only leaves destroy a nap late. */
+    if (!__atomic_load_n(&s->shutting, __ATOMIC_ACQUIRE))
+        __atomic_sub_fetch(&s->tasks, 1, __ATOMIC_ACQ_REL);
+    else if (__atomic_sub_fetch(&s->tasks, 1, __ATOMIC_ACQ_REL) == 0)
         vrpc_futex_wake_all(&s->tasks);
 }
 
@@ -1327,7 +1332,7 @@ int vrpc_server_start(struct vrpc_server *s, const char *uri)
         vrpc_cq_attr_init(&ca);
         ca.cb = server_cq_cb;
         ca.cb_arg = pl;
-        ca.busy_poll_us = s->o.no_spin ? 0 : 20;
+        ca.busy_poll_us = s->o.no_spin ? 0 : VRPC_RPC_BUSY_POLL_US;
         ca.max_recv = SERVER_RECV_BUFS;
         ca.name = "vrpc-srv-poll";
         ca.cpu = nth_cpu(s->o.cpu_mask, i);

@@ -217,6 +217,10 @@ static void *poller_main(void *arg)
             deliver(cq, (unsigned)n);
             if (busy_ns)
                 idle_since = vrpc_tp_now_ns();
+            /* pinned: the callback likely readied a thread of this CPU (a
+             * worker, a waiting caller); let it run before polling again */
+            if (cq->attr.cpu >= 0)
+                sched_yield();
             continue;
         }
         if (atomic_load_explicit(&cq->stopping, memory_order_acquire))

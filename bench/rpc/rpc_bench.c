@@ -7,7 +7,8 @@
  * machine is shared. Every implementation gets the same CPU placement
  * (--placement): client side on one CPU, server side on another.
  * --role server|client runs one side alone (bench/rpc/callgrind.sh uses it to
- * count instructions per call on each side). */
+ * count instructions per call on each side; with --placement, perf can count
+ * each pinned side's syscalls and context switches per call). */
 #define _GNU_SOURCE /* pthread_setaffinity_np, CPU_* */
 #include <errno.h>
 #include <pthread.h>
@@ -22,6 +23,7 @@
 #include <verbrpc/transport.h>
 #include "common/bench.h"
 #include "rpc/futex.h"
+#include "rpc/internal.h"
 #include "rpc_bench_large.h"
 #include "rpc_test.pb-c.h"
 
@@ -303,7 +305,7 @@ static void tp_open(struct tp *t, bool server, int cpu)
     vrpc_cq_attr_init(&ca);
     ca.cb = tp_cb;
     ca.cb_arg = t;
-    ca.busy_poll_us = g.no_spin ? 0 : 20; /* as the RPC core's pollers */
+    ca.busy_poll_us = g.no_spin ? 0 : VRPC_RPC_BUSY_POLL_US; /* as the RPC core's pollers */
     ca.cpu = cpu;                         /* as the RPC core's pollers are placed */
     if (vrpc_cq_create(t->t, &ca, &t->cq))
         exit(1);
@@ -500,6 +502,8 @@ static void run_grpc(struct grpc_res *gr, unsigned round, bool split)
 
 static int role_server(void)
 {
+    if (g.split)
+        pin_self(g.scpu);
     struct vrpc_server *s = server_start(g.uri);
     char uri[VRPC_URI_MAX];
     vrpc_server_uri(s, uri, sizeof(uri));
@@ -516,10 +520,25 @@ static int role_server(void)
 
 static int role_client(void)
 {
+    if (g.split)
+        pin_self(g.ccpu);
     struct vrpc_channel *ch = channel_open(g.uri);
-    for (unsigned long i = 0; i < g.calls; i++)
+    /* latencies only when placed (callgrind.sh counts instructions unplaced) */
+    uint64_t *lat = g.split ? calloc(g.calls ? g.calls : 1, sizeof(*lat)) : NULL;
+    for (unsigned long i = 0; i < g.calls; i++) {
+        uint64_t a = lat ? vrpc_bench_now_ns() : 0;
         one_call(ch, g.size, i);
+        if (lat)
+            lat[i] = vrpc_bench_now_ns() - a;
+    }
     vrpc_channel_destroy(ch);
+    if (lat && g.calls) { /* on stderr: callgrind.sh passes stdout on */
+        struct vrpc_bench_samples s = {.v = lat, .n = g.calls, .cap = g.calls, .sorted = false};
+        fprintf(stderr, "rpc_bench client: %lu calls of %u B, p10 %.2f p25 %.2f p50 %.2f p75 %.2f p90 %.2f p99 %.2f us\n",
+                g.calls, g.size, vrpc_bench_pct_us(&s, 10), vrpc_bench_pct_us(&s, 25), vrpc_bench_pct_us(&s, 50),
+                vrpc_bench_pct_us(&s, 75), vrpc_bench_pct_us(&s, 90), vrpc_bench_pct_us(&s, 99));
+    }
+    free(lat);
     return 0;
 }
 
@@ -530,8 +549,8 @@ static void usage(FILE *f, const char *argv0)
     fprintf(f,
             "usage: %s [--backend tcp|verbs] [--json] [--quick] [--duration-ms N] [--server-ip IP]\n"
             "          [--client-ip IP] [--no-spin] [--rounds N] [--placement split|none|C,S]\n"
-            "       %s --role server --listen URI [--exit-after CALLS]\n"
-            "       %s --role client --connect URI --calls N [--size BYTES]\n"
+            "       %s --role server --listen URI [--exit-after CALLS] [--placement ...]\n"
+            "       %s --role client --connect URI --calls N [--size BYTES] [--placement ...]\n"
             "       %s --payload 65536,1048576,16777216 [--backend ...] [--json] [--duration-ms N]\n"
             "Unary echo over verbrpc at 1/16/64 outstanding, 32 B and 4 KiB, with the transport\n"
             "ping-pong and gRPC C++ (when built) as baselines, in --rounds alternating rounds\n"
@@ -589,6 +608,7 @@ static int set_placement(const char *pl)
 int main(int argc, char **argv)
 {
     const char *placement = "split";
+    bool placement_set = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--json"))
@@ -620,7 +640,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--rounds") && v)
             g.rounds = (unsigned)atoi(argv[++i]);
         else if (!strcmp(a, "--placement") && v)
-            placement = argv[++i];
+            placement = argv[++i], placement_set = true;
         else {
             bool help = !strcmp(a, "--help") || !strcmp(a, "-h");
             usage(help ? stdout : stderr, argv[0]);
@@ -632,7 +652,8 @@ int main(int argc, char **argv)
     if (g.size > sizeof(g_payload))
         g.size = sizeof(g_payload);
     if (g.role) {
-        if (!g.uri) {
+        /* one side alone is unpinned unless --placement says otherwise */
+        if (!g.uri || (placement_set && set_placement(placement))) {
             usage(stderr, argv[0]);
             return 2;
         }

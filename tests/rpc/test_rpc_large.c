@@ -1004,7 +1004,10 @@ static void test_server_killed_mid_transfer(void **state)
     while (!__atomic_load_n(&a.done, __ATOMIC_ACQUIRE))
         usleep(1000);
     printf("# call whose server was killed mid-transfer: %s\n", vrpc_code_name((enum vrpc_code)a.code));
-    assert_int_equal(a.code, VRPC_UNAVAILABLE);
+    /* Issue 7: UNAVAILABLE or INTERNAL. On verbs the dead server's memory
+     * window can fail our READ (remote access error: INTERNAL) before its
+     * disconnect arrives (UNAVAILABLE); seen once in the VM under load. */
+    assert_true(a.code == VRPC_UNAVAILABLE || a.code == VRPC_INTERNAL);
     assert_int_equal(wait_in_use_zero(tp), 0);
     size_t pinned1;
     lbuf_stats(tp, &pinned1, &in_use);

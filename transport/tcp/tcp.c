@@ -37,6 +37,8 @@
 #define MAX_IOV 64
 #define MAX_EVENTS 64
 #define SCAN_NS 100000000ull /* how often the poller checks timeouts */
+#define DIRECT_EPS 4         /* a busy-polling CQ with at most this many endpoints reads them directly */
+#define DIRECT_EPOLL_EVERY 16 /* ... and still asks epoll every so many polls */
 
 enum { F_DATA = VRPC_TCP_DATA, F_CREDIT = VRPC_TCP_CREDIT, F_HELLO = VRPC_TCP_HELLO, F_HELLO_ACK = VRPC_TCP_HELLO_ACK,
        F_READ_REQ = VRPC_TCP_READ_REQ, F_READ_RESP = VRPC_TCP_READ_RESP, F_READ_ERR = VRPC_TCP_READ_ERR };
@@ -127,7 +129,7 @@ struct tcp_ep {
     struct fifo waitq;    /* sends waiting for credits, in order */
     uint32_t nwait, max_queued;
     uint32_t send_credits; /* messages we may still send */
-    bool pollout;          /* EPOLLOUT armed */
+    atomic_bool pollout;   /* EPOLLOUT armed (written under lock; the poller peeks without) */
     bool shut_wr;
     bool werr;
     bool ctrl_queued;
@@ -209,6 +211,7 @@ struct tcp_cq {
     struct tcp_ep *pumpq;             /* got read requests this pass: pump them (empty between passes) */
     struct epoll_event ev[MAX_EVENTS];
     int nev;                          /* stashed by cq_wait for the next cq_poll */
+    unsigned polls;                   /* busy polls, for DIRECT_EPOLL_EVERY */
     uint64_t next_scan;
 };
 
@@ -1740,9 +1743,27 @@ static void pump_pending(struct tcp_cq *cq)
     }
 }
 
+/* A busy poll may read the sockets directly instead of asking epoll first
+ * (one syscall per poll and per arrival instead of two) when there are few of
+ * them and none waits for EPOLLOUT. The eventfd is not read then: producers
+ * kick it only while the poller sleeps, and the lists it announces are taken
+ * on every pass anyway; a stale count is drained by the next epoll_wait. */
+static bool direct_poll_ok(struct tcp_cq *cq)
+{
+    struct tcp_ep *ep;
+    if (cq->neps > DIRECT_EPS || ++cq->polls % DIRECT_EPOLL_EVERY == 0)
+        return false;
+    for (ep = cq->eps; ep; ep = ep->next)
+        if (atomic_load_explicit(&ep->pollout, memory_order_relaxed))
+            return false;
+    return true;
+}
+
 static void progress(struct tcp_cq *cq)
 {
     uint64_t now = vrpc_tp_now_ns();
+    struct tcp_ep *ep, *next;
+    bool direct = false;
     int i, nev;
 
     nev = cq->nev;
@@ -1750,8 +1771,11 @@ static void progress(struct tcp_cq *cq)
     /* Busy-polling CQs poll the sockets here; sleeping ones only in cq_wait
      * (level-triggered, so it returns at once while anything is ready): that
      * keeps a blocking round trip at about the syscalls of a blocking socket. */
-    if (!nev && cq->base.attr.busy_poll_us)
-        nev = epoll_wait(cq->epfd, cq->ev, MAX_EVENTS, 0);
+    if (!nev && cq->base.attr.busy_poll_us) {
+        direct = direct_poll_ok(cq);
+        if (!direct)
+            nev = epoll_wait(cq->epfd, cq->ev, MAX_EVENTS, 0);
+    }
     /* Consume the kick before taking the lists it announces: a push that
      * kicked us is then visible below. (The other order loses a wake-up: a
      * push after adopt() whose kick is drained here would sleep forever.) */
@@ -1765,6 +1789,10 @@ static void progress(struct tcp_cq *cq)
     for (i = 0; i < nev; i++)
         if (cq->ev[i].data.ptr)
             on_event(cq, cq->ev[i].data.ptr, cq->ev[i].events, now);
+    for (ep = direct ? cq->eps : NULL; ep; ep = next) {
+        next = ep->next; /* a teardown unlinks ep */
+        rx(cq, ep, now);
+    }
     pump_pending(cq);
     if (now >= cq->next_scan) {
         cq->next_scan = now + SCAN_NS;
