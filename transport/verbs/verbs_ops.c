@@ -2923,6 +2923,7 @@ const struct vrpc_transport_ops vrpc_verbs_ops = {
 	.read = verbs_read,
 	.grant = verbs_grant,
 	.revoke = verbs_revoke,
+	.grant_segs = vrpc_enosys_grant_segs,
 	.close = verbs_close,
 	.ep_free = verbs_ep_free,
 };
