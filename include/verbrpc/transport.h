@@ -178,7 +178,10 @@ struct vrpc_transport_attr {
     uint32_t connect_timeout_ms; /* vrpc_connect() and the accept handshake; 0: 5000 */
     uint32_t read_chunk;  /* bytes per READ work request (verbs) or per read
                             response frame (TCP) of one vrpc_ep_read();
-                            0: 256 KiB */
+                            0: TCP 256 KiB; verbs 32 KiB on a software
+                            device (rxe), 64 KiB on hardware. On verbs,
+                            read_chunk x read_window is what a small message
+                            on the connection may wait behind */
     uint32_t read_window; /* read chunks in flight per endpoint; 0: 2 */
     uint64_t max_pinned;  /* bound on the bytes the large-buffer cache keeps
                             registered (in use + idle); 0: 256 MiB. On verbs
