@@ -39,6 +39,8 @@ struct vrpc_conn {
     uint32_t peer_max;    /* the server's max_msg_size */
     uint32_t peer_features; /* the server's VRPC_FEAT_* */
     bool large;           /* both sides offer VRPC_FEAT_LARGE: rendezvous allowed */
+    bool gather;          /* the transport grants gathered windows (vrpc_ep_grant_segs):
+                             requests may be sent from the caller's memory */
     struct vrpc_conn *next, *prev; /* channel's list of live endpoints, under conn_lock */
     bool gone;                     /* DISCONNECTED delivered (under conn_lock) */
 };
@@ -173,6 +175,52 @@ static bool slot_seen(struct vrpc_pending_slot *s, uint32_t gen)
     return true;
 }
 
+/* ---- zero-copy requests ------------------------------------------------------
+ * A large request packed as a gathered window (c->gather; a synchronous call,
+ * or an async one with VRPC_CALL_REQ_HELD) has its big bytes values granted
+ * to the server from the caller's own memory. From the offer until the grant
+ * is revoked (REVOKE completion) or dropped (the endpoint's DISCONNECTED), or
+ * until the offer fails without a grant, the server may read that memory, so
+ * the call must not end for its owner before: s->out.zc holds ZC_BUSY from
+ * the owner's set-up (written before the slot is published) until
+ * zc_release. A synchronous caller waits for it in vrpc_call (ZC_SLEEP: it
+ * sleeps on the word); an async call's callback is deferred (ZC_CB: complete
+ * found it busy, zc_release submits the completion task). */
+#define ZC_BUSY 1u
+#define ZC_SLEEP 2u
+#define ZC_CB 4u
+
+static void complete_submit(struct vrpc_channel *ch, struct vrpc_pending_slot *s, bool on_poller);
+
+/* The caller's memory is no longer granted (any thread; once per call). */
+static void zc_release(struct vrpc_channel *ch, struct vrpc_pending_slot *s, bool on_poller)
+{
+    if (!__atomic_load_n(&s->out.zc, __ATOMIC_ACQUIRE))
+        return;
+    uint32_t old = __atomic_exchange_n(&s->out.zc, 0, __ATOMIC_ACQ_REL);
+    if (old & ZC_SLEEP)
+        vrpc_futex_wake_all(&s->out.zc);
+    if (old & ZC_CB)
+        complete_submit(ch, s, on_poller);
+}
+
+/* Synchronous owner: wait until the server can no longer read our memory. */
+static void zc_wait(struct vrpc_pending_slot *s)
+{
+    uint32_t v;
+    for (int i = 0; i < 64; i++) {
+        if (!(__atomic_load_n(&s->out.zc, __ATOMIC_ACQUIRE) & ZC_BUSY))
+            return;
+        sched_yield();
+    }
+    while ((v = __atomic_load_n(&s->out.zc, __ATOMIC_ACQUIRE)) & ZC_BUSY) {
+        if (!(v & ZC_SLEEP) &&
+            !__atomic_compare_exchange_n(&s->out.zc, &v, v | ZC_SLEEP, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            continue;
+        vrpc_futex_wait(&s->out.zc, v | ZC_SLEEP);
+    }
+}
+
 /* Unpack the call's response (OK) into the arena: from its copy, or from the
  * large buffer it was read into. That buffer goes back to the cache here,
  * unless *held is given: then big bytes values are not copied but point into
@@ -240,14 +288,23 @@ static void async_done_task(struct vrpc_task *t)
 
 /* Hand the decided outcome to its owner. on_poller: we run on the CQ poller
  * and may use the channel's producer ring. */
+static void complete_submit(struct vrpc_channel *ch, struct vrpc_pending_slot *s, bool on_poller)
+{
+    vrpc_task_init(&s->task, async_done_task);
+    int rc = on_poller ? vrpc_sched_producer_submit(ch->prod, &s->task) : vrpc_sched_submit(ch->sched, &s->task);
+    if (rc) /* the scheduler is shutting down: run here rather than lose it */
+        async_done_task(&s->task);
+}
+
 static void complete(struct vrpc_channel *ch, struct vrpc_pending_slot *s, uint32_t gen, bool on_poller)
 {
     if (s->cb) {
-        vrpc_task_init(&s->task, async_done_task);
-        int rc = on_poller ? vrpc_sched_producer_submit(ch->prod, &s->task)
-                           : vrpc_sched_submit(ch->sched, &s->task);
-        if (rc) /* the scheduler is shutting down: run here rather than lose it */
-            async_done_task(&s->task);
+        /* a request still granted from the caller's memory: zc_release runs
+         * the callback (exactly one of the two sees the other's bit) */
+        if (__atomic_load_n(&s->out.zc, __ATOMIC_ACQUIRE) &&
+            (__atomic_fetch_or(&s->out.zc, ZC_CB, __ATOMIC_ACQ_REL) & ZC_BUSY))
+            return;
+        complete_submit(ch, s, on_poller);
     } else {
         vrpc_pending_publish(s, gen);
     }
@@ -418,6 +475,7 @@ static void request_revoked(struct vrpc_channel *ch, struct vrpc_pending_slot *s
     pthread_mutex_lock(&ch->conn_lock);
     vrpc_rndv_revoked(o);
     pthread_mutex_unlock(&ch->conn_lock);
+    zc_release(ch, s, true);
     conn_unref(c);
     slot_drop(s, gen);
 }
@@ -610,15 +668,20 @@ static void release_transfers(struct vrpc_channel *ch, struct vrpc_ep *ep)
     vrpc_rndv_retry_forget(&ch->retry, ep, response_read_failed, ch);
     for (uint32_t i = 0; i < ch->pend->n; i++) {
         struct vrpc_pending_slot *s = &ch->pend->slots[i];
-        if (__atomic_load_n(&s->out.state, __ATOMIC_ACQUIRE) != VRPC_RNDV_GRANTED || s->out.ep != ep)
+        /* REVOKING too: request_go's revoke of a grant whose descriptor
+         * could not be sent holds GRANTED -> REVOKING -> GRANTED (failed)
+         * under conn_lock, so the state is decided under the lock */
+        uint32_t st = __atomic_load_n(&s->out.state, __ATOMIC_ACQUIRE);
+        if ((st != VRPC_RNDV_GRANTED && st != VRPC_RNDV_REVOKING) || s->out.ep != ep)
             continue;
         struct vrpc_conn *c = vrpc_ep_user(ep);
-        uint32_t gen = vrpc_wire_id_gen(s->out.id);
-        vrpc_timer_cancel(ch->wheel, &s->out.hold_timer);
         pthread_mutex_lock(&ch->conn_lock);
+        uint32_t gen = vrpc_wire_id_gen(s->out.id);
         bool dropped = vrpc_rndv_drop(&s->out, ep);
         pthread_mutex_unlock(&ch->conn_lock);
         if (dropped) {
+            vrpc_timer_cancel(ch->wheel, &s->out.hold_timer);
+            zc_release(ch, s, true);
             conn_unref(c);
             slot_drop(s, gen);
         }
@@ -768,6 +831,11 @@ static int connect_once(struct vrpc_channel *ch, int64_t deadline_ns)
         free(c);
         return rc;
     }
+    uint32_t probe;
+    /* -ENOSYS: no gathered grants. VRPC_NO_GATHER=1 (diagnosis, A/B runs):
+     * large requests are always copied into a large buffer. */
+    const char *ng = getenv("VRPC_NO_GATHER");
+    c->gather = vrpc_ep_grant_segs(c->ep, NULL, 0, &probe) == -EINVAL && !(ng && atoi(ng) > 0);
     pthread_mutex_lock(&ch->conn_lock);
     if (!c->gone) { /* its DISCONNECTED may already have come and gone */
         c->next = ch->live.next;
@@ -917,7 +985,8 @@ static int grant_request_locked(struct vrpc_channel *ch, struct vrpc_conn *c, st
     struct vrpc_rndv_out *o = &s->out;
     if (c->gone || __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
         return -ENOTCONN;
-    int rc = vrpc_rndv_grant(o, c->ep, o->p_lb, o->p_len, o->p_id);
+    int rc = o->p_nsegs ? vrpc_rndv_grant_segs(o, c->ep, o->p_lb, o->p_segs, o->p_nsegs, o->p_len, o->p_id)
+                        : vrpc_rndv_grant(o, c->ep, o->p_lb, o->p_len, o->p_id);
     if (rc == 0) {
         conn_ref(c);  /* the grant's: the endpoint outlives the key */
         slot_hold(s); /* the grant's */
@@ -943,7 +1012,15 @@ static void request_go(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc
     else
         vrpc_pool_put(b);
     if (rc) {
-        /* a grant made stays until the endpoint's DISCONNECTED releases it */
+        /* The server never got the descriptor: end a grant made for it now
+         * (its REVOKE completion releases it); one that cannot be revoked
+         * (-ENOSPC, a dying endpoint) stays until the endpoint's
+         * DISCONNECTED or the hold timeout releases it. */
+        pthread_mutex_lock(&ch->conn_lock); /* against release_transfers: see there */
+        if (__atomic_load_n(&s->out.state, __ATOMIC_ACQUIRE) == VRPC_RNDV_GRANTED &&
+            s->out.id == vrpc_wire_make_id(s->index, gen))
+            vrpc_rndv_revoke(&s->out);
+        pthread_mutex_unlock(&ch->conn_lock);
         if (vrpc_pending_decide(s, gen)) {
             vrpc_status_set(&s->st, VRPC_UNAVAILABLE, "send failed: %s", strerror(-rc));
             complete(ch, s, gen, on_poller);
@@ -964,10 +1041,12 @@ static void request_offer_done(struct vrpc_channel *ch, struct vrpc_pending_slot
     struct vrpc_conn *c = o->p_conn;
     uint32_t gen = vrpc_wire_id_gen(o->p_id);
     bool async = s->cb != NULL;
-    if (o->p_rc == 0)
+    if (o->p_rc == 0) {
         vrpc_rndv_offer_desc(o);
-    else
+    } else {
         vrpc_lbuf_put(o->p_lb);
+        zc_release(ch, s, on_poller); /* never granted */
+    }
     if (o->p_rc == -ECANCELED) { /* the server never hears of it */
         vrpc_pool_put(o->p_frame);
         slot_seen(s, gen);
@@ -1071,6 +1150,7 @@ static uint64_t launch_open_locked(struct vrpc_channel *ch, struct vrpc_conn *c,
     s->cb_ch = ch;
     s->qent = e;
     s->deadline_ns = e->deadline;
+    s->out.zc = 0;
     conn_ref(c); /* ours while launch_queued sends: see start_call */
     open_call(ch, s, id);
     e->state = Q_LAUNCHED;
@@ -1347,6 +1427,9 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
      * server by rendezvous (the descriptor goes in place of the payload). */
     size_t plen = need - (size_t)mdsz;
     struct vrpc_buf *lb = NULL;
+    struct vrpc_pb_gather gat;
+    gat.nsegs = 0;
+    gat.nrefs = 0;
     if (VRPC_WIRE_HDR_LEN + need > vrpc_ep_eager_size(c->ep)) {
         char why[VRPC_STATUS_MSG_MAX];
         if (VRPC_WIRE_HDR_LEN + (size_t)mdsz + VRPC_WIRE_DESC_LEN > vrpc_ep_eager_size(c->ep)) {
@@ -1356,12 +1439,32 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
             conn_unref(c);
             return VRPC_RESOURCE_EXHAUSTED;
         }
-        if (vrpc_rndv_buf(ch->tp, ch->o.max_pinned, plen, &lb, why, sizeof(why))) {
+        /* The request stays valid and unchanged until the call ends for its
+         * owner (synchronous, or REQ_HELD): big bytes values can be sent
+         * from where they are (zero-copy requests, above). */
+        bool held = !cb || (o && (o->flags & VRPC_CALL_REQ_HELD));
+        if (held && c->gather) {
+            vrpc_pb_pack_gather(req, VRPC_PB_GATHER_MIN, NULL, 0, &gat); /* measure */
+            if (gat.nrefs == 0)
+                gat.nsegs = 0; /* nothing to reference: pack as usual */
+        }
+        if (vrpc_rndv_buf(ch->tp, ch->o.max_pinned, gat.nsegs ? gat.copied : plen, &lb, why, sizeof(why))) {
             vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED, "%s", why);
             conn_unref(c);
             return VRPC_RESOURCE_EXHAUSTED;
         }
-        plen = vrpc_pb_pack_sized(req, lb->data);
+        if (gat.nsegs) {
+            size_t copied = gat.copied;
+            if (vrpc_pb_pack_gather(req, VRPC_PB_GATHER_MIN, lb->data, copied, &gat) || gat.copied != copied ||
+                gat.total != plen) {
+                vrpc_lbuf_put(lb);
+                vrpc_status_set(st, VRPC_INTERNAL, "request changed while it was being packed");
+                conn_unref(c);
+                return VRPC_INTERNAL;
+            }
+        } else {
+            plen = vrpc_pb_pack_sized(req, lb->data);
+        }
     }
     if (cb) {
         /* behind calls already queued, to keep their order */
@@ -1409,6 +1512,7 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
     s->cb_arg = arg;
     s->cb_ch = ch;
     s->deadline_ns = deadline;
+    s->out.zc = gat.nsegs ? ZC_BUSY : 0; /* before open: complete() looks at it */
     /* From open on, an async call can be completed by another thread (loss
      * scan, cancel) whose callback task drops the call's reference of c
      * before we have sent: keep one of our own until we are done with c. A
@@ -1425,6 +1529,7 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
     struct vrpc_buf *b = vrpc_rpc_buf_get(ch->send_pool, cb == NULL);
     if (!b) {
         vrpc_lbuf_put(lb);
+        zc_release(ch, s, false); /* never granted */
         if (vrpc_pending_decide(s, gen)) {
             vrpc_status_set(&s->st, VRPC_UNAVAILABLE, "no send buffer free");
             complete(ch, s, gen, false);
@@ -1462,6 +1567,9 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
     if (o && o->call_id)
         __atomic_store_n(o->call_id, id, __ATOMIC_RELEASE);
     if (lb) {
+        s->out.p_nsegs = gat.nsegs;
+        if (gat.nsegs)
+            memcpy(s->out.p_segs, gat.segs, gat.nsegs * sizeof(gat.segs[0]));
         s->out.p_lb = lb;
         s->out.p_frame = b;
         s->out.p_len = (uint32_t)plen;
@@ -1493,6 +1601,7 @@ int vrpc_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m, const P
         return code;
     uint32_t gen = vrpc_pending_gen(s);
     vrpc_pending_wait(s, gen);
+    zc_wait(s); /* the request is ours again only when the server can no longer read it */
     struct vrpc_conn *c = __atomic_load_n((struct vrpc_conn **)&s->conn, __ATOMIC_RELAXED);
     code = s->st.code;
     if (code == VRPC_OK) {

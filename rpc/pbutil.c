@@ -211,3 +211,95 @@ size_t vrpc_pb_pack_sized(const ProtobufCMessage *msg, uint8_t *out)
 {
     return protobuf_c_message_pack(msg, out);
 }
+
+/* ---- gathered pack --------------------------------------------------------- */
+
+#define GATHER_CAND_MAX (VRPC_GRANT_SEGS_MAX / 2)
+
+struct gbuf {
+    ProtobufCBuffer base;
+    struct vrpc_pb_gather *g;
+    uint8_t *buf;
+    size_t cap;
+    bool last_copy; /* the last segment is a copy piece that may grow */
+    /* Top-level bytes values that may be referenced: protobuf-c appends a
+     * bytes value by its own pointer, but a nested message through a
+     * temporary buffer that is freed right after, so only an append of
+     * exactly one of these (pointer and length) is taken by reference. */
+    const ProtobufCBinaryData *cand[GATHER_CAND_MAX];
+    unsigned ncand;
+};
+
+static bool gather_is_cand(const struct gbuf *b, size_t len, const uint8_t *data)
+{
+    for (unsigned i = 0; i < b->ncand; i++)
+        if (b->cand[i]->data == data && b->cand[i]->len == len)
+            return true;
+    return false;
+}
+
+static void gather_append(ProtobufCBuffer *base, size_t len, const uint8_t *data)
+{
+    struct gbuf *b = (struct gbuf *)base;
+    struct vrpc_pb_gather *g = b->g;
+    if (len == 0 || g->err)
+        return;
+    g->total += len;
+    /* a reference needs its own segment and leaves one for what follows */
+    if (len <= UINT32_MAX && g->nsegs + 2 <= VRPC_GRANT_SEGS_MAX && gather_is_cand(b, len, data)) {
+        g->segs[g->nsegs].addr = data;
+        g->segs[g->nsegs].len = (uint32_t)len;
+        g->nsegs++;
+        g->nrefs++;
+        b->last_copy = false;
+        return;
+    }
+    if (len > b->cap - g->copied && b->buf) {
+        g->err = -EMSGSIZE;
+        return;
+    }
+    if (b->buf) {
+        memcpy(b->buf + g->copied, data, len);
+        if (b->last_copy) {
+            g->segs[g->nsegs - 1].len += (uint32_t)len;
+        } else {
+            g->segs[g->nsegs].addr = b->buf + g->copied;
+            g->segs[g->nsegs].len = (uint32_t)len;
+            g->nsegs++;
+        }
+    } else if (!b->last_copy) {
+        g->nsegs++;
+    }
+    b->last_copy = true;
+    g->copied += len;
+}
+
+static void gather_candidates(struct gbuf *b, const ProtobufCMessage *msg, size_t min_ref)
+{
+    const ProtobufCMessageDescriptor *d = msg->descriptor;
+    for (unsigned i = 0; i < d->n_fields && b->ncand < GATHER_CAND_MAX; i++) {
+        const ProtobufCFieldDescriptor *f = &d->fields[i];
+        const char *member = (const char *)msg + f->offset;
+        if (f->type != PROTOBUF_C_TYPE_BYTES || (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF))
+            continue;
+        if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+            size_t n = *(const size_t *)((const char *)msg + f->quantifier_offset);
+            const ProtobufCBinaryData *arr = *(const ProtobufCBinaryData *const *)member;
+            for (size_t k = 0; k < n && b->ncand < GATHER_CAND_MAX; k++)
+                if (arr[k].len >= min_ref)
+                    b->cand[b->ncand++] = &arr[k];
+        } else if (((const ProtobufCBinaryData *)member)->len >= min_ref) {
+            b->cand[b->ncand++] = (const ProtobufCBinaryData *)member;
+        }
+    }
+}
+
+int vrpc_pb_pack_gather(const ProtobufCMessage *msg, size_t min_ref, uint8_t *buf, size_t cap,
+                        struct vrpc_pb_gather *g)
+{
+    struct gbuf b = {.base = {.append = gather_append}, .g = g, .buf = buf, .cap = buf ? cap : 0};
+    memset(g, 0, sizeof(*g));
+    gather_candidates(&b, msg, min_ref ? min_ref : 1);
+    protobuf_c_message_pack_to_buffer(msg, &b.base);
+    return g->err;
+}

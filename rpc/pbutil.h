@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <protobuf-c/protobuf-c.h>
+#include <verbrpc/transport.h>
 #include "rpc/arena.h"
 
 #define VRPC_PB_DEFAULT_MAX_DEPTH 64
@@ -48,5 +49,33 @@ long vrpc_pb_size(const ProtobufCMessage *msg, size_t cap);
 size_t vrpc_pb_pack_sized(const ProtobufCMessage *msg, uint8_t *out);
 /* Pack msg into out (cap bytes). *len written on success. 0 or -EMSGSIZE. */
 int vrpc_pb_pack(const ProtobufCMessage *msg, uint8_t *out, size_t cap, size_t *len);
+
+/* A message packed for a gathered grant (vrpc_ep_grant_segs): the window
+ * segs[0..nsegs) is the message's encoding, made of pieces copied into the
+ * caller's buffer and of big bytes values referenced where they are. */
+struct vrpc_pb_gather {
+    struct vrpc_seg segs[VRPC_GRANT_SEGS_MAX];
+    unsigned nsegs;
+    unsigned nrefs;   /* segments that point into the message's memory */
+    size_t copied;    /* bytes written (or, measuring, to write) into buf */
+    size_t total;     /* the encoding's length */
+    int err;
+};
+
+/* Bytes values at least this long are referenced by vrpc_pb_pack_gather. */
+#define VRPC_PB_GATHER_MIN (16u << 10)
+
+/* Pack msg as a gathered window: the value of every top-level bytes field
+ * (singular or repeated; not in a oneof) of at least min_ref bytes is
+ * referenced in place, as long as segments are left; every other byte of
+ * the encoding (tags, lengths, other fields, nested messages, which
+ * protobuf-c packs through a temporary buffer) is copied into buf. buf NULL:
+ * measure only (g->copied is the size buf needs). Never writes past cap.
+ * Deterministic: a measuring pass and a packing pass over the same unchanged
+ * message make the same choices. 0, or -EMSGSIZE (buf too small: the message
+ * changed between the passes). The referenced memory must stay valid and
+ * unchanged as long as the window is used. */
+int vrpc_pb_pack_gather(const ProtobufCMessage *msg, size_t min_ref, uint8_t *buf, size_t cap,
+                        struct vrpc_pb_gather *g);
 
 #endif

@@ -57,14 +57,11 @@ int vrpc_rndv_buf(struct vrpc_transport *tp, uint64_t max_pinned, size_t len, st
     return rc;
 }
 
-int vrpc_rndv_grant(struct vrpc_rndv_out *o, struct vrpc_ep *ep, struct vrpc_buf *lb, uint32_t len,
-                    uint64_t id)
+static void granted(struct vrpc_rndv_out *o, struct vrpc_ep *ep, struct vrpc_buf *lb, uint32_t rkey,
+                    uint64_t raddr, uint32_t len, uint64_t id)
 {
-    uint32_t rkey;
-    int rc = vrpc_ep_grant(ep, lb->mr, lb->data, len, &rkey);
-    if (rc)
-        return rc;
     o->rkey = rkey;
+    o->raddr = raddr;
     o->len = len;
     o->id = id;
     o->lb = lb;
@@ -72,6 +69,27 @@ int vrpc_rndv_grant(struct vrpc_rndv_out *o, struct vrpc_ep *ep, struct vrpc_buf
     o->sent_ns = vrpc_now_ns();
     /* release: the fields above are complete for the poller that sees GRANTED */
     __atomic_store_n(&o->state, VRPC_RNDV_GRANTED, __ATOMIC_RELEASE);
+}
+
+int vrpc_rndv_grant(struct vrpc_rndv_out *o, struct vrpc_ep *ep, struct vrpc_buf *lb, uint32_t len,
+                    uint64_t id)
+{
+    uint32_t rkey;
+    int rc = vrpc_ep_grant(ep, lb->mr, lb->data, len, &rkey);
+    if (rc)
+        return rc;
+    granted(o, ep, lb, rkey, (uint64_t)(uintptr_t)lb->data, len, id);
+    return 0;
+}
+
+int vrpc_rndv_grant_segs(struct vrpc_rndv_out *o, struct vrpc_ep *ep, struct vrpc_buf *lb,
+                         const struct vrpc_seg *segs, unsigned n, uint32_t len, uint64_t id)
+{
+    uint32_t rkey;
+    int rc = vrpc_ep_grant_segs(ep, segs, n, &rkey);
+    if (rc)
+        return rc;
+    granted(o, ep, lb, rkey, (uint64_t)(uintptr_t)segs[0].addr, len, id);
     return 0;
 }
 
@@ -86,7 +104,7 @@ void vrpc_rndv_park(struct vrpc_rndv_out **list, struct vrpc_rndv_out *o)
 
 void vrpc_rndv_offer_desc(struct vrpc_rndv_out *o)
 {
-    struct vrpc_wire_desc d = {.addr = (uint64_t)(uintptr_t)o->p_lb->data, .rkey = o->rkey};
+    struct vrpc_wire_desc d = {.addr = o->raddr, .rkey = o->rkey};
     vrpc_wire_desc_encode((uint8_t *)o->p_frame->data + o->p_frame_len - VRPC_WIRE_DESC_LEN, &d);
 }
 

@@ -49,6 +49,7 @@ enum { VRPC_RNDV_IDLE = 0, VRPC_RNDV_GRANTED = 1, VRPC_RNDV_REVOKING = 2 };
 struct vrpc_rndv_out {
     uint32_t state;
     uint32_t rkey, len;
+    uint64_t raddr;           /* the window's address for the peer (descriptor) */
     uint64_t id;              /* request id of the call */
     int64_t sent_ns;          /* when granted (hold timeout) */
     struct vrpc_buf *lb;      /* the packed payload */
@@ -69,6 +70,14 @@ struct vrpc_rndv_out {
     struct vrpc_buf *p_frame; /* its descriptor frame, header written; the
                                  descriptor goes in its last 16 bytes */
     uint32_t p_len, p_frame_len;
+    /* A gathered offer (TCP; rpc/channel.c): p_nsegs > 0 and the window is
+     * p_segs (pieces copied into p_lb, and the caller's own big values),
+     * granted with vrpc_ep_grant_segs. */
+    struct vrpc_seg p_segs[VRPC_GRANT_SEGS_MAX];
+    uint32_t p_nsegs;
+    /* The caller's memory is in the window: VRPC_ZC_* bits (atomic),
+     * see rpc/channel.c "zero-copy requests". 0 when not. */
+    uint32_t zc;
     uint64_t p_id;
     void *p_conn;             /* the owner's connection (holds a reference) */
     int p_rc;                 /* the grant's outcome once taken off the list */
@@ -100,12 +109,18 @@ int vrpc_rndv_buf(struct vrpc_transport *tp, uint64_t max_pinned, size_t len, st
  * the record stays IDLE and lb stays the caller's. Any thread. */
 int vrpc_rndv_grant(struct vrpc_rndv_out *o, struct vrpc_ep *ep, struct vrpc_buf *lb, uint32_t len,
                     uint64_t id);
+/* The same for a gathered window segs[0..n) of len bytes (lb: the buffer
+ * holding its copied pieces, put back at revoke). -ENOSYS: the backend
+ * cannot gather. */
+int vrpc_rndv_grant_segs(struct vrpc_rndv_out *o, struct vrpc_ep *ep, struct vrpc_buf *lb,
+                         const struct vrpc_seg *segs, unsigned n, uint32_t len, uint64_t id);
 /* Append o to a list of parked offers (FIFO; under the owner's lock). */
 void vrpc_rndv_park(struct vrpc_rndv_out **list, struct vrpc_rndv_out *o);
 /* The parked offer's descriptor, once granted: into the frame's last 16 bytes. */
 void vrpc_rndv_offer_desc(struct vrpc_rndv_out *o);
 
-/* Poller: GRANTED -> REVOKING and post the revoke. 0 posted; -EALREADY the
+/* Poller (the channel also, under its conn_lock, for a grant whose
+ * descriptor could not be sent): GRANTED -> REVOKING and post the revoke. 0 posted; -EALREADY the
  * record was not GRANTED; -ENOSPC: stays GRANTED, retry after a completion
  * (vrpc_rndv_revoke_later); other errors: stays GRANTED (the endpoint is
  * dying; its DISCONNECTED releases it). */

@@ -48,6 +48,12 @@ int vrpc_enosys_revoke(struct vrpc_ep *ep, uint32_t rkey, uint64_t wr_id)
     return -ENOSYS;
 }
 
+int vrpc_enosys_grant_segs(struct vrpc_ep *ep, const struct vrpc_seg *segs, unsigned n, uint32_t len,
+                           uint32_t *rkey)
+{
+    return -ENOSYS;
+}
+
 uint64_t vrpc_tp_now_ns(void)
 {
     struct timespec ts;
@@ -443,6 +449,25 @@ int vrpc_ep_grant(struct vrpc_ep *ep, struct vrpc_mr *mr, const void *addr, uint
     if (p < base || (size_t)(p - base) > mr->len || len > mr->len - (size_t)(p - base))
         return -EINVAL;
     return ep->tp->ops->grant(ep, mr, addr, len, rkey);
+}
+
+int vrpc_ep_grant_segs(struct vrpc_ep *ep, const struct vrpc_seg *segs, unsigned n, uint32_t *rkey)
+{
+    uint64_t len = 0;
+    if (!ep)
+        return -EINVAL;
+    if (ep->tp->ops->grant_segs == vrpc_enosys_grant_segs)
+        return -ENOSYS;
+    if (!segs || !rkey || n == 0 || n > VRPC_GRANT_SEGS_MAX)
+        return -EINVAL;
+    for (unsigned i = 0; i < n; i++) {
+        if (!segs[i].addr || segs[i].len == 0)
+            return -EINVAL;
+        len += segs[i].len;
+    }
+    if (len > UINT32_MAX)
+        return -EINVAL;
+    return ep->tp->ops->grant_segs(ep, segs, n, (uint32_t)len, rkey);
 }
 
 int vrpc_ep_revoke(struct vrpc_ep *ep, uint32_t rkey, uint64_t wr_id)

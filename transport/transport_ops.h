@@ -124,6 +124,8 @@ struct vrpc_transport_ops {
                 uint32_t rkey, uint64_t wr_id);
     /* vrpc_ep_grant / vrpc_ep_revoke (contracts in transport.h). */
     int (*grant)(struct vrpc_ep *ep, struct vrpc_mr *mr, const void *addr, uint32_t len, uint32_t *rkey);
+    /* vrpc_ep_grant_segs: arguments checked by the core (n >= 1). */
+    int (*grant_segs)(struct vrpc_ep *ep, const struct vrpc_seg *segs, unsigned n, uint32_t len, uint32_t *rkey);
     int (*revoke)(struct vrpc_ep *ep, uint32_t rkey, uint64_t wr_id);
     int (*close)(struct vrpc_ep *ep);
     /* Free the endpoint's memory: both references are gone (the user's, and
@@ -139,6 +141,8 @@ int vrpc_enosys_read(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t off, uin
 int vrpc_enosys_probe(void);
 int vrpc_enosys_grant(struct vrpc_ep *ep, struct vrpc_mr *mr, const void *addr, uint32_t len, uint32_t *rkey);
 int vrpc_enosys_revoke(struct vrpc_ep *ep, uint32_t rkey, uint64_t wr_id);
+int vrpc_enosys_grant_segs(struct vrpc_ep *ep, const struct vrpc_seg *segs, unsigned n, uint32_t len,
+                           uint32_t *rkey);
 
 /* Drop one reference (e.g. the transport's, from a backend error path of an
  * endpoint never handed out); frees through ops->ep_free at zero. */

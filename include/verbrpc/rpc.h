@@ -207,13 +207,26 @@ struct vrpc_call_opts {
                                            queued and keeps it when it is sent), so another
                                            thread can pass it to vrpc_channel_cancel. Ids
                                            are opaque; 0 is never an id. */
+    unsigned flags;                     /* VRPC_CALL_* below; 0: none */
 };
+
+/* vrpc_call_opts.flags: for vrpc_call_async, req and every byte it points to
+ * stay valid and unchanged until the callback runs (not just until the call
+ * function returns). A large request may then be sent from the caller's
+ * memory without a copy, as a synchronous call's is (see vrpc_call). */
+#define VRPC_CALL_REQ_HELD 0x1u
 
 /* Synchronous unary call. Blocks the calling thread on its own waiter until
  * the response, the deadline, a cancel or the connection's loss, whichever
  * comes first. Returns the status code (0 = VRPC_OK); if st is not NULL it
  * gets the code and message.
- * Ownership: req stays the caller's (it is packed before the call is sent).
+ * Ownership: req stays the caller's; it must not change while the call runs.
+ * Big bytes values (16 KiB and more, in top-level bytes fields) of a request
+ * above the eager size may be sent straight from the caller's memory (TCP),
+ * so the call returns only once the server can no longer read them: also
+ * after a deadline, a cancel or a failure, it waits until the server has
+ * finished (or refused, or given up) reading the request, the connection
+ * is gone, or the channel's hold_timeout_ms has passed.
  * On VRPC_OK *resp points to the response, unpacked into an arena owned by the
  * calling thread: it stays valid until this thread's next vrpc_call (on any
  * channel) or vrpc_thread_release(), and must not be freed by the caller.

@@ -178,7 +178,10 @@ struct vrpc_transport_attr {
     uint32_t connect_timeout_ms; /* vrpc_connect() and the accept handshake; 0: 5000 */
     uint32_t read_chunk;  /* bytes per READ work request (verbs) or per read
                             response frame (TCP) of one vrpc_ep_read();
-                            0: 256 KiB */
+                            0: TCP 256 KiB; verbs 32 KiB on a software
+                            device (rxe), 64 KiB on hardware. On verbs,
+                            read_chunk x read_window is what a small message
+                            on the connection may wait behind */
     uint32_t read_window; /* read chunks in flight per endpoint; 0: 2 */
     uint64_t max_pinned;  /* bound on the bytes the large-buffer cache keeps
                             registered (in use + idle); 0: 256 MiB. On verbs
@@ -369,6 +372,25 @@ VRPC_API int vrpc_ep_read(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t off
  * completion of ep). */
 VRPC_API int vrpc_ep_grant(struct vrpc_ep *ep, struct vrpc_mr *mr, const void *addr, uint32_t len,
                            uint32_t *rkey);
+/* One piece of a gathered grant (vrpc_ep_grant_segs). */
+struct vrpc_seg {
+    const void *addr;
+    uint32_t len;
+};
+#define VRPC_GRANT_SEGS_MAX 16
+
+/* As vrpc_ep_grant, for a window that is the concatenation of segs[0..n)
+ * (1 <= n <= VRPC_GRANT_SEGS_MAX, every len >= 1, the sum <= UINT32_MAX):
+ * memory of this process, registered or not. The peer addresses the window
+ * as if it were contiguous from segs[0].addr (the raddr to send with the
+ * key). The array is copied; the memory must stay valid and unchanged until
+ * the REVOKE completion (or the endpoint's DISCONNECTED), and no byte of it is
+ * read by the transport after that. TCP: read responses are written from
+ * the segments with sendmsg (no copy of ours). verbs: -ENOSYS (grant one
+ * registered buffer instead). The -ENOSYS check comes first, so a call with
+ * n == 0 is a probe: -ENOSYS, or -EINVAL where gathered grants work. Other
+ * errors as vrpc_ep_grant. */
+VRPC_API int vrpc_ep_grant_segs(struct vrpc_ep *ep, const struct vrpc_seg *segs, unsigned n, uint32_t *rkey);
 /* End a grant of ep. Exactly one VRPC_WC_REVOKE completion (wr_id, ep) follows,
  * after which no read of the peer can touch the memory any more (verbs: the
  * window is invalidated, or deallocated with a dead queue pair; TCP: the grant

@@ -36,6 +36,10 @@ static void raw_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, voi
         case VRPC_WC_DISCONNECTED:
             __atomic_add_fetch(&r->disconnected, 1, __ATOMIC_RELEASE);
             break;
+        case VRPC_WC_READ:
+            r->read_status = w->status;
+            __atomic_add_fetch(&r->nreads, 1, __ATOMIC_RELEASE);
+            break;
         default:
             break;
         }

@@ -23,6 +23,8 @@ struct raw {
     unsigned nrecv;           /* frames received (atomic) */
     unsigned disconnected;    /* DISCONNECTED completions (atomic) */
     struct vrpc_ep *accepted; /* the endpoint a raw server accepted (atomic) */
+    unsigned nreads;          /* READ completions (atomic) */
+    int read_status;          /* status of the last one (written before nreads) */
 };
 
 /* Transport of the named backend, a pool, a CQ with 32 receives posted. */

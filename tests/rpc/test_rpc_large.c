@@ -35,6 +35,7 @@ static struct {
 #define M(name, in, out) \
     {"/vrpctest.Test/" name, 0, &vrpctest__##in##__descriptor, &vrpctest__##out##__descriptor}
 static struct vrpc_method_desc m_echo = M("Echo", echo_request, echo_reply);
+static struct vrpc_method_desc m_multi = M("Multi", multi, echo_reply);
 
 /* ---- CRC32C (Castagnoli), computed by the test on both ends ------------- */
 
@@ -126,6 +127,25 @@ static void h_echo(struct vrpc_server_call *call, const ProtobufCMessage *msg, v
     free(gen);
 }
 
+/* A digest of every bytes value of a Multi, in field order (both ends). */
+static uint64_t multi_digest(const Vrpctest__Multi *m)
+{
+    uint64_t d = crc32c(m->a.data, m->a.len);
+    for (size_t i = 0; i < m->n_r; i++)
+        d = d * 31 + crc32c(m->r[i].data, m->r[i].len);
+    if (m->inner)
+        d = d * 31 + crc32c(m->inner->c.data, m->inner->c.len) + m->inner->x;
+    return (d * 31 + crc32c(m->b.data, m->b.len)) ^ m->tag;
+}
+
+static void h_multi(struct vrpc_server_call *call, const ProtobufCMessage *msg, void *user)
+{
+    (void)user;
+    Vrpctest__EchoReply rep = VRPCTEST__ECHO_REPLY__INIT;
+    rep.seq = multi_digest((const Vrpctest__Multi *)msg);
+    vrpc_server_call_respond(call, &rep.base);
+}
+
 /* ---- fixtures ---------------------------------------------------------------- */
 
 static uint32_t g_hold_ms; /* hold_timeout_ms of the next channel/server made */
@@ -150,6 +170,7 @@ static struct vrpc_server *start_server(uint32_t max_msg, uint64_t max_pinned, c
     o.max_concurrent = 16;
     assert_int_equal(vrpc_server_create(&o, &s), 0);
     assert_int_equal(vrpc_server_register(s, &m_echo, h_echo, NULL), 0);
+    assert_int_equal(vrpc_server_register(s, &m_multi, h_multi, NULL), 0);
     assert_int_equal(vrpc_server_start(s, listen_uri(lu, sizeof(lu), 0)), 0);
     assert_int_equal(vrpc_server_uri(s, uri, urilen), 0);
     return s;
@@ -769,16 +790,46 @@ static void test_forged_descriptors(void **state)
 struct bg_call {
     struct vrpc_channel *ch;
     size_t n;
+    bool copy;      /* async without REQ_HELD: the request is packed into a large buffer */
+    bool held;      /* async with VRPC_CALL_REQ_HELD: sent from data, as a sync call's */
+    int64_t timeout_us;
+    uint64_t id;    /* the call's id (atomic; call_id) */
+    uint8_t *data;  /* n bytes: 0..n-1 as bytes; freed by bg_call_main after the call */
+    int returned;   /* atomic: the call function returned */
     int code;
     struct vrpc_status st;
 };
+
+static void bg_async_cb(const struct vrpc_status *st, const ProtobufCMessage *resp, void *arg)
+{
+    struct bg_call *b = arg;
+    (void)resp;
+    b->st = *st;
+    b->code = st->code;
+    __atomic_store_n(&b->returned, 1, __ATOMIC_RELEASE);
+}
 
 static void *bg_call_main(void *arg)
 {
     struct bg_call *b = arg;
     Vrpctest__EchoReply *rep;
-    uint8_t *data = calloc(1, b->n);
-    b->code = call_echo(b->ch, data, b->n, 0, MODE_CRC, 0, &rep, &b->st);
+    Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
+    struct vrpc_call_opts o = {.timeout_us = b->timeout_us, .call_id = &b->id};
+    uint8_t *data = b->data ? b->data : calloc(1, b->n);
+    r.payload.data = data;
+    r.payload.len = b->n;
+    r.mode = MODE_CRC;
+    if (b->copy || b->held) {
+        o.flags = b->held ? VRPC_CALL_REQ_HELD : 0;
+        assert_int_equal(vrpc_call_async(b->ch, &m_echo, &r.base, &o, bg_async_cb, b), 0);
+        while (!__atomic_load_n(&b->returned, __ATOMIC_ACQUIRE))
+            usleep(1000);
+    } else {
+        b->code = vrpc_call(b->ch, &m_echo, &r.base, (ProtobufCMessage **)&rep, &o, &b->st);
+        __atomic_store_n(&b->returned, 1, __ATOMIC_RELEASE);
+    }
+    /* the request is ours again: a server still reading it would see this */
+    memset(data, 0xee, b->n);
     free(data);
     return NULL;
 }
@@ -860,7 +911,8 @@ static void test_cache_bound_and_hold_timeout(void **state)
     char bound[VRPC_URI_MAX];
     raw_server_open(&r, bound, sizeof(bound));
     g_hold_ms = 1500;
-    struct bg_call a = {.ch = new_channel_opt(bound, 4 * MiB, 4 * MiB, false), .n = 3 * MiB};
+    /* async without REQ_HELD: packed into the large-buffer cache, which is bounded */
+    struct bg_call a = {.ch = new_channel_opt(bound, 4 * MiB, 4 * MiB, false), .n = 3 * MiB, .copy = true};
     g_hold_ms = 0;
     pthread_t t;
     pthread_create(&t, NULL, bg_call_main, &a);
@@ -872,7 +924,7 @@ static void test_cache_bound_and_hold_timeout(void **state)
     struct vrpc_transport *ctp = vrpc_channel_transport(a.ch);
     lbuf_stats(ctp, &pinned, &in_use);
     assert_true(in_use > 3 * MiB);
-    struct bg_call b = {.ch = a.ch, .n = 3 * MiB};
+    struct bg_call b = {.ch = a.ch, .n = 3 * MiB, .copy = true};
     bg_call_main(&b);
     printf("# second request: %s: %s\n", vrpc_code_name((enum vrpc_code)b.code), b.st.message);
     assert_int_equal(b.code, VRPC_RESOURCE_EXHAUSTED);
@@ -1015,6 +1067,202 @@ static void test_server_killed_mid_transfer(void **state)
     vrpc_channel_destroy(ch);
 }
 
+/* ---- requests sent from the caller's memory (TCP, gathered grants) ------- */
+
+/* A request with several big bytes values at several levels, and one with
+ * more big values than a gathered window has segments, round-trip intact
+ * (nested values are copied: protobuf-c packs them through a temporary). */
+static void test_gather_many_fields(void **state)
+{
+    (void)state;
+    struct vrpc_channel *ch = new_channel(g_uri, (uint32_t)g_max, 256u * MiB);
+    size_t sizes[] = {MiB, 20 * 1024, 100, 40 * 1024, 64 * 1024, 3 * MiB};
+    uint8_t *buf[6];
+    for (int i = 0; i < 6; i++) {
+        buf[i] = malloc(sizes[i]);
+        fill(buf[i], sizes[i], (uint64_t)i + 1);
+    }
+    ProtobufCBinaryData r[24];
+    uint8_t *many = malloc(24 * 20 * 1024);
+    fill(many, 24 * 20 * 1024, 99);
+    for (int round = 0; round < 2; round++) {
+        Vrpctest__Multi m = VRPCTEST__MULTI__INIT;
+        Vrpctest__Inner in = VRPCTEST__INNER__INIT;
+        m.a = (ProtobufCBinaryData){sizes[0], buf[0]};
+        if (round == 0) {
+            for (int i = 0; i < 3; i++)
+                r[i] = (ProtobufCBinaryData){sizes[i + 1], buf[i + 1]};
+            m.n_r = 3;
+        } else { /* more big values than segments: the rest is copied */
+            for (int i = 0; i < 24; i++)
+                r[i] = (ProtobufCBinaryData){20 * 1024, many + (size_t)i * 20 * 1024};
+            m.n_r = 24;
+        }
+        m.r = r;
+        in.c = (ProtobufCBinaryData){sizes[4], buf[4]};
+        in.x = 7;
+        m.inner = &in;
+        m.b = (ProtobufCBinaryData){sizes[5], buf[5]};
+        m.tag = 42;
+        Vrpctest__EchoReply *rep;
+        struct vrpc_status st;
+        int code = vrpc_call(ch, &m_multi, &m.base, (ProtobufCMessage **)&rep, NULL, &st);
+        if (code != VRPC_OK)
+            fail_msg("multi-field request (round %d): %s: %s", round, vrpc_code_name((enum vrpc_code)code),
+                     st.message);
+        assert_true(rep->seq == multi_digest(&m));
+    }
+    for (int i = 0; i < 6; i++)
+        free(buf[i]);
+    free(many);
+    vrpc_channel_destroy(ch);
+}
+
+/* The packed request a raw server must read for bg_call b. */
+static uint8_t *expected_request(const struct bg_call *b, const uint8_t *data, size_t *len)
+{
+    Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
+    r.payload.data = (uint8_t *)data;
+    r.payload.len = b->n;
+    r.mode = MODE_CRC;
+    *len = protobuf_c_message_get_packed_size(&r.base);
+    uint8_t *p = malloc(*len);
+    protobuf_c_message_pack(&r.base, p);
+    return p;
+}
+
+/* A synchronous call whose request is granted from the caller's memory ends
+ * for its caller only when the server can no longer read that memory:
+ * kind 0: the deadline passes while the raw server holds the request; the
+ *   call stays blocked until the server has read it (every byte as sent)
+ *   and answered DONE; DEADLINE_EXCEEDED.
+ * kind 1: the call is cancelled; the server answers a RESPONSE without
+ *   reading; CANCELLED; a read after the call returned is refused.
+ * kind 2: the server's connection goes away unread; UNAVAILABLE.
+ * The caller overwrites and frees its buffer right after the return. Each
+ * case twice: a synchronous call, then an async one with VRPC_CALL_REQ_HELD
+ * (whose callback is the "return"). */
+static void test_zc_request_outlives_call(void **state)
+{
+    (void)state;
+    if (strcmp(g_opt.backend, "tcp"))
+        skip(); /* verbs copies requests into registered memory */
+    const enum vrpc_code want_code[] = {VRPC_DEADLINE_EXCEEDED, VRPC_CANCELLED, VRPC_UNAVAILABLE};
+    for (int round = 0; round < 6; round++) {
+        int kind = round % 3;
+        struct raw r;
+        char bound[VRPC_URI_MAX];
+        raw_server_open(&r, bound, sizeof(bound));
+        struct bg_call a = {.ch = new_channel_opt(bound, 4 * MiB, 0, false), .n = MiB,
+                            .timeout_us = kind == 0 ? 50000 : 0, .held = round >= 3};
+        a.data = malloc(a.n);
+        fill(a.data, a.n, 5);
+        size_t want_len;
+        uint8_t *want = expected_request(&a, a.data, &want_len);
+        pthread_t t;
+        pthread_create(&t, NULL, bg_call_main, &a);
+        struct vrpc_wire_hdr h;
+        struct vrpc_wire_desc d;
+        struct vrpc_ep *ep = raw_server_take_request(&r, &h);
+        assert_true(h.flags & VRPC_FF_RNDV);
+        assert_int_equal(h.payload_len, want_len);
+        pthread_mutex_lock(&r.lock);
+        assert_int_equal(vrpc_wire_desc_decode(r.last + VRPC_WIRE_HDR_LEN + h.md_len, h.payload_len, &d), 0);
+        pthread_mutex_unlock(&r.lock);
+        if (kind == 1) {
+            while (!__atomic_load_n(&a.id, __ATOMIC_ACQUIRE))
+                usleep(1000);
+            assert_int_equal(vrpc_channel_cancel(a.ch, a.id), 0);
+        }
+        usleep(200000);
+        if (kind != 2) { /* the client gave up (CANCEL sent) but its call still waits */
+            assert_true(raw_wait(&r.nrecv, 3, 5000));
+            struct vrpc_wire_hdr c;
+            raw_last(&r, &c);
+            assert_int_equal(c.type, VRPC_FT_CANCEL);
+        }
+        assert_int_equal(__atomic_load_n(&a.returned, __ATOMIC_ACQUIRE), 0);
+        struct vrpc_buf *lb;
+        assert_int_equal(vrpc_lbuf_get(r.tp, want_len, &lb), 0);
+        if (kind == 0) {
+            assert_int_equal(vrpc_ep_read(ep, lb, 0, h.payload_len, d.addr, d.rkey, 0), 0);
+            assert_true(raw_wait(&r.nreads, 1, 10000));
+            assert_int_equal(r.read_status, 0);
+            assert_memory_equal(lb->data, want, want_len);
+            usleep(50000);
+            assert_int_equal(__atomic_load_n(&a.returned, __ATOMIC_ACQUIRE), 0); /* no DONE yet */
+            struct vrpc_wire_hdr dh = {.version = 1, .type = VRPC_FT_DONE, .request_id = h.request_id};
+            raw_send(&r, ep, &dh, NULL, 0);
+        } else if (kind == 1) {
+            static const char msg[] = "cancelled";
+            struct vrpc_wire_hdr rh = {.version = 1, .type = VRPC_FT_RESPONSE, .status = VRPC_CANCELLED,
+                                       .request_id = h.request_id, .payload_len = sizeof(msg) - 1};
+            raw_send(&r, ep, &rh, msg, sizeof(msg) - 1);
+        } else {
+            vrpc_ep_close(ep);
+        }
+        for (int i = 0; i < 5000 && !__atomic_load_n(&a.returned, __ATOMIC_ACQUIRE); i++)
+            usleep(1000);
+        assert_int_equal(__atomic_load_n(&a.returned, __ATOMIC_ACQUIRE), 1);
+        pthread_join(t, NULL); /* the caller has overwritten and freed its buffer */
+        printf("# request from the caller's memory, case %d (%s): %s: %s\n", kind, a.held ? "async REQ_HELD" : "sync",
+               vrpc_code_name((enum vrpc_code)a.code), a.st.message);
+        assert_int_equal(a.code, want_code[kind]);
+        if (kind == 1) { /* the key is dead: a read now is refused, never served from freed memory */
+            assert_int_equal(vrpc_ep_read(ep, lb, 0, h.payload_len, d.addr, d.rkey, 0), 0);
+            assert_true(raw_wait(&r.nreads, 1, 10000));
+            assert_int_not_equal(r.read_status, 0);
+        }
+        assert_true(raw_wait(&r.disconnected, kind == 0 ? 0 : 1, 10000));
+        vrpc_lbuf_put(lb);
+        free(want);
+        vrpc_channel_destroy(a.ch);
+        raw_close(&r);
+    }
+}
+
+/* The server process dies (SIGKILL) while it reads a synchronous request
+ * sent from the caller's memory: the call fails UNAVAILABLE, and only once
+ * the connection is gone; the caller then frees its buffer at once (under
+ * ASan a later send from it would be reported). */
+static void test_zc_server_killed(void **state)
+{
+    (void)state;
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(pfd[1], 1);
+        close(pfd[0]);
+        execl(g_opt.self, g_opt.self, "--backend", g_opt.backend, "--setup", g_opt.setup, "--serve", (char *)NULL);
+        _exit(127);
+    }
+    close(pfd[1]);
+    char uri[VRPC_URI_MAX + 1] = {0};
+    size_t got = 0;
+    while (got < sizeof(uri) - 1 && !strchr(uri, '\n')) {
+        ssize_t k = read(pfd[0], uri + got, sizeof(uri) - 1 - got);
+        if (k <= 0)
+            break;
+        got += (size_t)k;
+    }
+    close(pfd[0]);
+    assert_non_null(strchr(uri, '\n'));
+    *strchr(uri, '\n') = 0;
+    struct bg_call a = {.ch = new_channel(uri, (uint32_t)g_max, 256u * MiB), .n = g_max - 64};
+    pthread_t t;
+    pthread_create(&t, NULL, bg_call_main, &a);
+    usleep(2000); /* the transfer is under way (or done: then the call just completes) */
+    kill(pid, SIGKILL);
+    int status;
+    waitpid(pid, &status, 0);
+    pthread_join(t, NULL);
+    printf("# request from the caller's memory, server killed: %s\n", vrpc_code_name((enum vrpc_code)a.code));
+    assert_true(a.code == VRPC_UNAVAILABLE || a.code == VRPC_OK);
+    vrpc_channel_destroy(a.ch);
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -1053,6 +1301,7 @@ int main(int argc, char **argv)
         g_opt.quick = true;
     crc_init();
     m_echo.id = vrpc_method_id(m_echo.full_name);
+    m_multi.id = vrpc_method_id(m_multi.full_name);
     int setup_rc = vrpc_test_backend_addrs(g_opt.backend, g_opt.setup, &g_opt.server_ip, &g_opt.client_ip);
     if (setup_rc)
         return setup_rc;
@@ -1077,6 +1326,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_cache_bound_and_hold_timeout),
         cmocka_unit_test(test_server_hold_timeout),
         cmocka_unit_test(test_server_killed_mid_transfer),
+        cmocka_unit_test(test_gather_many_fields),
+        cmocka_unit_test(test_zc_request_outlives_call),
+        cmocka_unit_test(test_zc_server_killed),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

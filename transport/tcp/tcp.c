@@ -9,7 +9,9 @@
  * transport: the reader sends READ_REQ (no credit) and readv's the READ_RESP
  * chunks straight into its buffer; the owner checks the request against the
  * transport's grant table and streams the granted memory in read_chunk
- * frames with sendmsg (header + slice, no copy of ours), driven by its poller
+ * frames with sendmsg (header + slice, no copy of ours; a gathered grant,
+ * vrpc_ep_grant_segs, is one iovec per segment the chunk spans; the
+ * memory may be the RPC caller's own), driven by its poller
  * on EPOLLOUT, one chunk at a time round-robin over the endpoint's read jobs,
  * with the endpoint's small frames going first between chunks. Any bad
  * request: READ_ERR, log, the connection fails (-EPROTO), as a bad key kills
@@ -77,14 +79,18 @@ struct rslot {
     atomic_bool used;    /* from vrpc_ep_read until its completion is polled */
 };
 
-/* Grant table entry (transport-wide, under tcp_tp.gmu). Entries never move. */
-enum { G_FREE, G_LIVE, G_REVOKING, G_DONE };
+/* Grant table entry (transport-wide, under tcp_tp.gmu). Entries never move.
+ * G_ORPHAN: its endpoint died while a job still streamed from it; freed when
+ * the last job lets go (never reused while a reference may read segs). */
+enum { G_FREE, G_LIVE, G_REVOKING, G_DONE, G_ORPHAN };
 
 struct grant {
     struct vrpc_buf cpl;   /* carries the REVOKE completion */
     struct tcp_ep *ep;     /* the only endpoint whose peer may use the key */
-    const char *addr;
-    uint32_t len;
+    const char *addr;      /* where the window starts for the peer (segs[0]) */
+    uint32_t len;          /* window length: the sum of the segments */
+    uint32_t nsegs;
+    struct vrpc_seg segs[VRPC_GRANT_SEGS_MAX]; /* set at grant, read by jobs holding a reference */
     uint32_t refs;         /* read jobs streaming from it */
     uint32_t idx;          /* its own index */
     uint32_t next_free;    /* index + 1 of the next free entry, 0: none */
@@ -111,7 +117,7 @@ struct tcp_tp {
  * lock). A job holds a reference on its grant until it ends. */
 struct rjob {
     struct grant *g;
-    const char *p; /* next byte to send */
+    uint32_t off;  /* next byte to send: offset in the grant's window */
     uint32_t left, tag;
     struct rjob *next;
 };
@@ -322,6 +328,28 @@ static void set_pollout_locked(struct tcp_ep *ep, bool on)
 static void grant_unref(struct tcp_ep *ep, struct grant *g);
 static void teardown(struct tcp_cq *cq, struct tcp_ep *ep, int status, const char *why);
 
+/* iovecs for bytes [off, off + len) of g's window (within it): one per
+ * segment touched, at most VRPC_GRANT_SEGS_MAX. The caller holds a
+ * reference on g, so its segments stay as granted. */
+static size_t grant_iov(const struct grant *g, uint32_t off, uint32_t len, struct iovec *iov)
+{
+    size_t n = 0;
+    for (uint32_t i = 0; i < g->nsegs && len; i++) {
+        uint32_t sl = g->segs[i].len, take;
+        if (off >= sl) {
+            off -= sl;
+            continue;
+        }
+        take = sl - off < len ? sl - off : len;
+        iov[n].iov_base = (char *)(uintptr_t)g->segs[i].addr + off;
+        iov[n].iov_len = take;
+        n++;
+        len -= take;
+        off = 0;
+    }
+    return n;
+}
+
 /* A job ends (last chunk written, or dropped): its grant reference goes. */
 static void job_end_locked(struct tcp_ep *ep, struct rjob *j)
 {
@@ -340,19 +368,16 @@ static bool tx_chunk_locked(struct tcp_ep *ep)
 {
     struct rjob *j = ep->cur;
     while (ep->cur_off < HDR_LEN + ep->cur_len) {
-        struct iovec iov[2];
+        struct iovec iov[1 + VRPC_GRANT_SEGS_MAX];
         struct msghdr msg = { .msg_iov = iov };
         ssize_t w;
         if (ep->cur_off < HDR_LEN) {
             iov[0].iov_base = ep->cur_hdr + ep->cur_off;
             iov[0].iov_len = HDR_LEN - ep->cur_off;
-            iov[1].iov_base = (void *)(uintptr_t)j->p;
-            iov[1].iov_len = ep->cur_len;
-            msg.msg_iovlen = 2;
+            msg.msg_iovlen = 1 + grant_iov(j->g, j->off, ep->cur_len, iov + 1);
         } else {
-            iov[0].iov_base = (void *)(uintptr_t)(j->p + (ep->cur_off - HDR_LEN));
-            iov[0].iov_len = ep->cur_len - (ep->cur_off - HDR_LEN);
-            msg.msg_iovlen = 1;
+            uint32_t done = ep->cur_off - HDR_LEN;
+            msg.msg_iovlen = grant_iov(j->g, j->off + done, ep->cur_len - done, iov);
         }
         w = sendmsg(ep->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w < 0) {
@@ -367,7 +392,7 @@ static bool tx_chunk_locked(struct tcp_ep *ep)
         ep->cur_off += (uint32_t)w;
     }
     ep->cur = NULL;
-    j->p += ep->cur_len;
+    j->off += ep->cur_len;
     j->left -= ep->cur_len;
     if (!j->left) {
         job_end_locked(ep, j);
@@ -627,12 +652,18 @@ static void grant_complete(struct grant *g, int status)
     kick(ep->cq);
 }
 
+static void grant_free_locked(struct tcp_tp *t, struct grant *g);
+
 static void grant_unref(struct tcp_ep *ep, struct grant *g)
 {
     struct tcp_tp *t = tcp_tp_of(ep);
     pthread_mutex_lock(&t->gmu);
-    if (--g->refs == 0 && g->state == G_REVOKING)
-        grant_complete(g, g->status);
+    if (--g->refs == 0) {
+        if (g->state == G_REVOKING)
+            grant_complete(g, g->status);
+        else if (g->state == G_ORPHAN)
+            grant_free_locked(t, g);
+    }
     pthread_mutex_unlock(&t->gmu);
 }
 
@@ -658,15 +689,13 @@ static void grant_release(struct tcp_tp *t, struct grant *g)
     pthread_mutex_unlock(&t->gmu);
 }
 
-static int tcp_grant(struct vrpc_ep *base, struct vrpc_mr *mr, const void *addr, uint32_t len, uint32_t *rkey)
+/* A grant of the window segs[0..n) (len bytes in all; checked by the core). */
+static int grant_new(struct tcp_ep *ep, const struct vrpc_seg *segs, unsigned n, uint32_t len, uint32_t *rkey)
 {
-    struct tcp_ep *ep = container_of(base, struct tcp_ep, base);
     struct tcp_tp *t = tcp_tp_of(ep);
     struct grant *g;
     uint32_t idx;
 
-    if (mr->tp != base->tp)
-        return -EINVAL;
     pthread_mutex_lock(&t->gmu);
     /* under gmu: a teardown marking this endpoint's grants dead either
      * comes after (and sees this one) or made us see S_DEAD here */
@@ -696,8 +725,10 @@ static int tcp_grant(struct vrpc_ep *base, struct vrpc_mr *mr, const void *addr,
         g->gen = 1;
     }
     g->ep = ep;
-    g->addr = addr;
+    g->addr = segs[0].addr;
     g->len = len;
+    g->nsegs = n;
+    memcpy(g->segs, segs, n * sizeof(*segs));
     g->refs = 0;
     g->state = G_LIVE;
     g->status = 0;
@@ -706,6 +737,20 @@ static int tcp_grant(struct vrpc_ep *base, struct vrpc_mr *mr, const void *addr,
     *rkey = idx << 8 | g->gen;
     pthread_mutex_unlock(&t->gmu);
     return 0;
+}
+
+static int tcp_grant(struct vrpc_ep *base, struct vrpc_mr *mr, const void *addr, uint32_t len, uint32_t *rkey)
+{
+    struct vrpc_seg seg = {.addr = addr, .len = len};
+    if (mr->tp != base->tp)
+        return -EINVAL;
+    return grant_new(container_of(base, struct tcp_ep, base), &seg, 1, len, rkey);
+}
+
+static int tcp_grant_segs(struct vrpc_ep *base, const struct vrpc_seg *segs, unsigned n, uint32_t len,
+                          uint32_t *rkey)
+{
+    return grant_new(container_of(base, struct tcp_ep, base), segs, n, len, rkey);
 }
 
 static int tcp_revoke(struct vrpc_ep *base, uint32_t rkey, uint64_t wr_id)
@@ -750,7 +795,9 @@ static void grants_ep_dead(struct tcp_ep *ep)
             struct grant *g = grant_at(t, i);
             if (g->ep != ep)
                 continue;
-            if (g->state == G_LIVE)
+            if (g->state == G_LIVE && g->refs)
+                g->state = G_ORPHAN; /* its job is dropped right after: then freed */
+            else if (g->state == G_LIVE)
                 grant_free_locked(t, g);
             else if (g->state == G_REVOKING)
                 g->status = -ECANCELED;
@@ -991,7 +1038,7 @@ static int handle_read_req(struct tcp_ep *ep, const char **why)
     j = ep->jfree;
     ep->jfree = j->next;
     j->g = g;
-    j->p = (const char *)g->addr + (raddr - (uint64_t)(uintptr_t)g->addr);
+    j->off = (uint32_t)(raddr - (uint64_t)(uintptr_t)g->addr);
     j->left = length;
     j->tag = tag;
     j->next = NULL;
@@ -2293,6 +2340,7 @@ const struct vrpc_transport_ops vrpc_tcp_ops = {
     .read = tcp_read,
     .grant = tcp_grant,
     .revoke = tcp_revoke,
+    .grant_segs = tcp_grant_segs,
     .close = tcp_close,
     .ep_free = tcp_ep_free,
 };

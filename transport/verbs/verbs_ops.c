@@ -44,14 +44,20 @@
  *                              buffers are left posted on a CQ: the device's
  *                              SRQ limit event (default 0: not armed). Also
  *                              what shows the asynchronous events are read
+ *   VRPC_VERBS_ACK_TIMEOUT=N   local ACK timeout exponent, 14..31 (4.096 us
+ *                              << N; default: rdma_cm's, at least 14)
+ *   VRPC_VERBS_READ_CHUNK=N    bytes per READ work request, and
+ *   VRPC_VERBS_READ_WINDOW=N   READs in flight per endpoint: override the
+ *                              transport attributes (measurements)
  *   VRPC_VERBS_TRACE=1         log every post, completion and rdma_cm event */
 struct qp_cfg {
 	uint8_t rnr_retry;   /* see VRPC_VERBS_RNR_RETRY */
-	uint8_t ack_timeout; /* local ACK timeout exponent, at least 14 (lossy links) */
+	uint8_t ack_timeout; /* local ACK timeout exponent; 0: rdma_cm's, at least 14 (lossy links) */
 	uint8_t retry_cnt;   /* transport retries: 7 */
 	int gid_index;       /* -1: rdma_cm's */
 	uint16_t proto_version;
 	uint32_t srq_limit;  /* see VRPC_VERBS_SRQ_LIMIT */
+	uint32_t rd_chunk, rd_window; /* VRPC_VERBS_READ_CHUNK / _WINDOW; 0: the attr's */
 };
 
 static long env_long(const char *name, long dflt, long lo, long hi)
@@ -72,11 +78,13 @@ static long env_long(const char *name, long dflt, long lo, long hi)
 static void qp_cfg_init(struct qp_cfg *cfg)
 {
 	cfg->rnr_retry = (uint8_t)env_long("VRPC_VERBS_RNR_RETRY", 7, 0, 7);
-	cfg->ack_timeout = 14;
+	cfg->ack_timeout = (uint8_t)env_long("VRPC_VERBS_ACK_TIMEOUT", 0, 14, 31);
 	cfg->retry_cnt = 7;
 	cfg->gid_index = (int)env_long("VRPC_VERBS_GID_INDEX", -1, -1, 255);
 	cfg->proto_version = (uint16_t)env_long("VRPC_VERBS_PROTO_VERSION", PROTO_VERSION, 0, 65535);
 	cfg->srq_limit = (uint32_t)env_long("VRPC_VERBS_SRQ_LIMIT", 0, 0, 1 << 20);
+	cfg->rd_chunk = (uint32_t)env_long("VRPC_VERBS_READ_CHUNK", 0, 4096, 1 << 30);
+	cfg->rd_window = (uint32_t)env_long("VRPC_VERBS_READ_WINDOW", 0, 1, 256);
 }
 
 /* rdma-core returns a positive errno from some calls: ours is negative. */
@@ -104,13 +112,26 @@ static int err_pos(int rc) { return rc > 0 ? -rc : rc; }
 /* BIND_MW and LOCAL_INV work requests one endpoint may have on its send queue
  * (the send queue is sized for them besides sends and read_window reads). */
 #define MW_SLOTS 16u
-/* 256 KiB: two chunks in flight are 512 packets at rxe's 1024-byte MTU. With
- * 1 MiB chunks (2048 packets) rxe across a veth pair overflows the netdev
- * backlog (1000), and each lost packet costs the 2 s ACK timeout (measured:
- * 8 MiB reads stalled past 10 s; 256 KiB ran at 16-24 MB/s, like 1 MiB on one
- * device). On hardware 256 KiB per work request is still far from any
- * per-request overhead. */
-#define READ_CHUNK_DEFAULT (256u << 10)
+/* The default READ chunk: with read_window (2) it is the READ bytes one
+ * connection has in flight, and a small message on that connection waits
+ * behind them. rxe (Soft-RoCE) answers a READ in one softirq burst (every
+ * response packet built, checksummed and, on one device, received and copied
+ * in it) that holds its CPU; the peer's small SEND and the pollers and
+ * workers wait for the bursts in flight. In the Soft-RoCE VM a 1-byte call
+ * during four 16 MiB uploads took 27-43 ms at its median with 256 KiB chunks,
+ * 8-13 ms with 64 KiB, 4-5 ms with 32 KiB (the request leg, roughly
+ * proportional to the bytes in flight), and large-message bandwidth did not
+ * drop (bench/softroce/hol_bench, hol-in-vm.sh). So 32 KiB on a software
+ * device. On hardware the NIC answers READs without the CPU, and a chunk's
+ * wire time must cover the turnaround of the next READ: 64 KiB (5 us at
+ * 100 Gb/s) keeps two in flight busy while holding a small message back by
+ * at most ~10 us. Chunks over 256 KiB are a bad idea on rxe across a veth
+ * pair: 1 MiB chunks overflowed the netdev backlog (1000 packets) and each
+ * loss cost the ACK timeout (rdma_cm's on RoCE: exponent 19, 2.1 s). */
+#define READ_CHUNK_SOFT (32u << 10)
+#define READ_CHUNK_HW (64u << 10)
+/* rxe's vendor id (kernel rxe_param.h RXE_VENDOR_ID): a software device */
+#define RXE_VENDOR_ID 0xffffffu
 
 struct hdr {
 	uint16_t credits;
@@ -328,8 +349,21 @@ static int g_trace = -1; /* VRPC_VERBS_TRACE=1: log completions and credits */
 		if (g_trace < 0)                                                                    \
 			g_trace = getenv("VRPC_VERBS_TRACE") != NULL;                               \
 		if (g_trace)                                                                        \
-			vrpc_tp_log(__VA_ARGS__);                                                   \
+			trace_log(__VA_ARGS__);                                                     \
 	} while (0)
+
+/* A trace line stamped with CLOCK_MONOTONIC in microseconds (the clock of
+ * vrpc_now_ns, so that a program's own timestamps line up with it). */
+static void trace_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void trace_log(const char *fmt, ...)
+{
+	char line[224];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	vrpc_tp_log("%llu %s", (unsigned long long)(vrpc_tp_now_ns() / 1000u), line);
+}
 
 static void wake(int fd)
 {
@@ -497,8 +531,10 @@ static int tp_bind(struct vtp *tp, struct ibv_context *verbs)
 		goto out;
 	}
 	tp->verbs = verbs;
-	tp->rd_chunk = tp->base.attr.read_chunk ? tp->base.attr.read_chunk : READ_CHUNK_DEFAULT;
-	tp->rd_window = tp->base.attr.read_window;
+	tp->rd_chunk = tp->cfg.rd_chunk ? tp->cfg.rd_chunk : tp->base.attr.read_chunk;
+	if (!tp->rd_chunk)
+		tp->rd_chunk = tp->dattr.vendor_id == RXE_VENDOR_ID ? READ_CHUNK_SOFT : READ_CHUNK_HW;
+	tp->rd_window = tp->cfg.rd_window ? tp->cfg.rd_window : tp->base.attr.read_window;
 	if (tp->dattr.max_qp_init_rd_atom > 0 && tp->rd_window > (uint32_t)tp->dattr.max_qp_init_rd_atom)
 		tp->rd_window = (uint32_t)tp->dattr.max_qp_init_rd_atom;
 	tp->mw_ok = (tp->dattr.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0;
@@ -989,8 +1025,10 @@ static int qp_modify(struct vep *ep, enum ibv_qp_state state)
 		if (cfg->gid_index >= 0)
 			a.ah_attr.grh.sgid_index = (uint8_t)cfg->gid_index;
 	} else if (state == IBV_QPS_RTS) {
-		if (a.timeout < cfg->ack_timeout)
+		if (cfg->ack_timeout)
 			a.timeout = cfg->ack_timeout;
+		else if (a.timeout < 14)
+			a.timeout = 14;
 		a.retry_cnt = cfg->retry_cnt;
 		a.rnr_retry = cfg->rnr_retry;
 		mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY;
@@ -1194,6 +1232,7 @@ static int pump_reads_locked(struct vep *ep)
 				j->status = rc;
 			return rc;
 		}
+		TRACE("verbs: read post qpn %u len %u inflight %u", ep->qpn, n, ep->rd_inflight + 1);
 		rq_pop(ep);
 		j->posted += n;
 		j->outstanding++;
@@ -2884,6 +2923,7 @@ const struct vrpc_transport_ops vrpc_verbs_ops = {
 	.read = verbs_read,
 	.grant = verbs_grant,
 	.revoke = verbs_revoke,
+	.grant_segs = vrpc_enosys_grant_segs,
 	.close = verbs_close,
 	.ep_free = verbs_ep_free,
 };
