@@ -1720,7 +1720,7 @@ int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *opts, s
     if (ch->o.no_spin)
         ch->pend->spin = false;
     /* pinned: callers are expected on the poller's CPU (rpc.h, cpu_mask) */
-    ch->pend->spin_yield = ch->o.cpu_mask != 0;
+    ch->pend->poller_cpu = ch->o.cpu_mask ? __builtin_ctzll(ch->o.cpu_mask) : -1; /* as ca.cpu below */
     ch->pend->on_free = pump;
     ch->pend->on_free_arg = ch;
     ch->nqents = ch->o.max_queued + ch->o.max_outstanding;

@@ -92,8 +92,8 @@ struct vrpc_pending {
     uint32_t *free;       /* LIFO stack of free indices, lowest on top initially */
     bool closed;
     bool spin;            /* false: vrpc_pending_wait sleeps at once (no_spin) */
-    bool spin_yield;      /* vrpc_pending_wait yields its CPU while it spins: the
-                             waiter shares a CPU with the poller that answers it */
+    int poller_cpu;       /* the CPU the answering poller is pinned to, -1: none;
+                             a waiter running there sleeps at once (pending.c) */
     /* Called, with no lock held, on whichever thread freed a slot (set once
      * before the table is used; NULL: none). */
     void (*on_free)(void *arg);

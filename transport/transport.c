@@ -210,11 +210,16 @@ static void deliver(struct vrpc_cq *cq, unsigned n)
             vrpc_ep_unref(cq->wc[i].ep);
 }
 
+/* A pinned poller busy-polling without completions yields its CPU at most
+ * this often (see poller_main). */
+#define PINNED_YIELD_NS 20000u
+
 static void *poller_main(void *arg)
 {
     struct vrpc_cq *cq = arg;
     const struct vrpc_transport_ops *ops = cq->tp->ops;
     uint64_t busy_ns = (uint64_t)cq->attr.busy_poll_us * 1000u, idle_since = vrpc_tp_now_ns();
+    uint64_t yielded = idle_since, now;
     int n;
 
     for (;;) {
@@ -225,16 +230,27 @@ static void *poller_main(void *arg)
                 idle_since = vrpc_tp_now_ns();
             /* pinned: the callback likely readied a thread of this CPU (a
              * worker, a waiting caller); let it run before polling again */
-            if (cq->attr.cpu >= 0)
+            if (cq->attr.cpu >= 0) {
                 sched_yield();
+                yielded = vrpc_tp_now_ns();
+            }
             continue;
         }
         if (atomic_load_explicit(&cq->stopping, memory_order_acquire))
             break;
-        if (busy_ns && vrpc_tp_now_ns() - idle_since < busy_ns) {
-            /* spinning: let a runnable thread of this CPU go first (on an
-             * oversubscribed machine the peer we wait for may be one) */
-            sched_yield();
+        if (busy_ns && (now = vrpc_tp_now_ns()) - idle_since < busy_ns) {
+            /* Spinning. Unpinned: let a runnable thread of this CPU go first
+             * (on an oversubscribed machine the peer we wait for may be one).
+             * Pinned: the threads it serves on its CPU sleep (or spin by
+             * yielding) until it delivers, and it yields after delivering, so
+             * a yield per poll would only take turns with them (a context
+             * switch pair each) and delay the poll that finds their answer.
+             * It still yields every PINNED_YIELD_NS, so that other threads of
+             * its CPU wait that long at most, not its whole busy window. */
+            if (cq->attr.cpu < 0 || now - yielded >= PINNED_YIELD_NS) {
+                sched_yield();
+                yielded = now;
+            }
             continue;
         }
         /* poll -> arm -> poll: a completion landing between the last poll

@@ -355,8 +355,9 @@ static struct result tp_case(const char *listen, unsigned size, unsigned round)
         fprintf(stderr, "rpc_bench: transport connect to %s failed\n", uri);
         exit(1);
     }
-    /* wait on the client's own flag: spin briefly, then the futex, like a
-     * synchronous RPC caller does */
+    /* wait on the client's own flag as a synchronous RPC caller does
+     * (vrpc_pending_wait): unpinned, spin briefly, then the futex; pinned with
+     * the poller, the futex at once */
     for (uint64_t i = 0;; i++) {
         struct vrpc_buf *b = vrpc_pool_get(cli.pool);
         while (!b) {
@@ -368,11 +369,6 @@ static struct result tp_case(const char *listen, unsigned size, unsigned round)
         __atomic_store_n(&cli.got, 0, __ATOMIC_SEQ_CST);
         if (vrpc_ep_send(cli.ep, b, size, 0, 0, 0))
             exit(1);
-        if (g.split) { /* pinned with the poller: yield, as vrpc_pending_wait does */
-            uint64_t end = vrpc_bench_now_ns() + 50000;
-            while (!__atomic_load_n(&cli.got, __ATOMIC_ACQUIRE) && vrpc_bench_now_ns() < end)
-                sched_yield();
-        }
         for (int k = 0; !g.split && k < 2000 && !__atomic_load_n(&cli.got, __ATOMIC_ACQUIRE); k++)
             __builtin_ia32_pause();
         while (!__atomic_load_n(&cli.got, __ATOMIC_ACQUIRE))

@@ -164,9 +164,10 @@ struct vrpc_channel_opts {
                                     hand-off between threads of one CPU costs a few
                                     microseconds, waking a thread on an idle CPU of a
                                     VM can cost tens (rpc_bench --placement). Pinned,
-                                    waiting callers and idle workers spin by yielding
-                                    the CPU (sched_yield), so the poller they share it
-                                    with runs at once. */
+                                    the poller busy-polls without yielding its CPU
+                                    until it delivers, then yields: waiting callers
+                                    sleep at once (the poller wakes them), idle
+                                    workers spin by yielding the CPU (sched_yield). */
 };
 /* Fill *o with the defaults above (all zeros mean defaults, too). */
 VRPC_API void vrpc_channel_opts_init(struct vrpc_channel_opts *o);

@@ -255,7 +255,12 @@ struct vrpc_cq_attr {
                               poll, sleep) */
     uint32_t depth;        /* completions per callback batch, at most; 0: 64 */
     uint32_t max_recv;     /* receive buffers postable at once (SRQ size); 0: 4096 */
-    int cpu;               /* pin the poller to this CPU; -1: don't */
+    int cpu;               /* pin the poller to this CPU; -1: don't. A pinned
+                              poller yields its CPU after each callback batch (a
+                              thread it readied there runs first) and, while
+                              busy-polling, only every 20 us (unpinned: between
+                              polls): threads of its CPU that wait for it should
+                              sleep, not spin. */
     const char *name;      /* poller thread name (<=15 chars); NULL: "vrpc-cq" */
 };
 

@@ -791,6 +791,7 @@ struct bg_call {
     struct vrpc_channel *ch;
     size_t n;
     bool copy;      /* async without REQ_HELD: the request is packed into a large buffer */
+    bool held;      /* async with VRPC_CALL_REQ_HELD: sent from data, as a sync call's */
     int64_t timeout_us;
     uint64_t id;    /* the call's id (atomic; call_id) */
     uint8_t *data;  /* n bytes: 0..n-1 as bytes; freed by bg_call_main after the call */
@@ -818,7 +819,8 @@ static void *bg_call_main(void *arg)
     r.payload.data = data;
     r.payload.len = b->n;
     r.mode = MODE_CRC;
-    if (b->copy) {
+    if (b->copy || b->held) {
+        o.flags = b->held ? VRPC_CALL_REQ_HELD : 0;
         assert_int_equal(vrpc_call_async(b->ch, &m_echo, &r.base, &o, bg_async_cb, b), 0);
         while (!__atomic_load_n(&b->returned, __ATOMIC_ACQUIRE))
             usleep(1000);
@@ -1137,19 +1139,22 @@ static uint8_t *expected_request(const struct bg_call *b, const uint8_t *data, s
  * kind 1: the call is cancelled; the server answers a RESPONSE without
  *   reading; CANCELLED; a read after the call returned is refused.
  * kind 2: the server's connection goes away unread; UNAVAILABLE.
- * The caller overwrites and frees its buffer right after the return. */
+ * The caller overwrites and frees its buffer right after the return. Each
+ * case twice: a synchronous call, then an async one with VRPC_CALL_REQ_HELD
+ * (whose callback is the "return"). */
 static void test_zc_request_outlives_call(void **state)
 {
     (void)state;
     if (strcmp(g_opt.backend, "tcp"))
         skip(); /* verbs copies requests into registered memory */
     const enum vrpc_code want_code[] = {VRPC_DEADLINE_EXCEEDED, VRPC_CANCELLED, VRPC_UNAVAILABLE};
-    for (int kind = 0; kind < 3; kind++) {
+    for (int round = 0; round < 6; round++) {
+        int kind = round % 3;
         struct raw r;
         char bound[VRPC_URI_MAX];
         raw_server_open(&r, bound, sizeof(bound));
         struct bg_call a = {.ch = new_channel_opt(bound, 4 * MiB, 0, false), .n = MiB,
-                            .timeout_us = kind == 0 ? 50000 : 0};
+                            .timeout_us = kind == 0 ? 50000 : 0, .held = round >= 3};
         a.data = malloc(a.n);
         fill(a.data, a.n, 5);
         size_t want_len;
@@ -1200,7 +1205,7 @@ static void test_zc_request_outlives_call(void **state)
             usleep(1000);
         assert_int_equal(__atomic_load_n(&a.returned, __ATOMIC_ACQUIRE), 1);
         pthread_join(t, NULL); /* the caller has overwritten and freed its buffer */
-        printf("# request from the caller's memory, case %d: %s: %s\n", kind,
+        printf("# request from the caller's memory, case %d (%s): %s: %s\n", kind, a.held ? "async REQ_HELD" : "sync",
                vrpc_code_name((enum vrpc_code)a.code), a.st.message);
         assert_int_equal(a.code, want_code[kind]);
         if (kind == 1) { /* the key is dead: a read now is refused, never served from freed memory */
