@@ -120,9 +120,11 @@ static int err_pos(int rc) { return rc > 0 ? -rc : rc; }
  * workers wait for the bursts in flight. In the Soft-RoCE VM a 1-byte call
  * during four 16 MiB uploads took 27-43 ms at its median with 256 KiB chunks,
  * 8-13 ms with 64 KiB, 4-5 ms with 32 KiB (the request leg, roughly
- * proportional to the bytes in flight), and large-message bandwidth did not
- * drop (bench/softroce/hol_bench, hol-in-vm.sh). So 32 KiB on a software
- * device. On hardware the NIC answers READs without the CPU, and a chunk's
+ * proportional to the bytes in flight; bench/softroce/hol_bench,
+ * hol-in-vm.sh). The price is about a tenth of the large-message bandwidth
+ * (the quietest A/B, one boot, rpc_bench --payload: 1 MiB 36.0 vs 40.4 MB/s,
+ * 16 MiB 36.1 vs 39.1 MB/s, ib_read_bw 40 MB/s; a window of 4 such chunks
+ * did not buy it back). So 32 KiB on a software device. On hardware the NIC answers READs without the CPU, and a chunk's
  * wire time must cover the turnaround of the next READ: 64 KiB (5 us at
  * 100 Gb/s) keeps two in flight busy while holding a small message back by
  * at most ~10 us. Chunks over 256 KiB are a bad idea on rxe across a veth
