@@ -992,9 +992,10 @@ static int serve_main(void)
         pause();
 }
 
-static void test_server_killed_mid_transfer(void **state)
+/* Start this binary as a server process (--serve) and read the URI it
+ * prints; the caller kills and reaps it. */
+static pid_t spawn_server(char uri[VRPC_URI_MAX + 1])
 {
-    (void)state;
     int pfd[2];
     assert_int_equal(pipe(pfd), 0);
     pid_t pid = fork();
@@ -1006,10 +1007,10 @@ static void test_server_killed_mid_transfer(void **state)
         _exit(127);
     }
     close(pfd[1]);
-    char uri[VRPC_URI_MAX + 1] = {0};
+    memset(uri, 0, VRPC_URI_MAX + 1);
     size_t got = 0;
-    while (got < sizeof(uri) - 1 && !strchr(uri, '\n')) {
-        ssize_t k = read(pfd[0], uri + got, sizeof(uri) - 1 - got);
+    while (got < VRPC_URI_MAX && !strchr(uri, '\n')) {
+        ssize_t k = read(pfd[0], uri + got, VRPC_URI_MAX - got);
         if (k <= 0)
             break;
         got += (size_t)k;
@@ -1017,6 +1018,14 @@ static void test_server_killed_mid_transfer(void **state)
     close(pfd[0]);
     assert_non_null(strchr(uri, '\n'));
     *strchr(uri, '\n') = 0;
+    return pid;
+}
+
+static void test_server_killed_mid_transfer(void **state)
+{
+    (void)state;
+    char uri[VRPC_URI_MAX + 1];
+    pid_t pid = spawn_server(uri);
 
     struct vrpc_channel *ch = new_channel(uri, (uint32_t)g_max, 256u * MiB);
     struct vrpc_transport *tp = vrpc_channel_transport(ch);
@@ -1228,28 +1237,8 @@ static void test_zc_request_outlives_call(void **state)
 static void test_zc_server_killed(void **state)
 {
     (void)state;
-    int pfd[2];
-    assert_int_equal(pipe(pfd), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        dup2(pfd[1], 1);
-        close(pfd[0]);
-        execl(g_opt.self, g_opt.self, "--backend", g_opt.backend, "--setup", g_opt.setup, "--serve", (char *)NULL);
-        _exit(127);
-    }
-    close(pfd[1]);
-    char uri[VRPC_URI_MAX + 1] = {0};
-    size_t got = 0;
-    while (got < sizeof(uri) - 1 && !strchr(uri, '\n')) {
-        ssize_t k = read(pfd[0], uri + got, sizeof(uri) - 1 - got);
-        if (k <= 0)
-            break;
-        got += (size_t)k;
-    }
-    close(pfd[0]);
-    assert_non_null(strchr(uri, '\n'));
-    *strchr(uri, '\n') = 0;
+    char uri[VRPC_URI_MAX + 1];
+    pid_t pid = spawn_server(uri);
     struct bg_call a = {.ch = new_channel(uri, (uint32_t)g_max, 256u * MiB), .n = g_max - 64};
     pthread_t t;
     pthread_create(&t, NULL, bg_call_main, &a);
