@@ -121,7 +121,7 @@ static void ctr_add(struct ctrs *c, const char *name, unsigned long long v)
     if (i == c->n) {
         if (c->n == MAX_CTR)
             return;
-        snprintf(c->name[c->n], sizeof(c->name[0]), "%s", name);
+        snprintf(c->name[c->n], sizeof(c->name[0]), "%.*s", (int)sizeof(c->name[0]) - 1, name);
         c->v[c->n++] = 0;
     }
     c->v[i] += v;

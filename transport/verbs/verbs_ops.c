@@ -1121,7 +1121,7 @@ static void send_reject(struct rdma_cm_id *id, const struct vtp *tp, int code, c
 	r.magic = htonl(HELLO_MAGIC);
 	r.version = htons(tp->cfg.proto_version);
 	r.code = htons((uint16_t)-code);
-	snprintf(r.why, sizeof(r.why), "%s", why);
+	snprintf(r.why, sizeof(r.why), "%.*s", (int)sizeof(r.why) - 1, why); /* cut to fit */
 	rdma_reject(id, &r, sizeof(r));
 }
 
