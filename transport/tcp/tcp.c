@@ -164,6 +164,8 @@ struct tcp_ep {
     bool granted_any;       /* under the grant table lock */
     uint32_t ngrants;       /* grants not freed yet (under the grant table lock) */
     bool pump_queued;       /* on cq->pumpq (poller) */
+    bool pumping;           /* pump() is streaming (under lock): it arms
+                               EPOLLOUT itself if it stops with jobs left */
     struct tcp_ep *pnext;
     struct vrpc_buf errf;   /* the one READ_ERR frame */
     char err_space[HDR_LEN];
@@ -487,7 +489,8 @@ static void tx_locked(struct tcp_ep *ep)
     }
     if (!ep->wq.head && !ep->cur) {
         if (ep->jhead) {
-            set_pollout_locked(ep, true); /* the poller streams the next chunks */
+            if (!ep->pumping)
+                set_pollout_locked(ep, true); /* the poller streams the next chunks */
         } else {
             set_pollout_locked(ep, false);
             /* a graceful close ends the stream once every accepted send is
@@ -974,6 +977,7 @@ static void pump(struct tcp_cq *cq, struct tcp_ep *ep)
 
     pthread_mutex_lock(&ep->lock);
     moved = ep->chunk_bytes;
+    ep->pumping = true;
     for (;;) {
         struct rjob *j;
         bool live;
@@ -999,6 +1003,12 @@ static void pump(struct tcp_cq *cq, struct tcp_ep *ep)
         ep->cur_off = 0;
         build_hdr(ep->cur_hdr, F_READ_RESP, ep->cur_len, j->tag, take_credit_ret(ep));
     }
+    ep->pumping = false;
+    /* Stopped with chunks left (budget spent; a full socket armed EPOLLOUT
+     * already): EPOLLOUT brings the poller back. A socket that took every
+     * chunk never had it armed: no epoll_ctl pair per read. */
+    if (!fail && ep->jhead && !ep->cur && !ep->wq.head && !ep->werr && ep->fd >= 0)
+        set_pollout_locked(ep, true);
     moved = ep->chunk_bytes - moved;
     pthread_mutex_unlock(&ep->lock);
     if (moved)
