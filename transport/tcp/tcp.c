@@ -111,6 +111,9 @@ struct tcp_tp {
     uint32_t free_head;   /* index + 1, 0: none */
     uint32_t ep_grants;   /* most live grants per endpoint, 0: no limit (test
                              only: VRPC_TCP_TEST_EP_GRANTS, forces -ENOSPC) */
+    bool no_flow_busy;    /* VRPC_TCP_NO_FLOW_BUSY=1 (diagnostics, A/B runs):
+                             pollers sleep after their busy window even while
+                             a large transfer moves bytes (see tcp_cq_wait) */
 };
 
 /* Owner side: one read request of the peer being served (under the endpoint
@@ -155,11 +158,14 @@ struct tcp_ep {
     unsigned njobs;
     struct rjob *cur;
     uint32_t cur_len, cur_off;
+    uint64_t chunk_bytes;   /* READ_RESP bytes written, ever (pump: did it move?) */
     char cur_hdr[HDR_LEN];
     bool err_queued;
     bool granted_any;       /* under the grant table lock */
     uint32_t ngrants;       /* grants not freed yet (under the grant table lock) */
     bool pump_queued;       /* on cq->pumpq (poller) */
+    bool pumping;           /* pump() is streaming (under lock): it arms
+                               EPOLLOUT itself if it stops with jobs left */
     struct tcp_ep *pnext;
     struct vrpc_buf errf;   /* the one READ_ERR frame */
     char err_space[HDR_LEN];
@@ -219,6 +225,8 @@ struct tcp_cq {
     int nev;                          /* stashed by cq_wait for the next cq_poll */
     unsigned polls;                   /* busy polls, for DIRECT_EPOLL_EVERY */
     uint64_t next_scan;
+    uint64_t flow_ns;                 /* last time a large transfer moved bytes
+                                         here (READ_RESP in, or a chunk out) */
 };
 
 struct tcp_listener {
@@ -390,6 +398,7 @@ static bool tx_chunk_locked(struct tcp_ep *ep)
             return false;
         }
         ep->cur_off += (uint32_t)w;
+        ep->chunk_bytes += (uint64_t)w;
     }
     ep->cur = NULL;
     j->off += ep->cur_len;
@@ -480,7 +489,8 @@ static void tx_locked(struct tcp_ep *ep)
     }
     if (!ep->wq.head && !ep->cur) {
         if (ep->jhead) {
-            set_pollout_locked(ep, true); /* the poller streams the next chunks */
+            if (!ep->pumping)
+                set_pollout_locked(ep, true); /* the poller streams the next chunks */
         } else {
             set_pollout_locked(ep, false);
             /* a graceful close ends the stream once every accepted send is
@@ -963,8 +973,11 @@ static void pump(struct tcp_cq *cq, struct tcp_ep *ep)
     uint32_t chunk = ep->base.tp->attr.read_chunk ? ep->base.tp->attr.read_chunk : READ_CHUNK_DEFAULT;
     unsigned budget = PUMP_CHUNKS;
     bool fail = false;
+    uint64_t moved;
 
     pthread_mutex_lock(&ep->lock);
+    moved = ep->chunk_bytes;
+    ep->pumping = true;
     for (;;) {
         struct rjob *j;
         bool live;
@@ -990,7 +1003,16 @@ static void pump(struct tcp_cq *cq, struct tcp_ep *ep)
         ep->cur_off = 0;
         build_hdr(ep->cur_hdr, F_READ_RESP, ep->cur_len, j->tag, take_credit_ret(ep));
     }
+    ep->pumping = false;
+    /* Stopped with chunks left (budget spent; a full socket armed EPOLLOUT
+     * already): EPOLLOUT brings the poller back. A socket that took every
+     * chunk never had it armed: no epoll_ctl pair per read. */
+    if (!fail && ep->jhead && !ep->cur && !ep->wq.head && !ep->werr && ep->fd >= 0)
+        set_pollout_locked(ep, true);
+    moved = ep->chunk_bytes - moved;
     pthread_mutex_unlock(&ep->lock);
+    if (moved)
+        cq->flow_ns = vrpc_tp_now_ns();
     if (fail)
         teardown(cq, ep, -EPROTO, ep->why);
 }
@@ -1648,6 +1670,8 @@ static void rx(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
         }
         if (!ep->frame_ns)
             ep->frame_ns = now;
+        if (ep->rkind == K_RRESP)
+            cq->flow_ns = now;
         if (ep->rdst) {
             size_t p = ep->rlen - ep->rgot;
             if ((size_t)n < p)
@@ -1900,6 +1924,16 @@ static void tcp_cq_wait(struct vrpc_cq *base, int timeout_ms)
      * later push (their producers see sleeping == 0 and do not kick). */
     if (!atomic_load(&cq->sleeping))
         return;
+    /* A large transfer moved bytes through this CQ within the busy window:
+     * more are on their way (the rest of a chunk, the next chunk), so do not
+     * sleep; the poller starts a new busy window. Sleeping here costs a
+     * wake-up per arrival or per drained socket while the transfer runs
+     * (an IPI to an idle CPU, or a turn behind whatever took it). */
+    if (cq->base.attr.busy_poll_us && vrpc_tp_now_ns() - cq->flow_ns < (uint64_t)cq->base.attr.busy_poll_us * 1000u &&
+        !container_of(cq->base.tp, struct tcp_tp, base)->no_flow_busy) {
+        atomic_store(&cq->sleeping, 0);
+        return;
+    }
     /* Endpoints need their timeouts checked even when nothing happens. */
     if (cq->neps && (timeout_ms < 0 || timeout_ms > 100))
         timeout_ms = 100;
@@ -2274,7 +2308,8 @@ static int tcp_tp_create(const struct vrpc_transport_attr *attr, struct vrpc_tra
     if (!t)
         return -ENOMEM;
     pthread_mutex_init(&t->gmu, NULL);
-    const char *eg = getenv("VRPC_TCP_TEST_EP_GRANTS");
+    const char *eg = getenv("VRPC_TCP_TEST_EP_GRANTS"), *nf = getenv("VRPC_TCP_NO_FLOW_BUSY");
+    t->no_flow_busy = nf && *nf == '1';
     if (eg)
         t->ep_grants = (uint32_t)strtoul(eg, NULL, 10);
     t->base.headroom = HDR_LEN; /* the frame header is written in front of the payload */
