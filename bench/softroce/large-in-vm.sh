@@ -4,7 +4,8 @@
 # size, alternating with rpc_bench --payload (requests of that size, 1 and 4
 # outstanding), ROUNDS times; medians (the lower middle one for an even
 # count), the better of 1 and 4 outstanding, and ratios (target: >= 0.80 of
-# ib_read_bw). Inside the VM (tests/softroce/vm.sh), or on a host with an RDMA
+# ib_read_bw), also round by round with their median. Inside the VM
+# (tests/softroce/vm.sh), or on a host with an RDMA
 # device and VRPC_VERBS_IP, VRPC_VERBS_DEV, VRPC_VERBS_GID set:
 #   tests/softroce/vm.sh --net single --timeout 1500 -- bench/softroce/large-in-vm.sh BUILD_DIR [SIZES] [ROUNDS]
 set -uo pipefail
@@ -44,5 +45,15 @@ for s in ${SIZES//,/ }; do
     awk -v l="$lab" -v b="$best" -v rd="$rd" -v sd="$sd" 'BEGIN {
         printf "%s: rpc %.1f MB/s, ib_read_bw %.1f MB/s, ib_send_bw %.1f MB/s -> rpc/ib_read_bw %.2f (target >= 0.80), rpc/ib_send_bw %.2f\n",
                l, b / 1e6, rd / 1e6, sd / 1e6, (rd > 0 ? b / rd : 0), (sd > 0 ? b / sd : 0) }'
+    # the same ratio round by round (each rpc round against the ib_read_bw
+    # run just before it), whose median drifts less with a machine whose load
+    # changes between rounds
+    # (files, not <(...): the VM's /dev has no /dev/fd)
+    for o in 1 4; do
+        grep "\"name\":\"rpc:upload_${lab}_out$o\"" "$out/rpc" | sed -n 's/.*"bytes_per_s":\([0-9.e+]*\).*/\1/p' >"$out/o$o"
+    done
+    pr=$(paste -d ' ' "$out/read_$s" "$out/o1" "$out/o4" |
+        awk 'NF == 3 && $1 > 0 { printf "%.2f\n", ($2 > $3 ? $2 : $3) / $1 }')
+    echo "$lab: rpc/ib_read_bw round by round: $(echo $pr) -> median $(med <<<"$pr")"
 done
 rm -rf "$out"
