@@ -252,7 +252,10 @@ struct vrpc_cq_attr {
     void *cb_arg;
     uint32_t busy_poll_us; /* spin this long without completions before arming
                               and sleeping; 0: sleep right away (poll, arm,
-                              poll, sleep) */
+                              poll, sleep). TCP: bytes of a large transfer
+                              (vrpc_ep_read data in or out) count as activity
+                              too, so a poller keeps spinning while one runs
+                              and sleeps this long after it stops */
     uint32_t depth;        /* completions per callback batch, at most; 0: 64 */
     uint32_t max_recv;     /* receive buffers postable at once (SRQ size); 0: 4096 */
     int cpu;               /* pin the poller to this CPU; -1: don't. A pinned
