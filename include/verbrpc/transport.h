@@ -179,7 +179,9 @@ struct vrpc_transport_attr {
     uint32_t read_chunk;  /* bytes per READ work request (verbs) or per read
                             response frame (TCP) of one vrpc_ep_read();
                             0: TCP 256 KiB; verbs 32 KiB on a software
-                            device (rxe), 64 KiB on hardware. On verbs,
+                            device (rxe), 64 KiB on hardware, while small
+                            messages share the connection, else 256 KiB
+                            (an endpoint switches by itself). On verbs,
                             read_chunk x read_window is what a small message
                             on the connection may wait behind */
     uint32_t read_window; /* read chunks in flight per endpoint; 0: 2 */

@@ -587,7 +587,7 @@ static void t_close_mid_read(void **state)
     pair_stop(&p);
 }
 
-/* One 8 MiB read with the default chunk (1 MiB, 2 in flight): the bytes
+/* One 8 MiB read with the default chunks (2 in flight): the bytes
  * arrive intact; the time is printed (no target: the VM is noisy). */
 static void t_read_large(void **state)
 {
@@ -626,6 +626,56 @@ static void t_read_large(void **state)
     pair_stop(&p);
 }
 
+/* The default chunk changes in the middle of a read: an 8 MiB read starts in
+ * bulk chunks, and the peer sends small messages meanwhile that no read
+ * follows, which switches the reader to small chunks (VRPC_VERBS_TRACE=1
+ * logs "reads in small chunks"). Every byte arrives intact and every small
+ * message is delivered, in order (how many before the read ended is printed:
+ * no target, the VM is noisy). */
+static void t_chunk_switch(void **state)
+{
+    enum { MSGS = 8 };
+    struct pair p;
+    struct vrpc_ep *cep, *sep;
+    struct region own, dst;
+    struct vrpc_transport_attr ta;
+    struct vrpc_wc w;
+    uint32_t rkey, n = 8u << 20;
+    unsigned sent = 0, early = 0;
+    bool done = false;
+    (void)state;
+    vrpc_transport_attr_init(&ta);
+    pair_start(&p, &ta);
+    pair_connect(&p, &cep, &sep);
+    region_init(&own, p.s.tp, n, n, VRPC_ACCESS_GRANT);
+    region_init(&dst, p.c.tp, n, n, VRPC_ACCESS_LOCAL);
+    fill(own.base, n, 13);
+    assert_int_equal(vrpc_ep_grant(sep, own.mr, own.base, n, &rkey), 0);
+    assert_int_equal(vrpc_ep_read(cep, &dst.buf, 0, n, (uintptr_t)own.base, rkey, 42), 0);
+    while (!done) {
+        if (sent < MSGS)
+            send_key(&p.s, sep, own.base, rkey, ++sent);
+        done = coll_wait(&p.c.coll, VRPC_WC_READ, cep, sent < MSGS ? 15 : WAIT_MS, &w);
+    }
+    assert_int_equal(w.status, 0);
+    assert_int_equal(w.wr_id, 42);
+    assert_int_equal(w.byte_len, n);
+    assert_memory_equal(dst.base, own.base, n);
+    early = (unsigned)coll_count(&p.c.coll, VRPC_WC_RECV, cep);
+    printf("chunk switch (%s): %u small messages sent during the read, %u delivered before it ended\n",
+           g_opt.setup, sent, early);
+    for (unsigned i = 0; i < sent; i++)
+        assert_int_equal(recv_key(&p.c, cep).len, i + 1);
+    wait_sends(&p.s, sep, sent);
+    assert_int_equal(vrpc_ep_revoke(sep, rkey, 1), 0);
+    assert_true(coll_wait(&p.s.coll, VRPC_WC_REVOKE, sep, WAIT_MS, &w));
+    assert_int_equal(w.status, 0);
+    close_both(&p, cep, sep);
+    region_fini(&own);
+    region_fini(&dst);
+    pair_stop(&p);
+}
+
 int main(int argc, char **argv)
 {
     const char *filter = NULL;
@@ -657,6 +707,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(t_read_after_revoke),  cmocka_unit_test(t_key_other_endpoint),
         cmocka_unit_test(t_read_beyond_mr),     cmocka_unit_test(t_chunking),
         cmocka_unit_test(t_reads_flush_on_death), cmocka_unit_test(t_revoke_races_death), cmocka_unit_test(t_revoke_mid_read), cmocka_unit_test(t_close_mid_read), cmocka_unit_test(t_read_large),
+        cmocka_unit_test(t_chunk_switch),
     };
     if (filter)
         cmocka_set_test_filter(filter);

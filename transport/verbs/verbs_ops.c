@@ -49,6 +49,9 @@
  *   VRPC_VERBS_READ_CHUNK=N    bytes per READ work request, and
  *   VRPC_VERBS_READ_WINDOW=N   READs in flight per endpoint: override the
  *                              transport attributes (measurements)
+ *   VRPC_VERBS_READ_CHUNK_BULK=N  bytes per READ while the connection
+ *                              carries no small messages (see
+ *                              READ_CHUNK_BULK; N <= the chunk: no switching)
  *   VRPC_VERBS_TRACE=1         log every post, completion and rdma_cm event */
 struct qp_cfg {
 	uint8_t rnr_retry;   /* see VRPC_VERBS_RNR_RETRY */
@@ -58,6 +61,7 @@ struct qp_cfg {
 	uint16_t proto_version;
 	uint32_t srq_limit;  /* see VRPC_VERBS_SRQ_LIMIT */
 	uint32_t rd_chunk, rd_window; /* VRPC_VERBS_READ_CHUNK / _WINDOW; 0: the attr's */
+	uint32_t rd_chunk_bulk;       /* VRPC_VERBS_READ_CHUNK_BULK; 0: the default */
 };
 
 static long env_long(const char *name, long dflt, long lo, long hi)
@@ -85,6 +89,7 @@ static void qp_cfg_init(struct qp_cfg *cfg)
 	cfg->srq_limit = (uint32_t)env_long("VRPC_VERBS_SRQ_LIMIT", 0, 0, 1 << 20);
 	cfg->rd_chunk = (uint32_t)env_long("VRPC_VERBS_READ_CHUNK", 0, 4096, 1 << 30);
 	cfg->rd_window = (uint32_t)env_long("VRPC_VERBS_READ_WINDOW", 0, 1, 256);
+	cfg->rd_chunk_bulk = (uint32_t)env_long("VRPC_VERBS_READ_CHUNK_BULK", 0, 4096, 1 << 30);
 }
 
 /* rdma-core returns a positive errno from some calls: ours is negative. */
@@ -132,6 +137,29 @@ static int err_pos(int rc) { return rc > 0 ? -rc : rc; }
  * loss cost the ACK timeout (rdma_cm's on RoCE: exponent 19, 2.1 s). */
 #define READ_CHUNK_SOFT (32u << 10)
 #define READ_CHUNK_HW (64u << 10)
+/* The chunk while the connection carries only bulk traffic. The small chunk
+ * above costs about a tenth of the bandwidth (the A/B above; one-round A/Bs
+ * of 1 MiB calls ranged 0.75-0.98 of ib_read_bw, the 256 KiB ones on top;
+ * perftest's own READs at 32 KiB, two in flight, are as fast as at 1 MiB, so
+ * the price is in our per-chunk path: completion, poller, re-post). Only
+ * small messages need the small chunk, so an endpoint reads in bulk chunks
+ * until it sees one: a message received while it reads that no read
+ * follows. The RPC layer starts one read per received descriptor, so
+ * "messages received while reading minus reads started" (rd_unmatched)
+ * counts messages that were not descriptors; one that stays unmatched for
+ * SMALL_AGE_NS (longer than the server takes to turn a descriptor into a
+ * read, registering a new large buffer included) switches the endpoint to the
+ * small chunk for SMALL_HOLD_NS, renewed by every further one. Messages that
+ * arrive while the endpoint reads nothing (the RPC handshake, calls between
+ * transfers) wait behind no READ and are not counted. The first small
+ * message after a bulk-only stretch still meets bulk chunks in flight (at
+ * most read_window of them, and more are posted until it has aged); every
+ * later one within the hold meets small ones. Not when attr.read_chunk or
+ * VRPC_VERBS_READ_CHUNK fixes the chunk. 256 KiB: larger chunks overflowed
+ * the veth backlog (see above). */
+#define READ_CHUNK_BULK (256u << 10)
+#define SMALL_AGE_NS 10000000ull
+#define SMALL_HOLD_NS 200000000ull
 /* rxe's vendor id (kernel rxe_param.h RXE_VENDOR_ID): a software device */
 #define RXE_VENDOR_ID 0xffffffu
 
@@ -254,6 +282,10 @@ struct vep {
 	uint32_t rd_njobs;
 	struct rjob *rq_head, *rq_tail;   /* jobs with chunks left to post */
 	uint32_t rd_inflight, rd_window;  /* chunks posted; at most this many */
+	int32_t rd_unmatched;             /* messages received minus reads started,
+					     at least 0 (see READ_CHUNK_BULK) */
+	uint64_t rd_unmatched_ns;         /* first seen above 0 then; 0: not */
+	uint64_t rd_small_until;          /* small chunks until then (ns) */
 	atomic_ullong rd_deadline;        /* chunks in flight: next completion due by
 					     then (else the watchdog fails ep); 0: none */
 	struct vmw *grants;               /* windows bound on this QP */
@@ -332,6 +364,7 @@ struct vtp {
 	struct vep *reap;
 	struct vep *watch; /* endpoints with a handshake or close deadline */
 	uint32_t rd_window, rd_chunk; /* per endpoint, clamped to the device at binding */
+	uint32_t rd_chunk_bulk;       /* > rd_chunk: bulk chunks while no small messages */
 	bool mw_ok;                   /* device has type-2B memory windows */
 	atomic_bool mw_warned;
 	pthread_mutex_t mw_lock;      /* mw_free */
@@ -534,6 +567,8 @@ static int tp_bind(struct vtp *tp, struct ibv_context *verbs)
 	}
 	tp->verbs = verbs;
 	tp->rd_chunk = tp->cfg.rd_chunk ? tp->cfg.rd_chunk : tp->base.attr.read_chunk;
+	/* a chunk fixed by the attribute or the environment stays fixed */
+	tp->rd_chunk_bulk = tp->cfg.rd_chunk_bulk ? tp->cfg.rd_chunk_bulk : tp->rd_chunk ? 0 : READ_CHUNK_BULK;
 	if (!tp->rd_chunk)
 		tp->rd_chunk = tp->dattr.vendor_id == RXE_VENDOR_ID ? READ_CHUNK_SOFT : READ_CHUNK_HW;
 	tp->rd_window = tp->cfg.rd_window ? tp->cfg.rd_window : tp->base.attr.read_window;
@@ -1201,6 +1236,32 @@ static void rd_deadline_update(struct vep *ep)
 		atomic_fetch_sub(&ep->cq->reading, 1);
 }
 
+/* The chunk for the next READs (see READ_CHUNK_BULK; ep->lock). A message
+ * is taken for a small one once it has stayed unmatched from one call to a
+ * call SMALL_AGE_NS later; calls come with every read started and every
+ * chunk completed, so while reading at most a chunk's time later. */
+static uint32_t read_chunk_locked(struct vep *ep)
+{
+	const struct vtp *tp = ep->tp;
+	uint64_t now;
+	if (tp->rd_chunk_bulk <= tp->rd_chunk)
+		return tp->rd_chunk;
+	now = vrpc_tp_now_ns();
+	if (!ep->rd_unmatched) {
+		ep->rd_unmatched_ns = 0;
+	} else if (!ep->rd_unmatched_ns) {
+		ep->rd_unmatched_ns = now;
+	} else if (now - ep->rd_unmatched_ns >= SMALL_AGE_NS) {
+		if (now >= ep->rd_small_until)
+			TRACE("verbs: qpn %u reads in small chunks: %d message(s) unmatched for %llu us", ep->qpn,
+			      ep->rd_unmatched, (unsigned long long)(now - ep->rd_unmatched_ns) / 1000);
+		ep->rd_small_until = now + SMALL_HOLD_NS;
+		ep->rd_unmatched = 0;
+		ep->rd_unmatched_ns = 0;
+	}
+	return now < ep->rd_small_until ? tp->rd_chunk : tp->rd_chunk_bulk;
+}
+
 /* Posts read chunks while the endpoint's window has room, one chunk per job
  * in turn, so a short read waits behind at most one chunk of a long one.
  * A failed post (the send queue is sized for the window, so it means the QP
@@ -1208,9 +1269,12 @@ static void rd_deadline_update(struct vep *ep)
  * the endpoint outside the lock; the job completes when that flushes it. */
 static int pump_reads_locked(struct vep *ep)
 {
-	uint32_t chunk = ep->tp->rd_chunk;
+	uint32_t chunk;
 	if (ep->state != S_OPEN && ep->state != S_CLOSING)
 		return 0;
+	if (!ep->rq_head || ep->rd_inflight >= ep->rd_window)
+		return 0;
+	chunk = read_chunk_locked(ep);
 	while (ep->rq_head && ep->rd_inflight < ep->rd_window) {
 		struct rjob *j = ep->rq_head;
 		struct ibv_send_wr wr, *bad;
@@ -1640,6 +1704,8 @@ static void on_recv(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
 		ep->state = S_OPEN; /* data before ESTABLISHED: the client is connected */
 	ep->credits += c;
 	ep->peer_ctl_seen = ntohl(h->ctl_seen);
+	if (!(ntohs(h->flags) & HDR_CREDIT_ONLY) && (ep->rq_head || ep->rd_inflight) && ep->rd_unmatched < (1 << 20))
+		ep->rd_unmatched++; /* while reading: see READ_CHUNK_BULK */
 	pump_locked(ep);
 	close_progress_locked(ep);
 	if (ep->pending_ctl_min)
@@ -2629,6 +2695,8 @@ static int verbs_read(struct vrpc_ep *base, struct vrpc_buf *buf, uint32_t off, 
 		j->len = len;
 		j->posted = j->outstanding = 0;
 		j->status = 0;
+		if (ep->rd_unmatched)
+			ep->rd_unmatched--; /* the descriptor's message, presumably */
 		rq_push(ep, j);
 		prc = pump_reads_locked(ep);
 	}
