@@ -1,10 +1,5 @@
 /* Hashed timing wheel, see timer.h. 1024 buckets of one tick each; a timer
- * more than one revolution ahead waits in its bucket until its round. The
- * thread sleeps until the next tick that has a timer due (at most one
- * revolution ahead), not tick by tick, and an arm wakes it only when its
- * timer is due before that: a busy channel arming and cancelling a 60 s hold
- * timer per call costs no wake-ups at all (it cost two context switches per
- * call on the caller's CPU: the signal, then the mutex handoff). */
+ * more than one revolution ahead waits in its bucket until its round. */
 #include "rpc/timer.h"
 
 #include <errno.h>
@@ -24,7 +19,6 @@ struct vrpc_timer_wheel {
     bool stop;
     uint64_t tick_ns;
     uint64_t cur_tick; /* next tick to process */
-    uint64_t wake_tick; /* the thread sleeps until this tick (UINT64_MAX: until signalled) */
     uint32_t count;
     struct vrpc_timer buckets[WHEEL_SIZE]; /* list heads (sentinels) */
 };
@@ -46,21 +40,6 @@ static void unlink_timer(struct vrpc_timer *t)
     t->armed = false;
 }
 
-/* The first tick from cur_tick with a timer due in that round, looking one
- * revolution ahead at most (cur_tick + WHEEL_SIZE if none: wake then and look
- * again). Cancelled timers are gone from the buckets, so this is exact for
- * the armed ones. Under the lock. */
-static uint64_t next_due(const struct vrpc_timer_wheel *w)
-{
-    for (uint64_t k = w->cur_tick; k < w->cur_tick + WHEEL_SIZE; k++) {
-        const struct vrpc_timer *head = &w->buckets[k % WHEEL_SIZE];
-        for (const struct vrpc_timer *t = head->next; t != head; t = t->next)
-            if (t->tick <= k)
-                return k;
-    }
-    return w->cur_tick + WHEEL_SIZE;
-}
-
 static void *wheel_main(void *arg)
 {
     struct vrpc_timer_wheel *w = arg;
@@ -69,7 +48,6 @@ static void *wheel_main(void *arg)
     pthread_mutex_lock(&w->lock);
     while (!w->stop) {
         if (w->count == 0) {
-            w->wake_tick = UINT64_MAX;
             pthread_cond_wait(&w->cond, &w->lock);
             continue;
         }
@@ -99,10 +77,7 @@ static void *wheel_main(void *arg)
             pthread_mutex_lock(&w->lock);
             continue;
         }
-        /* every tick before cur_tick is done: sleep until the next one due
-         * (its end: a timer fires once its tick has passed, never early) */
-        w->wake_tick = next_due(w);
-        uint64_t wake = (w->wake_tick + 1) * w->tick_ns;
+        uint64_t wake = (w->cur_tick + 1) * w->tick_ns;
         struct timespec ts = {.tv_sec = (time_t)(wake / 1000000000), .tv_nsec = (long)(wake % 1000000000)};
         pthread_cond_timedwait(&w->cond, &w->lock, &ts);
     }
@@ -127,7 +102,6 @@ int vrpc_timer_wheel_create(uint32_t tick_us, struct vrpc_timer_wheel **out)
     pthread_cond_init(&w->cond, &ca);
     pthread_condattr_destroy(&ca);
     w->cur_tick = now_tick(w);
-    w->wake_tick = UINT64_MAX;
     rc = pthread_create(&w->thread, NULL, wheel_main, w);
     if (rc) {
         vrpc_timer_wheel_destroy(w);
@@ -174,13 +148,8 @@ void vrpc_timer_arm(struct vrpc_timer_wheel *w, struct vrpc_timer *t, int64_t ex
     head->next->prev = t;
     head->next = t;
     t->armed = true;
-    w->count++;
-    /* the thread sleeps until wake_tick (or for a signal): wake it only if
-     * this timer is due before that */
-    if (tick < w->wake_tick) {
-        w->wake_tick = tick;
+    if (w->count++ == 0)
         pthread_cond_signal(&w->cond);
-    }
     pthread_mutex_unlock(&w->lock);
 }
 

@@ -1,8 +1,7 @@
 /* Hashed timing wheel for call deadlines: arm and cancel are O(1) under one
  * mutex, and one thread per wheel (not one per call) advances it, sleeping
- * until the next tick with a timer due (an arm wakes it only for an earlier
- * one). Resolution is one tick (a timer fires up to one tick late, never
- * early).
+ * while nothing is armed. Resolution is one tick (a timer fires up to one
+ * tick late, never early).
  *
  * Thread contract: arm/cancel from any thread; a timer is armed at most once
  * at a time. fn runs on the wheel's thread without the lock held, possibly

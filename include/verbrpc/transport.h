@@ -257,7 +257,9 @@ struct vrpc_cq_attr {
                               poll, sleep). The poller adapts the spin between
                               this and 8 times it: a sleep that a completion
                               ends within one spin doubles it, a longer one
-                              halves it */
+                              halves it. TCP: bytes of a large transfer
+                              (vrpc_ep_read data in or out) count as activity
+                              too, so a poller does not sleep while one runs */
     uint32_t depth;        /* completions per callback batch, at most; 0: 64 */
     uint32_t max_recv;     /* receive buffers postable at once (SRQ size); 0: 4096 */
     int cpu;               /* pin the poller to this CPU; -1: don't. A pinned
