@@ -83,6 +83,17 @@ enum mode {
 };
 
 static int g_last_respond_rc = 1; /* rc of the last vrpc_server_call_respond */
+static int g_handlers_busy;       /* h_echo calls not finished (atomic) */
+
+/* Forget the last respond's rc before a call whose rc is checked. The
+ * previous call's handler may still be on its way to storing its own rc after
+ * the client has its answer: wait for it first, or it overwrites the reset. */
+static void reset_respond_rc(void)
+{
+    for (int i = 0; i < 5000 && __atomic_load_n(&g_handlers_busy, __ATOMIC_ACQUIRE); i++)
+        usleep(1000);
+    __atomic_store_n(&g_last_respond_rc, 1, __ATOMIC_RELEASE);
+}
 
 /* The handler stores its respond's rc after the client may already have its
  * answer: wait for it. */
@@ -99,6 +110,7 @@ static void h_echo(struct vrpc_server_call *call, const ProtobufCMessage *msg, v
     const Vrpctest__EchoRequest *r = (const Vrpctest__EchoRequest *)msg;
     Vrpctest__EchoReply rep = VRPCTEST__ECHO_REPLY__INIT;
     uint8_t *gen = NULL;
+    __atomic_add_fetch(&g_handlers_busy, 1, __ATOMIC_ACQ_REL);
     switch ((enum mode)r->mode) {
     case MODE_ECHO:
         rep.payload = r->payload;
@@ -111,6 +123,7 @@ static void h_echo(struct vrpc_server_call *call, const ProtobufCMessage *msg, v
         gen = malloc(r->seq ? r->seq : 1);
         if (!gen) {
             vrpc_server_call_fail(call, VRPC_RESOURCE_EXHAUSTED, "test server out of memory");
+            __atomic_sub_fetch(&g_handlers_busy, 1, __ATOMIC_ACQ_REL);
             return;
         }
         fill(gen, r->seq, r->sleep_ms);
@@ -125,6 +138,7 @@ static void h_echo(struct vrpc_server_call *call, const ProtobufCMessage *msg, v
     int rc = vrpc_server_call_respond(call, &rep.base);
     __atomic_store_n(&g_last_respond_rc, rc, __ATOMIC_RELEASE);
     free(gen);
+    __atomic_sub_fetch(&g_handlers_busy, 1, __ATOMIC_ACQ_REL);
 }
 
 /* A digest of every bytes value of a Multi, in field order (both ends). */
@@ -278,7 +292,7 @@ static void test_small_limits(void **state)
     /* request within it, response over the client's limit */
     assert_int_equal(call_echo(ch, buf, 5000, 0, MODE_CRC, 0, &rep, &st), VRPC_OK);
     assert_int_equal(rep->seq, crc32c(buf, 5000));
-    __atomic_store_n(&g_last_respond_rc, 1, __ATOMIC_RELEASE);
+    reset_respond_rc();
     assert_int_equal(call_echo(ch, buf, 5000, 0, MODE_ECHO, 0, &rep, &st), VRPC_RESOURCE_EXHAUSTED);
     snprintf(want, sizeof(want), "response of %zu bytes exceeds the client's limit of 3000 bytes", rep_size(5000));
     assert_string_equal(st.message, want);
@@ -393,7 +407,7 @@ static void test_large_over_limit(void **state)
     snprintf(want, sizeof(want), "request of %zu bytes exceeds the server's limit of %zu bytes",
              req_size(g_max, MODE_CRC), g_max);
     assert_string_equal(st.message, want);
-    __atomic_store_n(&g_last_respond_rc, 1, __ATOMIC_RELEASE);
+    reset_respond_rc();
     assert_int_equal(call_echo(ch, NULL, 0, 2 * MiB, MODE_GEN, 1, &rep, &st), VRPC_RESOURCE_EXHAUSTED);
     assert_non_null(strstr(st.message, "exceeds the client's limit of 1048576 bytes"));
     assert_int_equal(last_respond_rc(), -EMSGSIZE);
