@@ -415,7 +415,7 @@ static struct vrpc_task *idle_wait(struct vrpc_worker *w)
     struct vrpc_sched *s = w->s;
     uint64_t *word = &s->idle[w->idx / 64];
     unsigned bit = w->idx % 64;
-    uint64_t deadline, idle_at = now_ns();
+    uint64_t deadline;
     struct vrpc_task *t;
     uint32_t snap;
 
@@ -425,7 +425,7 @@ static struct vrpc_task *idle_wait(struct vrpc_worker *w)
      * work: the kernel's EEVDF scheduler charges a yielding thread, which then
      * waits hundreds of microseconds to run once woken.) */
     if (vs_faa_32(&s->nspinning, 1) < s->max_spinning) {
-        deadline = idle_at + w->spin_ns;
+        deadline = now_ns() + w->spin_ns;
         do {
             if (s->cfg.spin_yield)
                 sched_yield(); /* the poller we share a CPU with goes first */
@@ -468,14 +468,6 @@ static struct vrpc_task *idle_wait(struct vrpc_worker *w)
     }
     stat_inc(&w->parked);
     ck_ec32_wait(&w->ec, &ec_mode, snap, NULL);
-    /* Woken within the longest spin since we went idle: spinning that long
-     * would have saved the wake-up (a futex call for the submitter and, on a
-     * virtual machine, often a cross-CPU interrupt), so grow the budget as a
-     * spin that finds work does. Otherwise a few long gaps would halve it to
-     * its minimum for good: only a spin that finds work grows it, and a
-     * minimal spin no longer finds any. */
-    if (now_ns() - idle_at < 4 * s->spin_ns && w->spin_ns < 4 * s->spin_ns)
-        w->spin_ns *= 2;
     stat_inc(&w->woken);
     vs_btr_64(word, bit); /* destroy bumps without claiming the bit */
     return NULL;

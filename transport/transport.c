@@ -213,27 +213,13 @@ static void deliver(struct vrpc_cq *cq, unsigned n)
 /* A pinned poller busy-polling without completions yields its CPU at most
  * this often (see poller_main). */
 #define PINNED_YIELD_NS 20000u
-/* The busy-poll window adapts between busy_poll_us and this many times it
- * (see poller_main). */
-#define BUSY_GROW_MAX 8u
-
-/* Send completions only give buffers back: a batch of them alone readies no
- * thread that the poller should yield to. */
-static bool sends_only(const struct vrpc_wc *wc, unsigned n)
-{
-    for (unsigned i = 0; i < n; i++)
-        if (wc[i].opcode != VRPC_WC_SEND)
-            return false;
-    return true;
-}
 
 static void *poller_main(void *arg)
 {
     struct vrpc_cq *cq = arg;
     const struct vrpc_transport_ops *ops = cq->tp->ops;
-    const uint64_t busy_min = (uint64_t)cq->attr.busy_poll_us * 1000u, busy_max = busy_min * BUSY_GROW_MAX;
-    uint64_t busy_ns = busy_min, idle_since = vrpc_tp_now_ns();
-    uint64_t yielded = idle_since, now, slept_at;
+    uint64_t busy_ns = (uint64_t)cq->attr.busy_poll_us * 1000u, idle_since = vrpc_tp_now_ns();
+    uint64_t yielded = idle_since, now;
     int n;
 
     for (;;) {
@@ -244,7 +230,7 @@ static void *poller_main(void *arg)
                 idle_since = vrpc_tp_now_ns();
             /* pinned: the callback likely readied a thread of this CPU (a
              * worker, a waiting caller); let it run before polling again */
-            if (cq->attr.cpu >= 0 && !sends_only(cq->wc, (unsigned)n)) {
+            if (cq->attr.cpu >= 0) {
                 sched_yield();
                 yielded = vrpc_tp_now_ns();
             }
@@ -278,23 +264,8 @@ static void *poller_main(void *arg)
         }
         if (atomic_load_explicit(&cq->stopping, memory_order_acquire))
             break;
-        slept_at = vrpc_tp_now_ns();
         ops->cq_wait(cq, -1);
         idle_since = vrpc_tp_now_ns();
-        /* Fit the window to the gaps between completions: a wait that ended
-         * within one window would have been spun through by a window twice
-         * as long, and the wake-up costs more than the spin (on a virtual
-         * machine it crosses CPUs: tens of microseconds, and the poller's
-         * caller or worker waits on it); a longer wait is real idleness and
-         * shrinks the window back. E.g. an RPC server's poller waits a whole
-         * round trip (client side included) between requests, which under
-         * emulation is longer than busy_poll_us. */
-        if (busy_min) {
-            if (idle_since - slept_at < busy_ns)
-                busy_ns = busy_ns * 2 < busy_max ? busy_ns * 2 : busy_max;
-            else if (busy_ns / 2 >= busy_min)
-                busy_ns /= 2;
-        }
     }
     ops->cq_flush(cq);
     while ((n = ops->cq_poll(cq, cq->wc, cq->attr.depth)) > 0)

@@ -24,8 +24,7 @@
  *    oldest, and tasks from non-workers are taken roughly in FIFO order.
  *  - Idle workers spin, then sleep on a futex (ck_ec event count). Each
  *    worker adapts its spin between spin_us / 4 and 4 * spin_us: it doubles
- *    after a spin that found work or a sleep that work ended within
- *    4 * spin_us of going idle, halves after a spin that found none. Submitting
+ *    after a spin that found work, halves after one that did not. Submitting
  *    to a scheduler with a parked worker wakes one, unless another idle
  *    worker is still spinning (it will take the task without a wake-up).
  *    Sleeping workers use no CPU.

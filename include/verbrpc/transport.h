@@ -254,18 +254,14 @@ struct vrpc_cq_attr {
     void *cb_arg;
     uint32_t busy_poll_us; /* spin this long without completions before arming
                               and sleeping; 0: sleep right away (poll, arm,
-                              poll, sleep). The poller adapts the spin between
-                              this and 8 times it: a sleep that a completion
-                              ends within one spin doubles it, a longer one
-                              halves it. TCP: bytes of a large transfer
+                              poll, sleep). TCP: bytes of a large transfer
                               (vrpc_ep_read data in or out) count as activity
                               too, so a poller does not sleep while one runs */
     uint32_t depth;        /* completions per callback batch, at most; 0: 64 */
     uint32_t max_recv;     /* receive buffers postable at once (SRQ size); 0: 4096 */
     int cpu;               /* pin the poller to this CPU; -1: don't. A pinned
-                              poller yields its CPU after each callback batch
-                              with more than send completions in it (a thread
-                              it readied there runs first) and, while
+                              poller yields its CPU after each callback batch (a
+                              thread it readied there runs first) and, while
                               busy-polling, only every 20 us (unpinned: between
                               polls): threads of its CPU that wait for it should
                               sleep, not spin. */
