@@ -151,6 +151,15 @@ static int read_wait(struct pair *p, struct vrpc_ep *ep, struct region *dst, uin
     return w.status;
 }
 
+/* Revoke a grant of sep's and wait for the revoke to complete cleanly. */
+static void revoke_wait(struct pair *p, struct vrpc_ep *sep, uint32_t rkey, uint64_t tag)
+{
+    struct vrpc_wc w;
+    assert_int_equal(vrpc_ep_revoke(sep, rkey, tag), 0);
+    assert_true(coll_wait(&p->s.coll, VRPC_WC_REVOKE, sep, WAIT_MS, &w));
+    assert_int_equal(w.status, 0);
+}
+
 static void close_both(struct pair *p, struct vrpc_ep *cep, struct vrpc_ep *sep)
 {
     struct vrpc_wc w;
@@ -247,9 +256,7 @@ static void t_read_after_revoke(void **state)
     assert_int_equal(vrpc_ep_grant(sep, own.mr, own.base, 8192, &rkey), 0);
     assert_int_equal(read_wait(&p, cep, &dst, 0, 8192, (uintptr_t)own.base, rkey), 0);
     assert_memory_equal(dst.base, own.base, 8192);
-    assert_int_equal(vrpc_ep_revoke(sep, rkey, 5), 0);
-    assert_true(coll_wait(&p.s.coll, VRPC_WC_REVOKE, sep, WAIT_MS, &w));
-    assert_int_equal(w.status, 0);
+    revoke_wait(&p, sep, rkey, 5);
     memset(dst.base, 0, 8192);
     assert_int_equal(read_wait(&p, cep, &dst, 0, 8192, (uintptr_t)own.base, rkey), -EACCES);
     assert_true(coll_wait(&p.c.coll, VRPC_WC_DISCONNECTED, cep, WAIT_MS, &w));
@@ -288,9 +295,7 @@ static void t_key_other_endpoint(void **state)
     vrpc_ep_destroy(sep2);
     assert_int_equal(read_wait(&p, cep1, &dst, 0, 4096, (uintptr_t)own.base, rkey), 0);
     assert_memory_equal(dst.base, own.base, 4096);
-    assert_int_equal(vrpc_ep_revoke(sep1, rkey, 9), 0);
-    assert_true(coll_wait(&p.s.coll, VRPC_WC_REVOKE, sep1, WAIT_MS, &w));
-    assert_int_equal(w.status, 0);
+    revoke_wait(&p, sep1, rkey, 9);
     close_both(&p, cep1, sep1);
     region_fini(&own);
     region_fini(&dst);
@@ -374,12 +379,7 @@ static void t_chunking(void **state)
     assert_int_equal(coll_count(&p.c.coll, VRPC_WC_READ, cep), 0);
     for (int i = 0; i < NS; i++)
         assert_memory_equal((char *)dst.base + off[i], (char *)own.base + off[i], sizes[i]);
-    {
-        struct vrpc_wc w;
-        assert_int_equal(vrpc_ep_revoke(sep, rkey, 1), 0);
-        assert_true(coll_wait(&p.s.coll, VRPC_WC_REVOKE, sep, WAIT_MS, &w));
-        assert_int_equal(w.status, 0);
-    }
+    revoke_wait(&p, sep, rkey, 1);
     close_both(&p, cep, sep);
     region_fini(&own);
     region_fini(&dst);
@@ -667,9 +667,7 @@ static void t_chunk_switch(void **state)
     for (unsigned i = 0; i < sent; i++)
         assert_int_equal(recv_key(&p.c, cep).len, i + 1);
     wait_sends(&p.s, sep, sent);
-    assert_int_equal(vrpc_ep_revoke(sep, rkey, 1), 0);
-    assert_true(coll_wait(&p.s.coll, VRPC_WC_REVOKE, sep, WAIT_MS, &w));
-    assert_int_equal(w.status, 0);
+    revoke_wait(&p, sep, rkey, 1);
     close_both(&p, cep, sep);
     region_fini(&own);
     region_fini(&dst);
