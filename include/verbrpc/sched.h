@@ -65,8 +65,8 @@ struct vrpc_sched_config {
     unsigned nworkers;      /* 0: number of online CPUs */
     unsigned deque_size;    /* per-worker deque slots, power of two; 0: 4096 */
     unsigned spin_us;       /* how long an idle worker keeps looking for work before it
-                               sleeps (adapted between spin_us / 4 and 4 * spin_us);
-                               0: 50 us */
+                               sleeps (adapted between spin_us / 4 and 4 * spin_us;
+                               with spin_yield, always 4 * spin_us); 0: 50 us */
     bool pin_cpus;          /* pin worker i to the (i mod n)-th CPU the process may run on */
     uint64_t cpu_mask;      /* if nonzero: pin worker i to the (i mod n)-th CPU set in
                                it instead (bit c = CPU c, CPUs 0..63), whatever
