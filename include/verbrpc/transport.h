@@ -262,7 +262,7 @@ struct vrpc_cq_attr {
     int cpu;               /* pin the poller to this CPU; -1: don't. A pinned
                               poller yields its CPU after each callback batch (a
                               thread it readied there runs first) and, while
-                              busy-polling, only every 20 us (unpinned: between
+                              busy-polling, only every 100 us (unpinned: between
                               polls): threads of its CPU that wait for it should
                               sleep, not spin. */
     const char *name;      /* poller thread name (<=15 chars); NULL: "vrpc-cq" */
