@@ -426,8 +426,8 @@ static struct vrpc_task *idle_wait(struct vrpc_worker *w)
      * gap had halved its budget below the round trip of a steady stream of
      * requests, it would never find work while spinning again (the only
      * thing that grows the budget) and would park on every request: in the
-     * Soft-RoCE VM, rpc_bench's server worker parked on 34-45% of calls and
-     * the call's p50 doubled; spinning the longest budget, 7-14%. */
+     * Soft-RoCE VM, rpc_bench's server worker parked on 34-45% of calls;
+     * spinning the longest budget, on 7-14%. */
     if (s->cfg.spin_yield)
         w->spin_ns = 4 * s->spin_ns;
 

@@ -213,8 +213,8 @@ static void deliver(struct vrpc_cq *cq, unsigned n)
 /* A pinned poller busy-polling without completions yields its CPU at most
  * this often (see poller_main). Every such yield costs a context switch pair
  * when an idle worker spins on the same CPU (spin_yield workers always do
- * after a task), which under emulation is ~10 us: at 20 us, the Soft-RoCE
- * VM's pinned poller spent up to half of each request gap switching, and
+ * after a task), which under emulation is ~10 us: at 20 us, a pinned poller
+ * in the Soft-RoCE VM could spend half of a request gap switching, and
  * rpc_bench's 32 B p50s were 18-20% higher than at 100 us (ping-pong 60.6 vs
  * 48.8 us, RPC 81.8 vs 66.8 us, medians of 10 alternations in one boot; TCP
  * on the host unchanged). */
