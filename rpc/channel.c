@@ -1411,7 +1411,7 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
             vrpc_status_set(st, VRPC_UNAVAILABLE, "connect failed: %s", strerror(-rc));
         return VRPC_UNAVAILABLE;
     }
-    size_t need = protobuf_c_message_get_packed_size(req) + (size_t)mdsz;
+    size_t need = vrpc_pb_packed_size(req) + (size_t)mdsz;
     if (need > c->max_payload) {
         if (c->max_payload == c->peer_max)
             vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED, "request of %zu bytes exceeds the server's limit of %u bytes",

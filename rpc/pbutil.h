@@ -5,6 +5,7 @@
 #ifndef VRPC_RPC_PBUTIL_H
 #define VRPC_RPC_PBUTIL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <protobuf-c/protobuf-c.h>
@@ -12,6 +13,14 @@
 #include "rpc/arena.h"
 
 #define VRPC_PB_DEFAULT_MAX_DEPTH 64
+
+/* Whether d is flat: at most 32 fields, each singular (not repeated, not in a
+ * oneof) and of a scalar, enum, string or bytes type. Flat messages are
+ * sized and packed by pbutil.c's own code, with protobuf-c's rules and
+ * results, other messages by protobuf-c. Unpacking, pbutil.c's code takes
+ * any input whose fields are all flat ones of a type of at most 32 fields;
+ * anything else (unknown fields, wrong wire types, ...) goes to protobuf-c. */
+bool vrpc_pb_flat(const ProtobufCMessageDescriptor *d);
 
 /* Walk the encoded message without decoding it and check that embedded
  * messages nest at most max_depth levels (the top level is 1). Also rejects
@@ -42,6 +51,9 @@ int vrpc_pb_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size
 int vrpc_pb_unpack_ref(const ProtobufCMessageDescriptor *d, uint8_t *buf, size_t len, unsigned max_depth,
                        struct vrpc_arena *a, ProtobufCMessage **out);
 
+/* Packed size of msg (protobuf_c_message_get_packed_size, faster for flat
+ * messages). */
+size_t vrpc_pb_packed_size(const ProtobufCMessage *msg);
 /* Packed size of msg, or -EMSGSIZE if it exceeds cap. */
 long vrpc_pb_size(const ProtobufCMessage *msg, size_t cap);
 /* Pack msg into out when the caller has already checked that its packed

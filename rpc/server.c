@@ -1146,7 +1146,7 @@ int vrpc_server_call_respond(struct vrpc_server_call *call, const ProtobufCMessa
     }
     struct sconn *c = call->conn;
     uint32_t limit = c->client_max_payload;
-    size_t size = protobuf_c_message_get_packed_size(resp);
+    size_t size = vrpc_pb_packed_size(resp);
     if (size > limit) {
         char msg[VRPC_STATUS_MSG_MAX];
         if (limit == c->client_max)
