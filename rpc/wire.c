@@ -44,35 +44,52 @@ static uint64_t get64(const uint8_t *p)
     return le64toh(v);
 }
 
+/* Header layout (docs/PROTOCOL.md):
+ *   0 magic u16 | 2 version u8 | 3 type u8 | 4 flags u8 | 5 status u8 |
+ *   6 md_len u16 | 8 request_id u64 | 16 method_id u32 | 20 budget u32 |
+ *   24 payload_len u32 | 28 */
+static uint32_t budget_encode(uint64_t us)
+{
+    if (us < VRPC_WIRE_BUDGET_MS)
+        return (uint32_t)us;
+    uint64_t ms = us / 1000 + (us % 1000 != 0); /* never earlier than the caller's */
+    return VRPC_WIRE_BUDGET_MS | (uint32_t)(ms < VRPC_WIRE_BUDGET_MS ? ms : VRPC_WIRE_BUDGET_MS - 1);
+}
+
+static uint64_t budget_decode(uint32_t v)
+{
+    return v & VRPC_WIRE_BUDGET_MS ? (uint64_t)(v & ~VRPC_WIRE_BUDGET_MS) * 1000 : v;
+}
+
 void vrpc_wire_hdr_encode(uint8_t out[VRPC_WIRE_HDR_LEN], const struct vrpc_wire_hdr *h)
 {
-    put32(out + 0, VRPC_WIRE_MAGIC);
-    out[4] = h->version;
-    out[5] = h->type;
-    put16(out + 6, h->flags);
-    put32(out + 8, h->method_id);
-    put32(out + 12, h->status);
-    put64(out + 16, h->request_id);
-    put64(out + 24, h->budget_us);
-    put32(out + 32, h->payload_len);
-    put32(out + 36, h->md_len);
+    put16(out + 0, VRPC_WIRE_MAGIC);
+    out[2] = h->version;
+    out[3] = h->type;
+    out[4] = (uint8_t)h->flags;
+    out[5] = (uint8_t)h->status;
+    put16(out + 6, (uint16_t)h->md_len);
+    put64(out + 8, h->request_id);
+    put32(out + 16, h->method_id);
+    put32(out + 20, budget_encode(h->budget_us));
+    put32(out + 24, h->payload_len);
 }
 
 int vrpc_wire_hdr_decode(const uint8_t *frame, size_t frame_len, struct vrpc_wire_hdr *out)
 {
     struct vrpc_wire_hdr h;
 
-    if (frame_len < VRPC_WIRE_HDR_LEN || get32(frame) != VRPC_WIRE_MAGIC)
+    if (frame_len < VRPC_WIRE_HDR_LEN || get16(frame) != VRPC_WIRE_MAGIC)
         return -EPROTO;
-    h.version = frame[4];
-    h.type = frame[5];
-    h.flags = get16(frame + 6);
-    h.method_id = get32(frame + 8);
-    h.status = get32(frame + 12);
-    h.request_id = get64(frame + 16);
-    h.budget_us = get64(frame + 24);
-    h.payload_len = get32(frame + 32);
-    h.md_len = get32(frame + 36);
+    h.version = frame[2];
+    h.type = frame[3];
+    h.flags = frame[4];
+    h.status = frame[5];
+    h.md_len = get16(frame + 6);
+    h.request_id = get64(frame + 8);
+    h.method_id = get32(frame + 16);
+    h.budget_us = budget_decode(get32(frame + 20));
+    h.payload_len = get32(frame + 24);
     if (h.version != VRPC_WIRE_VERSION)
         return -EPROTONOSUPPORT;
     if (h.type < VRPC_FT_HELLO || h.type > VRPC_FT_MAX || (h.flags & ~VRPC_FF_KNOWN))
@@ -143,7 +160,7 @@ long vrpc_wire_md_size(const struct vrpc_metadata *md, size_t n)
             return -EINVAL;
         total += 4 + (long)kl + 1 + (long)md[i].value_len;
     }
-    return total;
+    return total > VRPC_WIRE_MD_BLOCK_MAX ? -EINVAL : total;
 }
 
 void vrpc_wire_md_encode(uint8_t *out, const struct vrpc_metadata *md, size_t n)

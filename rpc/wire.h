@@ -1,4 +1,4 @@
-/* The verbrpc wire format (docs/PROTOCOL.md): the fixed 40-byte frame header,
+/* The verbrpc wire format (docs/PROTOCOL.md): the fixed 28-byte frame header,
  * the metadata block and the HELLO settings, with explicit little-endian
  * encode/decode so the format never depends on the host. Pure functions: no
  * I/O, no allocation, any thread. */
@@ -9,13 +9,16 @@
 #include <stdint.h>
 #include <verbrpc/rpc.h>
 
-#define VRPC_WIRE_MAGIC 0x43505256u /* bytes 'V' 'R' 'P' 'C' when stored little-endian */
-#define VRPC_WIRE_VERSION 1
-#define VRPC_WIRE_HDR_LEN 40
+#define VRPC_WIRE_MAGIC 0x5256u /* bytes 'V' 'R' when stored little-endian */
+#define VRPC_WIRE_VERSION 2
+#define VRPC_WIRE_HDR_LEN 28
 #define VRPC_WIRE_HELLO_LEN 16
 #define VRPC_WIRE_DESC_LEN 16 /* rendezvous descriptor after the metadata */
 #define VRPC_WIRE_MD_KEY_MAX 255
 #define VRPC_WIRE_MD_VAL_MAX 65535
+#define VRPC_WIRE_MD_BLOCK_MAX 65535 /* md_len is 16 bits on the wire */
+/* budget on the wire: 31 bits of microseconds, or with this bit of milliseconds */
+#define VRPC_WIRE_BUDGET_MS 0x80000000u
 
 enum vrpc_frame_type {
     VRPC_FT_HELLO = 1,     /* client -> server, first frame: client settings */
@@ -37,6 +40,11 @@ enum vrpc_frame_type {
 /* HELLO/HELLO_ACK feature bits. */
 #define VRPC_FEAT_LARGE 0x1u /* this side reads and serves rendezvous payloads */
 
+/* A decoded header. The wire is narrower than some fields here (flags and
+ * status 8 bits, md_len 16, budget 32 with a unit bit): encode requires
+ * flags within VRPC_FF_KNOWN, status below VRPC_CODE_COUNT and md_len at
+ * most VRPC_WIRE_MD_BLOCK_MAX; a budget beyond 2^31 - 1 us goes as whole
+ * milliseconds rounded up, at most 2^31 - 1 ms (24.8 days). */
 struct vrpc_wire_hdr {
     uint8_t version;
     uint8_t type;         /* enum vrpc_frame_type */

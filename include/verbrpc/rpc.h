@@ -79,8 +79,9 @@ VRPC_API uint32_t vrpc_method_id(const char *full_name);
 /* ---- metadata -------------------------------------------------------------
  * Key/value pairs sent with a request, like gRPC's headers. Keys are 1-255
  * bytes of [a-z0-9-_.] (lowercase, as in HTTP/2); values are any bytes (up to
- * 65535). At most VRPC_MD_MAX entries per call; the total encoded size also
- * counts against the message size limit. */
+ * 65535). At most VRPC_MD_MAX entries per call, whose encoding (4 + key
+ * length + 1 + value length bytes each) is at most 65535 bytes in all; it
+ * also counts against the message size limit. */
 #define VRPC_MD_MAX 32
 struct vrpc_metadata {
     const char *key;   /* NUL-terminated */

@@ -1002,7 +1002,7 @@ static void raw_hello(struct raw *r, struct vrpc_ep *ep, uint8_t type)
     uint8_t f[64], p[VRPC_WIRE_HELLO_LEN];
     struct vrpc_wire_hello hs = {.max_msg_size = 4096, .max_concurrent = 8};
     vrpc_wire_hello_encode(p, &hs);
-    struct vrpc_wire_hdr h = {.version = 1, .type = type, .payload_len = sizeof(p)};
+    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = type, .payload_len = sizeof(p)};
     raw_send_bytes(r, ep, f, frame(f, &h, NULL, p));
 }
 
@@ -1046,7 +1046,7 @@ static void test_bad_requests_get_status(void **state)
     Vrpctest__EchoRequest er = VRPCTEST__ECHO_REQUEST__INIT;
     er.seq = 5;
     size_t glen = protobuf_c_message_pack(&er.base, good);
-    struct vrpc_wire_hdr req = {.version = 1, .type = VRPC_FT_REQUEST, .method_id = m_echo.id,
+    struct vrpc_wire_hdr req = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST, .method_id = m_echo.id,
                                 .request_id = vrpc_wire_make_id(0, 1), .payload_len = (uint32_t)glen};
     raw_expect_status(&r, &n, &req, NULL, good, VRPC_OK);
 
@@ -1102,7 +1102,7 @@ static void test_bad_requests_get_status(void **state)
     raw_expect_status(&r, &n, &req, mdb, good, VRPC_OK);
 
     /* a CANCEL for an id not in flight is ignored; the connection stays */
-    struct vrpc_wire_hdr c = {.version = 1, .type = VRPC_FT_CANCEL, .request_id = vrpc_wire_make_id(3, 3)};
+    struct vrpc_wire_hdr c = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_CANCEL, .request_id = vrpc_wire_make_id(3, 3)};
     uint8_t f[64];
     raw_send_bytes(&r, r.ep, f, frame(f, &c, NULL, NULL));
     req.md_len = 0;
@@ -1127,7 +1127,7 @@ static void test_protocol_errors_close_connection(void **state)
         struct raw r;
         uint8_t f[256];
         size_t len;
-        struct vrpc_wire_hdr h = {.version = 1, .type = VRPC_FT_REQUEST, .method_id = m_echo.id,
+        struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST, .method_id = m_echo.id,
                                   .request_id = vrpc_wire_make_id(0, 1)};
         raw_open(&r, g_opt.backend);
         raw_connect(&r, g_uri, g_opt.client_ip);
@@ -1224,7 +1224,7 @@ static void test_bad_server_frames(void **state)
         pthread_mutex_unlock(&r.lock);
         assert_int_equal(rq.type, VRPC_FT_REQUEST);
         uint8_t f[64];
-        struct vrpc_wire_hdr h = {.version = 1, .type = VRPC_FT_RESPONSE};
+        struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE};
         if (kind == 0)
             h.request_id = rq.request_id + (1ull << 32); /* right slot, wrong generation */
         else if (kind == 1)
@@ -1343,14 +1343,14 @@ static void flaky_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, v
                     uint8_t p[VRPC_WIRE_HELLO_LEN];
                     struct vrpc_wire_hello hs = {.max_msg_size = 4096, .max_concurrent = 32};
                     vrpc_wire_hello_encode(p, &hs);
-                    struct vrpc_wire_hdr a = {.version = 1, .type = VRPC_FT_HELLO_ACK, .payload_len = sizeof(p)};
+                    struct vrpc_wire_hdr a = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_HELLO_ACK, .payload_len = sizeof(p)};
                     flaky_send(f, w->ep, &a, p);
                 } else if (h.type == VRPC_FT_REQUEST) {
                     if (++f->requests % f->every == 0) {
                         if (vrpc_ep_close(w->ep) == 0)
                             __atomic_add_fetch(&f->drops, 1, __ATOMIC_RELAXED);
                     } else {
-                        struct vrpc_wire_hdr a = {.version = 1, .type = VRPC_FT_RESPONSE,
+                        struct vrpc_wire_hdr a = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
                                                   .request_id = h.request_id};
                         flaky_send(f, w->ep, &a, NULL);
                     }

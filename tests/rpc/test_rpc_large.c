@@ -685,7 +685,7 @@ static void raw_hello_f(struct raw *r, struct vrpc_ep *ep, uint8_t type, uint32_
     uint8_t p[VRPC_WIRE_HELLO_LEN];
     struct vrpc_wire_hello hs = {.max_msg_size = 64 * MiB, .max_concurrent = 8, .features = features};
     vrpc_wire_hello_encode(p, &hs);
-    struct vrpc_wire_hdr h = {.version = 1, .type = type, .payload_len = sizeof(p)};
+    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = type, .payload_len = sizeof(p)};
     raw_send(r, ep, &h, p, sizeof(p));
 }
 
@@ -734,7 +734,7 @@ static void raw_send_forged_response(struct raw *r, struct vrpc_ep *ep, uint64_t
     uint8_t desc[VRPC_WIRE_DESC_LEN];
     struct vrpc_wire_desc d = {.addr = 0x10000000, .rkey = 0x12345};
     vrpc_wire_desc_encode(desc, &d);
-    struct vrpc_wire_hdr rh = {.version = 1, .type = VRPC_FT_RESPONSE, .flags = VRPC_FF_RNDV,
+    struct vrpc_wire_hdr rh = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE, .flags = VRPC_FF_RNDV,
                                .request_id = request_id, .payload_len = MiB};
     raw_send(r, ep, &rh, desc, sizeof(desc));
 }
@@ -782,7 +782,7 @@ static void test_forged_descriptors(void **state)
         vrpc_wire_desc_encode(desc, &d);
         if (kind == 4) /* the codec refuses to write key 0 through the struct check: patch it */
             memset(desc + 8, 0, 4);
-        h = (struct vrpc_wire_hdr){.version = 1, .type = VRPC_FT_REQUEST, .flags = VRPC_FF_RNDV,
+        h = (struct vrpc_wire_hdr){.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST, .flags = VRPC_FF_RNDV,
                                    .method_id = m_echo.id, .request_id = vrpc_wire_make_id(0, 1),
                                    .payload_len = len};
         raw_send(&r, r.ep, &h, desc, sizeof(desc));
@@ -972,7 +972,7 @@ static void test_server_hold_timeout(void **state)
     er.seq = 2 * MiB;
     uint8_t body[64];
     size_t blen = protobuf_c_message_pack(&er.base, body);
-    h = (struct vrpc_wire_hdr){.version = 1, .type = VRPC_FT_REQUEST, .method_id = m_echo.id,
+    h = (struct vrpc_wire_hdr){.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST, .method_id = m_echo.id,
                                .request_id = vrpc_wire_make_id(0, 1), .payload_len = (uint32_t)blen};
     raw_send(&r, r.ep, &h, body, blen);
     assert_true(raw_wait(&r.nrecv, 2, 5000));
@@ -1214,11 +1214,11 @@ static void test_zc_request_outlives_call(void **state)
             assert_memory_equal(lb->data, want, want_len);
             usleep(50000);
             assert_int_equal(__atomic_load_n(&a.returned, __ATOMIC_ACQUIRE), 0); /* no DONE yet */
-            struct vrpc_wire_hdr dh = {.version = 1, .type = VRPC_FT_DONE, .request_id = h.request_id};
+            struct vrpc_wire_hdr dh = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_DONE, .request_id = h.request_id};
             raw_send(&r, ep, &dh, NULL, 0);
         } else if (kind == 1) {
             static const char msg[] = "cancelled";
-            struct vrpc_wire_hdr rh = {.version = 1, .type = VRPC_FT_RESPONSE, .status = VRPC_CANCELLED,
+            struct vrpc_wire_hdr rh = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE, .status = VRPC_CANCELLED,
                                        .request_id = h.request_id, .payload_len = sizeof(msg) - 1};
             raw_send(&r, ep, &rh, msg, sizeof(msg) - 1);
         } else {

@@ -27,29 +27,44 @@
 static void test_hdr_roundtrip_and_byte_order(void **state)
 {
     (void)state;
-    struct vrpc_wire_hdr h = {.version = 1, .type = VRPC_FT_REQUEST, .flags = VRPC_FF_DEADLINE,
+    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST, .flags = VRPC_FF_DEADLINE,
                               .method_id = 0x11223344, .request_id = 0x0102030405060708ull,
-                              .budget_us = 0xa1a2a3a4a5a6a7a8ull, .payload_len = 3, .md_len = 2};
+                              .budget_us = 0x71727374, .payload_len = 3, .md_len = 2};
     uint8_t f[VRPC_WIRE_HDR_LEN + 5] = {0};
+    assert_int_equal(VRPC_WIRE_HDR_LEN, 28);
     vrpc_wire_hdr_encode(f, &h);
     static const uint8_t expect[VRPC_WIRE_HDR_LEN] = {
-        'V', 'R', 'P', 'C', 1, 3, 1, 0, 0x44, 0x33, 0x22, 0x11, 0, 0, 0, 0,
-        8, 7, 6, 5, 4, 3, 2, 1, 0xa8, 0xa7, 0xa6, 0xa5, 0xa4, 0xa3, 0xa2, 0xa1,
-        3, 0, 0, 0, 2, 0, 0, 0};
+        'V', 'R', 2, 3, 1, 0, 2, 0, 8, 7, 6, 5, 4, 3, 2, 1,
+        0x44, 0x33, 0x22, 0x11, 0x74, 0x73, 0x72, 0x71, 3, 0, 0, 0};
     assert_memory_equal(f, expect, sizeof(expect));
     struct vrpc_wire_hdr d;
     assert_int_equal(vrpc_wire_hdr_decode(f, sizeof(f), &d), 0);
     assert_int_equal(d.type, VRPC_FT_REQUEST);
+    assert_int_equal(d.flags, VRPC_FF_DEADLINE);
     assert_int_equal(d.method_id, 0x11223344);
     assert_true(d.request_id == h.request_id && d.budget_us == h.budget_us);
     assert_int_equal(d.payload_len, 3);
     assert_int_equal(d.md_len, 2);
+
+    /* budgets: microseconds below 2^31, then whole milliseconds rounded up,
+     * capped at 2^31 - 1 ms */
+    static const uint64_t in[] = {0, 1, 0x7fffffffull, 0x80000000ull, 0x80000000ull + 1000, 5000000000ull,
+                                  UINT64_MAX};
+    static const uint64_t out[] = {0, 1, 0x7fffffffull, 2147484000ull, 2147485000ull, 5000000000ull,
+                                   0x7fffffffull * 1000};
+    for (unsigned i = 0; i < sizeof(in) / sizeof(in[0]); i++) {
+        h.budget_us = in[i];
+        vrpc_wire_hdr_encode(f, &h);
+        assert_int_equal(vrpc_wire_hdr_decode(f, sizeof(f), &d), 0);
+        assert_true(d.budget_us == out[i]);
+        assert_true(d.budget_us >= in[i] || in[i] > 0x7fffffffull * 1000);
+    }
 }
 
 static void test_hdr_rejects_bad_frames(void **state)
 {
     (void)state;
-    struct vrpc_wire_hdr h = {.version = 1, .type = VRPC_FT_RESPONSE, .request_id = 5, .status = 3};
+    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE, .request_id = 5, .status = 3};
     uint8_t f[VRPC_WIRE_HDR_LEN + 4];
     struct vrpc_wire_hdr d;
 
@@ -60,12 +75,12 @@ static void test_hdr_rejects_bad_frames(void **state)
     f[0] ^= 1;
     assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTO);       /* magic */
     f[0] ^= 1;
-    f[4] = 2;
+    f[2] = 1; /* version 1 had a 40-byte header */
     assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTONOSUPPORT);
-    f[4] = 1;
-    f[5] = 99;
+    f[2] = VRPC_WIRE_VERSION;
+    f[3] = 99;
     assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTO);       /* type */
-    f[5] = 0;
+    f[3] = 0;
     assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTO);
     h.status = 17;
     vrpc_wire_hdr_encode(f, &h);
@@ -74,16 +89,16 @@ static void test_hdr_rejects_bad_frames(void **state)
     h.request_id = 0;
     vrpc_wire_hdr_encode(f, &h);
     assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTO);       /* id 0 */
-    h = (struct vrpc_wire_hdr){.version = 1, .type = VRPC_FT_REQUEST, .request_id = 1, .flags = 0x8000};
+    h = (struct vrpc_wire_hdr){.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST, .request_id = 1, .flags = 0x80};
     vrpc_wire_hdr_encode(f, &h);
     assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTO);       /* flags */
-    h = (struct vrpc_wire_hdr){.version = 1, .type = VRPC_FT_CANCEL, .request_id = 1, .payload_len = 4};
+    h = (struct vrpc_wire_hdr){.version = VRPC_WIRE_VERSION, .type = VRPC_FT_CANCEL, .request_id = 1, .payload_len = 4};
     vrpc_wire_hdr_encode(f, &h);
     assert_int_equal(vrpc_wire_hdr_decode(f, sizeof(f), &d), -EPROTO);               /* cancel body */
-    h = (struct vrpc_wire_hdr){.version = 1, .type = VRPC_FT_REQUEST, .request_id = 1,
-                               .payload_len = 0xffffffffu, .md_len = 0xffffffffu};
+    h = (struct vrpc_wire_hdr){.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST, .request_id = 1,
+                               .payload_len = 0xffffffffu, .md_len = 0xffff};
     vrpc_wire_hdr_encode(f, &h);
-    assert_int_equal(vrpc_wire_hdr_decode(f, sizeof(f), &d), -EPROTO);               /* 8 GiB claim */
+    assert_int_equal(vrpc_wire_hdr_decode(f, sizeof(f), &d), -EPROTO);               /* 4 GiB claim */
 }
 
 static void test_metadata_codec(void **state)
@@ -108,6 +123,12 @@ static void test_metadata_codec(void **state)
     struct vrpc_metadata bad[1] = {{"Bad Key", "", 0}};
     assert_int_equal(vrpc_wire_md_size(bad, 1), -EINVAL);
     assert_int_equal(vrpc_wire_md_size(md, VRPC_MD_MAX + 1), -EINVAL);
+    /* the whole block fits md_len's 16 bits */
+    static char big[VRPC_WIRE_MD_VAL_MAX];
+    struct vrpc_metadata two[2] = {{"a", big, 32000}, {"b", big, 65535 - 4 - 2 - 32000 - 6}};
+    assert_int_equal(vrpc_wire_md_size(two, 2), 65535);
+    two[1].value_len++;
+    assert_int_equal(vrpc_wire_md_size(two, 2), -EINVAL);
     assert_int_equal(vrpc_wire_md_decode(buf, 0, out, 4), 0);
 }
 
@@ -139,7 +160,7 @@ static void test_rndv_and_done_frames(void **state)
 {
     (void)state;
     uint8_t f[VRPC_WIRE_HDR_LEN + 8 + VRPC_WIRE_DESC_LEN] = {0};
-    struct vrpc_wire_hdr h = {.version = 1, .type = VRPC_FT_REQUEST, .flags = VRPC_FF_RNDV | VRPC_FF_DEADLINE,
+    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST, .flags = VRPC_FF_RNDV | VRPC_FF_DEADLINE,
                               .method_id = 1, .request_id = 9, .payload_len = 1u << 30, .md_len = 8}, d;
     vrpc_wire_hdr_encode(f, &h);
     assert_int_equal(vrpc_wire_hdr_decode(f, sizeof(f), &d), 0);
@@ -154,12 +175,12 @@ static void test_rndv_and_done_frames(void **state)
     h.status = 0, h.payload_len = 0;                                             /* empty rendezvous */
     vrpc_wire_hdr_encode(f, &h);
     assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN + VRPC_WIRE_DESC_LEN, &d), -EPROTO);
-    h = (struct vrpc_wire_hdr){.version = 1, .type = VRPC_FT_CANCEL, .flags = VRPC_FF_RNDV, .request_id = 1,
+    h = (struct vrpc_wire_hdr){.version = VRPC_WIRE_VERSION, .type = VRPC_FT_CANCEL, .flags = VRPC_FF_RNDV, .request_id = 1,
                                .payload_len = 5};
     vrpc_wire_hdr_encode(f, &h);
     assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN + VRPC_WIRE_DESC_LEN, &d), -EPROTO);
 
-    h = (struct vrpc_wire_hdr){.version = 1, .type = VRPC_FT_DONE, .request_id = 77, .status = VRPC_CANCELLED};
+    h = (struct vrpc_wire_hdr){.version = VRPC_WIRE_VERSION, .type = VRPC_FT_DONE, .request_id = 77, .status = VRPC_CANCELLED};
     vrpc_wire_hdr_encode(f, &h);
     assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), 0);
     assert_int_equal(d.type, VRPC_FT_DONE);
