@@ -16,10 +16,10 @@
 
 /* Whether d is flat: at most 32 fields, each singular (not repeated, not in a
  * oneof) and of a scalar, enum, string or bytes type. Flat messages are
- * sized and packed by pbutil.c's own code, with protobuf-c's rules and
- * results, other messages by protobuf-c. Unpacking, pbutil.c's code takes
- * any input whose fields are all flat ones of a type of at most 32 fields;
- * anything else (unknown fields, wrong wire types, ...) goes to protobuf-c. */
+ * sized and packed by rpc/pbflat.c, with protobuf-c's rules and results,
+ * other messages by protobuf-c. Unpacking, pbflat.c takes any input whose
+ * fields are all flat ones of a type of at most 32 fields; anything else
+ * (unknown fields, wrong wire types, ...) goes to protobuf-c. */
 bool vrpc_pb_flat(const ProtobufCMessageDescriptor *d);
 
 /* Walk the encoded message without decoding it and check that embedded
