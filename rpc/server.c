@@ -896,10 +896,9 @@ static int call_claim(struct vrpc_server_call *call)
  * object (before the response is sent, so the client may reuse the slot the
  * moment it sees the response). Returns the connection, still referenced:
  * the caller sends, then calls answered(). */
-static struct sconn *finish_call(struct vrpc_server_call *call, enum vrpc_code code)
+static struct sconn *finish_call_norecord(struct vrpc_server_call *call)
 {
     struct sconn *c = call->conn;
-    record(call->me, code, call->arrival_ns);
     if (call->deadline_ns != VRPC_NO_DEADLINE && vrpc_timer_cancel(call->s->wheel, &call->timer))
         call_unref(call); /* not armed any more: the timer's reference (the object keeps the slot's) */
     vrpc_arena_reset(&call->arena);
@@ -907,6 +906,12 @@ static struct sconn *finish_call(struct vrpc_server_call *call, enum vrpc_code c
     __atomic_store_n(&call->state, ST_WORD(ST_GEN(w), 0), __ATOMIC_RELEASE);
     call_unref(call); /* the handler's; the slot table keeps the object */
     return c;
+}
+
+static struct sconn *finish_call(struct vrpc_server_call *call, enum vrpc_code code)
+{
+    record(call->me, code, call->arrival_ns);
+    return finish_call_norecord(call);
 }
 
 /* Claimed: answer with a status and no message body. */
@@ -1170,8 +1175,13 @@ int vrpc_server_call_respond(struct vrpc_server_call *call, const ProtobufCMessa
     struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
                               .request_id = call->req_id, .payload_len = (uint32_t)plen};
     vrpc_wire_hdr_encode(p, &h);
-    finish_call(call, VRPC_OK); /* resp may live in the call's arena: packed above */
+    /* The statistics (a clock read and four atomics) wait until the response
+     * is on its way; the method entry outlives the call until answered(). */
+    struct method_entry *me = call->me;
+    int64_t arrival = call->arrival_ns;
+    finish_call_norecord(call); /* resp may live in the call's arena: packed above */
     rc = vrpc_rpc_send(c->ep, b, VRPC_WIRE_HDR_LEN + (uint32_t)plen, true) ? -ECONNRESET : 0;
+    record(me, VRPC_OK, arrival);
     answered(c);
     return rc;
 }

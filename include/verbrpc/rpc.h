@@ -376,8 +376,9 @@ VRPC_API void *vrpc_server_call_alloc(struct vrpc_server_call *call, size_t size
 /* ---- server statistics ----------------------------------------------------
  * Counters are kept per registered method with relaxed atomics; a snapshot
  * taken while calls run is approximate but never torn per field. Latencies
- * are from request arrival to the response being handed to the transport,
- * from a log-linear histogram (bucket error < 7%). */
+ * are from request arrival to the transport having taken a response message
+ * (a status-only or large response: to the answer being decided), from a
+ * log-linear histogram (bucket error < 7%). */
 struct vrpc_method_stats {
     const struct vrpc_method_desc *method;
     uint64_t calls;                      /* answered calls, any code */
