@@ -59,10 +59,27 @@ struct plan {
 static struct plan *plans[PLAN_SLOTS];
 static pthread_mutex_t plan_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* Per field type: value kind, wire type, and presence of a proto3
+ * (unlabelled) field. */
+static const struct type_rule {
+    uint8_t kind, wt, pres;
+} by_type[] = {
+    [PROTOBUF_C_TYPE_INT32] = {K_I32, 0, P_NZ32},    [PROTOBUF_C_TYPE_SINT32] = {K_S32, 0, P_NZ32},
+    [PROTOBUF_C_TYPE_SFIXED32] = {K_F32, 5, P_NZ32}, [PROTOBUF_C_TYPE_INT64] = {K_64, 0, P_NZ64},
+    [PROTOBUF_C_TYPE_SINT64] = {K_S64, 0, P_NZ64},   [PROTOBUF_C_TYPE_SFIXED64] = {K_F64, 1, P_NZ64},
+    [PROTOBUF_C_TYPE_UINT32] = {K_U32, 0, P_NZ32},   [PROTOBUF_C_TYPE_FIXED32] = {K_F32, 5, P_NZ32},
+    [PROTOBUF_C_TYPE_UINT64] = {K_64, 0, P_NZ64},    [PROTOBUF_C_TYPE_FIXED64] = {K_F64, 1, P_NZ64},
+    [PROTOBUF_C_TYPE_FLOAT] = {K_F32, 5, P_NZF},     [PROTOBUF_C_TYPE_DOUBLE] = {K_F64, 1, P_NZD},
+    [PROTOBUF_C_TYPE_BOOL] = {K_BOOL, 0, P_NZ32},    [PROTOBUF_C_TYPE_ENUM] = {K_I32, 0, P_NZ32},
+    [PROTOBUF_C_TYPE_STRING] = {K_STR, 2, P_NZSTR},  [PROTOBUF_C_TYPE_BYTES] = {K_BYTES, 2, P_NZBYTES},
+};
+
+/* Singular, not in a oneof, of a type in by_type (not a message, nor a type
+ * a later protobuf-c might add). */
 static inline bool flat_field(const ProtobufCFieldDescriptor *f)
 {
     return f->label != PROTOBUF_C_LABEL_REPEATED && !(f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) &&
-           f->type != PROTOBUF_C_TYPE_MESSAGE;
+           (unsigned)f->type < sizeof(by_type) / sizeof(by_type[0]);
 }
 
 bool vrpc_pbflat_type(const ProtobufCMessageDescriptor *d)
@@ -97,53 +114,8 @@ static void compile(struct plan *p, const ProtobufCMessageDescriptor *d)
             p->packable = false;
             continue;
         }
-        bool z32 = false, z64 = false;
-        switch (f->type) {
-        case PROTOBUF_C_TYPE_INT32:
-        case PROTOBUF_C_TYPE_ENUM:
-            op->kind = K_I32, op->wt = 0, z32 = true;
-            break;
-        case PROTOBUF_C_TYPE_UINT32:
-            op->kind = K_U32, op->wt = 0, z32 = true;
-            break;
-        case PROTOBUF_C_TYPE_SINT32:
-            op->kind = K_S32, op->wt = 0, z32 = true;
-            break;
-        case PROTOBUF_C_TYPE_INT64:
-        case PROTOBUF_C_TYPE_UINT64:
-            op->kind = K_64, op->wt = 0, z64 = true;
-            break;
-        case PROTOBUF_C_TYPE_SINT64:
-            op->kind = K_S64, op->wt = 0, z64 = true;
-            break;
-        case PROTOBUF_C_TYPE_BOOL:
-            op->kind = K_BOOL, op->wt = 0, z32 = true;
-            break;
-        case PROTOBUF_C_TYPE_FIXED32:
-        case PROTOBUF_C_TYPE_SFIXED32:
-            op->kind = K_F32, op->wt = 5, z32 = true;
-            break;
-        case PROTOBUF_C_TYPE_FLOAT:
-            op->kind = K_F32, op->wt = 5, op->pres = P_NZF;
-            break;
-        case PROTOBUF_C_TYPE_FIXED64:
-        case PROTOBUF_C_TYPE_SFIXED64:
-            op->kind = K_F64, op->wt = 1, z64 = true;
-            break;
-        case PROTOBUF_C_TYPE_DOUBLE:
-            op->kind = K_F64, op->wt = 1, op->pres = P_NZD;
-            break;
-        case PROTOBUF_C_TYPE_STRING:
-            op->kind = K_STR, op->wt = 2, op->pres = P_NZSTR;
-            break;
-        default: /* BYTES */
-            op->kind = K_BYTES, op->wt = 2, op->pres = P_NZBYTES;
-            break;
-        }
-        if (z32)
-            op->pres = P_NZ32;
-        else if (z64)
-            op->pres = P_NZ64;
+        const struct type_rule *r = &by_type[f->type];
+        op->kind = r->kind, op->wt = r->wt, op->pres = r->pres;
         if (f->label == PROTOBUF_C_LABEL_REQUIRED) {
             op->pres = P_ALWAYS;
             p->req_mask |= 1u << i;
