@@ -238,6 +238,26 @@ static inline NO_JUMP_TABLES bool present(const struct fop *op, const char *msg)
     }
 }
 
+/* What a varint-kind field puts on the wire: int32 and enum sign-extended
+ * (a negative value takes 10 bytes), sint zigzagged, bool 0 or 1. */
+static inline NO_JUMP_TABLES uint64_t varint_of(const struct fop *op, const char *m)
+{
+    switch (op->kind) {
+    case K_I32:
+        return (uint64_t)(int64_t) * (const int32_t *)m;
+    case K_U32:
+        return *(const uint32_t *)m;
+    case K_S32:
+        return zz32(*(const int32_t *)m);
+    case K_S64:
+        return zz64(*(const int64_t *)m);
+    case K_BOOL:
+        return *(const protobuf_c_boolean *)m ? 1 : 0;
+    default: /* K_64 */
+        return *(const uint64_t *)m;
+    }
+}
+
 NO_JUMP_TABLES size_t vrpc_pbflat_size(const ProtobufCMessage *msg)
 {
     const struct plan *p = plan_get(msg->descriptor);
@@ -251,31 +271,11 @@ NO_JUMP_TABLES size_t vrpc_pbflat_size(const ProtobufCMessage *msg)
             continue;
         n += op->taglen;
         switch (op->kind) {
-        case K_I32: {
-            int32_t v = *(const int32_t *)m;
-            n += v < 0 ? 10 : vsize((uint32_t)v); /* negative: sign-extended */
-            break;
-        }
-        case K_U32:
-            n += vsize(*(const uint32_t *)m);
-            break;
-        case K_S32:
-            n += vsize(zz32(*(const int32_t *)m));
-            break;
-        case K_64:
-            n += vsize(*(const uint64_t *)m);
-            break;
-        case K_S64:
-            n += vsize(zz64(*(const int64_t *)m));
-            break;
         case K_F32:
             n += 4;
             break;
         case K_F64:
             n += 8;
-            break;
-        case K_BOOL:
-            n += 1;
             break;
         case K_STR: {
             const char *s = *(char *const *)m;
@@ -283,11 +283,14 @@ NO_JUMP_TABLES size_t vrpc_pbflat_size(const ProtobufCMessage *msg)
             n += vsize(l) + l;
             break;
         }
-        default: { /* K_BYTES */
+        case K_BYTES: {
             size_t l = ((const ProtobufCBinaryData *)m)->len;
             n += vsize(l) + l;
             break;
         }
+        default:
+            n += vsize(varint_of(op, m));
+            break;
         }
     }
     return n;
@@ -309,21 +312,6 @@ NO_JUMP_TABLES size_t vrpc_pbflat_pack(const ProtobufCMessage *msg, uint8_t *out
         else
             memcpy(o, op->tag, op->taglen), o += op->taglen;
         switch (op->kind) {
-        case K_I32:
-            o = put_varint(o, (uint64_t)(int64_t) * (const int32_t *)m);
-            break;
-        case K_U32:
-            o = put_varint(o, *(const uint32_t *)m);
-            break;
-        case K_S32:
-            o = put_varint(o, zz32(*(const int32_t *)m));
-            break;
-        case K_64:
-            o = put_varint(o, *(const uint64_t *)m);
-            break;
-        case K_S64:
-            o = put_varint(o, zz64(*(const int64_t *)m));
-            break;
         case K_F32: /* little-endian host: as protobuf-c's memcpy */
             memcpy(o, m, 4);
             o += 4;
@@ -331,9 +319,6 @@ NO_JUMP_TABLES size_t vrpc_pbflat_pack(const ProtobufCMessage *msg, uint8_t *out
         case K_F64:
             memcpy(o, m, 8);
             o += 8;
-            break;
-        case K_BOOL:
-            *o++ = *(const protobuf_c_boolean *)m ? 1 : 0;
             break;
         case K_STR: {
             const char *s = *(char *const *)m;
@@ -344,7 +329,7 @@ NO_JUMP_TABLES size_t vrpc_pbflat_pack(const ProtobufCMessage *msg, uint8_t *out
             o += l;
             break;
         }
-        default: { /* K_BYTES */
+        case K_BYTES: {
             const ProtobufCBinaryData *bd = (const ProtobufCBinaryData *)m;
             o = put_varint(o, bd->len);
             if (bd->len)
@@ -352,6 +337,9 @@ NO_JUMP_TABLES size_t vrpc_pbflat_pack(const ProtobufCMessage *msg, uint8_t *out
             o += bd->len;
             break;
         }
+        default:
+            o = put_varint(o, varint_of(op, m));
+            break;
         }
     }
     return (size_t)(o - out);

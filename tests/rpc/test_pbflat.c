@@ -120,7 +120,7 @@ static void fill(ProtobufCMessage *msg)
             memcpy(m, &v, 8);
             break;
         case PROTOBUF_C_TYPE_BOOL:
-            *(protobuf_c_boolean *)m = (protobuf_c_boolean)(rnd() % 2);
+            *(protobuf_c_boolean *)m = (protobuf_c_boolean)(rnd() % 3 ? rnd() % 2 : 2 + rnd() % 300); /* any non-zero is true */
             break;
         case PROTOBUF_C_TYPE_ENUM: {
             static const int32_t ev[] = {0, 1, -3, -2, 7};
