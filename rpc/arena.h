@@ -31,6 +31,22 @@ void vrpc_arena_init(struct vrpc_arena *a, size_t initial, size_t limit);
 /* 16-byte aligned memory valid until the next reset; NULL if over the limit
  * or out of memory. */
 void *vrpc_arena_alloc(struct vrpc_arena *a, size_t n);
+/* A point to roll back to: allocations after it are given back by
+ * vrpc_arena_rollback, as long as none needed an overflow block (those stay
+ * until the next reset). */
+struct vrpc_arena_mark {
+    size_t used;
+    struct vrpc_arena_chunk *extra;
+};
+static inline struct vrpc_arena_mark vrpc_arena_mark(const struct vrpc_arena *a)
+{
+    return (struct vrpc_arena_mark){a->used, a->extra};
+}
+static inline void vrpc_arena_rollback(struct vrpc_arena *a, struct vrpc_arena_mark m)
+{
+    if (a->extra == m.extra)
+        a->used = m.used;
+}
 /* Forget every allocation. If overflow blocks were needed, they are freed and
  * the main block is regrown once to cover them next time. */
 void vrpc_arena_reset(struct vrpc_arena *a);

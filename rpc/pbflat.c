@@ -406,8 +406,8 @@ NO_JUMP_TABLES int vrpc_pbflat_unpack(const ProtobufCMessageDescriptor *d, const
                                       size_t ref_min, struct vrpc_arena *a, ProtobufCMessage **out)
 {
     const struct plan *p = plan_get(d);
-    size_t mark = a->used, off = 0;
-    struct vrpc_arena_chunk *extra = a->extra;
+    struct vrpc_arena_mark mark = vrpc_arena_mark(a);
+    size_t off = 0;
     uint32_t seen = 0;
     ProtobufCMessage *msg;
 
@@ -515,7 +515,6 @@ NO_JUMP_TABLES int vrpc_pbflat_unpack(const ProtobufCMessageDescriptor *d, const
     *out = msg;
     return 0;
 fallback:
-    if (a->extra == extra)
-        a->used = mark; /* give the arena back what was taken */
+    vrpc_arena_rollback(a, mark); /* give the arena back what was taken */
     return VRPC_PBFLAT_FALLBACK;
 }

@@ -77,11 +77,6 @@ int vrpc_pb_check_depth(const ProtobufCMessageDescriptor *d, const uint8_t *buf,
     return check(d, buf, len, 1, max_depth ? max_depth : VRPC_PB_DEFAULT_MAX_DEPTH);
 }
 
-bool vrpc_pb_flat(const ProtobufCMessageDescriptor *d)
-{
-    return vrpc_pbflat_type(d);
-}
-
 /* A message type without message-typed fields cannot nest: its unpack
  * recursion is one level deep whatever the bytes say. */
 static int may_nest(const ProtobufCMessageDescriptor *d)

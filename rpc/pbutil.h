@@ -5,7 +5,6 @@
 #ifndef VRPC_RPC_PBUTIL_H
 #define VRPC_RPC_PBUTIL_H
 
-#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <protobuf-c/protobuf-c.h>
@@ -13,14 +12,6 @@
 #include "rpc/arena.h"
 
 #define VRPC_PB_DEFAULT_MAX_DEPTH 64
-
-/* Whether d is flat: at most 32 fields, each singular (not repeated, not in a
- * oneof) and of a scalar, enum, string or bytes type. Flat messages are
- * sized and packed by rpc/pbflat.c, with protobuf-c's rules and results,
- * other messages by protobuf-c. Unpacking, pbflat.c takes any input whose
- * fields are all flat ones of a type of at most 32 fields; anything else
- * (unknown fields, wrong wire types, ...) goes to protobuf-c. */
-bool vrpc_pb_flat(const ProtobufCMessageDescriptor *d);
 
 /* Walk the encoded message without decoding it and check that embedded
  * messages nest at most max_depth levels (the top level is 1). Also rejects
@@ -50,6 +41,10 @@ int vrpc_pb_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size
  * the arena (vrpc_arena_hold). Results as vrpc_pb_unpack. */
 int vrpc_pb_unpack_ref(const ProtobufCMessageDescriptor *d, uint8_t *buf, size_t len, unsigned max_depth,
                        struct vrpc_arena *a, ProtobufCMessage **out);
+
+/* Size, pack and unpack use rpc/pbflat.c for flat messages (singular
+ * scalar, enum, string and bytes fields: vrpc_pbflat_type), with
+ * protobuf-c's rules and results, and protobuf-c for the rest. */
 
 /* Packed size of msg (protobuf_c_message_get_packed_size, faster for flat
  * messages). */

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "rpc/arena.h"
+#include "rpc/pbflat.h"
 #include "rpc/pbutil.h"
 #include "pb_flat2.pb-c.h"
 #include "pb_flat3.pb-c.h"
@@ -255,9 +256,9 @@ static void test_pack_unpack_match_protobuf_c(void **state)
     struct vrpc_arena a;
     vrpc_arena_init(&a, 4096, 1 << 20);
     for (unsigned t = 0; t < 4; t++)
-        assert_true(vrpc_pb_flat(types[t]));
-    assert_false(vrpc_pb_flat(&vrpcflat3__not_flat__descriptor));
-    assert_false(vrpc_pb_flat(&vrpctest__node__descriptor));
+        assert_true(vrpc_pbflat_type(types[t]));
+    assert_false(vrpc_pbflat_type(&vrpcflat3__not_flat__descriptor));
+    assert_false(vrpc_pbflat_type(&vrpctest__node__descriptor));
     unsigned accepted = 0;
     for (unsigned r = 0; r < ROUNDS; r++) {
         const ProtobufCMessageDescriptor *d = types[r % NTYPES];
@@ -391,6 +392,13 @@ static void test_flat_ref_required_and_arena(void **state)
     uint8_t req[] = {0x08, 0x05};
     vrpc_arena_reset(&a);
     assert_int_equal(vrpc_pb_unpack(&vrpcflat2__all2__descriptor, req, sizeof(req), 0, &a, &m), -EBADMSG);
+    /* pbflat hands it over with the arena as it found it */
+    vrpc_arena_reset(&a);
+    assert_non_null(vrpc_arena_alloc(&a, 32));
+    size_t before = a.used;
+    assert_int_equal(vrpc_pbflat_unpack(&vrpcflat2__all2__descriptor, req, sizeof(req), 0, &a, &m),
+                     VRPC_PBFLAT_FALLBACK);
+    assert_int_equal(a.used, before);
     /* an unknown field: protobuf-c keeps it and packs it back */
     uint8_t unk[] = {0x08, 0x05, 0x12, 0x01, 'x', 0xf8, 0x06, 0x2a};
     vrpc_arena_reset(&a);
