@@ -38,14 +38,23 @@ void vrpc_rpc_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * "auto://h:p" or bare "h:p" (= auto). 0 or -EINVAL. */
 int vrpc_rpc_parse_uri(const char *uri, char *name, size_t name_len, char *turi, size_t turi_len);
 
+/* The longest vrpc_rpc_buf_get / vrpc_rpc_send wait (with `wait`): a thread
+ * never waits without bound on a pool that others fill or on a connection
+ * whose peer returns no credits. What cannot go within it fails (NULL,
+ * -EAGAIN) and the caller decides: drop and log, fail the call, or fail the
+ * connection. */
+#define VRPC_RPC_SEND_WAIT_MS 20
+
 /* A free send buffer from pool; with wait, yields until one returns (send
- * completions put buffers back), else NULL at once when empty. */
+ * completions put buffers back), at most VRPC_RPC_SEND_WAIT_MS; NULL when
+ * none came (at once without wait). */
 struct vrpc_buf *vrpc_rpc_buf_get(struct vrpc_pool *pool, bool wait);
 
 /* Send len bytes of buf on ep. With wait, retries while the transport's
- * credit queue is full (-EAGAIN). On error the buffer goes back to its pool.
- * 0 or the transport's negative errno. Ownership of buf passes to the
- * transport on 0 (the SEND completion puts it back into its pool). */
+ * credit queue is full (-EAGAIN), at most VRPC_RPC_SEND_WAIT_MS. On error the
+ * buffer goes back to its pool. 0 or the transport's negative errno
+ * (-EAGAIN: the queue stayed full). Ownership of buf passes to the transport
+ * on 0 (the SEND completion puts it back into its pool). */
 int vrpc_rpc_send(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t len, bool wait);
 
 /* Send a header-only frame (plus an optional small payload), e.g. CANCEL,

@@ -93,19 +93,29 @@ int vrpc_rpc_parse_uri(const char *uri, char *name, size_t name_len, char *turi,
     return n < 0 || (size_t)n >= turi_len ? -EINVAL : 0;
 }
 
+/* The end of a bounded wait that starts now (read only once the first try
+ * failed: the common case reads no clock). */
+static int64_t wait_end(void) { return vrpc_now_ns() + (int64_t)VRPC_RPC_SEND_WAIT_MS * 1000000; }
+
 struct vrpc_buf *vrpc_rpc_buf_get(struct vrpc_pool *pool, bool wait)
 {
-    struct vrpc_buf *b;
-    while (!(b = vrpc_pool_get(pool)) && wait)
+    struct vrpc_buf *b = vrpc_pool_get(pool);
+    if (b || !wait)
+        return b;
+    for (int64_t end = wait_end(); !(b = vrpc_pool_get(pool)) && vrpc_now_ns() < end;)
         sched_yield();
     return b;
 }
 
 int vrpc_rpc_send(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t len, bool wait)
 {
-    int rc;
-    while ((rc = vrpc_ep_send(ep, buf, len, 0, 0, 0)) == -EAGAIN && wait)
-        sched_yield();
+    int rc = vrpc_ep_send(ep, buf, len, 0, 0, 0);
+    if (rc == -EAGAIN && wait) {
+        for (int64_t end = wait_end(); rc == -EAGAIN && vrpc_now_ns() < end;) {
+            sched_yield();
+            rc = vrpc_ep_send(ep, buf, len, 0, 0, 0);
+        }
+    }
     if (rc)
         vrpc_pool_put(buf);
     return rc;

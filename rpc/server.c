@@ -56,6 +56,8 @@ struct sconn;
 #define CALL_DECIDED 0x2u
 #define CALL_DETACHED 0x4u
 
+enum { XFER_NONE = 0, XFER_READING = 1, XFER_EXPIRED = 2 };
+
 struct vrpc_server_call {
     struct vrpc_task task;
     struct vrpc_server *s;
@@ -75,6 +77,13 @@ struct vrpc_server_call {
     struct vrpc_metadata *md; /* VRPC_MD_MAX entries, allocated on first use */
     struct vrpc_arena arena;
     struct vrpc_rndv_in in;   /* a large request payload being read (poller) */
+    /* The read's time limit, armed at the announcement (transfer_expired):
+     * xfer is XFER_READING from then until the read is over (poller: CAS to
+     * XFER_NONE) or the limit passed (timer: CAS to XFER_EXPIRED); the armed
+     * timer holds a reference. */
+    uint32_t xfer;            /* atomic */
+    int64_t xfer_start_ns;
+    struct vrpc_timer xfer_timer;
     struct vrpc_buf *req_lb;  /* the large request payload, read: unpacked then put back */
 };
 
@@ -104,12 +113,20 @@ struct sconn {
     struct vrpc_rndv_out *rsp; /* ncalls: large responses until the client's DONE
                                   (by slot; state moves as in rpc/rndv.h) */
     bool gone;                 /* DISCONNECTED seen (under s->lock): no new grant */
+    /* Send quota (see conn_buf): frames handed to the transport on this
+     * connection whose SEND completion has not come (atomic), and the last
+     * sign of progress while more than half the quota is out (atomic; read
+     * and written only then, so the common case reads no clock). */
+    uint32_t sends;
+    int64_t send_progress_ns;
+    uint64_t rd_pinned;        /* bytes of large requests being read (poller only) */
     struct sconn *next, *prev; /* server list, under s->lock */
 };
 
 struct vrpc_server {
     struct vrpc_server_opts o;
     uint32_t max_payload;
+    uint32_t send_quota, send_half; /* o.max_sends_per_conn and half of it */
     struct method_entry *methods; /* registration order */
     size_t nmethods, capmethods;
     struct method_entry **index;  /* open addressing by id, built at start */
@@ -329,6 +346,109 @@ static void conn_protocol_error(struct sconn *c, const char *what, int rc)
     vrpc_ep_close(c->ep);
 }
 
+/* Fail c for a reason of its own making (it does not read, a transfer is too
+ * slow): the reason is logged once with the client's address, c takes no new
+ * work, and the close ends it (what it still holds comes back at its
+ * DISCONNECTED). Any thread. */
+static void conn_fail(struct sconn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void conn_fail(struct sconn *c, const char *fmt, ...)
+{
+    char peer[VRPC_URI_MAX] = "?", why[256];
+    if (__atomic_exchange_n(&c->dead, 1, __ATOMIC_ACQ_REL))
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    vrpc_ep_peer_uri(c->ep, peer, sizeof(peer));
+    vrpc_rpc_log("client %s: %s; closing the connection", peer, why);
+    vrpc_ep_close(c->ep);
+}
+
+/* ---- sending: the per-connection send quota ----------------------------------
+ * Every frame the server sends on a connection takes one buffer of the shared
+ * send pool until its SEND completion: while the client returns no credits or
+ * does not read its socket, the transport holds them (queued, in order). No
+ * connection may hold more than s->send_quota of them: the one that would
+ * exceed it, or that keeps more than half of it out with no send completing
+ * for o.send_stall_ms, is not reading its responses and loses its
+ * connection. Nobody waits on one connection: -EAGAIN from the transport
+ * (its queue is longer than the quota: the peer is stuck) fails the
+ * connection too; only an empty shared pool is waited for, at most
+ * VRPC_RPC_SEND_WAIT_MS (the pool holds four quotas, so that takes several
+ * stuck connections at once, each of which is being closed). */
+
+/* A send buffer for a frame on c, counted against its quota; NULL when c is
+ * over it (c is then failed) or the pool stayed empty (with wait: for
+ * VRPC_RPC_SEND_WAIT_MS). The caller sends it with conn_send. */
+static struct vrpc_buf *conn_buf(struct sconn *c, bool wait)
+{
+    struct vrpc_server *s = c->s;
+    uint32_t n = __atomic_add_fetch(&c->sends, 1, __ATOMIC_RELAXED);
+    if (n > s->send_half) {
+        int64_t now = vrpc_now_ns();
+        int64_t since = __atomic_load_n(&c->send_progress_ns, __ATOMIC_RELAXED);
+        if (n == s->send_half + 1 || !since) {
+            __atomic_store_n(&c->send_progress_ns, now, __ATOMIC_RELAXED);
+            since = now;
+        }
+        long long ms = (long long)((now - since) / 1000000);
+        if (n > s->send_quota || ms >= (long long)s->o.send_stall_ms) {
+            __atomic_sub_fetch(&c->sends, 1, __ATOMIC_RELAXED);
+            conn_fail(c, "client does not read: %u responses waiting for %lld ms (max_sends_per_conn %u, "
+                      "send_stall_ms %u)", n - 1, ms, s->send_quota, s->o.send_stall_ms);
+            return NULL;
+        }
+    }
+    struct vrpc_buf *b = vrpc_rpc_buf_get(s->send_pool, wait);
+    if (!b) {
+        __atomic_sub_fetch(&c->sends, 1, __ATOMIC_RELAXED);
+        vrpc_rpc_log("server send buffers all in use (stuck connections being closed hold at most %u each); "
+                     "a frame to a client is dropped", s->send_quota);
+    }
+    return b;
+}
+
+/* Poller: a SEND completion of c (also a flushed one). */
+static void conn_sent(struct sconn *c)
+{
+    uint32_t left = __atomic_sub_fetch(&c->sends, 1, __ATOMIC_RELAXED);
+    if (left >= c->s->send_half) /* still loaded: the client reads, slowly */
+        __atomic_store_n(&c->send_progress_ns, vrpc_now_ns(), __ATOMIC_RELAXED);
+}
+
+/* Send b (from conn_buf) on c. Never waits: a full credit queue means the
+ * client is stuck (see above) and fails c. On error b goes back. */
+static int conn_send(struct sconn *c, struct vrpc_buf *b, uint32_t len)
+{
+    int rc = vrpc_ep_send(c->ep, b, len, 0, 0, 0);
+    if (rc) {
+        vrpc_pool_put(b);
+        __atomic_sub_fetch(&c->sends, 1, __ATOMIC_RELAXED);
+        if (rc == -EAGAIN)
+            conn_fail(c, "client does not read: the transport's send queue is full (%u frames out)",
+                      __atomic_load_n(&c->sends, __ATOMIC_RELAXED));
+    }
+    return rc;
+}
+
+/* A header-only frame (plus a short payload) on c through its quota. */
+static int conn_send_simple(struct sconn *c, const struct vrpc_wire_hdr *h, const void *payload,
+                            uint32_t payload_len, bool wait)
+{
+    struct vrpc_buf *b = conn_buf(c, wait);
+    if (!b)
+        return -ENOBUFS;
+    struct vrpc_wire_hdr hh = *h;
+    if (payload_len > b->cap - VRPC_WIRE_HDR_LEN)
+        payload_len = b->cap - VRPC_WIRE_HDR_LEN;
+    hh.payload_len = payload_len;
+    vrpc_wire_hdr_encode(b->data, &hh);
+    if (payload_len)
+        memcpy((uint8_t *)b->data + VRPC_WIRE_HDR_LEN, payload, payload_len);
+    return conn_send(c, b, VRPC_WIRE_HDR_LEN + payload_len);
+}
+
 /* A header-only RESPONSE from the poller (request refused before it got a
  * call object). Never waits: without a send buffer the answer is dropped and
  * logged (the client's deadline covers it). */
@@ -347,7 +467,8 @@ static void refuse(struct sconn *c, uint64_t id, enum vrpc_code code, const char
         n = sizeof(msg) - 1;
     struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
                               .status = (uint32_t)code, .request_id = id};
-    if (vrpc_rpc_send_simple(c->ep, c->s->send_pool, &h, msg, (uint32_t)n, false) == -ENOBUFS)
+    if (conn_send_simple(c, &h, msg, (uint32_t)n, false) == -ENOBUFS &&
+        !__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
         vrpc_rpc_log("no send buffer to answer %s to a request; answer dropped", vrpc_code_name(code));
 }
 
@@ -355,6 +476,7 @@ static void call_task(struct vrpc_task *t);
 static void request_read_done(struct poller *pl, struct vrpc_rndv_in *in, int status);
 static void response_offers_run(struct poller *pl);
 static void deadline_fired(void *ctx, uint64_t gen);
+static void transfer_expired(void *ctx, uint64_t gen);
 static void answered(struct sconn *c);
 static int call_claim(struct vrpc_server_call *call);
 
@@ -409,7 +531,7 @@ static void call_submit(struct poller *pl, struct vrpc_server_call *call, uint32
         if (dc) {
             struct vrpc_wire_hdr r = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
                                       .status = VRPC_UNAVAILABLE, .request_id = id};
-            vrpc_rpc_send_simple(dc->ep, s->send_pool, &r, "server is shutting down", 23, false);
+            conn_send_simple(dc, &r, "server is shutting down", 23, false);
             answered(dc);
         }
         call_task(&call->task); /* sees DETACHED: only lets go of the call */
@@ -505,6 +627,14 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
     }
     if (rndv) {
         char why[VRPC_STATUS_MSG_MAX];
+        if (c->rd_pinned + h->payload_len > s->o.max_pinned_per_conn) {
+            record(me, VRPC_RESOURCE_EXHAUSTED, now);
+            refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED,
+                   "large requests of this connection being read: %.1f MiB of %.1f MiB allowed "
+                   "(max_pinned_per_conn), %.1f MiB more asked", (double)c->rd_pinned / (1 << 20),
+                   (double)s->o.max_pinned_per_conn / (1 << 20), (double)h->payload_len / (1 << 20));
+            return;
+        }
         if (vrpc_rndv_buf(s->tp, s->o.max_pinned, h->payload_len, &call->in.lb, why, sizeof(why))) {
             record(me, VRPC_RESOURCE_EXHAUSTED, now);
             refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "%s", why);
@@ -515,6 +645,7 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
         call->in.rkey = desc.rkey;
         call->in.len = h->payload_len;
         call->in.id = h->request_id;
+        c->rd_pinned += h->payload_len;
     }
     call->nmd = (size_t)nmd;
     call->len = (uint32_t)size;
@@ -538,7 +669,16 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
     /* release: the fields above are visible to whoever sees RUN */
     __atomic_store_n(&call->state, ST_WORD(gen, CALL_RUN), __ATOMIC_RELEASE);
     vrpc_task_init(&call->task, call_task);
-    if (rndv) { /* the handler (and the deadline) start from the READ completion */
+    if (rndv) { /* the handler starts from the READ completion */
+        /* The read's limit counts from now, whatever trickles in: the call's
+         * deadline, and the size at min_transfer_rate plus the floor. */
+        int64_t lim = now + ((int64_t)s->o.transfer_floor_ms +
+                             (int64_t)h->payload_len * 1000 / s->o.min_transfer_rate) * 1000000;
+        int64_t dl = __atomic_load_n(&call->deadline_ns, __ATOMIC_RELAXED);
+        call->xfer_start_ns = now;
+        __atomic_store_n(&call->xfer, XFER_READING, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&call->refs, 1, __ATOMIC_RELAXED); /* the armed timer's */
+        vrpc_timer_arm(s->wheel, &call->xfer_timer, dl < lim ? dl : lim, transfer_expired, call, gen);
         int rc = vrpc_rndv_read(&call->in);
         if (rc == -ENOSPC)
             vrpc_rndv_read_later(&c->poller->retry, &call->in);
@@ -570,9 +710,17 @@ static void request_read_done(struct poller *pl, struct vrpc_rndv_in *in, int st
     struct sconn *c = call->conn;
     struct vrpc_buf *lb = in->lb;
     in->lb = NULL;
+    c->rd_pinned -= in->len;
+    uint32_t want = XFER_READING;
+    if (__atomic_compare_exchange_n(&call->xfer, &want, XFER_NONE, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        if (vrpc_timer_cancel(c->s->wheel, &call->xfer_timer))
+            call_unref(call); /* else the firing timer sees XFER_NONE and lets go */
+    } else if (!status) {
+        status = -ETIMEDOUT; /* too late: the limit has answered the call and failed c */
+    }
     if (status) {
         vrpc_lbuf_put(lb);
-        if (status == -EACCES)
+        if (status == -EACCES && want != XFER_EXPIRED)
             conn_protocol_error(c, "its large-request descriptor could not be read (bad key or range)", -EPROTO);
         abandon_call(call);
         return;
@@ -580,8 +728,8 @@ static void request_read_done(struct poller *pl, struct vrpc_rndv_in *in, int st
     call->req_lb = lb;
     if (!__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE)) {
         struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_DONE, .request_id = in->id};
-        int rc = vrpc_rpc_send_simple(c->ep, c->s->send_pool, &h, NULL, 0, false);
-        if (rc && rc != -ENOTCONN)
+        int rc = conn_send_simple(c, &h, NULL, 0, false);
+        if (rc && rc != -ENOTCONN && !__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
             conn_protocol_error(c, "no send buffer or credit for DONE (closing rather than holding the client)", rc);
     }
     call_submit(pl, call, ST_GEN(__atomic_load_n(&call->state, __ATOMIC_ACQUIRE)));
@@ -706,7 +854,7 @@ static void on_hello(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8
     struct vrpc_wire_hello ack = {.max_msg_size = s->max_payload, .max_concurrent = c->ncalls,
                                   .features = vrpc_rndv_features};
     vrpc_wire_hello_encode(p, &ack);
-    if (vrpc_rpc_send_simple(c->ep, s->send_pool, &a, p, sizeof(p), false))
+    if (conn_send_simple(c, &a, p, sizeof(p), false))
         conn_protocol_error(c, "cannot send HELLO_ACK", -ENOBUFS);
 }
 
@@ -824,6 +972,8 @@ static void server_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned 
             break;
         case VRPC_WC_SEND:
             vrpc_pool_put(w->buf);
+            if (w->ep && vrpc_ep_user(w->ep))
+                conn_sent(vrpc_ep_user(w->ep));
             break;
         case VRPC_WC_READ:
             request_read_done(pl, (struct vrpc_rndv_in *)(uintptr_t)w->wr_id, w->status);
@@ -923,7 +1073,7 @@ static int answer_status(struct vrpc_server_call *call, enum vrpc_code code, con
     if (!__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE)) {
         struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
                                   .status = (uint32_t)code, .request_id = id};
-        rc = vrpc_rpc_send_simple(c->ep, c->s->send_pool, &h, msg, msg ? (uint32_t)strlen(msg) : 0, true);
+        rc = conn_send_simple(c, &h, msg, msg ? (uint32_t)strlen(msg) : 0, true);
         if (rc)
             rc = -ECONNRESET;
     }
@@ -945,8 +1095,46 @@ static void deadline_fired(void *ctx, uint64_t gen)
             static const char msg[] = "deadline exceeded while the handler ran";
             struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
                                       .status = VRPC_DEADLINE_EXCEEDED, .request_id = id};
-            vrpc_rpc_send_simple(c->ep, c->s->send_pool, &h, msg, sizeof(msg) - 1, true);
+            conn_send_simple(c, &h, msg, sizeof(msg) - 1, true);
         }
+        answered(c);
+    }
+    call_unref(call); /* the timer's reference */
+}
+
+/* The wheel's thread: a large request's read is not over at its limit (see
+ * on_request). The call is answered for it, and its connection failed: only
+ * that ends the read, and the buffer comes back at the read's (flushed)
+ * completion. */
+static void transfer_expired(void *ctx, uint64_t gen)
+{
+    struct vrpc_server_call *call = ctx;
+    uint32_t want = XFER_READING;
+    if (!__atomic_compare_exchange_n(&call->xfer, &want, XFER_EXPIRED, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        call_unref(call); /* the read finished first; the timer's reference */
+        return;
+    }
+    int64_t now = vrpc_now_ns();
+    int64_t dl = __atomic_load_n(&call->deadline_ns, __ATOMIC_RELAXED);
+    long long ms = (long long)((now - call->xfer_start_ns) / 1000000);
+    uint32_t len = call->in.len;
+    bool late = dl != VRPC_NO_DEADLINE && now >= dl;
+    enum vrpc_code code = late ? VRPC_DEADLINE_EXCEEDED : VRPC_RESOURCE_EXHAUSTED;
+    uint64_t id;
+    struct sconn *c = call_detach(call, (uint32_t)gen, code, -ECONNRESET, false, &id);
+    if (c) {
+        char msg[VRPC_STATUS_MSG_MAX];
+        if (late)
+            snprintf(msg, sizeof(msg), "deadline passed while the %u-byte request was being read", len);
+        else
+            snprintf(msg, sizeof(msg), "large transfer too slow: %u bytes not read in %lld ms (min_transfer_rate "
+                     "%u B/s, transfer_floor_ms %u)", len, ms, c->s->o.min_transfer_rate, c->s->o.transfer_floor_ms);
+        struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
+                                  .status = (uint32_t)code, .request_id = id};
+        if (!__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
+            conn_send_simple(c, &h, msg, (uint32_t)strlen(msg), false);
+        conn_fail(c, "large transfer too slow: %u bytes in %lld ms%s", len, ms,
+                  late ? " (the call's deadline passed)" : "");
         answered(c);
     }
     call_unref(call); /* the timer's reference */
@@ -1045,15 +1233,16 @@ static int response_offer_done(struct vrpc_rndv_out *o, bool may_wait)
     if (rc == 0) {
         vrpc_rndv_offer_desc(o);
         /* a failed send leaves the grant to the endpoint's DISCONNECTED */
-        rc = vrpc_rpc_send(c->ep, o->p_frame, o->p_frame_len, may_wait) ? -ECONNRESET : 0;
+        rc = conn_send(c, o->p_frame, o->p_frame_len) ? -ECONNRESET : 0;
     } else {
         vrpc_lbuf_put(o->p_lb);
         vrpc_pool_put(o->p_frame);
+        __atomic_sub_fetch(&c->sends, 1, __ATOMIC_RELAXED); /* the frame's quota */
         if (rc != -ENOTCONN && !__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE)) {
             static const char msg[] = "a large response could not be offered";
             struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
                                       .status = VRPC_UNAVAILABLE, .request_id = o->p_id};
-            vrpc_rpc_send_simple(c->ep, c->s->send_pool, &h, msg, sizeof(msg) - 1, may_wait);
+            conn_send_simple(c, &h, msg, sizeof(msg) - 1, may_wait);
         }
         rc = -ECONNRESET;
     }
@@ -1110,7 +1299,13 @@ static int respond_large(struct vrpc_server_call *call, const ProtobufCMessage *
         return -ENOBUFS;
     }
     uint32_t plen = (uint32_t)vrpc_pb_pack_sized(resp, lb->data);
-    struct vrpc_buf *b = vrpc_rpc_buf_get(s->send_pool, true);
+    struct vrpc_buf *b = conn_buf(c, true);
+    if (!b) {
+        vrpc_lbuf_put(lb);
+        finish_call(call, VRPC_UNAVAILABLE);
+        answered(c);
+        return -ECONNRESET;
+    }
     struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE, .flags = VRPC_FF_RNDV,
                               .request_id = id, .payload_len = plen};
     vrpc_wire_hdr_encode(b->data, &h);
@@ -1168,7 +1363,12 @@ int vrpc_server_call_respond(struct vrpc_server_call *call, const ProtobufCMessa
     }
     if (VRPC_WIRE_HDR_LEN + size > vrpc_ep_eager_size(c->ep))
         return respond_large(call, resp, size);
-    struct vrpc_buf *b = vrpc_rpc_buf_get(c->s->send_pool, true);
+    struct vrpc_buf *b = conn_buf(c, true);
+    if (!b) { /* c does not read (and is failed), or no buffer came back in time */
+        finish_call(call, VRPC_UNAVAILABLE);
+        answered(c);
+        return -ECONNRESET;
+    }
     uint8_t *p = b->data;
     /* size <= client_max_payload <= eager - header = room in b: checked above */
     size_t plen = vrpc_pb_pack_sized(resp, p + VRPC_WIRE_HDR_LEN);
@@ -1180,7 +1380,7 @@ int vrpc_server_call_respond(struct vrpc_server_call *call, const ProtobufCMessa
     struct method_entry *me = call->me;
     int64_t arrival = call->arrival_ns;
     finish_call_norecord(call); /* resp may live in the call's arena: packed above */
-    rc = vrpc_rpc_send(c->ep, b, VRPC_WIRE_HDR_LEN + (uint32_t)plen, true) ? -ECONNRESET : 0;
+    rc = conn_send(c, b, VRPC_WIRE_HDR_LEN + (uint32_t)plen) ? -ECONNRESET : 0;
     record(me, VRPC_OK, arrival);
     answered(c);
     return rc;
@@ -1257,10 +1457,27 @@ int vrpc_server_create(const struct vrpc_server_opts *o, struct vrpc_server **ou
         s->o.max_concurrent = 256;
     if (!s->o.max_depth)
         s->o.max_depth = VRPC_PB_DEFAULT_MAX_DEPTH;
+    if (!s->o.max_sends_per_conn)
+        s->o.max_sends_per_conn = s->o.max_concurrent + 64;
+    if (!s->o.send_stall_ms)
+        s->o.send_stall_ms = 5000;
+    if (!s->o.min_transfer_rate)
+        s->o.min_transfer_rate = 1u << 20;
+    if (!s->o.transfer_floor_ms)
+        s->o.transfer_floor_ms = 10000;
+    s->send_quota = s->o.max_sends_per_conn;
+    s->send_half = s->send_quota / 2;
     if (vrpc_rndv_limits("server", &s->o.max_msg_size, &s->o.max_pinned, &s->o.hold_timeout_ms)) {
         free(s);
         return -EINVAL;
     }
+    if (!s->o.max_pinned_per_conn) {
+        s->o.max_pinned_per_conn = s->o.max_pinned / 4;
+        if (s->o.max_pinned_per_conn < s->o.max_msg_size)
+            s->o.max_pinned_per_conn = s->o.max_msg_size;
+    }
+    if (s->o.max_pinned_per_conn > s->o.max_pinned)
+        s->o.max_pinned_per_conn = s->o.max_pinned;
     pthread_mutex_init(&s->lock, NULL);
     s->conns.next = s->conns.prev = &s->conns;
     /* Every server serves the built-in Health and Stats services (idl/). */
@@ -1305,6 +1522,8 @@ int vrpc_server_start(struct vrpc_server *s, const char *uri)
     ta.eager_size = VRPC_RPC_DEFAULT_EAGER;
     ta.max_pinned = s->o.max_pinned;
     ta.max_queued = s->o.max_concurrent * 2 + 64;
+    if (ta.max_queued < s->send_quota + 64) /* the quota, not the queue, is what a stuck client meets */
+        ta.max_queued = s->send_quota + 64;
     if ((rc = vrpc_transport_create(tname, &ta, &s->tp)))
         return rc;
     uint32_t eager = vrpc_transport_eager_size(s->tp);
@@ -1325,7 +1544,9 @@ int vrpc_server_start(struct vrpc_server *s, const char *uri)
             return rc;
         s->own_sched = true;
     }
-    if ((rc = vrpc_pool_create(s->tp, eager, SERVER_SEND_BUFS, &s->send_pool)))
+    /* four quotas at least: three stuck connections leave a quarter */
+    uint32_t nsend = s->send_quota > SERVER_SEND_BUFS / 4 ? s->send_quota * 4 : SERVER_SEND_BUFS;
+    if ((rc = vrpc_pool_create(s->tp, eager, nsend, &s->send_pool)))
         return rc;
     if ((rc = vrpc_pool_create(s->tp, eager, SERVER_RECV_BUFS * s->o.pollers, &s->recv_pool)))
         return rc;
@@ -1396,7 +1617,7 @@ int vrpc_server_shutdown(struct vrpc_server *s, int timeout_ms)
     for (struct sconn *c = s->conns.next; c != &s->conns; c = c->next) {
         __atomic_store_n(&c->goaway, 1, __ATOMIC_RELEASE);
         if (!__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
-            vrpc_rpc_send_simple(c->ep, s->send_pool, &h, "server shutting down", 20, false);
+            conn_send_simple(c, &h, "server shutting down", 20, false);
     }
     pthread_mutex_unlock(&s->lock);
 

@@ -284,7 +284,13 @@ struct vrpc_server_opts {
                                       completion queue; connections are spread over
                                       them; 0: 1 */
     uint32_t max_concurrent;       /* calls in flight per connection (credits granted
-                                      to each client); 0: 256 */
+                                      to each client); 0: 256. This is also what
+                                      bounds one connection's share of worker
+                                      time: a client that floods has at most this
+                                      many handlers queued or running (a request
+                                      beyond it is a protocol error), behind which
+                                      another client's call waits at worst
+                                      (handlers are queued in arrival order) */
     uint32_t max_msg_size;         /* largest request payload (metadata + message)
                                       accepted; 0: VRPC_MSG_SIZE_DEFAULT; at most
                                       VRPC_MSG_SIZE_MAX. Responses are bounded by
@@ -296,6 +302,44 @@ struct vrpc_server_opts {
     uint32_t hold_timeout_ms;      /* a client that has not read (DONE) a large
                                       response this long after it was offered loses
                                       its connection; 0: 60000 */
+    /* Fair shares: what one connection may hold of what all share. Hitting
+     * a limit ends that connection or that call (logged with the client's
+     * address and the option's name), never another client's. */
+    uint32_t max_sends_per_conn;   /* frames (responses, statuses, DONEs) one
+                                      connection may have handed to the transport
+                                      and not yet sent, i.e. waiting for its
+                                      client's credits or socket; a client at the
+                                      limit does not read its responses and loses
+                                      its connection ("client does not read").
+                                      The shared send pool holds at least four of
+                                      these (1024 buffers at least). A client
+                                      within its call credits never reaches it.
+                                      0: max_concurrent + 64 */
+    uint32_t send_stall_ms;        /* a connection with more than half of
+                                      max_sends_per_conn out and no send
+                                      completing for this long is failed the
+                                      same way; 0: 5000 */
+    uint64_t max_pinned_per_conn;  /* bytes of large requests one connection may
+                                      have announced and not yet delivered (being
+                                      read); a request above it is refused
+                                      RESOURCE_EXHAUSTED naming this option
+                                      (refused, not deferred: a deferred read
+                                      would keep its slot and the client's
+                                      deadline with no bound the server controls).
+                                      0: max_pinned / 4, at least max_msg_size;
+                                      at most max_pinned */
+    uint32_t min_transfer_rate;    /* bytes/s: a large request must be read within
+                                      transfer_floor_ms + its size at this rate,
+                                      counted from its announcement (and within
+                                      the call's own deadline); a slower one is
+                                      abandoned, answered RESOURCE_EXHAUSTED (or
+                                      DEADLINE_EXCEEDED when the call's deadline
+                                      came first) and its connection failed
+                                      ("large transfer too slow"). The buffer
+                                      returns when the connection's close ends
+                                      the read (at the latest the transport's
+                                      idle timeout later). 0: 1 MiB/s */
+    uint32_t transfer_floor_ms;    /* the fixed part of that limit; 0: 10000 */
     uint64_t cpu_mask;             /* CPU placement, bit i = CPU i (CPUs 0..63):
                                       poller i runs on the (i mod n)-th CPU of the
                                       mask, the workers of the server's own scheduler
@@ -338,7 +382,10 @@ VRPC_API void vrpc_server_destroy(struct vrpc_server *s);
 /* Answer with VRPC_OK and resp (packed before return; resp stays the
  * caller's). Any thread, once per call; the call object is invalid after.
  * Returns 0, -ECONNRESET if the connection is gone or the server shut down
- * (the call is still released), -ETIMEDOUT if the call's deadline passed while
+ * (the call is still released; also when the client does not read its
+ * responses and lost its connection for it, see max_sends_per_conn, or when
+ * no send buffer of the server's came free within 20 ms: the answer is
+ * dropped and logged), -ETIMEDOUT if the call's deadline passed while
  * the handler ran (the server has already answered DEADLINE_EXCEEDED; the
  * call is released), -EMSGSIZE if resp exceeds the client's message limit (the
  * client gets RESOURCE_EXHAUSTED naming both sizes instead; the call is

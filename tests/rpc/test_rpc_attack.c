@@ -1,0 +1,657 @@
+/* Attack tests (issue 16, TCP): raw clients that speak the TCP transport's
+ * and the RPC wire by hand and misbehave against one server, while a
+ * well-behaved channel on the same server measures its own calls:
+ *   - a client that makes calls and never reads its responses (it returns no
+ *     credits), one and two at once;
+ *   - seventeen announced large requests whose reads are never served;
+ *   - sixteen connections serving their reads one byte at a time;
+ *   - a client that floods requests as fast as its credits allow.
+ * Each asserts that the attacker gets a clear status or loses its connection,
+ * that the well-behaved client keeps a 100 % success rate with a p99 within
+ * 20x its p99 before the attack + 50 ms, that its large request still gets
+ * through during the memory attacks, and that the large-message memory comes
+ * back afterwards (lbuf in_use). Limits are small through the server's
+ * options so that each case runs in seconds. Figures are printed. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+#include <arpa/inet.h>
+#include <endian.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <verbrpc/rpc.h>
+#include <verbrpc/transport.h>
+#include "rpc/rndv.h"
+#include "rpc/wire.h"
+#include "transport/tcp/tcp_wire.h"
+#include "rpc_test.pb-c.h"
+
+#define ATK_EAGER 8192u /* the eager size the server uses (rpc/internal.h) */
+
+#define M(name, in, out) \
+    {"/vrpctest.Test/" name, 0, &vrpctest__##in##__descriptor, &vrpctest__##out##__descriptor}
+static struct vrpc_method_desc m_echo = M("Echo", echo_request, echo_reply);
+
+static void h_echo(struct vrpc_server_call *call, const ProtobufCMessage *msg, void *user)
+{
+    (void)user;
+    const Vrpctest__EchoRequest *r = (const Vrpctest__EchoRequest *)msg;
+    Vrpctest__EchoReply rep = VRPCTEST__ECHO_REPLY__INIT;
+    rep.seq = r->seq;
+    if (r->mode == 0)
+        rep.payload = r->payload;
+    vrpc_server_call_respond(call, &rep.base);
+}
+
+/* ---- the server ------------------------------------------------------------ */
+
+struct env {
+    struct vrpc_server *srv;
+    char uri[VRPC_URI_MAX];
+};
+
+static void env_start(struct env *e, const struct vrpc_server_opts *o)
+{
+    m_echo.id = vrpc_method_id(m_echo.full_name);
+    assert_int_equal(vrpc_server_create(o, &e->srv), 0);
+    assert_int_equal(vrpc_server_register(e->srv, &m_echo, h_echo, NULL), 0);
+    assert_int_equal(vrpc_server_start(e->srv, "tcp://127.0.0.1:0"), 0);
+    assert_int_equal(vrpc_server_uri(e->srv, e->uri, sizeof(e->uri)), 0);
+}
+
+static size_t lbuf_in_use(struct env *e)
+{
+    size_t pinned = 0, in_use = 0;
+    vrpc_lbuf_stats(vrpc_server_transport(e->srv), &pinned, &in_use);
+    return in_use;
+}
+
+/* Wait up to ms for the server's large buffers in use to fall to at most n. */
+static bool wait_in_use(struct env *e, size_t n, int ms)
+{
+    for (int i = 0; i < ms / 10 && lbuf_in_use(e) > n; i++)
+        usleep(10000);
+    return lbuf_in_use(e) <= n;
+}
+
+/* ---- the raw attacker ----------------------------------------------------- */
+
+enum atk_mode {
+    ATK_NO_READ,   /* calls, returns no credits: its responses pile up at the server */
+    ATK_LARGE,     /* announces large requests, never serves their reads */
+    ATK_SLOW,      /* announces a large request, serves its read one byte per tick */
+    ATK_FLOOD,     /* calls as fast as credits allow, reads everything */
+};
+
+struct atk {
+    enum atk_mode mode;
+    const char *uri;
+    uint32_t slots;       /* the server's max_concurrent */
+    uint32_t nlarge;      /* ATK_LARGE / ATK_SLOW: large requests to announce;
+                             ATK_NO_READ: calls to make */
+    uint32_t large_len;
+    int run_ms;           /* how long it attacks (it keeps its socket until stopped) */
+    int fd;
+    uint32_t credits;     /* DATA frames we may send (the server's grant) */
+    uint32_t owed;        /* credits we owe the server (returned unless ATK_NO_READ) */
+    unsigned sent;        /* requests sent */
+    unsigned by_code[VRPC_CODE_COUNT]; /* responses by status (atomic) */
+    unsigned responses;   /* (atomic) */
+    unsigned closed;      /* the server ended the connection (atomic) */
+    unsigned ready;       /* handshake done (atomic) */
+    unsigned stop;        /* (atomic) */
+    uint32_t rd_tag[16], rd_left[16], nrd; /* ATK_SLOW: reads asked of us */
+    uint8_t busy[256];    /* ATK_FLOOD: slots with a call out */
+    pthread_t th;
+};
+
+static int tcp_socket(const char *uri)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    const char *p = strrchr(uri, ':');
+    int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    sa.sin_port = htons((uint16_t)atoi(p + 1));
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    assert_true(fd >= 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return fd;
+}
+
+static void thdr(struct vrpc_tcp_hdr *h, uint8_t type, uint32_t len, uint32_t imm, uint16_t credits)
+{
+    memset(h, 0, sizeof *h);
+    h->len = htole32(len);
+    h->imm = htole32(imm);
+    h->credits = htole16(credits);
+    h->type = type;
+    h->version = VRPC_TCP_VERSION;
+    h->magic = htole32(VRPC_TCP_MAGIC);
+}
+
+static bool write_all(int fd, const void *p, size_t n)
+{
+    while (n) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w <= 0)
+            return false;
+        p = (const char *)p + w;
+        n -= (size_t)w;
+    }
+    return true;
+}
+
+static bool read_all(int fd, void *p, size_t n)
+{
+    while (n) {
+        ssize_t r = recv(fd, p, n, 0);
+        if (r <= 0)
+            return false;
+        p = (char *)p + r;
+        n -= (size_t)r;
+    }
+    return true;
+}
+
+/* One DATA frame carrying an RPC frame (header + body). Needs a credit. */
+static bool atk_data(struct atk *a, const struct vrpc_wire_hdr *h, const void *body, uint32_t blen)
+{
+    uint8_t f[VRPC_TCP_HDR_LEN + VRPC_WIRE_HDR_LEN + 512];
+    uint16_t give = a->mode == ATK_NO_READ ? 0 : (uint16_t)a->owed;
+    assert_true(blen <= 512);
+    thdr((struct vrpc_tcp_hdr *)f, VRPC_TCP_DATA, VRPC_WIRE_HDR_LEN + blen, 0, give);
+    vrpc_wire_hdr_encode(f + VRPC_TCP_HDR_LEN, h);
+    memcpy(f + VRPC_TCP_HDR_LEN + VRPC_WIRE_HDR_LEN, body, blen);
+    a->owed -= give;
+    a->credits--;
+    return write_all(a->fd, f, VRPC_TCP_HDR_LEN + VRPC_WIRE_HDR_LEN + blen);
+}
+
+/* Read whatever the server sent within ms: credits, responses, read requests.
+ * false once the connection is gone. */
+static bool atk_pump(struct atk *a, int ms)
+{
+    struct pollfd p = {.fd = a->fd, .events = POLLIN};
+    static __thread uint8_t body[ATK_EAGER + 64];
+    while (poll(&p, 1, ms) > 0) {
+        struct vrpc_tcp_hdr h;
+        ms = 0;
+        if (!read_all(a->fd, &h, sizeof h)) {
+            __atomic_store_n(&a->closed, 1, __ATOMIC_RELEASE);
+            return false;
+        }
+        uint32_t len = le32toh(h.len);
+        a->credits += le16toh(h.credits);
+        if (len > sizeof(body) || !read_all(a->fd, body, len)) {
+            __atomic_store_n(&a->closed, 1, __ATOMIC_RELEASE);
+            return false;
+        }
+        if (h.type == VRPC_TCP_DATA) {
+            a->owed++;
+            struct vrpc_wire_hdr w;
+            if (vrpc_wire_hdr_decode(body, len, &w) == 0 && w.type == VRPC_FT_HELLO_ACK)
+                __atomic_store_n(&a->ready, 1, __ATOMIC_RELEASE);
+            if (vrpc_wire_hdr_decode(body, len, &w) == 0 && w.type == VRPC_FT_RESPONSE &&
+                w.status < VRPC_CODE_COUNT) {
+                __atomic_add_fetch(&a->by_code[w.status], 1, __ATOMIC_RELAXED);
+                if (vrpc_wire_id_slot(w.request_id) < 256)
+                    a->busy[vrpc_wire_id_slot(w.request_id)] = 0;
+                __atomic_add_fetch(&a->responses, 1, __ATOMIC_RELEASE);
+            }
+        } else if (h.type == VRPC_TCP_READ_REQ && a->nrd < 16) {
+            struct vrpc_tcp_read_req rq;
+            memcpy(&rq, body, sizeof rq);
+            a->rd_tag[a->nrd] = le32toh(h.imm);
+            a->rd_left[a->nrd++] = le32toh(rq.length);
+        }
+        if (a->mode != ATK_NO_READ && a->owed) { /* return credits as a reader does */
+            struct vrpc_tcp_hdr c;
+            thdr(&c, VRPC_TCP_CREDIT, 0, 0, (uint16_t)a->owed);
+            a->owed = 0;
+            if (!write_all(a->fd, &c, sizeof c))
+                return false;
+        }
+    }
+    return true;
+}
+
+static void atk_handshake(struct atk *a)
+{
+    struct vrpc_tcp_hdr h;
+    a->fd = tcp_socket(a->uri);
+    /* grant the server 2 credits (the transport's minimum reservation) */
+    thdr(&h, VRPC_TCP_HELLO, 0, ATK_EAGER, 2);
+    assert_true(write_all(a->fd, &h, sizeof h));
+    assert_true(read_all(a->fd, &h, sizeof h));
+    assert_int_equal(h.type, VRPC_TCP_HELLO_ACK);
+    a->credits = le16toh(h.credits);
+    uint8_t hp[VRPC_WIRE_HELLO_LEN];
+    struct vrpc_wire_hello hs = {.max_msg_size = 1u << 20, .max_concurrent = a->slots,
+                                 .features = VRPC_FEAT_LARGE};
+    vrpc_wire_hello_encode(hp, &hs);
+    struct vrpc_wire_hdr w = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_HELLO, .payload_len = sizeof hp};
+    assert_true(atk_data(a, &w, hp, sizeof hp));
+    for (int i = 0; i < 200 && !__atomic_load_n(&a->ready, __ATOMIC_ACQUIRE); i++)
+        atk_pump(a, 10);
+    assert_true(a->ready);
+}
+
+static bool atk_call(struct atk *a, uint32_t slot, uint32_t gen)
+{
+    uint8_t pb[64];
+    Vrpctest__EchoRequest rq = VRPCTEST__ECHO_REQUEST__INIT;
+    uint8_t pay[32] = {1};
+    rq.payload.data = pay;
+    rq.payload.len = sizeof pay;
+    rq.seq = gen;
+    size_t n = vrpctest__echo_request__pack(&rq, pb);
+    struct vrpc_wire_hdr w = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST, .method_id = m_echo.id,
+                              .request_id = vrpc_wire_make_id(slot, gen), .payload_len = (uint32_t)n};
+    return atk_data(a, &w, pb, (uint32_t)n);
+}
+
+static bool atk_announce(struct atk *a, uint32_t slot)
+{
+    uint8_t d[VRPC_WIRE_DESC_LEN];
+    struct vrpc_wire_desc desc = {.addr = 0x10000 + (uint64_t)slot * a->large_len, .rkey = 0x1234 + slot};
+    vrpc_wire_desc_encode(d, &desc);
+    struct vrpc_wire_hdr w = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST, .flags = VRPC_FF_RNDV,
+                              .method_id = m_echo.id, .request_id = vrpc_wire_make_id(slot, 1),
+                              .payload_len = a->large_len};
+    return atk_data(a, &w, d, sizeof d);
+}
+
+/* Serve one byte of every read asked of us (ATK_SLOW). */
+static bool atk_trickle(struct atk *a)
+{
+    for (uint32_t i = 0; i < a->nrd; i++) {
+        if (!a->rd_left[i])
+            continue;
+        uint8_t f[VRPC_TCP_HDR_LEN + 1] = {0};
+        thdr((struct vrpc_tcp_hdr *)f, VRPC_TCP_READ_RESP, 1, a->rd_tag[i], 0);
+        if (!write_all(a->fd, f, sizeof f))
+            return false;
+        a->rd_left[i]--;
+    }
+    return true;
+}
+
+static void *atk_main(void *arg)
+{
+    struct atk *a = arg;
+    int64_t end = vrpc_now_ns() + (int64_t)a->run_ms * 1000000;
+    uint32_t slot = 0, gen = 1;
+    bool up = true;
+    if (a->mode == ATK_LARGE || a->mode == ATK_SLOW) {
+        for (uint32_t i = 0; i < a->nlarge && up; i++) {
+            while (!a->credits && (up = atk_pump(a, 5)))
+                ;
+            up = up && atk_announce(a, i);
+            a->sent++;
+        }
+    }
+    while (up && !__atomic_load_n(&a->stop, __ATOMIC_ACQUIRE)) {
+        switch (a->mode) {
+        case ATK_FLOOD:
+            if (vrpc_now_ns() < end && a->credits && !a->busy[slot]) {
+                a->busy[slot] = 1;
+                up = atk_call(a, slot, gen++);
+                a->sent++;
+                slot = (slot + 1) % a->slots;
+                up = up && atk_pump(a, 0);
+            } else {
+                up = atk_pump(a, vrpc_now_ns() < end ? 1 : 5);
+            }
+            break;
+        case ATK_NO_READ:
+            /* nlarge calls in rounds over every slot, each id reused only
+             * after a pause in which the server has answered it (the answer
+             * waits for our credits, which never come). Then it just stays. */
+            if (vrpc_now_ns() < end && a->credits && a->sent < a->nlarge) {
+                up = atk_call(a, slot, gen);
+                a->sent++;
+                if (++slot == a->slots) {
+                    slot = 0;
+                    gen++;
+                    up = up && atk_pump(a, 30);
+                }
+                up = up && atk_pump(a, 0);
+            } else {
+                up = atk_pump(a, 5);
+            }
+            break;
+        case ATK_SLOW:
+            up = atk_trickle(a) && atk_pump(a, 50);
+            break;
+        case ATK_LARGE:
+            up = atk_pump(a, 20);
+            break;
+        }
+    }
+    if (!up)
+        __atomic_store_n(&a->closed, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static void atk_start(struct atk *a, enum atk_mode mode, const char *uri, uint32_t slots, int run_ms,
+                      uint32_t nlarge)
+{
+    memset(a, 0, sizeof(*a));
+    a->nlarge = nlarge;
+    a->mode = mode;
+    a->uri = uri;
+    a->slots = slots;
+    a->run_ms = run_ms;
+    a->large_len = 1u << 20;
+    atk_handshake(a);
+    assert_int_equal(pthread_create(&a->th, NULL, atk_main, a), 0);
+}
+
+static void atk_stop(struct atk *a)
+{
+    __atomic_store_n(&a->stop, 1, __ATOMIC_RELEASE);
+    pthread_join(a->th, NULL);
+    close(a->fd);
+}
+
+static bool wait_flag(const unsigned *f, unsigned n, int ms)
+{
+    for (int i = 0; i < ms / 10 && __atomic_load_n(f, __ATOMIC_ACQUIRE) < n; i++)
+        usleep(10000);
+    return __atomic_load_n(f, __ATOMIC_ACQUIRE) >= n;
+}
+
+/* ---- the well-behaved client ------------------------------------------------ */
+
+struct good {
+    struct vrpc_channel *ch;
+    unsigned ok, fail;
+    unsigned fail_by[VRPC_CODE_COUNT];
+    int64_t lat_us[20000];
+    unsigned n;
+};
+
+static void good_open(struct good *g, const char *uri)
+{
+    struct vrpc_channel_opts co;
+    memset(g, 0, sizeof(*g));
+    vrpc_channel_opts_init(&co);
+    co.default_timeout_us = 3000000;
+    co.max_msg_size = 1u << 20;
+    co.max_pinned = 32u << 20;
+    assert_int_equal(vrpc_channel_create(uri, &co, &g->ch), 0);
+    assert_int_equal(vrpc_channel_connect(g->ch, 5000), 0);
+}
+
+static int cmp64(const void *x, const void *y)
+{
+    int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+    return a < b ? -1 : a > b;
+}
+
+static enum vrpc_code good_call(struct good *g, size_t payload)
+{
+    static uint8_t big[1u << 20];
+    Vrpctest__EchoRequest rq = VRPCTEST__ECHO_REQUEST__INIT;
+    ProtobufCMessage *resp;
+    struct vrpc_status st;
+    rq.payload.data = big;
+    rq.payload.len = payload;
+    rq.mode = payload > 64 ? 1 : 0; /* large: answer without the payload */
+    return (enum vrpc_code)vrpc_call(g->ch, &m_echo, &rq.base, &resp, NULL, &st);
+}
+
+/* Small calls for ms; records latency and outcome. */
+static void good_run(struct good *g, int ms)
+{
+    g->ok = g->fail = g->n = 0;
+    memset(g->fail_by, 0, sizeof(g->fail_by));
+    int64_t end = vrpc_now_ns() + (int64_t)ms * 1000000;
+    while (vrpc_now_ns() < end && g->n < 20000) {
+        int64_t t0 = vrpc_now_ns();
+        enum vrpc_code c = good_call(g, 32);
+        g->lat_us[g->n++] = (vrpc_now_ns() - t0) / 1000;
+        if (c == VRPC_OK) {
+            g->ok++;
+        } else {
+            g->fail++;
+            g->fail_by[c]++;
+        }
+        usleep(500);
+    }
+}
+
+static int64_t pct(struct good *g, double q)
+{
+    if (!g->n)
+        return 0;
+    qsort(g->lat_us, g->n, sizeof(g->lat_us[0]), cmp64);
+    return g->lat_us[(size_t)(q * (g->n - 1))];
+}
+
+struct figures {
+    int64_t p50, p99;
+    unsigned ok, n;
+};
+
+static struct figures good_figures(struct good *g, const char *what, const char *when)
+{
+    struct figures f = {.p50 = pct(g, 0.50), .p99 = pct(g, 0.99), .ok = g->ok, .n = g->n};
+    printf("attack %-10s %-7s: %u/%u OK (%.1f %%), p50 %lld us, p99 %lld us", what, when, g->ok, g->n,
+           g->n ? 100.0 * g->ok / g->n : 0.0, (long long)f.p50, (long long)f.p99);
+    for (int c = 0; c < VRPC_CODE_COUNT; c++)
+        if (g->fail_by[c])
+            printf(", %u %s", g->fail_by[c], vrpc_code_name((enum vrpc_code)c));
+    printf("\n");
+    return f;
+}
+
+static void assert_kept(const struct figures *before, const struct figures *during)
+{
+    assert_true(during->n > 0);
+    assert_int_equal(during->ok, during->n);
+    assert_true(during->p99 < 20 * before->p99 + 50000);
+}
+
+/* ---- cases ----------------------------------------------------------------- */
+
+static void no_read_case(unsigned natk)
+{
+    struct env e;
+    struct vrpc_server_opts so;
+    struct good g;
+    struct atk a[2];
+    vrpc_server_opts_init(&so);
+    /* many call credits and a small quota: the attackers' answers waiting for
+     * credits could fill the shared send pool (1024 buffers) long before the
+     * transport's queue (2 x 1024 + 64) says -EAGAIN */
+    so.max_concurrent = 1024;
+    so.max_sends_per_conn = 96;
+    env_start(&e, &so);
+    good_open(&g, e.uri);
+    good_run(&g, 500);
+    struct figures before = good_figures(&g, natk == 1 ? "no-read" : "no-read x2", "before");
+    for (unsigned i = 0; i < natk; i++)
+        atk_start(&a[i], ATK_NO_READ, e.uri, 1024, 3000, natk == 1 ? 1100 : 600);
+    good_run(&g, 3000);
+    struct figures during = good_figures(&g, natk == 1 ? "no-read" : "no-read x2", "during");
+    /* each attacker's responses pile up until its quota: then it is closed
+     * (the close ends when the transport's idle timeout gives up on it) */
+    for (unsigned i = 0; i < natk; i++) {
+        assert_true(wait_flag(&a[i].closed, 1, 20000));
+        printf("attack no-read: attacker %u sent %u requests, got %u responses, then lost its connection\n", i,
+               a[i].sent, a[i].responses);
+        atk_stop(&a[i]);
+    }
+    assert_kept(&before, &during);
+    good_run(&g, 300);
+    assert_int_equal(g.ok, g.n);
+    vrpc_channel_destroy(g.ch);
+    vrpc_server_destroy(e.srv);
+}
+
+static void t_no_read_one(void **state)
+{
+    (void)state;
+    no_read_case(1);
+}
+
+static void t_no_read_two(void **state)
+{
+    (void)state;
+    no_read_case(2);
+}
+
+/* Large requests of the well-behaved client during a memory attack: retried
+ * (RESOURCE_EXHAUSTED) until one goes through; how long that took, or -1. */
+static int64_t good_large_until_ok(struct good *g, int ms)
+{
+    int64_t t0 = vrpc_now_ns(), end = t0 + (int64_t)ms * 1000000;
+    unsigned refused = 0;
+    while (vrpc_now_ns() < end) {
+        enum vrpc_code c = good_call(g, 512u << 10);
+        if (c == VRPC_OK) {
+            printf("attack large: the good client's 512 KiB request went through after %lld ms (%u refused)\n",
+                   (long long)((vrpc_now_ns() - t0) / 1000000), refused);
+            return (vrpc_now_ns() - t0) / 1000000;
+        }
+        refused++;
+        usleep(100000);
+    }
+    return -1;
+}
+
+static void server_large_opts(struct vrpc_server_opts *so)
+{
+    vrpc_server_opts_init(so);
+    so->max_concurrent = 32;
+    so->max_msg_size = 1u << 20;
+    so->max_pinned = 8u << 20; /* max_pinned_per_conn: 2 MiB by default */
+    so->transfer_floor_ms = 1000; /* a 1 MiB read may take 2 s at the default 1 MiB/s */
+}
+
+static void t_large_never_served(void **state)
+{
+    (void)state;
+    struct env e;
+    struct vrpc_server_opts so;
+    struct good g;
+    struct atk a;
+    server_large_opts(&so);
+    env_start(&e, &so);
+    good_open(&g, e.uri);
+    size_t base = lbuf_in_use(&e);
+    good_run(&g, 500);
+    struct figures before = good_figures(&g, "large x17", "before");
+    atk_start(&a, ATK_LARGE, e.uri, 32, 0, 17);
+    assert_true(wait_flag(&a.responses, 15, 5000)); /* 2 MiB are its share: 15 refused at once */
+    printf("attack large x17: %u of 17 announced requests refused RESOURCE_EXHAUSTED at once\n",
+           a.by_code[VRPC_RESOURCE_EXHAUSTED]);
+    assert_true(a.by_code[VRPC_RESOURCE_EXHAUSTED] >= 15);
+    assert_true(good_large_until_ok(&g, 1000) >= 0); /* at once: 6 MiB are still free */
+    good_run(&g, 1500);
+    struct figures during = good_figures(&g, "large x17", "during");
+    /* its two reads are abandoned at their limit (2 s): the first answered
+     * RESOURCE_EXHAUSTED, and its connection failed with it */
+    assert_true(wait_flag(&a.by_code[VRPC_RESOURCE_EXHAUSTED], 16, 10000));
+    assert_true(wait_flag(&a.closed, 1, 20000));
+    atk_stop(&a);
+    assert_kept(&before, &during);
+    assert_true(wait_in_use(&e, base, 20000));
+    printf("attack large x17: lbuf in use %zu bytes after (%zu before)\n", lbuf_in_use(&e), base);
+    vrpc_channel_destroy(g.ch);
+    vrpc_server_destroy(e.srv);
+}
+
+static void t_large_slow_readers(void **state)
+{
+    (void)state;
+    struct env e;
+    struct vrpc_server_opts so;
+    struct good g;
+    static struct atk a[16];
+    server_large_opts(&so);
+    env_start(&e, &so);
+    good_open(&g, e.uri);
+    size_t base = lbuf_in_use(&e);
+    good_run(&g, 500);
+    struct figures before = good_figures(&g, "slow x16", "before");
+    for (int i = 0; i < 16; i++)
+        atk_start(&a[i], ATK_SLOW, e.uri, 32, 0, 1);
+    usleep(300000);
+    good_run(&g, 1500);
+    struct figures during = good_figures(&g, "slow x16", "during");
+    /* 8 of them hold the 8 MiB at first (the others are refused): only the
+     * transfer limit (2 s from the announcement) frees it, trickle or not */
+    int64_t waited = good_large_until_ok(&g, 25000);
+    assert_true(waited >= 0);
+    /* every attacker is answered RESOURCE_EXHAUSTED: at once (no memory
+     * left), or at its limit, and then loses its connection */
+    unsigned closed = 0, refused = 0;
+    for (int i = 0; i < 16; i++) {
+        assert_true(wait_flag(&a[i].by_code[VRPC_RESOURCE_EXHAUSTED], 1, 20000));
+        refused++;
+        if (__atomic_load_n(&a[i].closed, __ATOMIC_ACQUIRE))
+            closed++;
+        atk_stop(&a[i]);
+    }
+    printf("attack slow x16: %u of 16 answered RESOURCE_EXHAUSTED, %u of them lost their connection "
+           "(large transfer too slow)\n", refused, closed);
+    assert_true(closed >= 1);
+    assert_kept(&before, &during);
+    assert_true(wait_in_use(&e, base, 20000));
+    printf("attack slow x16: lbuf in use %zu bytes after (%zu before)\n", lbuf_in_use(&e), base);
+    vrpc_channel_destroy(g.ch);
+    vrpc_server_destroy(e.srv);
+}
+
+static void t_flood(void **state)
+{
+    (void)state;
+    struct env e;
+    struct vrpc_server_opts so;
+    struct good g;
+    struct atk a;
+    vrpc_server_opts_init(&so);
+    so.max_concurrent = 64;
+    env_start(&e, &so);
+    good_open(&g, e.uri);
+    good_run(&g, 500);
+    struct figures before = good_figures(&g, "flood", "before");
+    atk_start(&a, ATK_FLOOD, e.uri, 64, 3000, 0);
+    usleep(100000);
+    good_run(&g, 2500);
+    struct figures during = good_figures(&g, "flood", "during");
+    atk_stop(&a);
+    printf("attack flood: the flooder sent %u requests, got %u OK responses (it is bounded by its %u credits)\n",
+           a.sent, a.by_code[VRPC_OK], so.max_concurrent);
+    assert_true(a.by_code[VRPC_OK] > 0);
+    assert_kept(&before, &during);
+    vrpc_channel_destroy(g.ch);
+    vrpc_server_destroy(e.srv);
+}
+
+int main(int argc, char **argv)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc > 1) /* one case by name, e.g. t_no_read_one */
+        cmocka_set_test_filter(argv[1]);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(t_no_read_one),
+        cmocka_unit_test(t_no_read_two),
+        cmocka_unit_test(t_large_never_served),
+        cmocka_unit_test(t_large_slow_readers),
+        cmocka_unit_test(t_flood),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
