@@ -250,10 +250,23 @@ struct load {
     uint64_t next_key;       /* prefill: next key to store (atomic) */
     int64_t end_ns;          /* measured phase: no new call after this */
     int active;              /* slots still running (atomic) */
-    uint64_t calls, gets, puts, failed_starts; /* atomics */
-    uint64_t by_code[VRPC_CODE_COUNT];         /* atomics */
-    struct ex_hist hist;
+    uint64_t calls, gets, puts, failed_starts; /* atomics; calls, gets, puts: OK ones */
+    uint64_t by_code[VRPC_CODE_COUNT];         /* atomics: every finished call by code */
+    struct ex_hist hist;                       /* latency of OK calls */
+    /* Back-off while the server is unavailable: after an UNAVAILABLE call no
+     * slot starts a call before backoff_until_ns; the delay doubles from
+     * BACKOFF_MIN_MS per failure in a row, up to BACKOFF_MAX_MS, and an OK
+     * call resets it. Async slots that must wait are parked and restarted
+     * by the main thread (no worker sleeps). */
+    int64_t backoff_until_ns; /* atomic */
+    uint32_t backoff_ms;      /* atomic: the next delay */
+    uint64_t backoffs;        /* atomic: how many times it backed off */
+    uint64_t prefill_errors;  /* atomic: puts of the prefill that failed */
+    int parked;               /* async slots waiting for the back-off (atomic) */
 };
+
+#define BACKOFF_MIN_MS 10u
+#define BACKOFF_MAX_MS 1000u
 
 struct slot {
     struct load *L;
@@ -261,6 +274,7 @@ struct slot {
     Examples__Kvstore__V1__KvStore_Put_Async put_a;
     int64_t t0;
     uint64_t rng;
+    int parked; /* async: waiting for the back-off to pass (atomic) */
     pthread_t thread; /* sync mode */
 };
 
@@ -291,16 +305,47 @@ static bool next_op(struct slot *sl, bool *is_get, uint64_t *key)
     return true;
 }
 
-static void record(struct slot *sl, bool is_get, enum vrpc_code code)
+/* Counts the call (OK ones as throughput and latency, others as errors by
+ * code) and updates the back-off; true when the slot must wait before its
+ * next call. */
+static bool record(struct slot *sl, bool is_get, enum vrpc_code code)
 {
     struct load *L = sl->L;
 
-    if (L->prefill)
-        return;
-    ex_hist_add(&L->hist, ex_now_ns() - sl->t0);
-    add(&L->calls, 1);
-    add(is_get ? &L->gets : &L->puts, 1);
-    add(&L->by_code[code < VRPC_CODE_COUNT ? code : VRPC_UNKNOWN], 1);
+    if (code == VRPC_UNAVAILABLE) {
+        uint32_t d = __atomic_load_n(&L->backoff_ms, __ATOMIC_RELAXED);
+        uint32_t next = d ? (d * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : d * 2) : BACKOFF_MIN_MS;
+        if (!d)
+            d = BACKOFF_MIN_MS;
+        int64_t now = ex_now_ns(), until = __atomic_load_n(&L->backoff_until_ns, __ATOMIC_RELAXED);
+        /* calls that fail while a back-off runs (all slots at a lost
+         * connection) do not lengthen it: one step per back-off */
+        if (now >= until && __atomic_compare_exchange_n(&L->backoff_until_ns, &until, now + (int64_t)d * 1000000,
+                                                        false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+            __atomic_store_n(&L->backoff_ms, next, __ATOMIC_RELAXED);
+            add(&L->backoffs, 1);
+        }
+    } else if (code == VRPC_OK) {
+        __atomic_store_n(&L->backoff_ms, 0, __ATOMIC_RELAXED);
+    }
+    if (L->prefill && code != VRPC_OK)
+        add(&L->prefill_errors, 1);
+    if (!L->prefill) {
+        add(&L->by_code[code < VRPC_CODE_COUNT ? code : VRPC_UNKNOWN], 1);
+        if (code == VRPC_OK) {
+            ex_hist_add(&L->hist, ex_now_ns() - sl->t0);
+            add(&L->calls, 1);
+            add(is_get ? &L->gets : &L->puts, 1);
+        }
+    }
+    return ex_now_ns() < __atomic_load_n(&L->backoff_until_ns, __ATOMIC_RELAXED);
+}
+
+/* Async: park the slot until the back-off passes (run_phase restarts it). */
+static void park(struct slot *sl)
+{
+    __atomic_store_n(&sl->parked, 1, __ATOMIC_RELEASE);
+    __atomic_fetch_add(&sl->L->parked, 1, __ATOMIC_RELEASE);
 }
 
 static void finish(struct slot *sl) { __atomic_fetch_sub(&sl->L->active, 1, __ATOMIC_RELEASE); }
@@ -310,15 +355,19 @@ static void issue(struct slot *sl);
 static void on_get(const struct vrpc_status *st, const Examples__Kvstore__V1__GetReply *resp, void *arg)
 {
     (void)resp;
-    record(arg, true, st->code);
-    issue(arg);
+    if (record(arg, true, st->code))
+        park(arg);
+    else
+        issue(arg);
 }
 
 static void on_put(const struct vrpc_status *st, const Examples__Kvstore__V1__PutReply *resp, void *arg)
 {
     (void)resp;
-    record(arg, false, st->code);
-    issue(arg);
+    if (record(arg, false, st->code))
+        park(arg);
+    else
+        issue(arg);
 }
 
 static void issue(struct slot *sl)
@@ -383,7 +432,13 @@ static void *sync_worker(void *arg)
             req.value.len = L->cfg->value_size;
             code = examples__kvstore__v1__kv_store__put__call(L->ch, &req, &resp, NULL, &st);
         }
-        record(sl, is_get, (enum vrpc_code)code);
+        if (record(sl, is_get, (enum vrpc_code)code)) {
+            int64_t left = __atomic_load_n(&L->backoff_until_ns, __ATOMIC_RELAXED) - ex_now_ns();
+            if (left > 0) {
+                struct timespec ts = { left / 1000000000, left % 1000000000 };
+                nanosleep(&ts, NULL);
+            }
+        }
     }
     finish(sl);
     vrpc_thread_release();
@@ -408,8 +463,18 @@ static int run_phase(struct load *L, struct slot *slots, size_t n)
             issue(&slots[i]);
         }
     }
-    while (__atomic_load_n(&L->active, __ATOMIC_ACQUIRE) > 0)
+    while (__atomic_load_n(&L->active, __ATOMIC_ACQUIRE) > 0) {
         nanosleep(&tick, NULL);
+        if (!__atomic_load_n(&L->parked, __ATOMIC_ACQUIRE) ||
+            ex_now_ns() < __atomic_load_n(&L->backoff_until_ns, __ATOMIC_RELAXED))
+            continue;
+        for (size_t i = 0; i < n; i++) { /* the back-off passed: restart parked slots */
+            if (__atomic_exchange_n(&slots[i].parked, 0, __ATOMIC_ACQ_REL)) {
+                __atomic_fetch_sub(&L->parked, 1, __ATOMIC_RELEASE);
+                issue(&slots[i]);
+            }
+        }
+    }
     if (L->cfg->sync)
         for (size_t i = 0; i < n; i++)
             if (slots[i].thread)
@@ -450,7 +515,10 @@ static int cmd_load(struct vrpc_channel *ch, const char *uri, const struct load_
     L->prefill = true;
     t0 = ex_now_ns();
     run_phase(L, slots, cfg->outstanding);
-    printf("  prefill: %llu puts in %.2f s\n", cfg->keys, (ex_now_ns() - t0) / 1e9);
+    printf("  prefill: %llu puts in %.2f s", cfg->keys, (ex_now_ns() - t0) / 1e9);
+    if (L->prefill_errors)
+        printf(", %llu of them failed", (unsigned long long)L->prefill_errors);
+    printf("\n");
 
     L->prefill = false;
     t0 = ex_now_ns();
@@ -460,14 +528,19 @@ static int cmd_load(struct vrpc_channel *ch, const char *uri, const struct load_
 
     for (int c = 1; c < VRPC_CODE_COUNT; c++)
         errors += (double)L->by_code[c];
-    printf("  calls: %llu in %.2f s = %.0f calls/s (get %llu, put %llu), errors %.0f", (unsigned long long)L->calls,
-           secs, L->calls / secs, (unsigned long long)L->gets, (unsigned long long)L->puts, errors);
+    /* throughput counts OK calls only; failures are errors, by code */
+    printf("  ok calls: %llu in %.2f s = %.0f calls/s (get %llu, put %llu)\n", (unsigned long long)L->calls, secs,
+           L->calls / secs, (unsigned long long)L->gets, (unsigned long long)L->puts);
+    printf("  errors: %.0f", errors);
     for (int c = 1; c < VRPC_CODE_COUNT; c++)
         if (L->by_code[c])
             printf(" %s:%llu", vrpc_code_name((enum vrpc_code)c), (unsigned long long)L->by_code[c]);
     if (L->failed_starts)
         printf(", %llu calls not started", (unsigned long long)L->failed_starts);
-    printf("\n  latency (us): p50 %.1f  p90 %.1f  p99 %.1f  p99.9 %.1f  max %.1f\n",
+    if (L->backoffs)
+        printf(", backed off %llu times while the server was unavailable (%u ms to %u ms)",
+               (unsigned long long)L->backoffs, BACKOFF_MIN_MS, BACKOFF_MAX_MS);
+    printf("\n  latency of ok calls (us): p50 %.1f  p90 %.1f  p99 %.1f  p99.9 %.1f  max %.1f\n",
            ex_hist_quantile(&L->hist, 0.50) / 1e3, ex_hist_quantile(&L->hist, 0.90) / 1e3,
            ex_hist_quantile(&L->hist, 0.99) / 1e3, ex_hist_quantile(&L->hist, 0.999) / 1e3,
            ex_hist_quantile(&L->hist, 1.0) / 1e3);
@@ -479,7 +552,7 @@ static int cmd_load(struct vrpc_channel *ch, const char *uri, const struct load_
                (unsigned long long)L->calls, errors, L->calls / secs, ex_hist_quantile(&L->hist, 0.50) / 1e3,
                ex_hist_quantile(&L->hist, 0.90) / 1e3, ex_hist_quantile(&L->hist, 0.99) / 1e3,
                ex_hist_quantile(&L->hist, 0.999) / 1e3, ex_hist_quantile(&L->hist, 1.0) / 1e3);
-    rc = L->calls > 0 && errors == 0 && L->failed_starts == 0 ? 0 : 1;
+    rc = L->calls > 0 && errors == 0 && L->failed_starts == 0 && L->prefill_errors == 0 ? 0 : 1;
 out:
     if (L)
         free(L->value);
@@ -521,8 +594,12 @@ int main(int argc, char **argv)
         case 'g':
             if (!ex_parse_uint(optarg, &v) || (v == 0 && c != 'v' && c != 'g') || (c == 'g' && v > 100) ||
                 ((c == 't' || c == 'o') && v > 4096) || v > (1ull << 32)) {
-                fprintf(stderr, "%s: bad value '%s' for --%s\n", argv[0], optarg,
-                        c == 't' ? "threads" : "a load option");
+                const char *name = c == 't' ? "threads" : c == 'k' ? "keys" : c == 'v' ? "value-size"
+                                 : c == 'o' ? "outstanding" : c == 'd' ? "duration" : "get-ratio";
+                const char *range = c == 'g' ? "0 to 100" : c == 'v' ? "0 to 4294967296"
+                                  : c == 't' || c == 'o' ? "1 to 4096" : "1 to 4294967296";
+                fprintf(stderr, "%s: bad value '%s' for --%s (%s%s)\n", argv[0], optarg, name, range,
+                        c == 'd' ? " seconds of load" : "");
                 return 2;
             }
             if (c == 't')
