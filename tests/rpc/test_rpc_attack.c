@@ -35,6 +35,7 @@
 #include "rpc/wire.h"
 #include "transport/tcp/tcp_wire.h"
 #include "rpc_test.pb-c.h"
+#include "verbs_setup.h"
 
 #define ATK_EAGER 8192u /* the eager size the server uses (rpc/internal.h) */
 
@@ -53,6 +54,10 @@ static void h_echo(struct vrpc_server_call *call, const ProtobufCMessage *msg, v
     vrpc_server_call_respond(call, &rep.base);
 }
 
+static struct {
+    const char *backend, *server_ip, *client_ip;
+} g_opt = {"tcp", "127.0.0.1", NULL};
+
 /* ---- the server ------------------------------------------------------------ */
 
 struct env {
@@ -65,7 +70,9 @@ static void env_start(struct env *e, const struct vrpc_server_opts *o)
     m_echo.id = vrpc_method_id(m_echo.full_name);
     assert_int_equal(vrpc_server_create(o, &e->srv), 0);
     assert_int_equal(vrpc_server_register(e->srv, &m_echo, h_echo, NULL), 0);
-    assert_int_equal(vrpc_server_start(e->srv, "tcp://127.0.0.1:0"), 0);
+    char listen[VRPC_URI_MAX];
+    snprintf(listen, sizeof(listen), "%s://%s:0", g_opt.backend, g_opt.server_ip);
+    assert_int_equal(vrpc_server_start(e->srv, listen), 0);
     assert_int_equal(vrpc_server_uri(e->srv, e->uri, sizeof(e->uri)), 0);
 }
 
@@ -389,6 +396,7 @@ static void good_open(struct good *g, const char *uri)
     co.default_timeout_us = 3000000;
     co.max_msg_size = 1u << 20;
     co.max_pinned = 32u << 20;
+    co.src_addr = g_opt.client_ip;
     assert_int_equal(vrpc_channel_create(uri, &co, &g->ch), 0);
     assert_int_equal(vrpc_channel_connect(g->ch, 5000), 0);
 }
@@ -615,6 +623,130 @@ static void t_large_slow_readers(void **state)
     vrpc_server_destroy(e.srv);
 }
 
+/* ---- a never-reading client on either backend ----------------------------
+ * A transport endpoint of its own whose CQ has four receive buffers posted
+ * and never reposts them: past those, it returns the server no credits, so
+ * every further answer waits in the server's transport for credits (verbs
+ * and TCP alike). */
+
+struct ep_atk {
+    struct vrpc_transport *tp;
+    struct vrpc_cq *cq;
+    struct vrpc_pool *pool;
+    struct vrpc_ep *ep;
+    unsigned recvs, disconnected; /* atomics */
+};
+
+static void ep_atk_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, void *arg)
+{
+    (void)cq;
+    struct ep_atk *a = arg;
+    for (unsigned i = 0; i < n; i++) {
+        if (wc[i].opcode == VRPC_WC_RECV) {
+            if (wc[i].status == 0)
+                __atomic_add_fetch(&a->recvs, 1, __ATOMIC_RELEASE);
+            vrpc_pool_put(wc[i].buf); /* not reposted: no credit goes back */
+        } else if (wc[i].opcode == VRPC_WC_SEND) {
+            vrpc_pool_put(wc[i].buf);
+        } else if (wc[i].opcode == VRPC_WC_DISCONNECTED) {
+            __atomic_add_fetch(&a->disconnected, 1, __ATOMIC_RELEASE);
+        }
+    }
+}
+
+/* Send one RPC frame, retrying while the endpoint's queue is full; false
+ * once the connection is gone. */
+static bool ep_atk_send(struct ep_atk *a, const struct vrpc_wire_hdr *h, const void *body, uint32_t blen)
+{
+    struct vrpc_buf *b;
+    for (int i = 0; !(b = vrpc_pool_get(a->pool)); i++) {
+        if (i > 2000 || __atomic_load_n(&a->disconnected, __ATOMIC_ACQUIRE))
+            return false;
+        usleep(1000);
+    }
+    vrpc_wire_hdr_encode(b->data, h);
+    memcpy((uint8_t *)b->data + VRPC_WIRE_HDR_LEN, body, blen);
+    for (int i = 0;; i++) {
+        int rc = vrpc_ep_send(a->ep, b, VRPC_WIRE_HDR_LEN + blen, 0, 0, 0);
+        if (rc == 0)
+            return true;
+        if (rc != -EAGAIN || i > 2000) {
+            vrpc_pool_put(b);
+            return false;
+        }
+        usleep(1000);
+    }
+}
+
+static void t_no_read_ep(void **state)
+{
+    (void)state;
+    struct env e;
+    struct vrpc_server_opts so;
+    struct good g;
+    struct ep_atk a = {0};
+    struct vrpc_cq_attr ca;
+    struct vrpc_ep_attr ea;
+    vrpc_server_opts_init(&so);
+    so.max_concurrent = 1024;
+    so.max_sends_per_conn = 96;
+    env_start(&e, &so);
+    good_open(&g, e.uri);
+    good_run(&g, 500);
+    struct figures before = good_figures(&g, "no-read ep", "before");
+
+    assert_int_equal(vrpc_transport_create(g_opt.backend, NULL, &a.tp), 0);
+    assert_int_equal(vrpc_pool_create(a.tp, vrpc_transport_eager_size(a.tp), 256, &a.pool), 0);
+    vrpc_cq_attr_init(&ca);
+    ca.cb = ep_atk_cb;
+    ca.cb_arg = &a;
+    assert_int_equal(vrpc_cq_create(a.tp, &ca, &a.cq), 0);
+    for (int i = 0; i < 4; i++) {
+        struct vrpc_buf *b = vrpc_pool_get(a.pool);
+        assert_int_equal(vrpc_cq_post_recv(a.cq, &b, NULL, 1), 0);
+    }
+    vrpc_ep_attr_init(&ea);
+    ea.cq = a.cq;
+    ea.src_addr = g_opt.client_ip;
+    assert_int_equal(vrpc_connect(a.tp, e.uri, &ea, &a.ep), 0);
+    uint8_t hp[VRPC_WIRE_HELLO_LEN];
+    struct vrpc_wire_hello hs = {.max_msg_size = 1u << 20, .max_concurrent = 1024, .features = 0};
+    vrpc_wire_hello_encode(hp, &hs);
+    struct vrpc_wire_hdr w = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_HELLO, .payload_len = sizeof hp};
+    assert_true(ep_atk_send(&a, &w, hp, sizeof hp));
+    assert_true(wait_flag(&a.recvs, 1, 5000)); /* HELLO_ACK */
+    /* 1100 calls: a round over the 1024 slots, a pause in which the server
+     * answers them (into its credit queue), then a second round */
+    unsigned sent = 0;
+    for (uint32_t gen = 1; sent < 1100; gen++) {
+        for (uint32_t slot = 0; slot < 1024 && sent < 1100; slot++, sent++) {
+            uint8_t pb[64];
+            Vrpctest__EchoRequest rq = VRPCTEST__ECHO_REQUEST__INIT;
+            rq.seq = sent;
+            size_t n = vrpctest__echo_request__pack(&rq, pb);
+            struct vrpc_wire_hdr r = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST,
+                                      .method_id = m_echo.id, .request_id = vrpc_wire_make_id(slot, gen),
+                                      .payload_len = (uint32_t)n};
+            if (!ep_atk_send(&a, &r, pb, (uint32_t)n))
+                goto stopped;
+        }
+        usleep(50000);
+    }
+stopped:
+    good_run(&g, 2000);
+    struct figures during = good_figures(&g, "no-read ep", "during");
+    assert_true(wait_flag(&a.disconnected, 1, 30000));
+    printf("attack no-read ep (%s): the attacker sent %u calls, received %u frames, then lost its connection\n",
+           g_opt.backend, sent, a.recvs);
+    assert_kept(&before, &during);
+    vrpc_ep_destroy(a.ep);
+    vrpc_cq_destroy(a.cq);
+    vrpc_pool_destroy(a.pool);
+    vrpc_transport_destroy(a.tp);
+    vrpc_channel_destroy(g.ch);
+    vrpc_server_destroy(e.srv);
+}
+
 static void t_flood(void **state)
 {
     (void)state;
@@ -643,10 +775,30 @@ static void t_flood(void **state)
 
 int main(int argc, char **argv)
 {
+    const char *setup = "local";
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (argc > 1) /* one case by name, e.g. t_no_read_one */
-        cmocka_set_test_filter(argv[1]);
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--backend") && i + 1 < argc) {
+            g_opt.backend = argv[++i];
+        } else if (!strcmp(argv[i], "--setup") && i + 1 < argc) {
+            setup = argv[++i];
+        } else if (argv[i][0] != '-') {
+            cmocka_set_test_filter(argv[i]); /* one case by name, e.g. t_no_read_one */
+        } else {
+            fprintf(stderr, "usage: %s [--backend tcp|verbs] [--setup single|veth] [CASE]\n", argv[0]);
+            return 2;
+        }
+    }
+    int src = vrpc_test_backend_addrs(g_opt.backend, setup, &g_opt.server_ip, &g_opt.client_ip);
+    if (src)
+        return src;
+    m_echo.id = vrpc_method_id(m_echo.full_name);
+    if (strcmp(g_opt.backend, "tcp")) { /* the raw-socket attackers speak TCP only */
+        const struct CMUnitTest ep_tests[] = {cmocka_unit_test(t_no_read_ep)};
+        return cmocka_run_group_tests(ep_tests, NULL, NULL);
+    }
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(t_no_read_ep),
         cmocka_unit_test(t_no_read_one),
         cmocka_unit_test(t_no_read_two),
         cmocka_unit_test(t_large_never_served),
