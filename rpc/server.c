@@ -56,7 +56,7 @@ struct sconn;
 #define CALL_DECIDED 0x2u
 #define CALL_DETACHED 0x4u
 
-enum { XFER_NONE = 0, XFER_READING = 1, XFER_EXPIRED = 2 };
+enum { XFER_NONE = 0, XFER_READING = 1, XFER_EXPIRING = 2, XFER_EXPIRED = 3 };
 
 struct vrpc_server_call {
     struct vrpc_task task;
@@ -79,8 +79,9 @@ struct vrpc_server_call {
     struct vrpc_rndv_in in;   /* a large request payload being read (poller) */
     /* The read's time limit, armed at the announcement (transfer_expired):
      * xfer is XFER_READING from then until the read is over (poller: CAS to
-     * XFER_NONE) or the limit passed (timer: CAS to XFER_EXPIRED); the armed
-     * timer holds a reference. */
+     * XFER_NONE) or the limit passed (timer: CAS to XFER_EXPIRING, then, once
+     * it has decided the call's outcome, XFER_EXPIRED); the armed timer holds
+     * a reference. */
     uint32_t xfer;            /* atomic */
     int64_t xfer_start_ns;
     struct vrpc_timer xfer_timer;
@@ -715,12 +716,18 @@ static void request_read_done(struct poller *pl, struct vrpc_rndv_in *in, int st
     if (__atomic_compare_exchange_n(&call->xfer, &want, XFER_NONE, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
         if (vrpc_timer_cancel(c->s->wheel, &call->xfer_timer))
             call_unref(call); /* else the firing timer sees XFER_NONE and lets go */
-    } else if (!status) {
-        status = -ETIMEDOUT; /* too late: the limit has answered the call and failed c */
+    } else {
+        /* Too late: the limit answers the call and fails c. Let it finish
+         * deciding (a few non-blocking steps on the wheel's thread) before
+         * this completion lets go of the call. */
+        while (__atomic_load_n(&call->xfer, __ATOMIC_ACQUIRE) != XFER_EXPIRED)
+            sched_yield();
+        if (!status)
+            status = -ETIMEDOUT;
     }
     if (status) {
         vrpc_lbuf_put(lb);
-        if (status == -EACCES && want != XFER_EXPIRED)
+        if (status == -EACCES && want == XFER_READING)
             conn_protocol_error(c, "its large-request descriptor could not be read (bad key or range)", -EPROTO);
         abandon_call(call);
         return;
@@ -1110,7 +1117,7 @@ static void transfer_expired(void *ctx, uint64_t gen)
 {
     struct vrpc_server_call *call = ctx;
     uint32_t want = XFER_READING;
-    if (!__atomic_compare_exchange_n(&call->xfer, &want, XFER_EXPIRED, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    if (!__atomic_compare_exchange_n(&call->xfer, &want, XFER_EXPIRING, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
         call_unref(call); /* the read finished first; the timer's reference */
         return;
     }
@@ -1137,6 +1144,8 @@ static void transfer_expired(void *ctx, uint64_t gen)
                   late ? " (the call's deadline passed)" : "");
         answered(c);
     }
+    /* release: the read's completion may now let go of the call */
+    __atomic_store_n(&call->xfer, XFER_EXPIRED, __ATOMIC_RELEASE);
     call_unref(call); /* the timer's reference */
 }
 
