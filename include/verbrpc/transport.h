@@ -114,9 +114,9 @@
  * Handshake minimums (both backends, both directions): a peer whose
  * handshake grants fewer credits than the backend's minimum reservation (TCP
  * 2; verbs 1 data credit, its control buffer being separate) or announces an
- * eager size below VRPC_EAGER_MIN is refused, with the reason logged: at
- * accept the connection is never reported, at connect vrpc_connect() fails
- * -EPROTO (on verbs -ECONNREFUSED when the server refused).
+ * eager size below VRPC_EAGER_MIN is refused, with the reason logged: a
+ * refused accept is never reported (the client's vrpc_connect() fails
+ * -ECONNREFUSED), a client refusing the server's answer fails -EPROTO.
  *
  * Threads: all functions are thread-safe unless stated; vrpc_ep_send() may be
  * called by several threads on one endpoint (their messages interleave, each
