@@ -530,8 +530,12 @@ static void add_credits_locked(struct tcp_ep *ep, uint32_t c)
         ep->nwait--;
         admit_locked(ep, fifo_pop(&ep->waitq));
     }
-    /* the peer is returning credits: what still waits starts a new clock */
-    atomic_store(&ep->wait_ns, ep->waitq.head ? vrpc_tp_now_ns() : 0);
+    /* the peer is returning credits: what still waits starts a new clock
+     * (no store on the common path, where nothing waited) */
+    if (ep->waitq.head)
+        atomic_store_explicit(&ep->wait_ns, vrpc_tp_now_ns(), memory_order_relaxed);
+    else if (atomic_load_explicit(&ep->wait_ns, memory_order_relaxed))
+        atomic_store_explicit(&ep->wait_ns, 0, memory_order_relaxed);
     tx_locked(ep);
 }
 
@@ -572,7 +576,7 @@ static int tcp_send(struct vrpc_ep *base, struct vrpc_buf *b, uint32_t len, uint
             return -EAGAIN;
         }
         if (!ep->waitq.head)
-            atomic_store(&ep->wait_ns, vrpc_tp_now_ns());
+            atomic_store_explicit(&ep->wait_ns, vrpc_tp_now_ns(), memory_order_relaxed);
         ep->nwait++;
         fifo_push(&ep->waitq, b);
         pthread_mutex_unlock(&ep->lock);
@@ -1813,7 +1817,7 @@ static void scan_timeouts(struct tcp_cq *cq, uint64_t now)
             teardown(cq, ep, -ETIMEDOUT, "peer did not finish the close");
         else if (atomic_load(&ep->nreads) && now > atomic_load(&ep->read_ns) + idle)
             teardown(cq, ep, -ETIMEDOUT, "our read got no data within the idle timeout (slow or stuck peer)");
-        else if ((w = atomic_load(&ep->wait_ns)) && now > w + ctmo) {
+        else if ((w = atomic_load_explicit(&ep->wait_ns, memory_order_relaxed)) && now > w + ctmo) {
             snprintf(ep->why, sizeof ep->why, "peer returned no credits for %u ms", a->credit_timeout_ms);
             teardown(cq, ep, -ETIMEDOUT, ep->why);
         }

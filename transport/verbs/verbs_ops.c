@@ -799,14 +799,21 @@ static void close_progress_locked(struct vep *ep)
 	}
 }
 
-/* Sends wait for credits (wq_head) since now, or none waits (ep->lock). */
-static void wait_clock_locked(struct vep *ep)
+/* The credit clock (credit_watchdog, ep->lock): runs while sends wait with
+ * no credit left (not while they wait for send-queue room); fresh: credits
+ * just came, so a wait that goes on starts again from now. */
+static void wait_clock_locked(struct vep *ep, bool fresh)
 {
-	uint64_t old = atomic_exchange(&ep->wait_ns, ep->wq_head ? vrpc_tp_now_ns() : 0);
-	if (!old && ep->wq_head)
-		atomic_fetch_add(&ep->cq->waiting, 1);
-	else if (old && !ep->wq_head)
+	bool waiting = ep->wq_head && !ep->credits;
+	uint64_t old = atomic_load_explicit(&ep->wait_ns, memory_order_relaxed);
+	if (waiting && (!old || fresh)) {
+		atomic_store_explicit(&ep->wait_ns, vrpc_tp_now_ns(), memory_order_relaxed);
+		if (!old)
+			atomic_fetch_add(&ep->cq->waiting, 1);
+	} else if (!waiting && old) {
+		atomic_store_explicit(&ep->wait_ns, 0, memory_order_relaxed);
 		atomic_fetch_sub(&ep->cq->waiting, 1);
+	}
 }
 
 static bool can_post_data(const struct vep *ep) { return ep->credits >= 1 && ring_used(ep) < ep->ring_mask; }
@@ -825,8 +832,8 @@ static void pump_locked(struct vep *ep)
 			ep->wq_tail = NULL;
 		ep->nwait--;
 	}
-	if (!ep->wq_head && atomic_load(&ep->wait_ns))
-		wait_clock_locked(ep); /* nothing waits any more */
+	if (ep->wq_head || atomic_load_explicit(&ep->wait_ns, memory_order_relaxed))
+		wait_clock_locked(ep, false);
 }
 
 /* A credit-only message, on the last credit if need be. */
@@ -1591,8 +1598,12 @@ static void service_ep(struct vcq *cq, struct vep *ep)
 			vconns_unref(ep->nconns);
 			ep->nconns = NULL;
 		}
-		if (atomic_exchange(&ep->wait_ns, 0))
+		pthread_mutex_lock(&ep->lock); /* against wait_clock_locked */
+		if (atomic_load_explicit(&ep->wait_ns, memory_order_relaxed)) {
+			atomic_store_explicit(&ep->wait_ns, 0, memory_order_relaxed);
 			atomic_fetch_sub(&cq->waiting, 1);
+		}
+		pthread_mutex_unlock(&ep->lock);
 		hungry_remove(cq, ep);
 		if (ep->reported) {
 			stage(cq, VRPC_WC_DISCONNECTED, ep, NULL, 0, final_status(ep), 0, 0);
@@ -1751,8 +1762,8 @@ static void on_recv(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
 	if (!(ntohs(h->flags) & HDR_CREDIT_ONLY) && (ep->rq_head || ep->rd_inflight) && ep->rd_unmatched < (1 << 20))
 		ep->rd_unmatched++; /* while reading: see READ_CHUNK_BULK */
 	pump_locked(ep);
-	if (c)
-		wait_clock_locked(ep); /* the peer returns credits: a new clock */
+	if (c && atomic_load_explicit(&ep->wait_ns, memory_order_relaxed))
+		wait_clock_locked(ep, true); /* the peer returns credits: a new clock */
 	close_progress_locked(ep);
 	if (ep->pending_ctl_min)
 		send_credit_locked(ep); /* one may have waited for the peer's confirmation */
@@ -2756,8 +2767,8 @@ static int verbs_send(struct vrpc_ep *base, struct vrpc_buf *buf, uint32_t len, 
 			ep->wq_head = buf;
 		ep->wq_tail = buf;
 		ep->nwait++;
-		if (!atomic_load(&ep->wait_ns))
-			wait_clock_locked(ep);
+		if (!atomic_load_explicit(&ep->wait_ns, memory_order_relaxed))
+			wait_clock_locked(ep, false);
 	}
 	TRACE("verbs: send qpn %u len %u state %d credits %u nwait %u rc %d", ep->qpn, len, ep->state, ep->credits,
 	      ep->nwait, rc);
