@@ -335,14 +335,15 @@ static uint32_t rpc_hello_frame(uint8_t *out)
     return VRPC_WIRE_HDR_LEN + VRPC_WIRE_HELLO_LEN;
 }
 
-static uint32_t rpc_request_frame(uint8_t *out, uint32_t slot)
+/* An Echo REQUEST on call slot `slot`, generation gen (>= 1). */
+static uint32_t rpc_request_frame(uint8_t *out, uint32_t slot, uint32_t gen)
 {
     uint8_t pl[32];
     Vrpctest__EchoRequest er = VRPCTEST__ECHO_REQUEST__INIT;
     er.seq = slot;
     size_t n = protobuf_c_message_pack(&er.base, pl);
     struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST, .method_id = m_echo.id,
-                              .request_id = vrpc_wire_make_id(slot, 1), .payload_len = (uint32_t)n};
+                              .request_id = vrpc_wire_make_id(slot, gen), .payload_len = (uint32_t)n};
     vrpc_wire_hdr_encode(out, &h);
     memcpy(out + VRPC_WIRE_HDR_LEN, pl, n);
     return VRPC_WIRE_HDR_LEN + (uint32_t)n;
@@ -390,7 +391,7 @@ static void t_zero_credits_refused(void **state)
             /* the old behaviour: accepted; show what it does, then fail */
             raw_send(&r, f, rpc_hello_frame(f), 0);
             for (uint32_t i = 0; i < 256; i++)
-                if (!raw_send(&r, f, rpc_request_frame(f, i), 0))
+                if (!raw_send(&r, f, rpc_request_frame(f, i, 1), 0))
                     break;
             usleep(500000);
             probe_stop(&p, "during");
@@ -407,42 +408,67 @@ static void t_zero_credits_refused(void **state)
     vrpc_server_destroy(s);
 }
 
-/* A client that grants the minimum credits once, makes a few hundred calls
- * and never returns a credit: the server's answers wait for credits, and
- * after credit_timeout_ms the attacker loses its connection ("peer returned
- * no credits"); the other client never notices. Before: it kept the
+/* A client that grants the minimum credits once and never returns one,
+ * sending `nreq` requests (slots used again once answered): the server's
+ * answers wait for credits, and after credit_timeout_ms the attacker loses
+ * its connection ("peer returned no credits"). Before: it kept the
  * connection, and the answers and send buffers, forever. */
-static void t_credits_never_returned(void **state)
+static void credits_attack(unsigned nreq, struct lat *before, struct lat *during)
 {
     struct vrpc_server_opts o;
     struct probe p;
     struct rawc r;
     char uri[VRPC_URI_MAX];
     uint8_t f[256];
-    (void)state;
     vrpc_server_opts_init(&o);
     o.credit_timeout_ms = 500;
     struct vrpc_server *s = server_start(&o, uri, sizeof(uri));
     probe_open(&p, uri);
-    struct lat before = probe_baseline(&p, 300);
+    *before = probe_baseline(&p, 300);
     probe_start(&p);
     assert_true(raw_hello(&r, uri, 2, 8192));
     assert_true(raw_send(&r, f, rpc_hello_frame(f), 0));
     unsigned sent = 0;
-    for (uint32_t i = 0; i < 256; i++, sent++)
-        if (!raw_send(&r, f, rpc_request_frame(f, i), 0)) /* never a credit back */
+    for (uint32_t i = 0; i < nreq; i++, sent++)
+        if (!raw_send(&r, f, rpc_request_frame(f, i % 256, 1 + i / 256), 0)) /* never a credit back */
             break;
     int64_t t0 = now_ms();
     bool lost = raw_closed_within(&r, 5000);
     printf("  attacker sent %u requests, got %u frames, %s after %lld ms\n", sent, r.nframes,
            lost ? "lost its connection" : "still connected", (long long)(now_ms() - t0));
     raw_close(&r);
-    struct lat during = probe_stop(&p, "during");
+    *during = probe_stop(&p, "during");
     assert_true(lost);
     assert_true(r.nframes <= 2); /* exactly the credits it gave */
-    assert_unharmed(&before, &during);
     probe_close(&p);
     vrpc_server_destroy(s);
+}
+
+/* 256 requests: the answers fit the connection's send queue. */
+static void t_credits_never_returned(void **state)
+{
+    struct lat before, during;
+    (void)state;
+    credits_attack(256, &before, &during);
+    assert_unharmed(&before, &during);
+}
+
+/* 800 requests: more answers than the connection's send queue takes
+ * (2 x max_concurrent + 64), so the workers answering them are held until
+ * the connection dies. What this branch bounds is how long: the well-behaved
+ * client loses no call and waits at most about credit_timeout_ms (500 ms
+ * here; the bound asserted is 1 s). Making the workers not wait on one
+ * connection at all is the send path's part of issue 16 (rpc_util.c); with
+ * it, assert_unharmed applies here too. */
+static void t_credits_never_returned_flood(void **state)
+{
+    struct lat before, during;
+    (void)state;
+    credits_attack(800, &before, &during);
+    assert_true(during.ok > 0);
+    assert_int_equal(during.failed, 0);
+    if (during.p99 > 1000000u)
+        fail_msg("p99 during the attack %u us: more than the 500 ms credit timeout allows", during.p99);
 }
 
 /* ---- finding 6: tiny eager sizes ------------------------------------------------ */
@@ -513,7 +539,7 @@ static void raw_burst(struct rawc *r, uint32_t calls)
     int64_t end = now_ms() + 30000;
     while (r->nframes < 1 + calls && now_ms() < end) {
         if (next < calls && r->credits && next < r->nframes + 200) {
-            assert_true(raw_send(r, f, rpc_request_frame(f, next), (uint16_t)r->owed));
+            assert_true(raw_send(r, f, rpc_request_frame(f, next, 1), (uint16_t)r->owed));
             r->owed = 0;
             next++;
             continue;
@@ -753,6 +779,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(t_zero_credits_refused),
         cmocka_unit_test(t_credits_never_returned),
+        cmocka_unit_test(t_credits_never_returned_flood),
         cmocka_unit_test(t_tiny_eager_refused),
         cmocka_unit_test(t_idle_connections),
         cmocka_unit_test(t_max_connections),
