@@ -22,6 +22,14 @@
 #include "rpc/wire.h"
 
 #define SERVER_RECV_BUFS 512
+/* Receive buffers each connection adds to its poller's (see on_accepted),
+ * posted in chunks of RECV_CHUNK from pools made as connections arrive. The
+ * transport reserves 2 per connection (TCP; verbs 1 + 1 control). */
+#define RECV_PER_CONN 2u
+#define RECV_CHUNK 64u
+#define MAX_CONNECTIONS_DEFAULT 1024u
+#define HELLO_TIMEOUT_DEFAULT_MS 5000u
+#define IDLE_TIMEOUT_DEFAULT_MS 300000u
 #define SERVER_SEND_BUFS 1024
 #define HIST_BUCKETS 496
 
@@ -96,6 +104,11 @@ struct poller {
     struct vrpc_rndv_out *parked;     /* response offers of its connections waiting
                                          for a grant (under s->lock) */
     uint32_t nparked;                 /* their count (atomic: looked at without the lock) */
+    /* Receive buffers beyond SERVER_RECV_BUFS (poller only): */
+    uint32_t nconns;                  /* connections of this poller, accepted and not gone */
+    uint32_t extra;                   /* buffers posted for them (never unposted) */
+    struct vrpc_pool **grow;          /* pools of RECV_CHUNK buffers behind them */
+    uint32_t ngrow, capgrow;
 };
 
 struct sconn {
@@ -122,6 +135,12 @@ struct sconn {
     int64_t send_progress_ns;
     uint64_t rd_pinned;        /* bytes of large requests being read (poller only) */
     struct sconn *next, *prev; /* server list, under s->lock */
+    /* Lifecycle watch (conn_sweep, under s->lock): */
+    int64_t accepted_ns;
+    uint32_t hello_seen;       /* atomic: the RPC HELLO arrived */
+    uint32_t calls_seen;       /* atomic: REQUEST frames received (poller writes) */
+    uint32_t sweep_calls;      /* calls_seen at sweep_ns */
+    int64_t sweep_ns;          /* last time the sweep saw it busy or active */
 };
 
 struct vrpc_server {
@@ -153,6 +172,8 @@ struct vrpc_server {
     uint32_t shutting;     /* atomic */
     bool shut_done;
     int shut_rc;
+    struct vrpc_timer sweep; /* conn_sweep: HELLO and idle timeouts */
+    int64_t sweep_every_ns;
 };
 
 /* ---- statistics ------------------------------------------------------------ */
@@ -878,14 +899,18 @@ static void on_recv(struct sconn *c, const uint8_t *f, uint32_t len)
     }
     const uint8_t *body = f + VRPC_WIRE_HDR_LEN;
     if (!c->hello_done) {
-        if (h.type != VRPC_FT_HELLO)
+        if (h.type != VRPC_FT_HELLO) {
             conn_protocol_error(c, "first frame is not HELLO", -EPROTO);
-        else
+        } else {
+            __atomic_store_n(&c->hello_seen, 1, __ATOMIC_RELEASE);
             on_hello(c, &h, body);
+        }
         return;
     }
     switch (h.type) {
     case VRPC_FT_REQUEST:
+        /* (one writer, the poller: the sweep only compares it) */
+        __atomic_store_n(&c->calls_seen, c->calls_seen + 1, __ATOMIC_RELAXED);
         if ((h.flags & VRPC_FF_RNDV) && !c->large) {
             conn_protocol_error(c, "large-message request on a connection without large messages", -EPROTO);
             break;
@@ -925,6 +950,7 @@ static void on_disconnected(struct sconn *c)
     c->next->prev = c->prev;
     c->gone = true; /* no grant starts on it from here on (respond_large) */
     pthread_mutex_unlock(&s->lock);
+    c->poller->nconns--;
     /* Its keys died with it: reads waiting to start fail, grants not
      * revoked give their buffers back. */
     vrpc_rndv_retry_forget(&c->poller->retry, c->ep, request_read_failed, c->poller);
@@ -937,6 +963,49 @@ static void on_disconnected(struct sconn *c)
     sconn_unref(c); /* the endpoint's reference */
 }
 
+/* Keep RECV_PER_CONN posted receive buffers per connection of the poller
+ * beyond the base SERVER_RECV_BUFS, so that what the transport reserves for
+ * connections (and the growth of busy ones' reservations) never leaves a new
+ * connection below max_connections without buffers (transport.h, "Credits").
+ * Posted buffers are never taken back: after a peak of connections the
+ * memory stays for the next one (at most max_connections x RECV_PER_CONN x
+ * the eager size). Poller thread; allocates only when a new peak needs it. */
+static void recv_grow(struct poller *pl)
+{
+    struct vrpc_server *s = pl->s;
+    uint32_t want = pl->nconns * RECV_PER_CONN, bound = s->o.max_connections * RECV_PER_CONN;
+    if (want > bound)
+        want = bound;
+    while (pl->extra < want) {
+        struct vrpc_buf *b = NULL;
+        for (uint32_t i = pl->ngrow; i > 0 && !b; i--)
+            b = vrpc_pool_get(pl->grow[i - 1]);
+        if (!b) {
+            struct vrpc_pool *np;
+            if (pl->ngrow == pl->capgrow) {
+                uint32_t cap = pl->capgrow ? pl->capgrow * 2 : 8;
+                struct vrpc_pool **g = realloc(pl->grow, cap * sizeof(*g));
+                if (!g)
+                    break;
+                pl->grow = g;
+                pl->capgrow = cap;
+            }
+            if (vrpc_pool_create(s->tp, vrpc_transport_eager_size(s->tp), RECV_CHUNK, &np))
+                break;
+            pl->grow[pl->ngrow++] = np;
+            continue;
+        }
+        if (vrpc_cq_post_recv(pl->cq, &b, NULL, 1)) {
+            vrpc_pool_put(b);
+            break;
+        }
+        pl->extra++;
+    }
+    if (pl->extra < want)
+        vrpc_rpc_log("cannot post more receive buffers (%u of %u for %u connections): new connections may "
+                     "be refused", pl->extra, want, pl->nconns);
+}
+
 static void on_accepted(struct poller *pl, struct vrpc_ep *ep)
 {
     struct vrpc_server *s = pl->s;
@@ -946,12 +1015,16 @@ static void on_accepted(struct poller *pl, struct vrpc_ep *ep)
         vrpc_ep_destroy(ep);
         return;
     }
+    pl->nconns++;
+    recv_grow(pl);
     c->s = s;
     c->ep = ep;
     c->poller = pl;
     c->refs = 1;
+    c->accepted_ns = c->sweep_ns = vrpc_now_ns();
     vrpc_ep_set_user(ep, c);
     __atomic_add_fetch(&s->nconns, 1, __ATOMIC_RELAXED);
+    /* (freed on its DISCONNECTED, which decrements pl->nconns) */
     pthread_mutex_lock(&s->lock);
     c->next = s->conns.next;
     c->prev = &s->conns;
@@ -1006,6 +1079,63 @@ static void server_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned 
         vrpc_rndv_retry_run(&pl->retry, request_read_failed, pl);
     if (__atomic_load_n(&pl->nparked, __ATOMIC_ACQUIRE))
         response_offers_run(pl);
+}
+
+/* ---- connection lifecycle: HELLO and idle timeouts --------------------------- */
+
+/* On the timer wheel's thread every sweep_every_ns: a connection that has not
+ * sent its RPC HELLO within hello_timeout_ms of being accepted is closed; one
+ * that had no call in flight (nothing holding it: refs == 1, the endpoint's)
+ * and received no request for idle_timeout_ms gets GOAWAY and is closed
+ * (gRPC's max_connection_idle; a channel reconnects on its next call). Both
+ * are logged. Connections leave s->conns (under s->lock) before they are
+ * freed, so every one seen here is alive. Up to one period late. */
+static void conn_sweep(void *ctx, uint64_t arg)
+{
+    struct vrpc_server *s = ctx;
+    (void)arg;
+    if (__atomic_load_n(&s->shutting, __ATOMIC_ACQUIRE))
+        return;
+    int64_t now = vrpc_now_ns(), hello = (int64_t)s->o.hello_timeout_ms * 1000000;
+    int64_t idle = s->o.idle_timeout_ms == VRPC_SERVER_NO_IDLE_TIMEOUT ? 0 : (int64_t)s->o.idle_timeout_ms * 1000000;
+    struct vrpc_wire_hdr g = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_GOAWAY};
+    static const char why[] = "idle connection";
+    char peer[2][VRPC_URI_MAX] = {"?", "?"};
+    unsigned nhello = 0, nidle = 0; /* one log line each per sweep, naming the first */
+    pthread_mutex_lock(&s->lock);
+    for (struct sconn *c = s->conns.next; c != &s->conns; c = c->next) {
+        if (__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
+            continue;
+        if (!__atomic_load_n(&c->hello_seen, __ATOMIC_ACQUIRE)) {
+            if (now - c->accepted_ns <= hello || __atomic_exchange_n(&c->dead, 1, __ATOMIC_ACQ_REL))
+                continue;
+            if (!nhello++)
+                vrpc_ep_peer_uri(c->ep, peer[0], sizeof(peer[0]));
+            vrpc_ep_close(c->ep);
+            continue;
+        }
+        uint32_t calls = __atomic_load_n(&c->calls_seen, __ATOMIC_RELAXED);
+        if (!idle || __atomic_load_n(&c->refs, __ATOMIC_ACQUIRE) > 1 || calls != c->sweep_calls) {
+            c->sweep_calls = calls;
+            c->sweep_ns = now;
+            continue;
+        }
+        if (now - c->sweep_ns <= idle || __atomic_exchange_n(&c->goaway, 1, __ATOMIC_ACQ_REL))
+            continue;
+        if (!nidle++)
+            vrpc_ep_peer_uri(c->ep, peer[1], sizeof(peer[1]));
+        vrpc_rpc_send_simple(c->ep, s->send_pool, &g, why, sizeof(why) - 1, false);
+        __atomic_store_n(&c->dead, 1, __ATOMIC_RELEASE);
+        vrpc_ep_close(c->ep);
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (nhello)
+        vrpc_rpc_log("closing %u connection%s that sent no HELLO within %u ms (hello_timeout_ms), client %s%s",
+                     nhello, nhello == 1 ? "" : "s", s->o.hello_timeout_ms, peer[0], nhello > 1 ? " and others" : "");
+    if (nidle)
+        vrpc_rpc_log("GOAWAY and closing %u connection%s with no call for %u ms (idle_timeout_ms), client %s%s",
+                     nidle, nidle == 1 ? "" : "s", s->o.idle_timeout_ms, peer[1], nidle > 1 ? " and others" : "");
+    vrpc_timer_arm(s->wheel, &s->sweep, now + s->sweep_every_ns, conn_sweep, s, 0);
 }
 
 /* ---- calls: worker side ----------------------------------------------------- */
@@ -1476,6 +1606,12 @@ int vrpc_server_create(const struct vrpc_server_opts *o, struct vrpc_server **ou
         s->o.transfer_floor_ms = 10000;
     s->send_quota = s->o.max_sends_per_conn;
     s->send_half = s->send_quota / 2;
+    if (!s->o.max_connections)
+        s->o.max_connections = MAX_CONNECTIONS_DEFAULT;
+    if (!s->o.hello_timeout_ms)
+        s->o.hello_timeout_ms = HELLO_TIMEOUT_DEFAULT_MS;
+    if (!s->o.idle_timeout_ms)
+        s->o.idle_timeout_ms = IDLE_TIMEOUT_DEFAULT_MS;
     if (vrpc_rndv_limits("server", &s->o.max_msg_size, &s->o.max_pinned, &s->o.hold_timeout_ms)) {
         free(s);
         return -EINVAL;
@@ -1533,6 +1669,7 @@ int vrpc_server_start(struct vrpc_server *s, const char *uri)
     ta.max_queued = s->o.max_concurrent * 2 + 64;
     if (ta.max_queued < s->send_quota + 64) /* the quota, not the queue, is what a stuck client meets */
         ta.max_queued = s->send_quota + 64;
+    ta.credit_timeout_ms = s->o.credit_timeout_ms; /* 0: the transport's idle timeout */
     if ((rc = vrpc_transport_create(tname, &ta, &s->tp)))
         return rc;
     uint32_t eager = vrpc_transport_eager_size(s->tp);
@@ -1573,7 +1710,7 @@ int vrpc_server_start(struct vrpc_server *s, const char *uri)
         ca.cb = server_cq_cb;
         ca.cb_arg = pl;
         ca.busy_poll_us = s->o.no_spin ? 0 : VRPC_RPC_BUSY_POLL_US;
-        ca.max_recv = SERVER_RECV_BUFS;
+        ca.max_recv = SERVER_RECV_BUFS + RECV_PER_CONN * s->o.max_connections + RECV_CHUNK;
         ca.name = "vrpc-srv-poll";
         ca.cpu = nth_cpu(s->o.cpu_mask, i);
         if ((rc = vrpc_cq_create(s->tp, &ca, &pl->cq)))
@@ -1590,9 +1727,14 @@ int vrpc_server_start(struct vrpc_server *s, const char *uri)
             }
         }
     }
-    struct vrpc_listen_attr la = {.cqs = cqs, .ncqs = s->npollers};
+    struct vrpc_listen_attr la = {.cqs = cqs, .ncqs = s->npollers, .max_conns = s->o.max_connections};
     if ((rc = vrpc_listen(s->tp, turi, &la, &s->listener)))
         return rc;
+    uint32_t least = s->o.hello_timeout_ms;
+    if (s->o.idle_timeout_ms != VRPC_SERVER_NO_IDLE_TIMEOUT && s->o.idle_timeout_ms < least)
+        least = s->o.idle_timeout_ms;
+    s->sweep_every_ns = (int64_t)(least / 4 < 10 ? 10 : least / 4 > 1000 ? 1000 : least / 4) * 1000000;
+    vrpc_timer_arm(s->wheel, &s->sweep, vrpc_now_ns() + s->sweep_every_ns, conn_sweep, s, 0);
     return vrpc_listener_uri(s->listener, s->uri, sizeof(s->uri));
 }
 
@@ -1672,6 +1814,12 @@ void vrpc_server_destroy(struct vrpc_server *s)
     vrpc_timer_wheel_destroy(s->wheel);
     for (unsigned i = 0; i < s->npollers; i++)
         vrpc_cq_destroy(s->pollers[i].cq);
+    /* the CQs gave every posted buffer back (-ECANCELED) */
+    for (unsigned i = 0; s->pollers && i < s->o.pollers; i++) {
+        for (uint32_t k = 0; k < s->pollers[i].ngrow; k++)
+            vrpc_pool_destroy(s->pollers[i].grow[k]);
+        free(s->pollers[i].grow);
+    }
     for (unsigned i = 0; s->pollers && i < s->o.pollers; i++)
         vrpc_sched_producer_destroy(s->pollers[i].prod);
     /* Call tasks still queued see their calls detached and only let go of

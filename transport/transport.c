@@ -99,6 +99,7 @@ static void apply_defaults(struct vrpc_transport_attr *a, const struct vrpc_tran
     if (!a->connect_timeout_ms) a->connect_timeout_ms = d.connect_timeout_ms;
     if (!a->read_window) a->read_window = d.read_window;
     if (!a->max_pinned) a->max_pinned = d.max_pinned;
+    if (!a->credit_timeout_ms) a->credit_timeout_ms = a->idle_timeout_ms;
 }
 
 int vrpc_transport_create(const char *name, const struct vrpc_transport_attr *attr,
@@ -113,7 +114,7 @@ int vrpc_transport_create(const char *name, const struct vrpc_transport_attr *at
     if (!name || !out)
         return -EINVAL;
     apply_defaults(&a, attr);
-    if (a.eager_size > VRPC_EAGER_MAX)
+    if (a.eager_size > VRPC_EAGER_MAX || a.eager_size < VRPC_EAGER_MIN)
         return -EINVAL;
     if (!strcmp(name, "auto")) {
         for (i = 0; i < sizeof backends / sizeof backends[0]; i++)

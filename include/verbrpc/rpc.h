@@ -346,7 +346,31 @@ struct vrpc_server_opts {
                                       are pinned round-robin over it (a caller's
                                       scheduler keeps its own placement). 0: no
                                       pinning. See vrpc_channel_opts.cpu_mask. */
+    /* Connections that hold resources while idle (each connection costs its
+     * call table, and on its poller 2 posted receive buffers of the eager
+     * size, 16 KiB by default, plus what its credits grew to while busy): */
+    uint32_t max_connections;      /* connections at once; one more is refused at
+                                      the transport handshake (logged; the client's
+                                      connect fails, it backs off and retries).
+                                      Receive buffers grow by 2 per connection up
+                                      to this bound as connections arrive (and stay
+                                      posted after); 0: 1024 */
+    uint32_t hello_timeout_ms;     /* a client that has not sent its RPC HELLO this
+                                      long after its transport connection was
+                                      accepted is disconnected (logged); 0: 5000 */
+    uint32_t idle_timeout_ms;      /* a connection with no call in flight and no
+                                      request for this long gets GOAWAY and is
+                                      closed (logged; gRPC's max_connection_idle:
+                                      a channel reconnects on its next call). Up to
+                                      a quarter of the smaller of the two timeouts
+                                      (at most 1 s) late. 0: 300000 (5 min);
+                                      VRPC_SERVER_NO_IDLE_TIMEOUT: never */
+    uint32_t credit_timeout_ms;    /* a client that returns no transport credits
+                                      while answers wait for them this long loses
+                                      its connection (vrpc_transport_attr
+                                      .credit_timeout_ms); 0: 10000 */
 };
+#define VRPC_SERVER_NO_IDLE_TIMEOUT UINT32_MAX
 VRPC_API void vrpc_server_opts_init(struct vrpc_server_opts *o);
 
 /* o may be NULL. The server does nothing until vrpc_server_start(). -EINVAL

@@ -97,8 +97,26 @@
  *      -EAGAIN and the caller retries after one of that endpoint's send
  *      completions (back-pressure). Per-endpoint order of successful sends is
  *      the order of delivery at the peer.
+ *   6. A peer that stops returning credits cannot keep our sends (and the
+ *      buffers they hold) forever: once a send has waited for credits
+ *      vrpc_transport_attr.credit_timeout_ms with no credit arriving
+ *      meanwhile, the endpoint fails with -ETIMEDOUT (logged: "peer returned
+ *      no credits for N ms"); its sends flush as for any failure.
+ *   Reservations do not shrink: taking back credits a peer holds would need
+ *   the peer's consent on the wire. What bounds them is the number of
+ *   connections (vrpc_listen_attr.max_conns) times attr.credits, and the
+ *   quarter of posted buffers rule 3 keeps for new connections; a server
+ *   that must never refuse a connection below max_conns posts 2 more
+ *   buffers per connection as connections arrive (the RPC server does).
  *   Sizing: post at least 2 buffers per connection on a CQ, plus what busy
  *   connections should pipeline (about active peers x credits).
+ *
+ * Handshake minimums (both backends, both directions): a peer whose
+ * handshake grants fewer credits than the backend's minimum reservation (TCP
+ * 2; verbs 1 data credit, its control buffer being separate) or announces an
+ * eager size below VRPC_EAGER_MIN is refused, with the reason logged: a
+ * refused accept is never reported (the client's vrpc_connect() fails
+ * -ECONNREFUSED), a client refusing the server's answer fails -EPROTO.
  *
  * Threads: all functions are thread-safe unless stated; vrpc_ep_send() may be
  * called by several threads on one endpoint (their messages interleave, each
@@ -125,6 +143,11 @@ struct vrpc_pool;
 /* Largest eager message any backend accepts (per-connection eager size is
  * negotiated as the minimum of both sides' vrpc_transport_attr.eager_size). */
 #define VRPC_EAGER_MAX (1u << 20)
+/* Smallest eager size any backend accepts, from its own attr (else -EINVAL)
+ * or announced by a peer at the handshake (see "Handshake minimums"). The RPC
+ * layer's small frames (a header, metadata, small messages) fit in it, so a
+ * peer cannot force every small response into a large-message buffer. */
+#define VRPC_EAGER_MIN 4096u
 /* Longest URI vrpc_listener_uri()/vrpc_ep_peer_uri() write, with the NUL. */
 #define VRPC_URI_MAX 80
 
@@ -168,7 +191,7 @@ struct vrpc_wc {
 
 struct vrpc_transport_attr {
     uint32_t eager_size; /* largest message this side sends or receives;
-                            0: 8192. At most VRPC_EAGER_MAX. */
+                            0: 8192. VRPC_EAGER_MIN to VRPC_EAGER_MAX. */
     uint32_t credits;    /* most credits one peer's reservation grows to; 0: 32 */
     uint32_t max_queued; /* default vrpc_ep_attr.max_queued; 0: 1024 */
     uint32_t idle_timeout_ms; /* a connection whose incoming frame, or whose
@@ -188,6 +211,10 @@ struct vrpc_transport_attr {
     uint64_t max_pinned;  /* bound on the bytes the large-buffer cache keeps
                             registered (in use + idle); 0: 256 MiB. On verbs
                             it is lowered to RLIMIT_MEMLOCK (one log line). */
+    uint32_t credit_timeout_ms; /* a send waiting for credits this long, with
+                            no credit from the peer meanwhile, fails the
+                            connection (-ETIMEDOUT, rule 6 of "Credits");
+                            0: idle_timeout_ms */
 };
 
 /* Fill *attr with the defaults (all zero means default, too). */
@@ -296,6 +323,12 @@ struct vrpc_listen_attr {
     unsigned ncqs;              /* over these CQs (at least one) */
     uint64_t user;              /* reported as wc.wr_id of VRPC_WC_ACCEPTED */
     int backlog;                /* 0: 1024 */
+    unsigned max_conns;         /* connections accepted through it and not yet
+                                   disconnected, at most: one more is refused
+                                   at the handshake (logged "its limit
+                                   (max_conns)"; the peer's vrpc_connect fails)
+                                   before any receive buffer is reserved for
+                                   it; 0: no limit */
 };
 
 /* Listen on uri (port 0: any free port). Each accepted connection appears as a

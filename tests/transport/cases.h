@@ -35,6 +35,15 @@ void t_revoke_during_read(void **state);
         cmocka_unit_test(t_read_tail_zeroed), cmocka_unit_test(t_reads_with_small_sends),           \
         cmocka_unit_test(t_revoke_during_read),
 
+/* Fair shares (fair.c): connection limit, credit timeout, eager minimum. */
+void t_fair_max_conns(void **state);
+void t_fair_credit_timeout(void **state);
+void t_fair_eager_min(void **state);
+
+#define FAIR_CASES                                                                               \
+    cmocka_unit_test(t_fair_max_conns), cmocka_unit_test(t_fair_credit_timeout),                 \
+        cmocka_unit_test(t_fair_eager_min),
+
 /* TCP only (bad_peer.c). */
 void t_bad_garbage(void **state);
 void t_bad_huge_header(void **state);

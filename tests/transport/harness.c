@@ -273,6 +273,7 @@ int echo_start(struct echo *e, const struct echo_cfg *cfg)
     memset(&la, 0, sizeof la);
     la.cqs = e->cq;
     la.ncqs = e->ncq;
+    la.max_conns = cfg->max_conns;
     listen_uri(uri, sizeof uri);
     if ((rc = vrpc_listen(e->tp, uri, &la, &e->l)))
         return rc;

@@ -74,6 +74,7 @@ struct echo_cfg {
     unsigned nbufs;                          /* receive buffers posted */
     uint32_t busy_poll_us;
     bool hold, repost_only; /* copied to struct echo before the poller starts */
+    unsigned max_conns;     /* vrpc_listen_attr.max_conns (0: no limit) */
     void (*on_recv)(struct echo *e, const struct vrpc_wc *wc);
     void *arg;
 };

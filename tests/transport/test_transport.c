@@ -276,6 +276,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(t_ipv6_uri),
         cmocka_unit_test(t_pingpong_sizes),
         CONFORMANCE_CASES
+        FAIR_CASES
     };
     int fails;
     if (filter)

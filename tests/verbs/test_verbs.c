@@ -3,7 +3,8 @@
  * about RDMA. A burst with RNR retry 0 shows no RNR, 200 connections share
  * one receive queue with flat registered memory, a peer killed with SIGKILL
  * flushes every send exactly once, a server restart lets a client reconnect,
- * a wrong protocol version is refused with a clear message on both sides.
+ * a wrong protocol version is refused with a clear message on both sides,
+ * and so are hellos below the handshake minimums (credits, eager size).
  *   test_verbs --setup single|veth    (addresses from VRPC_VERBS_IP*)
  * Test hooks are the backend's documented environment variables:
  * VRPC_VERBS_RNR_RETRY=0 (set here for every case and child) and
@@ -698,6 +699,97 @@ static void t_accept_deadline(void **state)
     echo_stop(&e);
 }
 
+/* ---- handshake minimums --------------------------------------------------------- */
+
+/* A raw rdma_cm client whose private data (the verbrpc hello) grants
+ * `credits` with eager size `eager`: the rdma_cm event the server's answer
+ * produced (CONNECT_RESPONSE: accepted; REJECTED: refused). */
+static enum rdma_cm_event_type raw_hello_answer(const char *uri, uint16_t credits, uint32_t eager)
+{
+    struct rdma_event_channel *ch = rdma_create_event_channel();
+    struct rdma_cm_id *id;
+    struct addrinfo hints, *dst, *src;
+    struct rdma_conn_param p;
+    struct raw_hello h;
+    struct rdma_cm_event *ev;
+    struct pollfd pf;
+    enum rdma_cm_event_type got = RDMA_CM_EVENT_CONNECT_ERROR;
+    const char *port = strrchr(uri, ':');
+    assert_non_null(ch);
+    assert_int_equal(rdma_create_id(ch, &id, NULL, RDMA_PS_TCP), 0);
+    memset(&hints, 0, sizeof hints);
+    hints.ai_flags = AI_NUMERICHOST;
+    assert_int_equal(getaddrinfo(g_opt.server_ip, port + 1, &hints, &dst), 0);
+    assert_int_equal(getaddrinfo(g_opt.client_ip, NULL, &hints, &src), 0);
+    assert_int_equal(rdma_resolve_addr(id, src->ai_addr, dst->ai_addr, 2000), 0);
+    freeaddrinfo(dst);
+    freeaddrinfo(src);
+    assert_true(raw_cm_wait(ch, RDMA_CM_EVENT_ADDR_RESOLVED, WAIT_MS));
+    assert_int_equal(rdma_resolve_route(id, 2000), 0);
+    assert_true(raw_cm_wait(ch, RDMA_CM_EVENT_ROUTE_RESOLVED, WAIT_MS));
+    h = (struct raw_hello){ .magic = htonl(0x56525043u), .version = htons(1), .credits = htons(credits),
+                            .eager_size = htonl(eager) };
+    memset(&p, 0, sizeof p);
+    p.private_data = &h;
+    p.private_data_len = sizeof h;
+    p.responder_resources = 1;
+    p.initiator_depth = 1;
+    p.retry_count = 7;
+    p.rnr_retry_count = 7;
+    p.qp_num = 0x4243; /* no QP behind it */
+    p.srq = 1;
+    assert_int_equal(rdma_connect(id, &p), 0);
+    pf = (struct pollfd){ .fd = ch->fd, .events = POLLIN };
+    if (poll(&pf, 1, WAIT_MS) == 1 && rdma_get_cm_event(ch, &ev) == 0) {
+        got = ev->event;
+        rdma_ack_cm_event(ev);
+    }
+    rdma_destroy_id(id);
+    rdma_destroy_event_channel(ch);
+    return got;
+}
+
+/* The server refuses a hello granting 0 credits or announcing an eager size
+ * below VRPC_EAGER_MIN (44, 4095), logging why, and never reports it; a
+ * hello at the minimums (1 credit, 4096) is accepted. A live connection
+ * echoes throughout. */
+static void t_handshake_minimums(void **state)
+{
+    struct vrpc_transport_attr ta;
+    struct echo_cfg ec = { .ncq = 1, .nbufs = 16, .tattr = &ta };
+    struct echo e;
+    struct client c;
+    struct vrpc_ep *live;
+    char log[4096] = "";
+    struct capture cap;
+    enum rdma_cm_event_type r0, r44, r4095, rmin;
+    (void)state;
+    vrpc_transport_attr_init(&ta);
+    ta.connect_timeout_ms = 1000; /* the accepted raw one never completes */
+    assert_int_equal(echo_start(&e, &ec), 0);
+    assert_int_equal(client_start(&c, NULL, 16, 8, 0, NULL, NULL), 0);
+    assert_int_equal(client_connect(&c, e.uri, &live), 0);
+    capture_start(&cap);
+    r0 = raw_hello_answer(e.uri, 0, 8192);
+    r44 = raw_hello_answer(e.uri, 8, 44);
+    r4095 = raw_hello_answer(e.uri, 8, VRPC_EAGER_MIN - 1);
+    rmin = raw_hello_answer(e.uri, 1, VRPC_EAGER_MIN);
+    echo_once(&c, live, 1);
+    capture_stop(&cap, log, sizeof(log));
+    printf("  0 credits: %s; eager 44: %s; eager 4095: %s; 1 credit + eager 4096: %s; logged:\n%s",
+           rdma_event_str(r0), rdma_event_str(r44), rdma_event_str(r4095), rdma_event_str(rmin), log);
+    assert_int_equal(r0, RDMA_CM_EVENT_REJECTED);
+    assert_int_equal(r44, RDMA_CM_EVENT_REJECTED);
+    assert_int_equal(r4095, RDMA_CM_EVENT_REJECTED);
+    assert_int_equal(rmin, RDMA_CM_EVENT_CONNECT_RESPONSE);
+    assert_non_null(strstr(log, "initial credits 0, at least 1 needed"));
+    assert_non_null(strstr(log, "eager size 44 below the minimum 4096"));
+    assert_int_equal(atomic_load(&e.accepted), 1);
+    vrpc_ep_destroy(live);
+    client_stop(&c);
+    echo_stop(&e);
+}
+
 /* ---- asynchronous device events ------------------------------------------------ */
 
 /* The device's asynchronous events reach the transport: with
@@ -797,7 +889,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(t_wrong_version),  cmocka_unit_test(t_rnr_burst),
         cmocka_unit_test(t_sigkill_flush),  cmocka_unit_test(t_server_restart),
         cmocka_unit_test(t_many_connections), cmocka_unit_test(t_accept_deadline),
-        cmocka_unit_test(t_async_srq_limit),
+        cmocka_unit_test(t_async_srq_limit), cmocka_unit_test(t_handshake_minimums),
     };
     if (filter)
         cmocka_set_test_filter(filter);

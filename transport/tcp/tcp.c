@@ -146,6 +146,8 @@ struct tcp_ep {
     char ctrl_space[HDR_LEN];
     atomic_uint credit_ret; /* credits to return to the peer (any frame takes them) */
     _Atomic uint64_t close_ns; /* when vrpc_ep_close was called, 0 if not */
+    _Atomic uint64_t wait_ns;  /* sends wait for credits since (the last credits
+                                  that arrived), 0: none waits */
 
     /* Reads, under lock. Reader: slots (allocated at the first read). */
     struct rslot *rslots;
@@ -198,6 +200,7 @@ struct tcp_ep {
     struct tcp_ep *anext;          /* adopt list (MPSC) */
     struct tcp_ep *dnext;          /* dead list / free list */
     struct tcp_listener *lst;      /* while handshaking on the accept side */
+    struct tcp_listener *counted;  /* accepted: counted in its nconns (holds a ref) */
     uint64_t accept_user;
     struct vrpc_buf ev_acc, ev_disc; /* pseudo-buffers carrying the lifecycle completions */
 };
@@ -237,8 +240,10 @@ struct tcp_listener {
     struct tcp_cq **cqs;
     unsigned ncqs, rr;
     uint64_t user;
-    atomic_int refs;     /* the owner's + one per handshaking endpoint */
+    atomic_int refs;     /* the owner's + one per handshaking or counted endpoint */
     atomic_bool closed;
+    unsigned max_conns;  /* vrpc_listen_attr.max_conns, 0: no limit */
+    atomic_uint nconns;  /* accepted (handshake done) and not torn down */
 };
 
 /* Completion encoding in vrpc_buf.priv while staged. */
@@ -525,6 +530,12 @@ static void add_credits_locked(struct tcp_ep *ep, uint32_t c)
         ep->nwait--;
         admit_locked(ep, fifo_pop(&ep->waitq));
     }
+    /* the peer is returning credits: what still waits starts a new clock
+     * (no store on the common path, where nothing waited) */
+    if (ep->waitq.head)
+        atomic_store_explicit(&ep->wait_ns, vrpc_tp_now_ns(), memory_order_relaxed);
+    else if (atomic_load_explicit(&ep->wait_ns, memory_order_relaxed))
+        atomic_store_explicit(&ep->wait_ns, 0, memory_order_relaxed);
     tx_locked(ep);
 }
 
@@ -564,6 +575,8 @@ static int tcp_send(struct vrpc_ep *base, struct vrpc_buf *b, uint32_t len, uint
             pthread_mutex_unlock(&ep->lock);
             return -EAGAIN;
         }
+        if (!ep->waitq.head)
+            atomic_store_explicit(&ep->wait_ns, vrpc_tp_now_ns(), memory_order_relaxed);
         ep->nwait++;
         fifo_push(&ep->waitq, b);
         pthread_mutex_unlock(&ep->lock);
@@ -1256,6 +1269,11 @@ static void teardown(struct tcp_cq *cq, struct tcp_ep *ep, int status, const cha
         listener_unref(ep->lst);
         ep->lst = NULL;
     }
+    if (ep->counted) {
+        atomic_fetch_sub(&ep->counted->nconns, 1);
+        listener_unref(ep->counted);
+        ep->counted = NULL;
+    }
     ep->disc_status = status;
     if (ep->reported) {
         ep->dnext = cq->dead;
@@ -1284,18 +1302,49 @@ static void stage(struct tcp_cq *cq, struct vrpc_buf *b)
     fifo_push(&cq->out, b);
 }
 
+/* What a peer announces at the handshake must leave it a working connection
+ * that cannot hold our resources cheaply (transport.h, "Handshake minimums"):
+ * at least MIN_RESV credits and an eager size of at least VRPC_EAGER_MIN.
+ * NULL when acceptable, else the reason (written into ep->why). */
+static const char *hello_refusal(struct tcp_ep *ep, uint32_t credits, uint32_t eager)
+{
+    if (credits < MIN_RESV)
+        snprintf(ep->why, sizeof ep->why, "refused: the peer grants %u credits, at least %u needed", credits,
+                 MIN_RESV);
+    else if (eager < VRPC_EAGER_MIN)
+        snprintf(ep->why, sizeof ep->why, "refused: the peer's eager size %u is below the minimum %u", eager,
+                 VRPC_EAGER_MIN);
+    else
+        return NULL;
+    return ep->why;
+}
+
 static int handle_hello(struct tcp_cq *cq, struct tcp_ep *ep, const struct vrpc_tcp_hdr *h, const char **why)
 {
-    uint32_t eager = le32toh(h->imm), grant;
+    uint32_t eager = le32toh(h->imm), grant, n;
+    struct tcp_listener *l = ep->lst;
     char ack[HDR_LEN];
     ssize_t w;
 
     *why = "unexpected HELLO";
-    if (atomic_load(&ep->state) != S_HANDSHAKE || !ep->lst)
+    if (atomic_load(&ep->state) != S_HANDSHAKE || !l)
         return -EPROTO;
     *why = "refused: the listener is closed";
-    if (atomic_load(&ep->lst->closed))
+    if (atomic_load(&l->closed))
         return -ECONNREFUSED;
+    if ((*why = hello_refusal(ep, le16toh(h->credits), eager)))
+        return -EPROTO;
+    /* counted before the reservation: a refusal here costs no buffers */
+    n = atomic_fetch_add(&l->nconns, 1);
+    if (l->max_conns && n >= l->max_conns) {
+        atomic_fetch_sub(&l->nconns, 1);
+        snprintf(ep->why, sizeof ep->why, "refused: the listener has %u connections, its limit (max_conns)",
+                 l->max_conns);
+        *why = ep->why;
+        return -ECONNREFUSED;
+    }
+    atomic_fetch_add(&l->refs, 1);
+    ep->counted = l;
     if (eager < ep->base.eager)
         ep->base.eager = eager;
     ep->send_credits = le16toh(h->credits);
@@ -1755,8 +1804,9 @@ static void scan_timeouts(struct tcp_cq *cq, uint64_t now)
     struct tcp_ep *ep, *n;
     const struct vrpc_transport_attr *a = &cq->base.tp->attr;
     uint64_t idle = (uint64_t)a->idle_timeout_ms * 1000000u, hs = (uint64_t)a->connect_timeout_ms * 1000000u;
+    uint64_t ctmo = (uint64_t)a->credit_timeout_ms * 1000000u;
     for (ep = cq->eps; ep; ep = n) {
-        uint64_t c = atomic_load(&ep->close_ns);
+        uint64_t c = atomic_load(&ep->close_ns), w;
         n = ep->next;
         /* (times taken after now are not late: compare as now > t + limit) */
         if (atomic_load(&ep->state) == S_HANDSHAKE && now > ep->frame_ns + hs)
@@ -1767,6 +1817,10 @@ static void scan_timeouts(struct tcp_cq *cq, uint64_t now)
             teardown(cq, ep, -ETIMEDOUT, "peer did not finish the close");
         else if (atomic_load(&ep->nreads) && now > atomic_load(&ep->read_ns) + idle)
             teardown(cq, ep, -ETIMEDOUT, "our read got no data within the idle timeout (slow or stuck peer)");
+        else if ((w = atomic_load_explicit(&ep->wait_ns, memory_order_relaxed)) && now > w + ctmo) {
+            snprintf(ep->why, sizeof ep->why, "peer returned no credits for %u ms", a->credit_timeout_ms);
+            teardown(cq, ep, -ETIMEDOUT, ep->why);
+        }
     }
 }
 
@@ -2155,6 +2209,12 @@ static int tcp_connect(struct vrpc_transport *tp, const struct vrpc_addr *dst, c
         rc = -EPROTO;
         goto err_grant;
     }
+    if (le16toh(m.h.credits) < MIN_RESV || le32toh(m.h.imm) < VRPC_EAGER_MIN) {
+        vrpc_tp_log("tcp: connect: refused the server's handshake: %u credits (at least %u needed), eager size %u "
+                    "(at least %u)", le16toh(m.h.credits), MIN_RESV, le32toh(m.h.imm), VRPC_EAGER_MIN);
+        rc = -EPROTO;
+        goto err_grant;
+    }
     ep = ep_alloc(tp, cq, fd, attr->user, 2);
     if (!ep) {
         rc = -ENOMEM;
@@ -2191,22 +2251,37 @@ static void listener_unref(struct tcp_listener *l)
     }
 }
 
+/* Out of descriptors (or memory) the pending connection stays queued and
+ * the listen fd stays readable: instead of retrying at once, the listener
+ * stops polling it for a while (ACCEPT_PAUSE_MIN_MS, doubling up to
+ * ACCEPT_PAUSE_MAX_MS while it lasts) and logs once per ACCEPT_LOG_S with a
+ * count. A destroy still wakes it through the eventfd. */
+#define ACCEPT_PAUSE_MIN_MS 10
+#define ACCEPT_PAUSE_MAX_MS 1000
+#define ACCEPT_LOG_S 5
+
 static void *listener_main(void *arg)
 {
     struct tcp_listener *l = arg;
     struct pollfd p[2] = { { .fd = l->fd, .events = POLLIN }, { .fd = l->evfd, .events = POLLIN } };
+    int pause_ms = 0;
+    unsigned long fails = 0;
+    uint64_t logged_ns = 0;
     while (!atomic_load(&l->closed)) {
         struct sockaddr_storage ss;
         socklen_t sl = sizeof ss;
         struct tcp_cq *cq;
         struct tcp_ep *ep;
-        int fd;
+        int fd, e;
 
-        if (poll(p, 2, -1) < 0 && errno != EINTR)
+        /* while paused only the eventfd is watched (a negative fd is skipped) */
+        p[0].fd = pause_ms ? -1 : l->fd;
+        if (poll(p, 2, pause_ms ? pause_ms : -1) < 0 && errno != EINTR)
             break;
         if (p[1].revents)
             break;
         while ((fd = accept4(l->fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0) {
+            pause_ms = 0;
             cq = l->cqs[l->rr++ % l->ncqs];
             set_sock_opts(fd);
             ep = ep_alloc(l->base.tp, cq, fd, NULL, 1);
@@ -2221,9 +2296,20 @@ static void *listener_main(void *arg)
             hand_to_poller(cq, ep);
             sl = sizeof ss;
         }
-        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-            vrpc_tp_log("tcp: accept: %s (retrying)", strerror(errno));
-            usleep(10000);
+        e = errno;
+        if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
+            uint64_t now = vrpc_tp_now_ns();
+            fails++;
+            if (!logged_ns || now - logged_ns >= (uint64_t)ACCEPT_LOG_S * 1000000000u) {
+                vrpc_tp_log("tcp: accept: %s (%lu time%s since the last report; pausing accepts up to %d ms)",
+                            strerror(e), fails, fails == 1 ? "" : "s", ACCEPT_PAUSE_MAX_MS);
+                logged_ns = now;
+                fails = 0;
+            }
+            pause_ms = pause_ms ? (pause_ms * 2 > ACCEPT_PAUSE_MAX_MS ? ACCEPT_PAUSE_MAX_MS : pause_ms * 2)
+                                : ACCEPT_PAUSE_MIN_MS;
+        } else if (e == EAGAIN || e == EWOULDBLOCK) {
+            pause_ms = 0;
         }
     }
     return NULL;
@@ -2261,6 +2347,8 @@ static int tcp_listen(struct vrpc_transport *tp, const struct vrpc_addr *addr, c
     l->fd = l->evfd = -1;
     atomic_init(&l->refs, 1);
     atomic_init(&l->closed, false);
+    atomic_init(&l->nconns, 0);
+    l->max_conns = attr->max_conns;
     l->user = attr->user;
     l->ncqs = attr->ncqs;
     l->cqs = calloc(attr->ncqs, sizeof *l->cqs);

@@ -256,6 +256,8 @@ struct vep {
 	uint64_t seq_head;
 	struct vrpc_buf *wq_head, *wq_tail; /* sends waiting for credits */
 	uint32_t nwait, max_queued;
+	_Atomic uint64_t wait_ns; /* sends wait for credits since (the last credits
+				     that arrived); 0: none waits (see credit_watchdog) */
 	atomic_uint credit_ret; /* credits to return (any message carries them) */
 
 	/* poller only */
@@ -275,6 +277,7 @@ struct vep {
 	uint64_t deadline_ns;      /* tp->lock */
 	bool watched;              /* tp->lock */
 	struct vtp_listener *lst;
+	struct vconns *nconns; /* accepted: counted there (holds a reference) */
 	uint64_t accept_user;
 
 	/* reads and grants (ep->lock) */
@@ -322,8 +325,25 @@ struct vcq {
 	struct vep *reap_wait; /* drained; torn down once the CQ was seen empty */
 	atomic_int reading;    /* endpoints with a read deadline set */
 	uint64_t rd_scan_ns;   /* next read watchdog scan */
+	uint64_t cw_scan_ns;   /* next credit watchdog scan */
+	atomic_int waiting;    /* endpoints with wait_ns set */
 	struct ibv_wc wcs[32];
 };
+
+/* A listener's count of the connections it accepted that are not torn
+ * down yet (vrpc_listen_attr.max_conns). Shared by the listener and each
+ * counted endpoint (refs), since endpoints outlive their listener. */
+struct vconns {
+	atomic_uint n;
+	atomic_int refs;
+	unsigned max; /* 0: no limit */
+};
+
+static void vconns_unref(struct vconns *c)
+{
+	if (c && atomic_fetch_sub(&c->refs, 1) == 1)
+		free(c);
+}
 
 struct vtp_listener {
 	struct vrpc_listener base;
@@ -334,6 +354,7 @@ struct vtp_listener {
 	unsigned ncqs, rr;
 	uint64_t user;
 	bool closing;
+	struct vconns *nconns;
 };
 
 struct vmr {
@@ -778,6 +799,23 @@ static void close_progress_locked(struct vep *ep)
 	}
 }
 
+/* The credit clock (credit_watchdog, ep->lock): runs while sends wait with
+ * no credit left (not while they wait for send-queue room); fresh: credits
+ * just came, so a wait that goes on starts again from now. */
+static void wait_clock_locked(struct vep *ep, bool fresh)
+{
+	bool waiting = ep->wq_head && !ep->credits;
+	uint64_t old = atomic_load_explicit(&ep->wait_ns, memory_order_relaxed);
+	if (waiting && (!old || fresh)) {
+		atomic_store_explicit(&ep->wait_ns, vrpc_tp_now_ns(), memory_order_relaxed);
+		if (!old)
+			atomic_fetch_add(&ep->cq->waiting, 1);
+	} else if (!waiting && old) {
+		atomic_store_explicit(&ep->wait_ns, 0, memory_order_relaxed);
+		atomic_fetch_sub(&ep->cq->waiting, 1);
+	}
+}
+
 static bool can_post_data(const struct vep *ep) { return ep->credits >= 1 && ring_used(ep) < ep->ring_mask; }
 
 static void pump_locked(struct vep *ep)
@@ -794,6 +832,8 @@ static void pump_locked(struct vep *ep)
 			ep->wq_tail = NULL;
 		ep->nwait--;
 	}
+	if (ep->wq_head || atomic_load_explicit(&ep->wait_ns, memory_order_relaxed))
+		wait_clock_locked(ep, false);
 }
 
 /* A credit-only message, on the last credit if need be. */
@@ -1102,6 +1142,10 @@ static int hello_check(const struct vtp *tp, const void *data, uint8_t len, char
 	}
 	if (ntohs(h.credits) < MIN_RESV) {
 		snprintf(why, n, "initial credits %u, at least %u needed", ntohs(h.credits), MIN_RESV);
+		return -EPROTO;
+	}
+	if (ntohl(h.eager_size) < VRPC_EAGER_MIN) {
+		snprintf(why, n, "eager size %u below the minimum %u", ntohl(h.eager_size), VRPC_EAGER_MIN);
 		return -EPROTO;
 	}
 	return 0;
@@ -1549,6 +1593,17 @@ static void service_ep(struct vcq *cq, struct vep *ep)
 			atomic_fetch_add(&cq->avail, (int)(ep->granted + CTL_RESV));
 			ep->counted = false;
 		}
+		if (ep->nconns) {
+			atomic_fetch_sub(&ep->nconns->n, 1);
+			vconns_unref(ep->nconns);
+			ep->nconns = NULL;
+		}
+		pthread_mutex_lock(&ep->lock); /* against wait_clock_locked */
+		if (atomic_load_explicit(&ep->wait_ns, memory_order_relaxed)) {
+			atomic_store_explicit(&ep->wait_ns, 0, memory_order_relaxed);
+			atomic_fetch_sub(&cq->waiting, 1);
+		}
+		pthread_mutex_unlock(&ep->lock);
 		hungry_remove(cq, ep);
 		if (ep->reported) {
 			stage(cq, VRPC_WC_DISCONNECTED, ep, NULL, 0, final_status(ep), 0, 0);
@@ -1707,6 +1762,8 @@ static void on_recv(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
 	if (!(ntohs(h->flags) & HDR_CREDIT_ONLY) && (ep->rq_head || ep->rd_inflight) && ep->rd_unmatched < (1 << 20))
 		ep->rd_unmatched++; /* while reading: see READ_CHUNK_BULK */
 	pump_locked(ep);
+	if (c && atomic_load_explicit(&ep->wait_ns, memory_order_relaxed))
+		wait_clock_locked(ep, true); /* the peer returns credits: a new clock */
 	close_progress_locked(ep);
 	if (ep->pending_ctl_min)
 		send_credit_locked(ep); /* one may have waited for the peer's confirmation */
@@ -1854,6 +1911,33 @@ static void read_watchdog(struct vcq *cq)
 	}
 }
 
+/* Rule 6 of transport.h's credits: a peer that returns no credits while our
+ * sends wait for them loses the connection after credit_timeout_ms. Every
+ * 200 ms, and only while some endpoint of the CQ waits. */
+static void credit_watchdog(struct vcq *cq)
+{
+	struct vep *late[16];
+	unsigned n = 0;
+	uint64_t now, lim;
+	if (!atomic_load(&cq->waiting))
+		return;
+	now = vrpc_tp_now_ns();
+	if (now < cq->cw_scan_ns)
+		return;
+	cq->cw_scan_ns = now + 200000000ull;
+	lim = (uint64_t)cq->tp->base.attr.credit_timeout_ms * 1000000ull;
+	pthread_mutex_lock(&cq->lock);
+	for (uint32_t i = 0; i <= cq->map_mask && n < 16; i++) {
+		uint64_t w = cq->map[i] ? atomic_load(&cq->map[i]->wait_ns) : 0;
+		if (w && now > w + lim)
+			late[n++] = cq->map[i];
+	}
+	pthread_mutex_unlock(&cq->lock);
+	/* still allocated: only this poller releases them, after DISCONNECTED */
+	for (unsigned i = 0; i < n; i++)
+		ep_fail(late[i], -ETIMEDOUT, "peer returned no credits for %u ms", cq->tp->base.attr.credit_timeout_ms);
+}
+
 /* The CQ whose poller this thread is (set by its first poll): a receive
  * reposted from the CQ's own callback needs no wake-up, the poller
  * distributes credits on its next poll anyway. */
@@ -1889,6 +1973,7 @@ static int verbs_cq_poll(struct vrpc_cq *base, struct vrpc_wc *wc, unsigned max)
 		}
 		distribute(cq);
 		read_watchdog(cq);
+		credit_watchdog(cq);
 	}
 	while (n < max && cq->st_head != cq->st_tail)
 		wc[n++] = cq->stage[cq->st_head++ % cq->st_cap];
@@ -2119,8 +2204,16 @@ static void on_connect_request(struct vtp_listener *l, struct rdma_cm_event *ev)
 		snprintf(why, sizeof(why), "request arrived on another device");
 		rc = -EXDEV;
 	}
+	if (!rc && l->nconns->max && atomic_fetch_add(&l->nconns->n, 1) >= l->nconns->max) {
+		atomic_fetch_sub(&l->nconns->n, 1);
+		snprintf(why, sizeof(why), "the listener has %u connections, its limit (max_conns)", l->nconns->max);
+		rc = -ECONNREFUSED;
+	} else if (!rc && !l->nconns->max) {
+		atomic_fetch_add(&l->nconns->n, 1);
+	}
 	if (!rc && !take_avail_exact(cq, MIN_RESV + CTL_RESV)) {
 		snprintf(why, sizeof(why), "no receive buffers to reserve");
+		atomic_fetch_sub(&l->nconns->n, 1);
 		rc = -ENOBUFS;
 	}
 	if (rc) {
@@ -2132,11 +2225,14 @@ static void on_connect_request(struct vtp_listener *l, struct rdma_cm_event *ev)
 	ep = ep_new(tp, cq, NULL, 0);
 	if (!ep) {
 		atomic_fetch_add(&cq->avail, MIN_RESV + CTL_RESV);
+		atomic_fetch_sub(&l->nconns->n, 1);
 		send_reject(id, tp, -ENOMEM, "server out of memory");
 		id->context = NULL;
 		return;
 	}
 	ep->counted = true;
+	ep->nconns = l->nconns;
+	atomic_fetch_add(&l->nconns->refs, 1);
 	ep->id = id;
 	ep->lst = l;
 	ep->accept_user = l->user;
@@ -2531,6 +2627,7 @@ static void verbs_listener_destroy(struct vrpc_listener *base)
 	run_on_cm(l->tp, listener_close_cm, l);
 	/* handshakes still in progress keep l->lst until ESTABLISHED; they are
 	 * reported (ACCEPTED) without it being dereferenced */
+	vconns_unref(l->nconns);
 	free(l->cqs);
 	free(l);
 }
@@ -2549,10 +2646,15 @@ static int verbs_listen(struct vrpc_transport *tbase, const struct vrpc_addr *ad
 	l->user = attr->user;
 	l->ncqs = attr->ncqs;
 	l->cqs = calloc(attr->ncqs, sizeof(*l->cqs));
-	if (!l->cqs) {
+	l->nconns = calloc(1, sizeof(*l->nconns));
+	if (!l->cqs || !l->nconns) {
+		free(l->cqs);
+		free(l->nconns);
 		free(l);
 		return -ENOMEM;
 	}
+	atomic_init(&l->nconns->refs, 1);
+	l->nconns->max = attr->max_conns;
 	for (unsigned i = 0; i < attr->ncqs; i++)
 		l->cqs[i] = container_of(attr->cqs[i], struct vcq, base);
 	if (rdma_create_id(tp->ech, &l->id, &l->kind, RDMA_PS_TCP)) {
@@ -2580,6 +2682,7 @@ err:
 		rc = -EADDRNOTAVAIL; /* the address is not on an RDMA device */
 	if (l->id)
 		rdma_destroy_id(l->id);
+	vconns_unref(l->nconns);
 	free(l->cqs);
 	free(l);
 	return rc;
@@ -2664,6 +2767,8 @@ static int verbs_send(struct vrpc_ep *base, struct vrpc_buf *buf, uint32_t len, 
 			ep->wq_head = buf;
 		ep->wq_tail = buf;
 		ep->nwait++;
+		if (!atomic_load_explicit(&ep->wait_ns, memory_order_relaxed))
+			wait_clock_locked(ep, false);
 	}
 	TRACE("verbs: send qpn %u len %u state %d credits %u nwait %u rc %d", ep->qpn, len, ep->state, ep->credits,
 	      ep->nwait, rc);
