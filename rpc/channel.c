@@ -264,7 +264,7 @@ static void async_done_task(struct vrpc_task *t)
 
     if (s->st.code == VRPC_OK) {
         ProtobufCMessage *m = NULL;
-        int rc = unpack_response(s, vrpc_rpc_tls_arena(), &m, &held);
+        int rc = unpack_response(s, vrpc_rpc_tls_arena_of(VRPC_ARENA_CB), &m, &held);
         if (rc)
             vrpc_status_set(&s->st, VRPC_INTERNAL, "response does not decode as %s (%d)",
                             s->method->output->name, rc);
@@ -275,7 +275,7 @@ static void async_done_task(struct vrpc_task *t)
     /* resp was valid only during the callback: its large buffer goes back
      * now rather than at this worker's next unpack */
     if (held)
-        vrpc_arena_unhold(vrpc_rpc_tls_arena(), held);
+        vrpc_arena_unhold(vrpc_rpc_tls_arena_of(VRPC_ARENA_CB), held);
     if (s->deadline_ns != VRPC_NO_DEADLINE)
         vrpc_timer_cancel(ch->wheel, &s->timer);
     /* unref before owner_done: once every slot is free the channel's destroy

@@ -26,9 +26,17 @@
  * VM). As long as a synchronous caller's and an idle worker's spin. */
 #define VRPC_RPC_BUSY_POLL_US 50u
 
-/* The calling thread's arena for unpacking responses (created on first use,
- * freed at thread exit or vrpc_thread_release). NULL if out of memory. */
-struct vrpc_arena *vrpc_rpc_tls_arena(void);
+/* The calling thread's arenas for unpacking responses (created on first use,
+ * freed at thread exit or vrpc_thread_release). NULL if out of memory.
+ * Synchronous calls and async callbacks use separate ones, so a vrpc_call
+ * inside a callback does not overwrite the callback's resp. */
+enum vrpc_arena_kind {
+    VRPC_ARENA_SYNC = 0, /* vrpc_call's *resp */
+    VRPC_ARENA_CB = 1,   /* an async callback's resp (on a worker) */
+    VRPC_ARENA_KINDS = 2,
+};
+struct vrpc_arena *vrpc_rpc_tls_arena_of(enum vrpc_arena_kind kind);
+static inline struct vrpc_arena *vrpc_rpc_tls_arena(void) { return vrpc_rpc_tls_arena_of(VRPC_ARENA_SYNC); }
 
 /* Log a line to stderr prefixed with "verbrpc: ". Protocol errors and other
  * events the peer caused go here; VRPC_LOG=0 in the environment silences it. */

@@ -15,40 +15,50 @@
 #include <unistd.h>
 #include "rpc/futex.h"
 
+/* Two arenas per thread: one for synchronous calls' responses, one for async
+ * callbacks' (on workers). A vrpc_call made inside a callback unpacks into
+ * the first and so leaves the callback's resp alone. Both are created once
+ * per thread and reused: no allocation per call in steady state. */
+struct tls_arenas {
+    struct vrpc_arena a[VRPC_ARENA_KINDS];
+};
+
 static pthread_key_t arena_key;
 static pthread_once_t arena_once = PTHREAD_ONCE_INIT;
-static __thread struct vrpc_arena *tls_arena;
+static __thread struct tls_arenas *tls_arenas;
 
-static void arena_free(void *p)
+static void arenas_free(void *p)
 {
-    struct vrpc_arena *a = p;
-    vrpc_arena_fini(a);
-    free(a);
+    struct tls_arenas *t = p;
+    for (int i = 0; i < VRPC_ARENA_KINDS; i++)
+        vrpc_arena_fini(&t->a[i]);
+    free(t);
 }
 
-static void arena_key_init(void) { pthread_key_create(&arena_key, arena_free); }
+static void arena_key_init(void) { pthread_key_create(&arena_key, arenas_free); }
 
-struct vrpc_arena *vrpc_rpc_tls_arena(void)
+struct vrpc_arena *vrpc_rpc_tls_arena_of(enum vrpc_arena_kind kind)
 {
-    if (tls_arena)
-        return tls_arena;
+    if (tls_arenas)
+        return &tls_arenas->a[kind];
     pthread_once(&arena_once, arena_key_init);
-    struct vrpc_arena *a = malloc(sizeof(*a));
-    if (!a)
+    struct tls_arenas *t = malloc(sizeof(*t));
+    if (!t)
         return NULL;
-    vrpc_arena_init(a, 16384, 0);
-    pthread_setspecific(arena_key, a);
-    tls_arena = a;
-    return a;
+    for (int i = 0; i < VRPC_ARENA_KINDS; i++)
+        vrpc_arena_init(&t->a[i], 16384, 0);
+    pthread_setspecific(arena_key, t);
+    tls_arenas = t;
+    return &t->a[kind];
 }
 
 void vrpc_thread_release(void)
 {
-    if (!tls_arena)
+    if (!tls_arenas)
         return;
     pthread_setspecific(arena_key, NULL);
-    arena_free(tls_arena);
-    tls_arena = NULL;
+    arenas_free(tls_arenas);
+    tls_arenas = NULL;
 }
 
 void vrpc_rpc_log(const char *fmt, ...)

@@ -231,6 +231,8 @@ struct vrpc_call_opts {
  * On VRPC_OK *resp points to the response, unpacked into an arena owned by the
  * calling thread: it stays valid until this thread's next vrpc_call (on any
  * channel) or vrpc_thread_release(), and must not be freed by the caller.
+ * Async callbacks' responses live in a separate arena of the worker: a
+ * vrpc_call made inside a callback leaves the callback's resp intact.
  * On any other code *resp is not written. */
 VRPC_API int vrpc_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
                        const ProtobufCMessage *req, ProtobufCMessage **resp,
