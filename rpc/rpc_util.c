@@ -80,11 +80,14 @@ void vrpc_rpc_log(const char *fmt, ...)
 
 int vrpc_rpc_parse_uri(const char *uri, char *name, size_t name_len, char *turi, size_t turi_len)
 {
+    char why[160];
     const char *sep;
     int n;
 
-    if (!uri || !*uri)
+    if (!uri || vrpc_uri_check(uri, why, sizeof why)) {
+        vrpc_rpc_log("bad URI '%s': %s", uri ? uri : "(null)", uri ? why : "NULL");
         return -EINVAL;
+    }
     sep = strstr(uri, "://");
     if (!sep) {
         if ((size_t)snprintf(name, name_len, "auto") >= name_len)
@@ -96,11 +99,17 @@ int vrpc_rpc_parse_uri(const char *uri, char *name, size_t name_len, char *turi,
             return -EINVAL;
         memcpy(name, uri, sl);
         name[sl] = 0;
-        if (strcmp(name, "tcp") && strcmp(name, "verbs") && strcmp(name, "auto"))
+        if (strcmp(name, "tcp") && strcmp(name, "verbs") && strcmp(name, "auto")) {
+            vrpc_rpc_log("bad URI '%s': unknown scheme '%s' (want tcp://, verbs:// or auto://)", uri, name);
             return -EINVAL;
+        }
         n = snprintf(turi, turi_len, "%s", uri);
     }
-    return n < 0 || (size_t)n >= turi_len ? -EINVAL : 0;
+    if (n < 0 || (size_t)n >= turi_len) {
+        vrpc_rpc_log("bad URI '%s': too long", uri);
+        return -EINVAL;
+    }
+    return 0;
 }
 
 struct vrpc_buf *vrpc_rpc_buf_get(struct vrpc_pool *pool, bool wait)

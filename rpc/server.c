@@ -465,7 +465,8 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
     struct method_entry *me = lookup(s, h->method_id);
     int64_t now = vrpc_now_ns();
     if (!me) {
-        refuse(c, h->request_id, VRPC_UNIMPLEMENTED, "unknown method id 0x%08x", h->method_id);
+        refuse(c, h->request_id, VRPC_UNIMPLEMENTED, "unknown method id 0x%08x (not registered on this server)",
+               h->method_id);
         return;
     }
     uint64_t size = (uint64_t)h->md_len + h->payload_len;
