@@ -22,7 +22,7 @@
 #include "rpc/timer.h"
 #include "rpc/wire.h"
 
-#define RECV_BUFS 128
+#define RECV_BUFS VRPC_CHANNEL_RECV_BUFS
 #define HELLO_WAIT 0u
 #define HELLO_OK 1u
 #define HELLO_FAILED 2u

@@ -61,6 +61,15 @@ void vrpc_thread_release(void)
     tls_arenas = NULL;
 }
 
+uint64_t vrpc_rpc_pool_bytes(bool server, uint32_t eager)
+{
+    /* as vrpc_pool_create: cache-line strides of buffer + headroom (<= 64) */
+    uint64_t stride = ((uint64_t)eager + 64 + 63) & ~(uint64_t)63;
+    /* vrpc_channel_opts defaults (rpc.h): max_outstanding 256, max_queued as many */
+    uint64_t n = server ? VRPC_SERVER_SEND_BUFS + VRPC_SERVER_RECV_BUFS : 256 + 256 + 64 + VRPC_CHANNEL_RECV_BUFS;
+    return stride * n;
+}
+
 void vrpc_rpc_log(const char *fmt, ...)
 {
     static int enabled = -1;

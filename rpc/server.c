@@ -21,8 +21,8 @@
 #include "rpc/timer.h"
 #include "rpc/wire.h"
 
-#define SERVER_RECV_BUFS 512
-#define SERVER_SEND_BUFS 1024
+#define SERVER_RECV_BUFS VRPC_SERVER_RECV_BUFS
+#define SERVER_SEND_BUFS VRPC_SERVER_SEND_BUFS
 #define HIST_BUCKETS 496
 
 struct method_entry {
