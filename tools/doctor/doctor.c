@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <verbrpc/transport.h>
 #include <verbrpc/version.h>
 
@@ -231,6 +233,24 @@ static void check_devices(struct report *r)
 
 /* ---- memlock ---------------------------------------------------------------- */
 
+/* CAP_IPC_LOCK (bit 14) in this process's effective set: the kernel does not
+ * hold ibv_reg_mr to RLIMIT_MEMLOCK then (ib_umem_get). */
+static bool cap_ipc_lock(void)
+{
+    char line[256];
+    bool yes = false;
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f)
+        return false;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "CapEff:", 7)) {
+            yes = (strtoull(line + 7, NULL, 16) >> 14) & 1;
+            break;
+        }
+    fclose(f);
+    return yes;
+}
+
 static void check_memlock(struct report *r)
 {
     struct vrpc_transport_attr ta;
@@ -252,6 +272,11 @@ static void check_memlock(struct report *r)
     printf("memlock: limit %" PRIu64 " KiB, want at least %" PRIu64 " KiB (a server's pools and max_pinned)%s\n",
            (uint64_t)rl.rlim_cur / 1024, need / 1024,
            rl.rlim_cur >= need ? ": fine" : r->devices ? "" : " (matters only with RDMA)");
+    if (rl.rlim_cur < need && cap_ipc_lock()) {
+        printf("memlock: not enforced for this process (it has CAP_IPC_LOCK); a service run without it needs "
+               "the limit raised\n");
+        return;
+    }
     if (rl.rlim_cur < need && r->devices) {
         struct vrpc_verbs_diag d = {.have = rl.rlim_cur, .need = need};
         problem(r, VRPC_VP_MEMLOCK, &d);
@@ -340,6 +365,36 @@ static void describe_sgid(struct report *r, struct rdma_cm_id *id, const char *d
     }
 }
 
+/* The source address the kernel's routing picks towards dst ("?" if none):
+ * a connected UDP socket's local address (no packet is sent). */
+static void route_source(const struct sockaddr_storage *dst, char *buf, size_t len)
+{
+    struct sockaddr_storage d = *dst, l;
+    socklen_t ll = sizeof l;
+    int fd = socket(d.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    snprintf(buf, len, "?");
+    if (fd < 0)
+        return;
+    ((struct sockaddr_in *)&d)->sin_port = htons(9); /* same offset in sockaddr_in6 */
+    if (!connect(fd, (struct sockaddr *)&d, d.ss_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6)) &&
+        !getsockname(fd, (struct sockaddr *)&l, &ll))
+        inet_ntop(l.ss_family, l.ss_family == AF_INET ? (void *)&((struct sockaddr_in *)&l)->sin_addr
+                                                      : (void *)&((struct sockaddr_in6 *)&l)->sin6_addr,
+                  buf, (socklen_t)len);
+    close(fd);
+}
+
+/* rdma_cm's "no device" for a route: the source address the route takes is
+ * on a netdev without an RDMA device. */
+static void not_rdma_source(struct report *r, const struct sockaddr_storage *dst)
+{
+    char src[INET6_ADDRSTRLEN];
+    route_source(dst, src, sizeof src);
+    printf("peer: the route leaves from %s, which is on no RDMA device's netdev\n", src);
+    struct vrpc_verbs_diag d = {.addr = src};
+    problem(r, VRPC_VP_NOT_RDMA_ADDR, &d);
+}
+
 static void check_peer(struct report *r, const char *ip)
 {
     struct sockaddr_storage dst;
@@ -368,14 +423,20 @@ static void check_peer(struct report *r, const char *ip)
         rc = errno;
         printf("peer: rdma_resolve_addr: %s\n", strerror(rc));
         d.err = rc;
-        problem(r, rc == ENODEV ? VRPC_VP_NOT_RDMA_ADDR : VRPC_VP_NO_ROUTE, &d);
+        if (rc == ENODEV)
+            not_rdma_source(r, &dst);
+        else
+            problem(r, VRPC_VP_NO_ROUTE, &d);
         goto out;
     }
     rc = next_event(ch, PEER_TIMEOUT_MS + 1000, &type, &status);
     if (rc || type != RDMA_CM_EVENT_ADDR_RESOLVED) {
         d.err = rc ? -rc : status < 0 ? -status : EHOSTUNREACH;
-        printf("peer: address not resolved: %s\n", rc ? strerror(-rc) : rdma_event_str(type));
-        problem(r, VRPC_VP_NO_ROUTE, &d);
+        printf("peer: address not resolved: %s (%s)\n", rc ? strerror(-rc) : rdma_event_str(type), strerror(d.err));
+        if (d.err == ENODEV)
+            not_rdma_source(r, &dst);
+        else
+            problem(r, VRPC_VP_NO_ROUTE, &d);
         goto out;
     }
     printf("peer: address resolved\n");
