@@ -633,9 +633,10 @@ static void emit_method_decls(struct emit_ctx *e, const struct svc_names *sn, co
               "/* Asynchronous call: returns 0 when accepted, and then a->done(st, resp,\n"
               " * a->arg) runs exactly once, on a scheduler worker, also on failure; resp is\n"
               " * NULL unless st->code is VRPC_OK, and both are valid only during done.\n"
-              " * Returns a negative errno when not accepted (done never runs). May block\n"
-              " * while the channel has max_outstanding calls pending. *req stays the\n"
-              " * caller's and may be reused at once. See vrpc_call_async(). */\n");
+              " * Returns a negative errno when not accepted (done never runs): -EAGAIN\n"
+              " * when max_outstanding calls are pending and max_queued more are queued.\n"
+              " * Never waits for a slot or a credit (only for a channel's first connect).\n"
+              " * *req stays the caller's and may be reused at once. See vrpc_call_async(). */\n");
     sb_printf(h,
               "%sint %s__call_async(struct vrpc_channel *ch, const %s *req,\n"
               "        const struct vrpc_call_opts *opts, %s *a);\n\n",

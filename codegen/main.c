@@ -6,11 +6,13 @@
  * <name>.pb-c.h/.c too: that is how verbrpc_generate() drives it, so that
  * unsupported input gets our clear error instead of protoc-c's. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <verbrpc/version.h>
 
 #include "gen.h"
 
@@ -147,12 +149,20 @@ int main(int argc, char **argv)
     int rc;
 
     if (argc > 1) {
-        fprintf(stderr,
+        bool help = !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h");
+        if (argc == 2 && !strcmp(argv[1], "--version")) {
+            printf("protoc-gen-verbrpc %s\n", VRPC_VERSION_STRING);
+            return 0;
+        }
+        fprintf(help && argc == 2 ? stdout : stderr,
                 "usage: protoc --plugin=protoc-gen-verbrpc=%s --verbrpc_out=[OPTIONS:]DIR FILE.proto...\n"
-                "  a protoc plugin; OPTIONS: protoc_c=PATH (also run protoc-c's plugin),\n"
-                "  export_macro=NAME (put NAME before generated declarations)\n",
-                argv[0]);
-        return 2;
+                "  a protoc plugin (it reads protoc's request on stdin); OPTIONS: protoc_c=PATH\n"
+                "  (also run protoc-c's plugin), export_macro=NAME (put NAME before generated\n"
+                "  declarations). The framework's own .proto files are in\n"
+                "  PREFIX/share/verbrpc/proto (-I there, import \"verbrpc/health.proto\").\n"
+                "  %s --version prints the version, --help this text.\n",
+                argv[0], argv[0]);
+        return help && argc == 2 ? 0 : 2;
     }
     rc = read_all(0, &data, &len);
     if (rc != 0) {

@@ -22,7 +22,7 @@
 #include "rpc/timer.h"
 #include "rpc/wire.h"
 
-#define RECV_BUFS 128
+#define RECV_BUFS VRPC_CHANNEL_RECV_BUFS
 #define HELLO_WAIT 0u
 #define HELLO_OK 1u
 #define HELLO_FAILED 2u
@@ -264,7 +264,7 @@ static void async_done_task(struct vrpc_task *t)
 
     if (s->st.code == VRPC_OK) {
         ProtobufCMessage *m = NULL;
-        int rc = unpack_response(s, vrpc_rpc_tls_arena(), &m, &held);
+        int rc = unpack_response(s, vrpc_rpc_tls_arena_of(VRPC_ARENA_CB), &m, &held);
         if (rc)
             vrpc_status_set(&s->st, VRPC_INTERNAL, "response does not decode as %s (%d)",
                             s->method->output->name, rc);
@@ -275,7 +275,7 @@ static void async_done_task(struct vrpc_task *t)
     /* resp was valid only during the callback: its large buffer goes back
      * now rather than at this worker's next unpack */
     if (held)
-        vrpc_arena_unhold(vrpc_rpc_tls_arena(), held);
+        vrpc_arena_unhold(vrpc_rpc_tls_arena_of(VRPC_ARENA_CB), held);
     if (s->deadline_ns != VRPC_NO_DEADLINE)
         vrpc_timer_cancel(ch->wheel, &s->timer);
     /* unref before owner_done: once every slot is free the channel's destroy
@@ -602,6 +602,16 @@ static void on_large_response(struct vrpc_channel *ch, struct vrpc_conn *c, stru
         response_read_done(ch, in, rc);
 }
 
+/* The request carries only the method's id: the client names the method in
+ * the server's UNIMPLEMENTED, which can name only methods it registered. */
+static void name_unimplemented(struct vrpc_status *st, const struct vrpc_method_desc *m)
+{
+    char srv[VRPC_STATUS_MSG_MAX];
+    memcpy(srv, st->message, sizeof srv);
+    vrpc_status_set(st, VRPC_UNIMPLEMENTED, "method %s is not implemented by the server (%s)", m->full_name,
+                    srv[0] ? srv : "no message");
+}
+
 static void on_response(struct vrpc_channel *ch, struct vrpc_conn *c, const struct vrpc_wire_hdr *h,
                         const uint8_t *payload)
 {
@@ -640,6 +650,8 @@ static void on_response(struct vrpc_channel *ch, struct vrpc_conn *c, const stru
             s->st.message[0] = 0;
         } else {
             vrpc_status_set_bytes(&s->st, (enum vrpc_code)h->status, payload, h->payload_len);
+            if (h->status == VRPC_UNIMPLEMENTED)
+                name_unimplemented(&s->st, s->method);
         }
     done:
         slot_seen(s, gen);
@@ -935,6 +947,13 @@ static int get_conn(struct vrpc_channel *ch, int64_t deadline_ns, bool force, st
     return rc;
 }
 
+/* Connect errors that waiting does not cure: nothing listens (refused), the
+ * name does not resolve, the address is malformed or on no usable device. */
+static bool connect_err_permanent(int rc)
+{
+    return rc == -ECONNREFUSED || rc == -ENXIO || rc == -EINVAL || rc == -EADDRNOTAVAIL || rc == -EAFNOSUPPORT;
+}
+
 int vrpc_channel_connect(struct vrpc_channel *ch, int timeout_ms)
 {
     struct vrpc_conn *c;
@@ -946,7 +965,7 @@ int vrpc_channel_connect(struct vrpc_channel *ch, int timeout_ms)
             conn_unref(c);
             return 0;
         }
-        if (rc == -ESHUTDOWN || vrpc_now_ns() >= end)
+        if (rc == -ESHUTDOWN || connect_err_permanent(rc) || vrpc_now_ns() >= end)
             return rc == -EAGAIN ? -ETIMEDOUT : rc;
         int64_t wait = __atomic_load_n(&ch->next_attempt_ns, __ATOMIC_RELAXED) - vrpc_now_ns();
         if (wait > end - vrpc_now_ns())
@@ -1405,11 +1424,18 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
     if (rc) {
         if (rc == -ESHUTDOWN)
             vrpc_status_set(st, VRPC_UNAVAILABLE, "channel is shutting down");
+        else if (rc == -EAGAIN && __atomic_load_n(&ch->last_err, __ATOMIC_RELAXED) == -ENXIO)
+            vrpc_status_set(st, VRPC_UNAVAILABLE, "channel in back-off after: cannot resolve the host name of %s",
+                            ch->turi);
         else if (rc == -EAGAIN)
             vrpc_status_set(st, VRPC_UNAVAILABLE, "channel in back-off after: %s", strerror(-__atomic_load_n(&ch->last_err, __ATOMIC_RELAXED)));
+        else if (rc == -ENXIO)
+            vrpc_status_set(st, VRPC_UNAVAILABLE, "connect failed: cannot resolve the host name of %s", ch->turi);
+        else if (rc == -EINVAL)
+            vrpc_status_set(st, VRPC_INVALID_ARGUMENT, "connect to %s failed: invalid argument", ch->turi);
         else
             vrpc_status_set(st, VRPC_UNAVAILABLE, "connect failed: %s", strerror(-rc));
-        return VRPC_UNAVAILABLE;
+        return rc == -EINVAL ? VRPC_INVALID_ARGUMENT : VRPC_UNAVAILABLE;
     }
     size_t need = vrpc_pb_packed_size(req) + (size_t)mdsz;
     if (need > c->max_payload) {

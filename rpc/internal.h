@@ -26,16 +26,38 @@
  * VM). As long as a synchronous caller's and an idle worker's spin. */
 #define VRPC_RPC_BUSY_POLL_US 50u
 
-/* The calling thread's arena for unpacking responses (created on first use,
- * freed at thread exit or vrpc_thread_release). NULL if out of memory. */
-struct vrpc_arena *vrpc_rpc_tls_arena(void);
+/* The calling thread's arenas for unpacking responses (created on first use,
+ * freed at thread exit or vrpc_thread_release). NULL if out of memory.
+ * Synchronous calls and async callbacks use separate ones, so a vrpc_call
+ * inside a callback does not overwrite the callback's resp. */
+enum vrpc_arena_kind {
+    VRPC_ARENA_SYNC = 0, /* vrpc_call's *resp */
+    VRPC_ARENA_CB = 1,   /* an async callback's resp (on a worker) */
+    VRPC_ARENA_KINDS = 2,
+};
+struct vrpc_arena *vrpc_rpc_tls_arena_of(enum vrpc_arena_kind kind);
+static inline struct vrpc_arena *vrpc_rpc_tls_arena(void) { return vrpc_rpc_tls_arena_of(VRPC_ARENA_SYNC); }
+
+/* Message-buffer pools the RPC layer registers (eager-size buffers): a
+ * channel's receive pool, a server's send pool and its receive pool per
+ * poller. A channel's send pool holds max_outstanding + max_queued + 64. */
+#define VRPC_CHANNEL_RECV_BUFS 128
+#define VRPC_SERVER_RECV_BUFS 512
+#define VRPC_SERVER_SEND_BUFS 1024
+
+/* Bytes of message pools a channel (server false) or a one-poller server
+ * (server true) with default options registers, for eager-size buffers and a
+ * transport headroom of at most 64 bytes (what `verbrpc doctor` compares
+ * with RLIMIT_MEMLOCK; large-message buffers come on top, up to max_pinned). */
+uint64_t vrpc_rpc_pool_bytes(bool server, uint32_t eager);
 
 /* Log a line to stderr prefixed with "verbrpc: ". Protocol errors and other
  * events the peer caused go here; VRPC_LOG=0 in the environment silences it. */
 void vrpc_rpc_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Transport name and URI for it from a user URI: "tcp://h:p", "verbs://h:p",
- * "auto://h:p" or bare "h:p" (= auto). 0 or -EINVAL. */
+ * "auto://h:p" or bare "h:p" (= auto). 0 or -EINVAL, logged with the reason
+ * (vrpc_uri_check's syntax, or a scheme that names no backend). */
 int vrpc_rpc_parse_uri(const char *uri, char *name, size_t name_len, char *turi, size_t turi_len);
 
 /* The longest vrpc_rpc_buf_get / vrpc_rpc_send wait (with `wait`): a thread

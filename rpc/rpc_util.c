@@ -15,40 +15,59 @@
 #include <unistd.h>
 #include "rpc/futex.h"
 
+/* Two arenas per thread: one for synchronous calls' responses, one for async
+ * callbacks' (on workers). A vrpc_call made inside a callback unpacks into
+ * the first and so leaves the callback's resp alone. Both are created once
+ * per thread and reused: no allocation per call in steady state. */
+struct tls_arenas {
+    struct vrpc_arena a[VRPC_ARENA_KINDS];
+};
+
 static pthread_key_t arena_key;
 static pthread_once_t arena_once = PTHREAD_ONCE_INIT;
-static __thread struct vrpc_arena *tls_arena;
+static __thread struct tls_arenas *tls_arenas;
 
-static void arena_free(void *p)
+static void arenas_free(void *p)
 {
-    struct vrpc_arena *a = p;
-    vrpc_arena_fini(a);
-    free(a);
+    struct tls_arenas *t = p;
+    for (int i = 0; i < VRPC_ARENA_KINDS; i++)
+        vrpc_arena_fini(&t->a[i]);
+    free(t);
 }
 
-static void arena_key_init(void) { pthread_key_create(&arena_key, arena_free); }
+static void arena_key_init(void) { pthread_key_create(&arena_key, arenas_free); }
 
-struct vrpc_arena *vrpc_rpc_tls_arena(void)
+struct vrpc_arena *vrpc_rpc_tls_arena_of(enum vrpc_arena_kind kind)
 {
-    if (tls_arena)
-        return tls_arena;
+    if (tls_arenas)
+        return &tls_arenas->a[kind];
     pthread_once(&arena_once, arena_key_init);
-    struct vrpc_arena *a = malloc(sizeof(*a));
-    if (!a)
+    struct tls_arenas *t = malloc(sizeof(*t));
+    if (!t)
         return NULL;
-    vrpc_arena_init(a, 16384, 0);
-    pthread_setspecific(arena_key, a);
-    tls_arena = a;
-    return a;
+    for (int i = 0; i < VRPC_ARENA_KINDS; i++)
+        vrpc_arena_init(&t->a[i], 16384, 0);
+    pthread_setspecific(arena_key, t);
+    tls_arenas = t;
+    return &t->a[kind];
 }
 
 void vrpc_thread_release(void)
 {
-    if (!tls_arena)
+    if (!tls_arenas)
         return;
     pthread_setspecific(arena_key, NULL);
-    arena_free(tls_arena);
-    tls_arena = NULL;
+    arenas_free(tls_arenas);
+    tls_arenas = NULL;
+}
+
+uint64_t vrpc_rpc_pool_bytes(bool server, uint32_t eager)
+{
+    /* as vrpc_pool_create: cache-line strides of buffer + headroom (<= 64) */
+    uint64_t stride = ((uint64_t)eager + 64 + 63) & ~(uint64_t)63;
+    /* vrpc_channel_opts defaults (rpc.h): max_outstanding 256, max_queued as many */
+    uint64_t n = server ? VRPC_SERVER_SEND_BUFS + VRPC_SERVER_RECV_BUFS : 256 + 256 + 64 + VRPC_CHANNEL_RECV_BUFS;
+    return stride * n;
 }
 
 void vrpc_rpc_log(const char *fmt, ...)
@@ -70,11 +89,14 @@ void vrpc_rpc_log(const char *fmt, ...)
 
 int vrpc_rpc_parse_uri(const char *uri, char *name, size_t name_len, char *turi, size_t turi_len)
 {
+    char why[160];
     const char *sep;
     int n;
 
-    if (!uri || !*uri)
+    if (!uri || vrpc_uri_check(uri, why, sizeof why)) {
+        vrpc_rpc_log("bad URI '%s': %s", uri ? uri : "(null)", uri ? why : "NULL");
         return -EINVAL;
+    }
     sep = strstr(uri, "://");
     if (!sep) {
         if ((size_t)snprintf(name, name_len, "auto") >= name_len)
@@ -86,11 +108,17 @@ int vrpc_rpc_parse_uri(const char *uri, char *name, size_t name_len, char *turi,
             return -EINVAL;
         memcpy(name, uri, sl);
         name[sl] = 0;
-        if (strcmp(name, "tcp") && strcmp(name, "verbs") && strcmp(name, "auto"))
+        if (strcmp(name, "tcp") && strcmp(name, "verbs") && strcmp(name, "auto")) {
+            vrpc_rpc_log("bad URI '%s': unknown scheme '%s' (want tcp://, verbs:// or auto://)", uri, name);
             return -EINVAL;
+        }
         n = snprintf(turi, turi_len, "%s", uri);
     }
-    return n < 0 || (size_t)n >= turi_len ? -EINVAL : 0;
+    if (n < 0 || (size_t)n >= turi_len) {
+        vrpc_rpc_log("bad URI '%s': too long", uri);
+        return -EINVAL;
+    }
+    return 0;
 }
 
 /* The end of a bounded wait that starts now (read only once the first try

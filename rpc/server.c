@@ -21,7 +21,7 @@
 #include "rpc/timer.h"
 #include "rpc/wire.h"
 
-#define SERVER_RECV_BUFS 512
+#define SERVER_RECV_BUFS VRPC_SERVER_RECV_BUFS
 /* Receive buffers each connection adds to its poller's (see on_accepted),
  * posted in chunks of RECV_CHUNK from pools made as connections arrive. The
  * transport reserves 2 per connection (TCP; verbs 1 + 1 control). */
@@ -30,7 +30,7 @@
 #define MAX_CONNECTIONS_DEFAULT 1024u
 #define HELLO_TIMEOUT_DEFAULT_MS 5000u
 #define IDLE_TIMEOUT_DEFAULT_MS 300000u
-#define SERVER_SEND_BUFS 1024
+#define SERVER_SEND_BUFS VRPC_SERVER_SEND_BUFS
 #define HIST_BUCKETS 496
 
 struct method_entry {
@@ -609,7 +609,8 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
     struct method_entry *me = lookup(s, h->method_id);
     int64_t now = vrpc_now_ns();
     if (!me) {
-        refuse(c, h->request_id, VRPC_UNIMPLEMENTED, "unknown method id 0x%08x", h->method_id);
+        refuse(c, h->request_id, VRPC_UNIMPLEMENTED, "unknown method id 0x%08x (not registered on this server)",
+               h->method_id);
         return;
     }
     uint64_t size = (uint64_t)h->md_len + h->payload_len;

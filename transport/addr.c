@@ -2,27 +2,16 @@
  * IPv6 literal or a name (getaddrinfo), parsed into socket addresses, and
  * formatted back for vrpc_listener_uri() and vrpc_ep_peer_uri(). */
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <netdb.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "transport/transport_ops.h"
-
-static int parse_port(const char *s, unsigned *port)
-{
-    char *end;
-    unsigned long v;
-    if (!*s)
-        return -EINVAL;
-    errno = 0;
-    v = strtoul(s, &end, 10);
-    if (errno || *end || v > 65535 || s[0] == '-' || s[0] == '+')
-        return -EINVAL;
-    *port = (unsigned)v;
-    return 0;
-}
 
 /* host (no brackets) + port -> out->ss. */
 static int resolve(const char *host, unsigned port, struct vrpc_addr *out)
@@ -47,8 +36,11 @@ static int resolve(const char *host, unsigned port, struct vrpc_addr *out)
     memset(&hints, 0, sizeof hints);
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
-    if (getaddrinfo(host, NULL, &hints, &res) || !res)
-        return -EHOSTUNREACH;
+    int gai = getaddrinfo(host, NULL, &hints, &res);
+    if (gai || !res) {
+        vrpc_tp_log("cannot resolve host '%s': %s", host, gai ? gai_strerror(gai) : "no address");
+        return -ENXIO;
+    }
     memcpy(&out->ss, res->ai_addr, res->ai_addrlen);
     out->len = res->ai_addrlen;
     freeaddrinfo(res);
@@ -59,45 +51,129 @@ static int resolve(const char *host, unsigned port, struct vrpc_addr *out)
     return 0;
 }
 
+/* A URI's parts, checked for syntax only (nothing resolved). */
+struct uri_parts {
+    char scheme[16]; /* "" for a bare host:port */
+    char host[256];  /* without brackets */
+    unsigned port;
+};
+
+static int bad(char *why, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int bad(char *why, size_t len, const char *fmt, ...)
+{
+    if (why && len) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, len, fmt, ap);
+        va_end(ap);
+    }
+    return -EINVAL;
+}
+
+static bool host_char(int c) { return isalnum(c) || c == '.' || c == '-' || c == '_'; }
+
+/* The one URI syntax of verbrpc: [scheme://]host:port, scheme [a-z]+ or
+ * name+backend ([a-z]+\+[a-z]+), host an IPv4 literal, a name or a
+ * bracketed IPv6 literal (an optional %zone), port 0..65535, nothing after. */
+static int split_uri(const char *uri, struct uri_parts *p, char *why, size_t wl)
+{
+    const char *hp = uri, *colon, *q;
+    size_t i = 0, hlen;
+
+    memset(p, 0, sizeof *p);
+    if (!uri || !*uri)
+        return bad(why, wl, "empty URI");
+    while (islower((unsigned char)uri[i]))
+        i++;
+    if (i && uri[i] == '+' && islower((unsigned char)uri[i + 1]))
+        for (i++; islower((unsigned char)uri[i]);)
+            i++;
+    if (i && !strncmp(uri + i, "://", 3)) {
+        if (i >= sizeof p->scheme)
+            return bad(why, wl, "scheme '%.*s' is too long", (int)i, uri);
+        memcpy(p->scheme, uri, i);
+        hp = uri + i + 3;
+    } else if (i && uri[i] == ':' && !isdigit((unsigned char)uri[i + 1])) {
+        return bad(why, wl, "'%.*s:' must be followed by '//' (scheme://host:port)", (int)i, uri);
+    } else if (strstr(uri, "://")) {
+        return bad(why, wl, "the scheme must be lowercase letters, or name+backend (e.g. tcp://host:port)");
+    }
+    if (*hp == '[') {
+        const char *rb = strchr(hp, ']');
+        char a[INET6_ADDRSTRLEN];
+        struct in6_addr tmp;
+        if (!rb)
+            return bad(why, wl, "'[' without ']': an IPv6 host goes in brackets, [::1]:port");
+        hlen = (size_t)(rb - hp - 1);
+        if (!hlen)
+            return bad(why, wl, "empty host '[]'");
+        if (hlen >= sizeof p->host)
+            return bad(why, wl, "host too long");
+        memcpy(p->host, hp + 1, hlen);
+        size_t alen = strcspn(p->host, "%"); /* without the zone */
+        if (alen >= sizeof a)
+            return bad(why, wl, "'%s' is not an IPv6 address", p->host);
+        memcpy(a, p->host, alen);
+        a[alen] = 0;
+        if (inet_pton(AF_INET6, a, &tmp) != 1)
+            return bad(why, wl, "'%s' is not an IPv6 address", p->host);
+        if (rb[1] != ':')
+            return bad(why, wl, rb[1] ? "'%s' after ']': want ':port'" : "no port after ']' (want [host]:port)",
+                       rb + 1);
+        colon = rb + 1;
+    } else {
+        colon = strrchr(hp, ':');
+        if (!colon)
+            return bad(why, wl, "no port: want host:port");
+        hlen = (size_t)(colon - hp);
+        if (!hlen)
+            return bad(why, wl, "empty host: want host:port");
+        if (hlen >= sizeof p->host)
+            return bad(why, wl, "host too long");
+        memcpy(p->host, hp, hlen);
+        if (strchr(p->host, ':'))
+            return bad(why, wl, "'%s' has ':' in the host: an IPv6 host goes in brackets, [::1]:port", p->host);
+        for (q = p->host; *q; q++)
+            if (!host_char((unsigned char)*q))
+                return bad(why, wl, "'%s' is not a host name or address (character '%c')", p->host, *q);
+    }
+    q = colon + 1;
+    if (!*q)
+        return bad(why, wl, "no port after ':'");
+    unsigned long v = 0;
+    for (i = 0; isdigit((unsigned char)q[i]); i++)
+        if ((v = v * 10 + (unsigned long)(q[i] - '0')) > 65535)
+            return bad(why, wl, "port %s is out of range (0-65535)", q);
+    if (!i)
+        return bad(why, wl, "port '%s' is not a number", q);
+    if (q[i])
+        return bad(why, wl, "'%s' after the port", q + i);
+    p->port = (unsigned)v;
+    return 0;
+}
+
+int vrpc_uri_check(const char *uri, char *why, size_t why_len)
+{
+    struct uri_parts p;
+    int rc = split_uri(uri, &p, why, why_len);
+    if (rc == 0 && why && why_len)
+        why[0] = 0;
+    return rc;
+}
+
 int vrpc_addr_parse(const char *uri, struct vrpc_addr *out)
 {
-    const char *sep = strstr(uri, "://"), *hp, *colon;
-    char host[256];
-    size_t hlen;
-    unsigned port;
+    struct uri_parts p;
     struct vrpc_addr a;
     int rc;
 
-    if (!sep || sep == uri || (size_t)(sep - uri) >= sizeof a.scheme)
+    if ((rc = split_uri(uri, &p, NULL, 0)))
+        return rc;
+    if (!p.scheme[0] || strlen(p.scheme) >= sizeof a.scheme)
         return -EINVAL;
     memset(&a, 0, sizeof a);
-    memcpy(a.scheme, uri, (size_t)(sep - uri));
-    hp = sep + 3;
-    if (*hp == '[') {
-        const char *rb = strchr(hp, ']');
-        if (!rb || rb[1] != ':')
-            return -EINVAL;
-        hlen = (size_t)(rb - hp - 1);
-        if (!hlen || hlen >= sizeof host)
-            return -EINVAL;
-        memcpy(host, hp + 1, hlen);
-        host[hlen] = 0;
-        colon = rb + 1;
-        if (!strchr(host, ':'))
-            return -EINVAL;
-    } else {
-        colon = strrchr(hp, ':');
-        if (!colon || colon == hp)
-            return -EINVAL;
-        hlen = (size_t)(colon - hp);
-        if (hlen >= sizeof host)
-            return -EINVAL;
-        memcpy(host, hp, hlen);
-        host[hlen] = 0;
-        if (strchr(host, ':'))
-            return -EINVAL; /* IPv6 needs brackets */
-    }
-    if ((rc = parse_port(colon + 1, &port)) || (rc = resolve(host, port, &a)))
+    memcpy(a.scheme, p.scheme, strlen(p.scheme));
+    if ((rc = resolve(p.host, p.port, &a)))
         return rc;
     *out = a;
     return 0;

@@ -26,8 +26,9 @@ struct vrpc_addr {
     socklen_t len;
 };
 
-/* Parse "scheme://host:port" (host: IPv4, [IPv6] or name). -EINVAL if malformed,
- * -EHOSTUNREACH if the name does not resolve. */
+/* Parse "scheme://host:port" (host: IPv4, [IPv6] or name; the syntax of
+ * vrpc_uri_check). -EINVAL if malformed, -ENXIO if the name does not resolve
+ * (logged with the resolver's reason). */
 int vrpc_addr_parse(const char *uri, struct vrpc_addr *out);
 /* Parse a bare IP literal (v4 or v6, brackets optional) with port 0. */
 int vrpc_addr_parse_ip(const char *ip, struct vrpc_addr *out);

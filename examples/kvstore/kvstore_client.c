@@ -561,6 +561,24 @@ out:
     return rc;
 }
 
+/* The numeric options' names and ranges. */
+static const char *opt_name(int c)
+{
+    switch (c) {
+    case 't': return "threads";
+    case 'k': return "keys";
+    case 'v': return "value-size";
+    case 'o': return "outstanding";
+    case 'd': return "duration";
+    default: return "get-ratio";
+    }
+}
+static unsigned long long opt_min(int c) { return c == 'v' || c == 'g' ? 0 : 1; }
+static unsigned long long opt_max(int c)
+{
+    return c == 'g' ? 100 : c == 't' || c == 'o' ? 4096 : 1ull << 32;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -592,14 +610,10 @@ int main(int argc, char **argv)
         case 'o':
         case 'd':
         case 'g':
-            if (!ex_parse_uint(optarg, &v) || (v == 0 && c != 'v' && c != 'g') || (c == 'g' && v > 100) ||
-                ((c == 't' || c == 'o') && v > 4096) || v > (1ull << 32)) {
-                const char *name = c == 't' ? "threads" : c == 'k' ? "keys" : c == 'v' ? "value-size"
-                                 : c == 'o' ? "outstanding" : c == 'd' ? "duration" : "get-ratio";
-                const char *range = c == 'g' ? "0 to 100" : c == 'v' ? "0 to 4294967296"
-                                  : c == 't' || c == 'o' ? "1 to 4096" : "1 to 4294967296";
-                fprintf(stderr, "%s: bad value '%s' for --%s (%s%s)\n", argv[0], optarg, name, range,
-                        c == 'd' ? " seconds of load" : "");
+            if (!ex_parse_uint(optarg, &v) || v < opt_min(c) || v > opt_max(c)) {
+                fprintf(stderr, "%s: --%s wants %s from %llu to %llu, not '%s'\n", argv[0], opt_name(c),
+                        c == 'd' ? "seconds" : c == 'v' ? "bytes" : c == 'g' ? "a percentage" : "a number",
+                        opt_min(c), opt_max(c), optarg);
                 return 2;
             }
             if (c == 't')

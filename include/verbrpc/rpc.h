@@ -177,8 +177,11 @@ VRPC_API void vrpc_channel_opts_init(struct vrpc_channel_opts *o);
  * "auto://host:port" or a bare "host:port" (= auto: verbs where a usable RDMA
  * device exists, else TCP); IPv6 hosts in brackets. The channel starts IDLE
  * and connects on the first call (or vrpc_channel_connect). o may be NULL.
- * -EINVAL also for max_msg_size above VRPC_MSG_SIZE_MAX or above max_pinned
- * (logged with both figures). */
+ * -EINVAL for a malformed URI (the syntax of vrpc_uri_check in transport.h,
+ * or a scheme that names no backend; logged with the reason), also for
+ * max_msg_size above VRPC_MSG_SIZE_MAX or above max_pinned (logged with both
+ * figures). A host name is resolved at connect time: one that does not
+ * resolve fails the calls with UNAVAILABLE "cannot resolve the host name". */
 VRPC_API int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *o,
                                  struct vrpc_channel **out);
 
@@ -190,7 +193,10 @@ VRPC_API void vrpc_channel_destroy(struct vrpc_channel *ch);
 VRPC_API enum vrpc_channel_state vrpc_channel_state(const struct vrpc_channel *ch);
 
 /* Connect now (if not READY) and wait up to timeout_ms for READY.
- * 0, -ETIMEDOUT, -ECONNREFUSED or another negative errno of the last attempt. */
+ * 0, -ETIMEDOUT, or another negative errno of the last attempt. Errors that
+ * waiting does not cure end it at once: -ECONNREFUSED (nothing listens),
+ * -ENXIO (the host name does not resolve), -EINVAL, -EADDRNOTAVAIL (e.g. a
+ * verbs address on no RDMA device), -EAFNOSUPPORT. */
 VRPC_API int vrpc_channel_connect(struct vrpc_channel *ch, int timeout_ms);
 
 /* Per-call options. A zeroed struct (or NULL) means defaults. */
@@ -231,6 +237,8 @@ struct vrpc_call_opts {
  * On VRPC_OK *resp points to the response, unpacked into an arena owned by the
  * calling thread: it stays valid until this thread's next vrpc_call (on any
  * channel) or vrpc_thread_release(), and must not be freed by the caller.
+ * Async callbacks' responses live in a separate arena of the worker: a
+ * vrpc_call made inside a callback leaves the callback's resp intact.
  * On any other code *resp is not written. */
 VRPC_API int vrpc_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
                        const ProtobufCMessage *req, ProtobufCMessage **resp,
@@ -383,7 +391,8 @@ VRPC_API int vrpc_server_create(const struct vrpc_server_opts *o, struct vrpc_se
 VRPC_API int vrpc_server_register(struct vrpc_server *s, const struct vrpc_method_desc *m,
                                   vrpc_handler_fn fn, void *user);
 
-/* Listen on uri (as for channels; port 0 picks a free port) and start serving. */
+/* Listen on uri (as for channels; port 0 picks a free port) and start serving.
+ * -EINVAL for a malformed URI (logged with the reason, see vrpc_channel_create). */
 VRPC_API int vrpc_server_start(struct vrpc_server *s, const char *uri);
 
 /* The URI actually bound (with the real port) into buf (NUL-terminated).

@@ -359,10 +359,20 @@ struct vrpc_ep_attr {
 
 VRPC_API void vrpc_ep_attr_init(struct vrpc_ep_attr *attr);
 
+/* Check a URI's syntax without resolving anything: "scheme://host:port" or a
+ * bare "host:port"; scheme [a-z]+ or name+backend ([a-z]+\+[a-z]+, e.g.
+ * "fault+tcp"); host an IPv4 literal, a name ([A-Za-z0-9._-]) or an IPv6
+ * literal in brackets (optional %zone); port 0..65535 in decimal and nothing
+ * after it. Whether the scheme names a backend is not checked here. Returns 0
+ * or -EINVAL with the reason in why (NUL-terminated, cut to why_len; why may
+ * be NULL). The channel, the server and vrpc_connect/vrpc_listen all use it. */
+VRPC_API int vrpc_uri_check(const char *uri, char *why, size_t why_len);
+
 /* Connect to uri; blocks until the connection is established (handshake
  * done: eager size and credits agreed) or has failed. Errors: -ECONNREFUSED
  * (nothing listens there, or the server refused: listener closing, no
- * receive buffers to reserve), -ETIMEDOUT, -EHOSTUNREACH, -EPROTO (handshake:
+ * receive buffers to reserve), -ETIMEDOUT, -EHOSTUNREACH, -ENXIO (the host
+ * name does not resolve; logged with the resolver's reason), -EPROTO (handshake:
  * version/size mismatch), -EINVAL (bad URI), -EPROTONOSUPPORT, -ENOBUFS
  * (attr->cq has fewer than 2 unpromised receive buffers). On success the
  * endpoint's completions start on attr->cq; no completion marks the connect. */

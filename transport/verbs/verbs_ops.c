@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "transport/transport_ops.h"
+#include "transport/verbs/verbs_diag.h"
 
 /* Wire protocol version carried in the connect private data. */
 #define PROTO_VERSION 1u
@@ -446,17 +447,12 @@ static uint32_t pow2(uint32_t x)
 static int memlock_error(size_t bytes, int err, const char *dev)
 {
 	struct rlimit rl;
-	char lim[32] = "unknown";
-	if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
-		if (rl.rlim_cur == RLIM_INFINITY)
-			snprintf(lim, sizeof(lim), "unlimited");
-		else
-			snprintf(lim, sizeof(lim), "%llu KiB", (unsigned long long)rl.rlim_cur / 1024);
+	char why[256];
+	vrpc_tp_log("verbs: cannot register %zu bytes on %s: %s", bytes, dev, strerror(-err));
+	if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+		struct vrpc_verbs_diag d = { .have = rl.rlim_cur, .need = rl.rlim_cur + bytes };
+		vrpc_tp_log("verbs: %s", vrpc_verbs_advice(VRPC_VP_MEMLOCK, &d, why, sizeof(why)));
 	}
-	vrpc_tp_log("verbs: cannot register %zu bytes on %s: %s. The locked-memory limit (ulimit -l) is %s; "
-		    "raise it: `ulimit -l unlimited`, memlock in /etc/security/limits.conf, "
-		    "or LimitMEMLOCK=infinity for a systemd service",
-		    bytes, dev, strerror(-err), lim);
 	return -ENOMEM;
 }
 
@@ -2632,6 +2628,24 @@ static void verbs_listener_destroy(struct vrpc_listener *base)
 	free(l);
 }
 
+/* An address rdma_cm cannot place on a device: no device at all, or not on
+ * an RDMA netdev (the same sentences as `verbrpc doctor`). */
+static void addr_advice(const struct vrpc_addr *a)
+{
+	char ip[INET6_ADDRSTRLEN + 8] = "?", why[256];
+	int n = 0;
+	struct ibv_device **l = ibv_get_device_list(&n);
+	struct vrpc_verbs_diag d = { .addr = ip };
+	if (l)
+		ibv_free_device_list(l);
+	if (a->ss.ss_family == AF_INET)
+		inet_ntop(AF_INET, &((const struct sockaddr_in *)&a->ss)->sin_addr, ip, sizeof(ip));
+	else if (a->ss.ss_family == AF_INET6)
+		inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)&a->ss)->sin6_addr, ip, sizeof(ip));
+	vrpc_tp_log("verbs: %s", vrpc_verbs_advice(n > 0 ? VRPC_VP_NOT_RDMA_ADDR : VRPC_VP_NO_DEVICE, &d, why,
+						       sizeof(why)));
+}
+
 static int verbs_listen(struct vrpc_transport *tbase, const struct vrpc_addr *addr, const struct vrpc_listen_attr *attr,
 			struct vrpc_listener **out)
 {
@@ -2678,8 +2692,10 @@ static int verbs_listen(struct vrpc_transport *tbase, const struct vrpc_addr *ad
 	*out = &l->base;
 	return 0;
 err:
-	if (rc == -ENODEV)
+	if (rc == -ENODEV) {
 		rc = -EADDRNOTAVAIL; /* the address is not on an RDMA device */
+		addr_advice(addr);
+	}
 	if (l->id)
 		rdma_destroy_id(l->id);
 	vconns_unref(l->nconns);
@@ -2715,6 +2731,8 @@ static int verbs_connect(struct vrpc_transport *tbase, const struct vrpc_addr *d
 		rc = err_errno();
 		rdma_destroy_id(ep->id);
 		verbs_ep_free(&ep->base);
+		if (rc == -ENODEV)
+			addr_advice(src ? src : dst);
 		return rc == -ENODEV ? -EHOSTUNREACH : rc;
 	}
 	clock_gettime(CLOCK_REALTIME, &dl);
@@ -3037,8 +3055,10 @@ static int verbs_tp_create(const struct vrpc_transport_attr *attr, struct vrpc_t
 	pthread_cond_init(&tp->cond, NULL);
 	tp->ech = rdma_create_event_channel();
 	if (!tp->ech) {
+		struct vrpc_verbs_diag d = { .err = errno };
+		char why[256];
 		rc = -ENODEV;
-		vrpc_tp_log("verbs: no RDMA support here (rdma_create_event_channel: %s)", strerror(errno));
+		vrpc_tp_log("verbs: %s", vrpc_verbs_advice(VRPC_VP_NO_RDMA, &d, why, sizeof(why)));
 		goto err;
 	}
 	fcntl(tp->ech->fd, F_SETFL, fcntl(tp->ech->fd, F_GETFL) | O_NONBLOCK);
