@@ -370,8 +370,9 @@ static void conn_protocol_error(struct sconn *c, const char *what, int rc)
 
 /* Fail c for a reason of its own making (it does not read, a transfer is too
  * slow): the reason is logged once with the client's address, c takes no new
- * work, and the close ends it (what it still holds comes back at its
- * DISCONNECTED). Any thread. */
+ * work, and the connection is aborted (vrpc_ep_abort: its queued sends, reads
+ * and send buffers come back at once, with its DISCONNECTED, instead of after
+ * a graceful close the client would not finish). Any thread. */
 static void conn_fail(struct sconn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void conn_fail(struct sconn *c, const char *fmt, ...)
 {
@@ -383,8 +384,8 @@ static void conn_fail(struct sconn *c, const char *fmt, ...)
     vsnprintf(why, sizeof(why), fmt, ap);
     va_end(ap);
     vrpc_ep_peer_uri(c->ep, peer, sizeof(peer));
-    vrpc_rpc_log("client %s: %s; closing the connection", peer, why);
-    vrpc_ep_close(c->ep);
+    vrpc_rpc_log("client %s: %s; aborting the connection", peer, why);
+    vrpc_ep_abort(c->ep, -ECONNABORTED);
 }
 
 /* ---- sending: the per-connection send quota ----------------------------------
@@ -835,9 +836,9 @@ static void hold_fired(void *ctx, uint64_t arg)
     char peer[VRPC_URI_MAX] = "?";
     vrpc_ep_peer_uri(found->ep, peer, sizeof(peer));
     vrpc_rpc_log("client %s held the %u-byte response of call %#llx for %u ms without reading it (no DONE); "
-                 "closing the connection", peer, len, (unsigned long long)id, s->o.hold_timeout_ms);
+                 "aborting the connection", peer, len, (unsigned long long)id, s->o.hold_timeout_ms);
     __atomic_store_n(&found->dead, 1, __ATOMIC_RELEASE);
-    vrpc_ep_close(found->ep);
+    vrpc_ep_abort(found->ep, -ECONNABORTED);
     sconn_unref(found);
 }
 
@@ -1112,7 +1113,7 @@ static void conn_sweep(void *ctx, uint64_t arg)
                 continue;
             if (!nhello++)
                 vrpc_ep_peer_uri(c->ep, peer[0], sizeof(peer[0]));
-            vrpc_ep_close(c->ep);
+            vrpc_ep_abort(c->ep, -ECONNABORTED); /* it holds its reservation, nothing to finish */
             continue;
         }
         uint32_t calls = __atomic_load_n(&c->calls_seen, __ATOMIC_RELAXED);
@@ -1131,7 +1132,7 @@ static void conn_sweep(void *ctx, uint64_t arg)
     }
     pthread_mutex_unlock(&s->lock);
     if (nhello)
-        vrpc_rpc_log("closing %u connection%s that sent no HELLO within %u ms (hello_timeout_ms), client %s%s",
+        vrpc_rpc_log("aborting %u connection%s that sent no HELLO within %u ms (hello_timeout_ms), client %s%s",
                      nhello, nhello == 1 ? "" : "s", s->o.hello_timeout_ms, peer[0], nhello > 1 ? " and others" : "");
     if (nidle)
         vrpc_rpc_log("GOAWAY and closing %u connection%s with no call for %u ms (idle_timeout_ms), client %s%s",

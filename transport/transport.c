@@ -491,6 +491,13 @@ int vrpc_ep_close(struct vrpc_ep *ep)
     return ep->tp->ops->close(ep);
 }
 
+int vrpc_ep_abort(struct vrpc_ep *ep, int status)
+{
+    if (!ep || status >= 0)
+        return -EINVAL;
+    return ep->tp->ops->abort(ep, status);
+}
+
 void vrpc_ep_destroy(struct vrpc_ep *ep)
 {
     if (!ep)

@@ -129,6 +129,8 @@ struct vrpc_transport_ops {
     int (*grant_segs)(struct vrpc_ep *ep, const struct vrpc_seg *segs, unsigned n, uint32_t len, uint32_t *rkey);
     int (*revoke)(struct vrpc_ep *ep, uint32_t rkey, uint64_t wr_id);
     int (*close)(struct vrpc_ep *ep);
+    /* vrpc_ep_abort: status checked by the core (negative). */
+    int (*abort)(struct vrpc_ep *ep, int status);
     /* Free the endpoint's memory: both references are gone (the user's, and
      * the transport's, which the core drops after delivering DISCONNECTED). */
     void (*ep_free)(struct vrpc_ep *ep);

@@ -483,6 +483,21 @@ VRPC_API void vrpc_lbuf_stats(const struct vrpc_transport *tp, size_t *pinned, s
  * -ETIMEDOUT and what is left flushes. Any thread; returns 0, or -ENOTCONN if
  * already closed or dead (idempotent). */
 VRPC_API int vrpc_ep_close(struct vrpc_ep *ep);
+/* Abortive close, for a peer that misbehaves: whatever it holds comes back
+ * at once instead of after the close timeout. Nothing new is accepted
+ * (-ENOTCONN); every send (queued for credits or written), read and revoke
+ * of ep still pending completes with -ECANCELED, and DISCONNECTED follows,
+ * last, with status (a negative errno, e.g. -ECONNABORTED), even if the
+ * connection was lost meanwhile. Granted keys die with the connection. TCP resets the connection
+ * (SO_LINGER 0: unsent and unread bytes are dropped at once); verbs
+ * moves the QP to the error state and disconnects without waiting for the
+ * peer. Also after vrpc_ep_close (it cuts the graceful close short). Any
+ * thread, the CQ's completion callback included; never blocks; the
+ * completions arrive on the CQ's poller as usual. Not after
+ * vrpc_ep_destroy (the caller must hold its reference). Returns 0, -EINVAL
+ * if status is not negative, or -ENOTCONN if ep is already aborted or dead
+ * (idempotent: nothing changes, DISCONNECTED keeps the status it has). */
+VRPC_API int vrpc_ep_abort(struct vrpc_ep *ep, int status);
 /* Close if needed and drop the user's reference. The pointer stays valid as a
  * name in completions until its DISCONNECTED completion has been delivered;
  * afterwards the memory is freed. Do not call any other function on ep after.

@@ -1090,3 +1090,112 @@ void t_revoke_during_read(void **state)
     assert_true(coll_wait(&r.s.coll, VRPC_WC_DISCONNECTED, sep, WAIT_MS, &w));
     rig_stop(&r);
 }
+
+/* ---- abortive close ----------------------------------------------------------- */
+
+/* Scan the collector for ep's completions: counts per opcode and status, and
+ * whether DISCONNECTED is the last one of ep. */
+struct ep_tally {
+    unsigned sends, send_cancel, reads, read_cancel, disc, other;
+    int disc_status;
+    bool disc_last;
+};
+
+static void tally(struct coll *c, struct vrpc_ep *ep, struct ep_tally *t)
+{
+    size_t i;
+    memset(t, 0, sizeof *t);
+    pthread_mutex_lock(&c->mu);
+    for (i = 0; i < c->n; i++) {
+        const struct vrpc_wc *w = &c->wc[i];
+        if (w->ep != ep)
+            continue;
+        t->disc_last = false;
+        if (w->opcode == VRPC_WC_SEND) {
+            t->sends++;
+            t->send_cancel += w->status == -ECANCELED;
+            t->other += w->status && w->status != -ECANCELED;
+        } else if (w->opcode == VRPC_WC_READ) {
+            t->reads++;
+            t->read_cancel += w->status == -ECANCELED;
+            t->other += w->status && w->status != -ECANCELED;
+        } else if (w->opcode == VRPC_WC_DISCONNECTED) {
+            t->disc++;
+            t->disc_status = w->status;
+            t->disc_last = true;
+        } else {
+            t->other++;
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* vrpc_ep_abort on an endpoint with sends queued for credits (the peer holds
+ * every buffer it received), a large read in flight and a grant of its own:
+ * at once (well within the idle timeout a graceful close would wait for),
+ * every send and the read complete exactly once (0, or -ECANCELED for what
+ * had not finished), DISCONNECTED comes last with the abort's status, the
+ * key is dead, and nothing new is accepted. The peer loses its connection. */
+void t_abort(void **state)
+{
+    const uint32_t big = scaled(8) < 2 ? 2u << 20 : scaled(8) << 20;
+    const unsigned nsend = 48; /* the server posts 32 buffers and keeps them */
+    struct vrpc_pool *pool;
+    struct rig r;
+    struct vrpc_ep *cep, *sep;
+    struct vrpc_buf *src, *dst, *mine, *b;
+    struct ep_tally t;
+    struct vrpc_wc w;
+    uint32_t key, mykey;
+    uint64_t t0, ms;
+    unsigned i;
+
+    assert_int_equal(rig_start(&r, 0), 0);
+    assert_int_equal(rig_connect(&r, &cep, &sep), 0);
+    assert_int_equal(vrpc_lbuf_get(r.s.tp, big, &src), 0);
+    fill(src->data, big, 41);
+    key = grant_or_skip(sep, src, src->data, big);
+    assert_int_equal(vrpc_lbuf_get(r.c.tp, big, &dst), 0);
+    assert_int_equal(vrpc_lbuf_get(r.c.tp, 4096, &mine), 0);
+    mykey = grant_or_skip(cep, mine, mine->data, 4096);
+    assert_int_equal(vrpc_pool_create(r.c.tp, 64, nsend + 1, &pool), 0);
+    for (i = 0; i < nsend; i++) {
+        assert_non_null(b = vrpc_pool_get(pool));
+        assert_int_equal(vrpc_ep_send(cep, b, 8, i, i, 0), 0);
+    }
+    assert_true(coll_wait_n(&r.s.coll, VRPC_WC_RECV, 32, WAIT_MS)); /* the rest waits for credits */
+    assert_int_equal(vrpc_ep_read(cep, dst, 0, big, (uint64_t)(uintptr_t)src->data, key, 7), 0);
+    t0 = now_ms();
+    assert_int_equal(vrpc_ep_abort(cep, -ECONNABORTED), 0);
+    assert_int_equal(vrpc_ep_abort(cep, -EPROTO), -ENOTCONN); /* idempotent */
+    assert_non_null(b = vrpc_pool_get(pool));
+    assert_int_equal(vrpc_ep_send(cep, b, 8, 0, 99, 0), -ENOTCONN);
+    vrpc_pool_put(b);
+    assert_true(coll_wait_n(&r.c.coll, VRPC_WC_DISCONNECTED, 1, WAIT_MS));
+    ms = now_ms() - t0;
+    usleep(50000); /* anything after DISCONNECTED would show up now */
+    tally(&r.c.coll, cep, &t);
+    printf("  abort: DISCONNECTED %d after %llu ms; %u sends (%u flushed), %u read (%u flushed)\n", t.disc_status,
+           (unsigned long long)ms, t.sends, t.send_cancel, t.reads, t.read_cancel);
+    assert_true(ms < 5000); /* a graceful close would wait for the idle timeout (10 s) */
+    assert_int_equal(t.disc, 1);
+    assert_true(t.disc_last);
+    assert_int_equal(t.disc_status, -ECONNABORTED);
+    assert_int_equal(t.sends, nsend);
+    assert_true(t.send_cancel >= 1); /* some were still queued for credits */
+    assert_int_equal(t.reads, 1);
+    assert_int_equal(t.other, 0);
+    assert_int_equal(vrpc_ep_revoke(cep, mykey, 1), -ENOTCONN); /* the key died with it */
+    assert_int_equal(vrpc_ep_abort(cep, -ECONNABORTED), -ENOTCONN);
+    assert_true(coll_wait(&r.s.coll, VRPC_WC_DISCONNECTED, sep, WAIT_MS, &w));
+    printf("  the peer's DISCONNECTED: %d (%s)\n", w.status, strerror(-w.status));
+    while (coll_wait(&r.c.coll, VRPC_WC_SEND, cep, 0, &w))
+        vrpc_pool_put(w.buf);
+    vrpc_pool_destroy(pool);
+    vrpc_ep_destroy(cep);
+    vrpc_ep_destroy(sep);
+    vrpc_lbuf_put(src);
+    vrpc_lbuf_put(dst);
+    vrpc_lbuf_put(mine);
+    rig_stop(&r);
+}

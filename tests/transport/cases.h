@@ -22,6 +22,8 @@ void t_read_past_buffer(void **state);
 void t_read_tail_zeroed(void **state);
 void t_reads_with_small_sends(void **state);
 void t_revoke_during_read(void **state);
+/* abortive close */
+void t_abort(void **state);
 
 #define CONFORMANCE_CASES                                                                   \
     cmocka_unit_test(t_credits_burst), cmocka_unit_test(t_pipelined_sizes),                   \
@@ -33,7 +35,7 @@ void t_revoke_during_read(void **state);
         cmocka_unit_test(t_read_sizes), cmocka_unit_test(t_read_after_revoke),                      \
         cmocka_unit_test(t_read_wrong_endpoint), cmocka_unit_test(t_read_past_buffer),              \
         cmocka_unit_test(t_read_tail_zeroed), cmocka_unit_test(t_reads_with_small_sends),           \
-        cmocka_unit_test(t_revoke_during_read),
+        cmocka_unit_test(t_revoke_during_read), cmocka_unit_test(t_abort),
 
 /* Fair shares (fair.c): connection limit, credit timeout, eager minimum. */
 void t_fair_max_conns(void **state);

@@ -53,7 +53,8 @@ enum { F_DATA = VRPC_TCP_DATA, F_CREDIT = VRPC_TCP_CREDIT, F_HELLO = VRPC_TCP_HE
 /* What the body of the frame being received is. */
 enum { K_NONE, K_DATA, K_RREQ, K_RRESP };
 
-enum ep_state { S_HANDSHAKE, S_OPEN, S_CLOSING, S_DEAD };
+/* S_ABORTING: vrpc_ep_abort was called; the poller tears it down next pass. */
+enum ep_state { S_HANDSHAKE, S_OPEN, S_CLOSING, S_ABORTING, S_DEAD };
 
 /* A queue of buffers linked through vrpc_buf.next. */
 struct fifo {
@@ -146,6 +147,8 @@ struct tcp_ep {
     char ctrl_space[HDR_LEN];
     atomic_uint credit_ret; /* credits to return to the peer (any frame takes them) */
     _Atomic uint64_t close_ns; /* when vrpc_ep_close was called, 0 if not */
+    int abort_status;          /* vrpc_ep_abort's status (under lock, set once) */
+    struct tcp_ep *xnext;      /* abort list (MPSC) */
     _Atomic uint64_t wait_ns;  /* sends wait for credits since (the last credits
                                   that arrived), 0: none waits */
 
@@ -212,6 +215,7 @@ struct tcp_cq {
     _Atomic(struct vrpc_buf *) done;  /* MPSC: finished sends and flushes (LIFO) */
     _Atomic(struct vrpc_buf *) posted_in; /* MPSC: newly posted receives (LIFO) */
     _Atomic(struct tcp_ep *) adopt;   /* MPSC: new endpoints for this poller */
+    _Atomic(struct tcp_ep *) aborts;  /* MPSC: aborted endpoints, each holding a reference */
     atomic_int avail;                 /* posted receives not promised to any peer */
     atomic_int posted;                /* posted receives not consumed (<= max_recv) */
 
@@ -638,6 +642,45 @@ static int tcp_close(struct vrpc_ep *base)
     pthread_mutex_unlock(&ep->lock);
     kick(ep->cq);
     return 0;
+}
+
+/* Any thread: stop writing, then hand ep to its poller, which tears it down
+ * (RST) on its next pass. The list holds a reference until then, so a
+ * DISCONNECTED delivered meanwhile cannot free ep under it. */
+static int tcp_abort(struct vrpc_ep *base, int status)
+{
+    struct tcp_ep *ep = container_of(base, struct tcp_ep, base);
+    struct tcp_ep *old;
+    int st;
+    pthread_mutex_lock(&ep->lock);
+    st = atomic_load(&ep->state);
+    if (st == S_ABORTING || st == S_DEAD) {
+        pthread_mutex_unlock(&ep->lock);
+        return -ENOTCONN;
+    }
+    ep->abort_status = status;
+    ep->werr = true; /* nothing more goes on the wire */
+    atomic_store(&ep->state, S_ABORTING);
+    pthread_mutex_unlock(&ep->lock);
+    atomic_fetch_add_explicit(&ep->base.refs, 1, memory_order_relaxed);
+    old = atomic_load(&ep->cq->aborts);
+    do
+        ep->xnext = old;
+    while (!atomic_compare_exchange_weak(&ep->cq->aborts, &old, ep));
+    kick(ep->cq);
+    return 0;
+}
+
+/* Poller: tear down the endpoints of an abort list taken before adopt() (so
+ * every one of them has been adopted), and drop the list's references. */
+static void run_aborts(struct tcp_cq *cq, struct tcp_ep *ep)
+{
+    struct tcp_ep *n;
+    for (; ep; ep = n) {
+        n = ep->xnext;
+        teardown(cq, ep, ep->abort_status, NULL);
+        vrpc_ep_unref(&ep->base);
+    }
 }
 
 /* ---- grants (any thread; the table lock, taken after an endpoint lock) ---- */
@@ -1237,13 +1280,19 @@ static void listener_unref(struct tcp_listener *l);
  * receive, and queue its DISCONNECTED (or free it, if never reported). */
 static void teardown(struct tcp_cq *cq, struct tcp_ep *ep, int status, const char *why)
 {
+    bool aborted;
     int fd;
     if (atomic_load(&ep->state) == S_DEAD)
         return;
+    pthread_mutex_lock(&ep->lock);
+    aborted = atomic_load(&ep->state) == S_ABORTING;
+    if (aborted) { /* the user's abort decides the status, whatever ended it first */
+        status = ep->abort_status;
+        why = NULL;
+    }
     if (why)
         vrpc_tp_log("tcp: connection %s: %s (%s)", ep->base.peer_uri[0] ? ep->base.peer_uri : "(accepting)",
                     why, strerror(status < 0 ? -status : 0));
-    pthread_mutex_lock(&ep->lock);
     atomic_store(&ep->state, S_DEAD);
     flush_sends_locked(ep);
     grants_ep_dead(ep); /* before the jobs go: their pending revokes complete -ECANCELED */
@@ -1252,6 +1301,10 @@ static void teardown(struct tcp_cq *cq, struct tcp_ep *ep, int status, const cha
     ep->fd = -1;
     pthread_mutex_unlock(&ep->lock);
     epoll_ctl(cq->epfd, EPOLL_CTL_DEL, fd, NULL);
+    if (aborted) { /* reset: the kernel drops what is unsent at once */
+        struct linger lg = { .l_onoff = 1, .l_linger = 0 };
+        setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    }
     close(fd);
     if (ep->rbuf) {
         put_posted(cq, ep->rbuf);
@@ -1887,7 +1940,7 @@ static bool direct_poll_ok(struct tcp_cq *cq)
 static void progress(struct tcp_cq *cq)
 {
     uint64_t now = vrpc_tp_now_ns();
-    struct tcp_ep *ep, *next;
+    struct tcp_ep *ep, *next, *aborts;
     bool direct = false;
     int i, nev;
 
@@ -1910,7 +1963,9 @@ static void progress(struct tcp_cq *cq)
             ssize_t r = read(cq->evfd, &v, sizeof v);
             (void)r;
         }
+    aborts = atomic_exchange(&cq->aborts, NULL); /* before adopt: see run_aborts */
     adopt(cq);
+    run_aborts(cq, aborts);
     for (i = 0; i < nev; i++)
         if (cq->ev[i].data.ptr)
             on_event(cq, cq->ev[i].data.ptr, cq->ev[i].events, now);
@@ -2008,7 +2063,9 @@ static void tcp_cq_flush(struct vrpc_cq *base)
 {
     struct tcp_cq *cq = container_of(base, struct tcp_cq, base);
     struct vrpc_buf *b;
+    struct tcp_ep *ab = atomic_exchange(&cq->aborts, NULL);
     adopt(cq);
+    run_aborts(cq, ab);
     /* Stage what is already done first, so per-endpoint order holds. */
     drain_done(cq);
     while (cq->eps)
@@ -2465,5 +2522,6 @@ const struct vrpc_transport_ops vrpc_tcp_ops = {
     .revoke = tcp_revoke,
     .grant_segs = tcp_grant_segs,
     .close = tcp_close,
+    .abort = tcp_abort,
     .ep_free = tcp_ep_free,
 };

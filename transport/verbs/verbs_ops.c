@@ -862,6 +862,18 @@ static void todo_add(struct vep *ep)
 	wake(cq->evfd);
 }
 
+/* ep->lock held, ep not dead: mark it dead with status, QP to error. */
+static void dead_locked(struct vep *ep, int status)
+{
+	ep->state = S_DEAD;
+	ep->status = status;
+	if (ep->qp) {
+		struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
+		ibv_modify_qp(ep->qp, &a, IBV_QP_STATE);
+	}
+	pthread_cond_broadcast(&ep->cond);
+}
+
 /* Fails the endpoint once (any thread but the CM thread's teardown): QP to
  * error so posted sends flush; the poller flushes the queued ones. ep->lock
  * held; true when it did (the caller then logs and calls todo_add). */
@@ -869,14 +881,8 @@ static bool fail_locked(struct vep *ep, int status, const char *fmt, va_list ap)
 {
 	if (ep->state == S_DEAD)
 		return false;
-	ep->state = S_DEAD;
-	ep->status = status;
 	vsnprintf(ep->why, sizeof(ep->why), fmt, ap);
-	if (ep->qp) {
-		struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
-		ibv_modify_qp(ep->qp, &a, IBV_QP_STATE);
-	}
-	pthread_cond_broadcast(&ep->cond);
+	dead_locked(ep, status);
 	return true;
 }
 
@@ -2950,6 +2956,26 @@ static int verbs_close(struct vrpc_ep *base)
 	return rc;
 }
 
+/* Abortive close: fail now (QP to error, so what was posted flushes; the
+ * poller flushes what is queued and tears down, rdma_disconnect without
+ * waiting for the peer). Not logged: the caller says why. */
+static int verbs_abort(struct vrpc_ep *base, int status)
+{
+	struct vep *ep = container_of(base, struct vep, base);
+	bool did = false;
+	pthread_mutex_lock(&ep->lock);
+	if (ep->state != S_DEAD) {
+		snprintf(ep->why, sizeof(ep->why), "aborted by the user");
+		dead_locked(ep, status);
+		did = true;
+	}
+	pthread_mutex_unlock(&ep->lock);
+	if (!did)
+		return -ENOTCONN;
+	todo_add(ep);
+	return 0;
+}
+
 /* ---- memory --------------------------------------------------------------------------------------------- */
 
 static int verbs_mr_reg(struct vrpc_transport *tbase, void *addr, size_t len, unsigned access, struct vrpc_mr **out)
@@ -3120,5 +3146,6 @@ const struct vrpc_transport_ops vrpc_verbs_ops = {
 	.revoke = verbs_revoke,
 	.grant_segs = vrpc_enosys_grant_segs,
 	.close = verbs_close,
+	.abort = verbs_abort,
 	.ep_free = verbs_ep_free,
 };
