@@ -503,9 +503,9 @@ static void hold_fired(void *ctx, uint64_t id)
     char peer[VRPC_URI_MAX] = "?";
     vrpc_ep_peer_uri(c->ep, peer, sizeof(peer));
     vrpc_rpc_log("server %s held the %u-byte payload of call %#llx for %u ms without reading it; "
-                 "closing the connection", peer, len, (unsigned long long)id, ch->o.hold_timeout_ms);
+                 "aborting the connection", peer, len, (unsigned long long)id, ch->o.hold_timeout_ms);
     conn_fail(c, "connection closed: the server did not read a large request in time", false);
-    vrpc_ep_close(c->ep);
+    vrpc_ep_abort(c->ep, -ECONNABORTED);
     conn_unref(c);
 }
 
@@ -515,6 +515,20 @@ static void response_read_done(struct vrpc_channel *ch, struct vrpc_rndv_in *in,
     struct vrpc_pending_slot *s = container_of(in, struct vrpc_pending_slot, in);
     struct vrpc_conn *c = vrpc_ep_user(in->ep);
     uint32_t gen = vrpc_wire_id_gen(in->id);
+    uint64_t want = (uint64_t)gen << 32 | VRPC_RD_READING;
+    if (!__atomic_compare_exchange_n(&s->rd_xfer, &want, (uint64_t)gen << 32 | VRPC_RD_NONE, false,
+                                     __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        /* Too late: the limit decided the call and aborted c. Let it finish
+         * (a few non-blocking steps on the wheel's thread) before this
+         * completion lets go of the slot; no DONE on an aborted connection. */
+        while (__atomic_load_n(&s->rd_xfer, __ATOMIC_ACQUIRE) != ((uint64_t)gen << 32 | VRPC_RD_EXPIRED))
+            sched_yield();
+        vrpc_lbuf_put(in->lb);
+        in->lb = NULL;
+        slot_drop(s, gen);
+        return;
+    }
+    vrpc_timer_cancel(ch->wheel, &s->rd_timer); /* if it fires anyway, it finds NONE */
     struct vrpc_buf *lb = in->lb;
     in->lb = NULL;
     if (status == 0) {
@@ -543,6 +557,41 @@ static void response_read_done(struct vrpc_channel *ch, struct vrpc_rndv_in *in,
             protocol_error(c, "its large-response descriptor could not be read (bad key or range)", -EPROTO);
     }
     slot_drop(s, gen);
+}
+
+/* The wheel's thread: a large response's read is not over at its limit
+ * (on_large_response). The call ends RESOURCE_EXHAUSTED (if nothing ended it
+ * before), and the connection is aborted: that ends the read at once, and the
+ * buffer comes back at its (flushed) completion. */
+static void response_xfer_expired(void *ctx, uint64_t id)
+{
+    struct vrpc_channel *ch = ctx;
+    uint32_t idx = vrpc_wire_id_slot(id), gen = vrpc_wire_id_gen(id);
+    if (idx >= ch->pend->n)
+        return;
+    struct vrpc_pending_slot *s = &ch->pend->slots[idx];
+    uint64_t want = (uint64_t)gen << 32 | VRPC_RD_READING;
+    if (!__atomic_compare_exchange_n(&s->rd_xfer, &want, (uint64_t)gen << 32 | VRPC_RD_EXPIRING, false,
+                                     __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return; /* the read finished first (or the slot moved on) */
+    /* the read's completion waits for EXPIRED: the slot, its endpoint and
+     * connection stay as they are until then */
+    struct vrpc_conn *c = vrpc_ep_user(s->in.ep);
+    long long ms = (long long)((vrpc_now_ns() - s->rd_start_ns) / 1000000);
+    uint32_t len = s->in.len;
+    if (vrpc_pending_decide(s, gen)) {
+        vrpc_status_set(&s->st, VRPC_RESOURCE_EXHAUSTED,
+                        "large transfer too slow: the %u-byte response was not read in %lld ms (min_transfer_rate "
+                        "%u B/s, transfer_floor_ms %u)", len, ms, ch->o.min_transfer_rate, ch->o.transfer_floor_ms);
+        complete(ch, s, gen, false);
+    }
+    char peer[VRPC_URI_MAX] = "?";
+    vrpc_ep_peer_uri(c->ep, peer, sizeof(peer));
+    vrpc_rpc_log("server %s: large transfer too slow: %u-byte response of call %#llx not read in %lld ms; "
+                 "aborting the connection", peer, len, (unsigned long long)id, ms);
+    conn_fail(c, "connection aborted: a large response was too slow (min_transfer_rate)", false);
+    vrpc_ep_abort(c->ep, -ECONNABORTED);
+    __atomic_store_n(&s->rd_xfer, (uint64_t)gen << 32 | VRPC_RD_EXPIRED, __ATOMIC_RELEASE);
 }
 
 static void response_read_failed(struct vrpc_rndv_in *in, int rc, void *arg)
@@ -595,6 +644,14 @@ static void on_large_response(struct vrpc_channel *ch, struct vrpc_conn *c, stru
     in->id = h->request_id;
     slot_hold(s); /* before seen: the read keeps the slot */
     slot_seen(s, gen);
+    /* the read's limit, from the announcement: the floor, and the size at
+     * min_transfer_rate (the call's deadline ends the call on its own) */
+    s->rd_start_ns = vrpc_now_ns();
+    __atomic_store_n(&s->rd_xfer, (uint64_t)gen << 32 | VRPC_RD_READING, __ATOMIC_RELEASE);
+    vrpc_timer_arm(ch->wheel, &s->rd_timer,
+                   s->rd_start_ns + ((int64_t)ch->o.transfer_floor_ms +
+                                     (int64_t)h->payload_len * 1000 / ch->o.min_transfer_rate) * 1000000,
+                   response_xfer_expired, ch, h->request_id);
     int rc = vrpc_rndv_read(in);
     if (rc == -ENOSPC)
         vrpc_rndv_read_later(&ch->retry, in);
@@ -1729,6 +1786,10 @@ int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *opts, s
 
     if ((rc = vrpc_rndv_limits("channel", &ch->o.max_msg_size, &ch->o.max_pinned, &ch->o.hold_timeout_ms)))
         goto fail;
+    if (!ch->o.min_transfer_rate)
+        ch->o.min_transfer_rate = VRPC_TRANSFER_RATE_DEFAULT;
+    if (!ch->o.transfer_floor_ms)
+        ch->o.transfer_floor_ms = VRPC_TRANSFER_FLOOR_DEFAULT_MS;
     vrpc_transport_attr_init(&ta);
     /* Eager frames stay small whatever the message limit: larger payloads go
      * by rendezvous, so pools and receive buffers do not grow with it. */

@@ -81,7 +81,16 @@ struct vrpc_pending_slot {
                              fails instead of marking the slot's next call */
     struct vrpc_rndv_out out;  /* the request payload, granted to the server */
     struct vrpc_rndv_in in;    /* the response payload, being read */
+    /* The read's time limit (rpc/channel.c, response_xfer_expired): rd_xfer
+     * is gen << 32 | VRPC_RD_READING from the announcement until the read is
+     * over (poller: CAS to VRPC_RD_NONE) or the limit passed (the wheel's
+     * thread: CAS to VRPC_RD_EXPIRING, then VRPC_RD_EXPIRED once it has
+     * decided the call and aborted the connection). */
+    uint64_t rd_xfer;     /* atomic */
+    int64_t rd_start_ns;
+    struct vrpc_timer rd_timer;
 };
+enum { VRPC_RD_NONE = 0, VRPC_RD_READING = 1, VRPC_RD_EXPIRING = 2, VRPC_RD_EXPIRED = 3 };
 #define VRPC_PEND_XFER_SEEN 0x80000000u
 
 struct vrpc_pending {

@@ -15,6 +15,10 @@
 #include "rpc/timer.h"
 
 #define VRPC_HOLD_TIMEOUT_DEFAULT_MS 60000u
+/* The transfer limit of a large payload's read, from its announcement:
+ * transfer_floor_ms + size / min_transfer_rate (server and channel options). */
+#define VRPC_TRANSFER_RATE_DEFAULT (1u << 20)
+#define VRPC_TRANSFER_FLOOR_DEFAULT_MS 10000u
 
 /* The transport of a channel / a started server (NULL before start), for
  * tests and statistics (vrpc_lbuf_stats). Not public API. */

@@ -1603,9 +1603,9 @@ int vrpc_server_create(const struct vrpc_server_opts *o, struct vrpc_server **ou
     if (!s->o.send_stall_ms)
         s->o.send_stall_ms = 5000;
     if (!s->o.min_transfer_rate)
-        s->o.min_transfer_rate = 1u << 20;
+        s->o.min_transfer_rate = VRPC_TRANSFER_RATE_DEFAULT;
     if (!s->o.transfer_floor_ms)
-        s->o.transfer_floor_ms = 10000;
+        s->o.transfer_floor_ms = VRPC_TRANSFER_FLOOR_DEFAULT_MS;
     s->send_quota = s->o.max_sends_per_conn;
     s->send_half = s->send_quota / 2;
     if (!s->o.max_connections)

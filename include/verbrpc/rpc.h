@@ -152,6 +152,20 @@ struct vrpc_channel_opts {
     uint32_t hold_timeout_ms;    /* a server that neither read (DONE) nor answered a
                                     large request this long after it was offered
                                     loses its connection; 0: 60000 */
+    uint32_t min_transfer_rate;  /* bytes/s: a large response must be read within
+                                    transfer_floor_ms + its size at this rate,
+                                    counted from its announcement (the server's
+                                    rule for large requests, vrpc_server_opts).
+                                    A slower one is abandoned: the call ends
+                                    RESOURCE_EXHAUSTED naming this limit (unless
+                                    its deadline or a cancel ended it first: the
+                                    call's deadline covers the read as always),
+                                    the buffer returns and the connection is
+                                    aborted with a logged reason ("large transfer
+                                    too slow"), failing its other calls
+                                    UNAVAILABLE; the next call reconnects.
+                                    0: 1 MiB/s */
+    uint32_t transfer_floor_ms;  /* the fixed part of that limit; 0: 10000 */
     uint32_t max_queued;         /* async calls queued, in order, while max_outstanding
                                     are pending; beyond them (and for a large request
                                     without a slot) vrpc_call_async returns -EAGAIN;
@@ -343,10 +357,9 @@ struct vrpc_server_opts {
                                       abandoned, answered RESOURCE_EXHAUSTED (or
                                       DEADLINE_EXCEEDED when the call's deadline
                                       came first) and its connection failed
-                                      ("large transfer too slow"). The buffer
-                                      returns when the connection's close ends
-                                      the read (at the latest the transport's
-                                      idle timeout later). 0: 1 MiB/s */
+                                      ("large transfer too slow"): aborted
+                                      (vrpc_ep_abort), so the buffer returns
+                                      at once. 0: 1 MiB/s */
     uint32_t transfer_floor_ms;    /* the fixed part of that limit; 0: 10000 */
     uint64_t cpu_mask;             /* CPU placement, bit i = CPU i (CPUs 0..63):
                                       poller i runs on the (i mod n)-th CPU of the

@@ -777,6 +777,179 @@ static void t_flood(void **state)
     vrpc_server_destroy(e.srv);
 }
 
+/* ---- a server that trickles a large response -------------------------------
+ * A raw TCP server (the transport's and the RPC wire by hand) answers the
+ * channel's call with a 16 MiB rendezvous response and serves the channel's
+ * read of it at one byte a second. The channel's transfer limit
+ * (transfer_floor_ms + size / min_transfer_rate from the announcement; here
+ * 1 s + 16 MiB at 16 MiB/s = 2 s) ends the call RESOURCE_EXHAUSTED naming
+ * min_transfer_rate, gives the 16 MiB back and aborts the connection, which
+ * the raw server sees end. Without the limit the call ran into its deadline
+ * (8 s here) and the buffer stayed until the read's last byte. */
+
+struct trickler {
+    int lfd, fd;
+    unsigned port;
+    uint32_t len;          /* the announced response */
+    unsigned served;       /* bytes of the read served (atomic) */
+    unsigned reads;        /* READ_REQs seen (atomic) */
+    unsigned ended;        /* the channel's side ended the connection (atomic) */
+    int64_t ended_ns;
+    unsigned stop;         /* (atomic) */
+    pthread_t th;
+};
+
+static bool tr_frame(int fd, uint8_t type, uint32_t imm, uint16_t credits, const void *body, uint32_t blen)
+{
+    uint8_t f[VRPC_TCP_HDR_LEN + 256];
+    assert_true(blen <= 256);
+    thdr((struct vrpc_tcp_hdr *)f, type, blen, imm, credits);
+    memcpy(f + VRPC_TCP_HDR_LEN, body, blen);
+    return write_all(fd, f, VRPC_TCP_HDR_LEN + blen);
+}
+
+/* One DATA frame carrying an RPC frame; it returns one credit (every frame
+ * of the channel's we read is answered at once, so 1 is what we owe). */
+static bool tr_rpc(int fd, const struct vrpc_wire_hdr *w, const void *body, uint32_t blen)
+{
+    uint8_t f[VRPC_WIRE_HDR_LEN + 64];
+    assert_true(blen <= 64);
+    vrpc_wire_hdr_encode(f, w);
+    memcpy(f + VRPC_WIRE_HDR_LEN, body, blen);
+    return tr_frame(fd, VRPC_TCP_DATA, 0, 1, f, VRPC_WIRE_HDR_LEN + blen);
+}
+
+static void *trickler_main(void *arg)
+{
+    struct trickler *t = arg;
+    static uint8_t body[ATK_EAGER + 64];
+    uint32_t tag = 0, left = 0;
+    int64_t next = 0;
+    t->fd = accept(t->lfd, NULL, NULL);
+    if (t->fd < 0)
+        return NULL;
+    while (!__atomic_load_n(&t->stop, __ATOMIC_ACQUIRE)) {
+        struct pollfd p = {.fd = t->fd, .events = POLLIN};
+        if (left && vrpc_now_ns() >= next) { /* one byte a second */
+            uint8_t b = 0xab;
+            if (!tr_frame(t->fd, VRPC_TCP_READ_RESP, tag, 0, &b, 1))
+                break;
+            left--;
+            __atomic_add_fetch(&t->served, 1, __ATOMIC_RELEASE);
+            next = vrpc_now_ns() + 1000000000;
+        }
+        if (poll(&p, 1, 10) <= 0)
+            continue;
+        struct vrpc_tcp_hdr h;
+        if (!read_all(t->fd, &h, sizeof h))
+            break;
+        uint32_t len = le32toh(h.len);
+        if (len > sizeof(body) || !read_all(t->fd, body, len))
+            break;
+        struct vrpc_wire_hdr w;
+        if (h.type == VRPC_TCP_HELLO) { /* eager 8 KiB, 8 credits for the channel */
+            if (!tr_frame(t->fd, VRPC_TCP_HELLO_ACK, ATK_EAGER, 8, NULL, 0))
+                break;
+        } else if (h.type == VRPC_TCP_DATA && vrpc_wire_hdr_decode(body, len, &w) == 0) {
+            if (w.type == VRPC_FT_HELLO) {
+                uint8_t hp[VRPC_WIRE_HELLO_LEN];
+                struct vrpc_wire_hello hs = {.max_msg_size = 32u << 20, .max_concurrent = 8,
+                                             .features = VRPC_FEAT_LARGE};
+                vrpc_wire_hello_encode(hp, &hs);
+                struct vrpc_wire_hdr a = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_HELLO_ACK,
+                                          .payload_len = sizeof hp};
+                if (!tr_rpc(t->fd, &a, hp, sizeof hp))
+                    break;
+            } else if (w.type == VRPC_FT_REQUEST) {
+                uint8_t d[VRPC_WIRE_DESC_LEN];
+                struct vrpc_wire_desc desc = {.addr = 0x100000, .rkey = 0x77};
+                vrpc_wire_desc_encode(d, &desc);
+                struct vrpc_wire_hdr r = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
+                                          .flags = VRPC_FF_RNDV, .status = VRPC_OK,
+                                          .request_id = w.request_id, .payload_len = t->len};
+                if (!tr_rpc(t->fd, &r, d, sizeof d))
+                    break;
+            }
+        } else if (h.type == VRPC_TCP_READ_REQ) {
+            struct vrpc_tcp_read_req rq;
+            memcpy(&rq, body, sizeof rq);
+            tag = le32toh(h.imm);
+            left = le32toh(rq.length);
+            __atomic_add_fetch(&t->reads, 1, __ATOMIC_RELEASE);
+        }
+    }
+    if (!__atomic_load_n(&t->stop, __ATOMIC_ACQUIRE)) {
+        t->ended_ns = vrpc_now_ns();
+        __atomic_store_n(&t->ended, 1, __ATOMIC_RELEASE);
+    }
+    return NULL;
+}
+
+static size_t ch_in_use(struct vrpc_channel *ch)
+{
+    size_t pinned = 0, in_use = 0;
+    vrpc_lbuf_stats(vrpc_channel_transport(ch), &pinned, &in_use);
+    return in_use;
+}
+
+static void t_trickled_response(void **state)
+{
+    (void)state;
+    static struct trickler t;
+    memset(&t, 0, sizeof t);
+    t.len = 16u << 20;
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    socklen_t sl = sizeof sa;
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    t.lfd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(t.lfd >= 0);
+    assert_int_equal(bind(t.lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(t.lfd, 4), 0);
+    assert_int_equal(getsockname(t.lfd, (struct sockaddr *)&sa, &sl), 0);
+    t.port = ntohs(sa.sin_port);
+    assert_int_equal(pthread_create(&t.th, NULL, trickler_main, &t), 0);
+
+    struct vrpc_channel_opts co;
+    vrpc_channel_opts_init(&co);
+    co.max_msg_size = 32u << 20;
+    co.min_transfer_rate = 16u << 20;
+    co.transfer_floor_ms = 1000; /* the limit: 1 s + 16 MiB at 16 MiB/s = 2 s */
+    char uri[VRPC_URI_MAX];
+    snprintf(uri, sizeof uri, "tcp://127.0.0.1:%u", t.port);
+    struct vrpc_channel *ch;
+    assert_int_equal(vrpc_channel_create(uri, &co, &ch), 0);
+    Vrpctest__EchoRequest rq = VRPCTEST__ECHO_REQUEST__INIT;
+    Vrpctest__EchoReply *rep = NULL;
+    struct vrpc_status st;
+    struct vrpc_call_opts o = {.timeout_us = 8000000};
+    int64_t t0 = vrpc_now_ns();
+    enum vrpc_code code = vrpc_call(ch, &m_echo, &rq.base, (ProtobufCMessage **)&rep, &o, &st);
+    int64_t ms = (vrpc_now_ns() - t0) / 1000000;
+    size_t held = ch_in_use(ch);
+    printf("attack trickle: the 16 MiB response's call ended %s after %lld ms (\"%s\"); %u bytes served, "
+           "%zu bytes of large buffers still in use\n", vrpc_code_name(code), (long long)ms, st.message,
+           __atomic_load_n(&t.served, __ATOMIC_ACQUIRE), held);
+    assert_int_equal(__atomic_load_n(&t.reads, __ATOMIC_ACQUIRE), 1);
+    assert_int_equal(code, VRPC_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(st.message, "min_transfer_rate"));
+    assert_true(ms >= 1500 && ms < 6000); /* at its limit (2 s), well before the deadline */
+    for (int i = 0; i < 100 && ch_in_use(ch); i++) /* the aborted read's completion puts it back */
+        usleep(10000);
+    assert_int_equal(ch_in_use(ch), 0);
+    for (int i = 0; i < 100 && !__atomic_load_n(&t.ended, __ATOMIC_ACQUIRE); i++)
+        usleep(10000);
+    assert_true(__atomic_load_n(&t.ended, __ATOMIC_ACQUIRE)); /* aborted, not left to time out */
+    printf("attack trickle: the raw server saw the connection end %lld ms after the call did\n",
+           (long long)((t.ended_ns - t0) / 1000000 - ms));
+    vrpc_channel_destroy(ch);
+    __atomic_store_n(&t.stop, 1, __ATOMIC_RELEASE);
+    shutdown(t.lfd, SHUT_RDWR);
+    pthread_join(t.th, NULL);
+    if (t.fd >= 0)
+        close(t.fd);
+    close(t.lfd);
+}
+
 int main(int argc, char **argv)
 {
     const char *setup = "local";
@@ -807,6 +980,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(t_no_read_two),
         cmocka_unit_test(t_large_never_served),
         cmocka_unit_test(t_large_slow_readers),
+        cmocka_unit_test(t_trickled_response),
         cmocka_unit_test(t_flood),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
