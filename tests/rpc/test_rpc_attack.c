@@ -804,7 +804,8 @@ static bool tr_frame(int fd, uint8_t type, uint32_t imm, uint16_t credits, const
     uint8_t f[VRPC_TCP_HDR_LEN + 256];
     assert_true(blen <= 256);
     thdr((struct vrpc_tcp_hdr *)f, type, blen, imm, credits);
-    memcpy(f + VRPC_TCP_HDR_LEN, body, blen);
+    if (blen)
+        memcpy(f + VRPC_TCP_HDR_LEN, body, blen);
     return write_all(fd, f, VRPC_TCP_HDR_LEN + blen);
 }
 
