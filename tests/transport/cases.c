@@ -1139,7 +1139,7 @@ static void tally(struct coll *c, struct vrpc_ep *ep, struct ep_tally *t)
 void t_abort(void **state)
 {
     const uint32_t big = scaled(8) < 2 ? 2u << 20 : scaled(8) << 20;
-    const unsigned nsend = 48; /* the server posts 32 buffers and keeps them */
+    const unsigned nsend = 48; /* more than the server's 32 buffers, which it keeps */
     struct vrpc_pool *pool;
     struct rig r;
     struct vrpc_ep *cep, *sep;
@@ -1163,7 +1163,11 @@ void t_abort(void **state)
         assert_non_null(b = vrpc_pool_get(pool));
         assert_int_equal(vrpc_ep_send(cep, b, 8, i, i, 0), 0);
     }
-    assert_true(coll_wait_n(&r.s.coll, VRPC_WC_RECV, 32, WAIT_MS)); /* the rest waits for credits */
+    /* the server keeps what it receives: past its credits (at most its 32
+     * posted buffers; the backends differ in how many they promise at
+     * first), the rest waits for credits that never come */
+    assert_true(coll_wait_n(&r.s.coll, VRPC_WC_RECV, 1, WAIT_MS));
+    usleep(200000);
     assert_int_equal(vrpc_ep_read(cep, dst, 0, big, (uint64_t)(uintptr_t)src->data, key, 7), 0);
     t0 = now_ms();
     assert_int_equal(vrpc_ep_abort(cep, -ECONNABORTED), 0);
