@@ -30,8 +30,9 @@
  * freed at thread exit or vrpc_thread_release). NULL if out of memory. */
 struct vrpc_arena *vrpc_rpc_tls_arena(void);
 
-/* Log a line to stderr prefixed with "verbrpc: ". Protocol errors and other
- * events the peer caused go here; VRPC_LOG=0 in the environment silences it. */
+/* Log a line at VRPC_LOG_WARN, subsystem "rpc", through the library's logger
+ * (include/verbrpc/log.h). Protocol errors and other events the peer caused
+ * go here. Other levels: vrpc_log(level, "rpc", ...). */
 void vrpc_rpc_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Transport name and URI for it from a user URI: "tcp://h:p", "verbs://h:p",

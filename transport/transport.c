@@ -10,6 +10,7 @@
 #include <sched.h>
 #include <time.h>
 
+#include "common/log_internal.h"
 #include "transport/lbuf.h"
 #include "transport/transport_ops.h"
 
@@ -63,12 +64,10 @@ uint64_t vrpc_tp_now_ns(void)
 
 void vrpc_tp_log(const char *fmt, ...)
 {
-    char line[256];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
+    vrpc_logv(VRPC_LOG_WARN, "transport", fmt, ap);
     va_end(ap);
-    fprintf(stderr, "vrpc[transport] %s\n", line);
 }
 
 /* ---- transport ------------------------------------------------------------ */

@@ -154,8 +154,9 @@ void vrpc_ep_base_init(struct vrpc_ep *ep, struct vrpc_transport *tp, struct vrp
 /* Monotonic clock in nanoseconds. */
 uint64_t vrpc_tp_now_ns(void);
 
-/* Transport log: one line to stderr, "vrpc[transport] ...". For protocol
- * errors and the like; never on the hot path of healthy traffic. */
+/* Transport log: one line at VRPC_LOG_WARN, subsystem "transport", through
+ * the library's logger (include/verbrpc/log.h; other levels: vrpc_log()).
+ * For protocol errors and the like; never on the hot path of healthy traffic. */
 void vrpc_tp_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #ifdef VRPC_BACKEND_VERBS

@@ -3,6 +3,7 @@
 #define VERBRPC_VERBRPC_H
 
 #include <verbrpc/common.h>
+#include <verbrpc/log.h>
 #include <verbrpc/sched.h>
 #include <verbrpc/transport.h>
 #include <verbrpc/rpc.h>
