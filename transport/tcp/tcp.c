@@ -565,6 +565,7 @@ static int tcp_send(struct vrpc_ep *base, struct vrpc_buf *b, uint32_t len, uint
             return -EAGAIN;
         }
         ep->nwait++;
+        vrpc_tp_note_credit_wait(base);
         fifo_push(&ep->waitq, b);
         pthread_mutex_unlock(&ep->lock);
         return 0;

@@ -2664,6 +2664,7 @@ static int verbs_send(struct vrpc_ep *base, struct vrpc_buf *buf, uint32_t len, 
 			ep->wq_head = buf;
 		ep->wq_tail = buf;
 		ep->nwait++;
+		vrpc_tp_note_credit_wait(base);
 	}
 	TRACE("verbs: send qpn %u len %u state %d credits %u nwait %u rc %d", ep->qpn, len, ep->state, ep->credits,
 	      ep->nwait, rc);
