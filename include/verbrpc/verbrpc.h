@@ -7,5 +7,6 @@
 #include <verbrpc/sched.h>
 #include <verbrpc/transport.h>
 #include <verbrpc/rpc.h>
+#include <verbrpc/metrics.h>
 
 #endif
