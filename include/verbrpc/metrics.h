@@ -24,7 +24,9 @@
  * approximate across series, but a histogram's _count equals its +Inf bucket.
  *
  * Each function writes a malloc'd NUL-terminated text into *out (the caller
- * frees it) and its length into *len. 0, -EINVAL or -ENOMEM. Any thread. */
+ * frees it) and its length into *len. 0, -EINVAL or -ENOMEM. Any thread;
+ * rendering allocates and takes the transport's CQ-list lock, so it belongs
+ * on a scrape path, not a call path. */
 #ifndef VERBRPC_METRICS_H
 #define VERBRPC_METRICS_H
 
@@ -39,7 +41,8 @@ struct vrpc_server;
 struct vrpc_channel;
 struct Verbrpc__Stats__V1__GetStatsResponse;
 
-/* The server's metrics, before or after start (transport series once started). */
+/* The server's metrics, before or after start (transport series once
+ * started); not concurrently with vrpc_server_register or destroy. */
 VRPC_API int vrpc_server_metrics_text(const struct vrpc_server *s, char **out, size_t *len);
 
 /* The URL the metrics endpoint serves, "http://127.0.0.1:9464/metrics" (with
