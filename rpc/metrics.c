@@ -183,19 +183,23 @@ static void take(struct snap *s, const struct vrpc_call_metrics *m)
     s->max_ns = ld(&m->max_ns);
 }
 
-/* Percentile from the Prometheus buckets: the upper bound of the bucket that
- * holds it, clamped to the max (the +Inf bucket: the max itself). */
+/* Percentile from the Prometheus buckets, as Prometheus' histogram_quantile
+ * estimates it (linear within the bucket that holds it), clamped to the max
+ * (in the +Inf bucket: the max itself). */
 static uint64_t bucket_quantile(const struct snap *s, double q)
 {
-    uint64_t want = (uint64_t)(q * (double)s->count), acc = 0;
+    double want = q * (double)s->count;
+    uint64_t acc = 0;
     if (!s->count)
         return 0;
-    if (!want)
-        want = 1;
     for (unsigned b = 0; b < VRPC_PROM_BUCKETS; b++) {
+        if (s->bucket[b] && (double)(acc + s->bucket[b]) >= want) {
+            uint64_t lo = b ? vrpc_prom_bounds_ns[b - 1] : 0, hi = vrpc_prom_bounds_ns[b];
+            double f = (want - (double)acc) / (double)s->bucket[b];
+            uint64_t v = lo + (uint64_t)(f * (double)(hi - lo));
+            return v < s->max_ns ? v : s->max_ns;
+        }
         acc += s->bucket[b];
-        if (acc >= want)
-            return vrpc_prom_bounds_ns[b] < s->max_ns ? vrpc_prom_bounds_ns[b] : s->max_ns;
     }
     return s->max_ns;
 }

@@ -9,7 +9,9 @@
  *   errors_total{method,code}           those with a code other than OK
  *   duration_seconds{method} histogram  latency: _bucket{le} cumulative from 1 us
  *                                       in 1-2-5 steps to 10 s and +Inf, _sum, _count
- *   latency_seconds{method,quantile}    p50, p90, p99 (never above the max)
+ *   latency_seconds{method,quantile}    p50, p90, p99, never above the max (server:
+ *                                       from a log-linear histogram, error < 7%;
+ *                                       client: interpolated in the buckets above)
  *   latency_max_seconds{method}
  *   connections, connections_accepted_total, connections_opened_total,
  *   connections_closed_total, messages_received_total, received_bytes_total,
