@@ -51,8 +51,9 @@ static inline struct vrpc_arena *vrpc_rpc_tls_arena(void) { return vrpc_rpc_tls_
  * with RLIMIT_MEMLOCK; large-message buffers come on top, up to max_pinned). */
 uint64_t vrpc_rpc_pool_bytes(bool server, uint32_t eager);
 
-/* Log a line to stderr prefixed with "verbrpc: ". Protocol errors and other
- * events the peer caused go here; VRPC_LOG=0 in the environment silences it. */
+/* Log a line at VRPC_LOG_WARN, subsystem "rpc", through the library's logger
+ * (include/verbrpc/log.h). Protocol errors and other events the peer caused
+ * go here. Other levels: vrpc_log(level, "rpc", ...). */
 void vrpc_rpc_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Transport name and URI for it from a user URI: "tcp://h:p", "verbs://h:p",

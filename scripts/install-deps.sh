@@ -14,6 +14,10 @@ PKGS=(
     libprotobuf-c-dev protobuf-c-compiler protobuf-compiler libprotobuf-dev libprotoc-dev
     # concurrency kit, tests
     libck-dev libcmocka-dev
+    # the server's Prometheus metrics endpoint (vrpc_server_opts.metrics_addr):
+    # an HTTP server library rather than an HTTP parser of our own; optional
+    # (VRPC_WITH_METRICS), the library builds without it
+    libmicrohttpd-dev
     # sanitizer runtimes (gcc 12)
     libasan8 libubsan1 libtsan2
     # Soft-RoCE VM: qemu, initramfs tools, and what the guest runs from the host root

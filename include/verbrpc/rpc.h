@@ -377,6 +377,18 @@ struct vrpc_server_opts {
                                       while answers wait for them this long loses
                                       its connection (vrpc_transport_attr
                                       .credit_timeout_ms); 0: 10000 */
+    const char *metrics_addr;      /* serve the server's metrics as Prometheus text
+                                      over HTTP (GET /metrics, <verbrpc/metrics.h>) on
+                                      this "IP:port", e.g. "127.0.0.1:9464" (port 0:
+                                      any; vrpc_server_metrics_uri tells); from start
+                                      to destroy, on a thread of its own. Plain HTTP,
+                                      no authentication: bind it to a private
+                                      address. Copied. NULL: no endpoint. A malformed
+                                      address fails vrpc_server_create with -EINVAL, a
+                                      library built without the endpoint
+                                      (VRPC_WITH_METRICS=OFF or no libmicrohttpd)
+                                      with -ENOTSUP; an address in use fails
+                                      vrpc_server_start. */
 };
 #define VRPC_SERVER_NO_IDLE_TIMEOUT UINT32_MAX
 VRPC_API void vrpc_server_opts_init(struct vrpc_server_opts *o);
@@ -458,7 +470,9 @@ VRPC_API void *vrpc_server_call_alloc(struct vrpc_server_call *call, size_t size
  * taken while calls run is approximate but never torn per field. Latencies
  * are from request arrival to the transport having taken a response message
  * (a status-only or large response: to the answer being decided), from a
- * log-linear histogram (bucket error < 7%). */
+ * log-linear histogram (bucket error < 7%; a percentile is never reported
+ * above latency_max_us). <verbrpc/metrics.h> renders these and more as
+ * Prometheus text. */
 struct vrpc_method_stats {
     const struct vrpc_method_desc *method;
     uint64_t calls;                      /* answered calls, any code */

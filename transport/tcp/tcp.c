@@ -578,6 +578,7 @@ static int tcp_send(struct vrpc_ep *base, struct vrpc_buf *b, uint32_t len, uint
         if (!ep->waitq.head)
             atomic_store_explicit(&ep->wait_ns, vrpc_tp_now_ns(), memory_order_relaxed);
         ep->nwait++;
+        vrpc_tp_note_credit_wait(base);
         fifo_push(&ep->waitq, b);
         pthread_mutex_unlock(&ep->lock);
         return 0;
