@@ -14,6 +14,8 @@ PKGS=(
     libprotobuf-c-dev protobuf-c-compiler protobuf-compiler libprotobuf-dev libprotoc-dev
     # concurrency kit, tests
     libck-dev libcmocka-dev
+    # JSON for the verbrpc tool (call's requests and responses, stats --json): protobuf-c has no JSON
+    libjansson-dev
     # sanitizer runtimes (gcc 12)
     libasan8 libubsan1 libtsan2
     # Soft-RoCE VM: qemu, initramfs tools, and what the guest runs from the host root

@@ -741,6 +741,14 @@ static int enc_one(struct ctx *c, const DpField *f, json_t *v, bool proto3, stru
     return rc;
 }
 
+/* Whether a JSON null is a value of f (google.protobuf.Value's null), not
+ * "the default". */
+static bool null_is_value(const DpField *f)
+{
+    return (f->type == T_MESSAGE && strcmp(type_name(f), "google.protobuf.Value") == 0) ||
+           (f->type == T_ENUM && strcmp(type_name(f), "google.protobuf.NullValue") == 0);
+}
+
 /* A map's JSON key (always a string) as its key field's JSON value. */
 static json_t *map_key(struct ctx *c, const DpField *kf, const char *key)
 {
@@ -772,7 +780,7 @@ static int enc_map(struct ctx *c, const DpField *f, const DpMsg *entry, json_t *
         int rc = k ? enc_one(c, kf, k, false, &b) : -EINVAL;
 
         json_decref(k);
-        if (rc == 0 && !json_is_null(val))
+        if (rc == 0 && (!json_is_null(val) || null_is_value(vf)))
             rc = enc_one(c, vf, val, false, &b);
         if (rc == 0)
             rc = put_tag(out, f->number, WT_LEN);
@@ -792,8 +800,7 @@ static int enc_field(struct ctx *c, const DpField *f, json_t *v, bool proto3, st
     size_t i;
     json_t *e;
 
-    if (json_is_null(v) && !(f->type == T_MESSAGE && strcmp(type_name(f), "google.protobuf.Value") == 0) &&
-        !(f->type == T_ENUM && strcmp(type_name(f), "google.protobuf.NullValue") == 0))
+    if (json_is_null(v) && !null_is_value(f))
         return 0; /* null: the field's default */
     if (entry)
         return enc_map(c, f, entry, v, out);
