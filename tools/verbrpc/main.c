@@ -104,6 +104,11 @@ int tool_connect(struct tool_conn *c, const char *uri, int64_t timeout_us)
         return EXIT_USAGE;
     }
     rc = vrpc_channel_connect(c->ch, ms > INT32_MAX ? INT32_MAX : (int)ms);
+    if (rc == -EINVAL) { /* a URI that cannot be connected to as written: a bad argument */
+        fprintf(stderr, "verbrpc: cannot connect to '%s': %s\n", uri, strerror(-rc));
+        tool_disconnect(c);
+        return EXIT_USAGE;
+    }
     if (rc) {
         fprintf(stderr, "verbrpc: failed to connect to %s: %s\n", uri, rc == -ETIMEDOUT ? "timed out" : strerror(-rc));
         tool_disconnect(c);

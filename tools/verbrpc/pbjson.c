@@ -925,7 +925,7 @@ int pbjson_encode(const struct descpool *p, const char *type, json_t *in, struct
 {
     struct ctx c = { .p = p, .err = err, .errlen = errlen };
 
-    return enc_msg(&c, type, in, out);
+    return enc_msg(&c, type + (type[0] == '.'), in, out);
 }
 
 /* ---- decode --------------------------------------------------------------- */
@@ -1404,7 +1404,7 @@ json_t *pbjson_decode(const struct descpool *p, const char *type, const uint8_t 
 
     if (err && errlen)
         err[0] = '\0';
-    return dec_msg(&c, type, data, len);
+    return dec_msg(&c, type + (type[0] == '.'), data, len);
 }
 
 /* ---- text ------------------------------------------------------------------*/
