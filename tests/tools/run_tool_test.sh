@@ -94,7 +94,7 @@ run 1 call "$URI" $KV/Get '{"key": ' && has err "not JSON"
 run 1 call "$URI" $KV/Get '{"nokey": 1}' && has err "nokey: no such field in examples.kvstore.v1.GetRequest"
 run 1 call "$URI" $KV/Get '{"key": 5}' && has err "key: expected a string"
 run 1 call "$URI" $KV/Nope '{}' && has err "no method"
-run 3 call "$URI" no.Such/Get '{}' && has err "NOT_FOUND"
+run 3 call "$URI" no.Such/Get '{}' && has err "NOT_FOUND" && has err "--descriptor-set FILE"
 run 1 call "$URI" NoMethodName && has err "not a method name"
 # the descriptors from a descriptor set instead of reflection
 "$PROTOC" -I"$PROTO_DIR" --include_imports --descriptor_set_out="$tmp/kv.pb" kvstore.proto || fail=1

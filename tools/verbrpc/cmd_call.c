@@ -179,6 +179,9 @@ int cmd_call(int argc, char **argv)
         goto out;
     if (!a.set && tool_reflect(&c, &pool, svc_name, false, &st) != VRPC_OK) {
         rc = tool_rpc_failed("looking the service up by reflection", &st);
+        if (st.code == VRPC_NOT_FOUND) /* e.g. methods registered with hand-written descriptors */
+            fprintf(stderr, "verbrpc call: the server has no descriptor of %s; pass --descriptor-set FILE "
+                            "(protoc --descriptor_set_out=FILE --include_imports)\n", svc_name);
         goto out;
     }
     if (!descpool_method(&pool, a.method, &svc, &m)) {
