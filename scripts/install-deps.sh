@@ -18,6 +18,8 @@ PKGS=(
     # an HTTP server library rather than an HTTP parser of our own; optional
     # (VRPC_WITH_METRICS), the library builds without it
     libmicrohttpd-dev
+    # JSON for the verbrpc tool (call's requests and responses, stats --json): protobuf-c has no JSON
+    libjansson-dev
     # sanitizer runtimes (gcc 12)
     libasan8 libubsan1 libtsan2
     # Soft-RoCE VM: qemu, initramfs tools, and what the guest runs from the host root

@@ -64,11 +64,31 @@ VRPC_API const char *vrpc_code_name(enum vrpc_code code);
 
 /* ---- methods --------------------------------------------------------------
  * One per RPC method; the generator emits them as static const data. */
+
+/* A .proto file's description, embedded by protoc-gen-verbrpc in the
+ * generated code and served by every server's reflection service
+ * (idl/verbrpc/reflection.proto) for the files of its registered methods.
+ * Static const data; never freed. */
+struct vrpc_file_desc {
+    const char *name;                        /* "pkg/file.proto", as protoc names it */
+    const uint8_t *data;                     /* serialized google.protobuf.FileDescriptorProto
+                                                (without source_code_info) */
+    size_t len;
+    const char *const *symbols;              /* fully-qualified names of its messages (nested
+                                                too), enums, services and methods
+                                                ("pkg.Service.Method"), no leading dot */
+    size_t n_symbols;
+    const struct vrpc_file_desc *const *deps; /* the files it imports, each embedded too */
+    size_t n_deps;
+};
+
 struct vrpc_method_desc {
     const char *full_name;                    /* "/pkg.Service/Method", as gRPC spells it */
     uint32_t id;                              /* vrpc_method_id(full_name) */
     const ProtobufCMessageDescriptor *input;  /* request type */
     const ProtobufCMessageDescriptor *output; /* response type */
+    const struct vrpc_file_desc *file;        /* the .proto that declares it, for reflection;
+                                                 NULL: none (the method is still listed) */
 };
 
 /* FNV-1a 32-bit hash of full_name (offset basis 2166136261, prime 16777619),

@@ -30,7 +30,7 @@ static struct {
     const char *backend, *setup, *server_ip, *client_ip;
 } g_opt = {"tcp", "single", NULL, NULL};
 
-#define M(name, in, out) {"/vrpctest.Test/" name, 0, &vrpctest__##in##__descriptor, &vrpctest__##out##__descriptor}
+#define M(name, in, out) {"/vrpctest.Test/" name, 0, &vrpctest__##in##__descriptor, &vrpctest__##out##__descriptor, NULL}
 static struct vrpc_method_desc m_echo = M("Echo", echo_request, echo_reply);
 static struct vrpc_method_desc m_other = M("Other", echo_request, echo_reply);
 
