@@ -1225,9 +1225,11 @@ static void teardown(struct tcp_cq *cq, struct tcp_ep *ep, int status, const cha
     pthread_mutex_unlock(&ep->lock);
     epoll_ctl(cq->epfd, EPOLL_CTL_DEL, fd, NULL);
     close(fd);
-    if (ep->rbuf) {
+    if (ep->rbuf) { /* a posted receive again, promised to no one */
         put_posted(cq, ep->rbuf);
         ep->rbuf = NULL;
+        atomic_fetch_add(&cq->posted, 1);
+        atomic_fetch_add(&cq->avail, 1);
     }
     ep->rdst = NULL;
     ep->rkind = K_NONE;
