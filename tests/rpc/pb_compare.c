@@ -13,7 +13,10 @@ static char why[256];
 
 static const char *differ(const ProtobufCFieldDescriptor *f, const char *what)
 {
-    snprintf(why, sizeof why, "field %s (%u): %s", f ? f->name : "-", f ? f->id : 0, what);
+    if (f)
+        snprintf(why, sizeof why, "field %s (%u): %s", f->name, f->id, what);
+    else
+        snprintf(why, sizeof why, "%s", what);
     return why;
 }
 
