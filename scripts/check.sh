@@ -4,7 +4,7 @@
 #   2. build-asan/  AddressSanitizer+UBSan build, tests labelled "unit"
 #   3. build-tsan/  ThreadSanitizer build, tests labelled "concurrency"
 #   4. build-fuzz/  clang with libFuzzer (VRPC_FUZZ=ON): every fuzzer of
-#      tests/fuzz runs FUZZ_CHECK_SECONDS (default 35) from its committed
+#      tests/fuzz runs FUZZ_CHECK_SECONDS (default 30) from its committed
 #      seeds, one test each; skipped (with a message) when clang is missing
 #   5. the tests labelled "verbs", on real verbs: on this machine's RDMA device
 #      if it has one, else inside the Soft-RoCE VM (tests/softroce/run.sh)
@@ -62,7 +62,7 @@ for s in $STAGES; do
         then ctest_stage tsan build-tsan -L concurrency -LE verbs
         else stage_failed "tsan: build failed"; fi ;;
     fuzz)
-        log "libFuzzer: every fuzzer for ${FUZZ_CHECK_SECONDS:-35} s from its seeds"
+        log "libFuzzer: every fuzzer for ${FUZZ_CHECK_SECONDS:-30} s from its seeds"
         nf=$(ls tests/fuzz/seeds | wc -l)
         if ! command -v clang >/dev/null || ! compgen -G "/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a" >/dev/null; then
             echo "fuzz: SKIPPED: clang or libFuzzer missing (scripts/install-deps.sh installs clang and libfuzzer-14-dev)"
@@ -71,7 +71,7 @@ for s in $STAGES; do
                 -DVRPC_BUILD_TESTS=OFF; then
             out=$(mktemp)
             rm -rf build-fuzz/check-corpus  # from the seeds only, every time
-            tests/fuzz/run.sh build-fuzz "${FUZZ_CHECK_SECONDS:-35}" build-fuzz/check-corpus 2>&1 | tee "$out"
+            tests/fuzz/run.sh build-fuzz "${FUZZ_CHECK_SECONDS:-30}" build-fuzz/check-corpus 2>&1 | tee "$out"
             p=$(grep -c '^fuzz-result: [a-z_]* passed' "$out"); f=$(grep -c '^fuzz-result: [a-z_]* failed' "$out")
             k=$(grep -c '^fuzz-result: [a-z_]* skipped' "$out")
             rm -f "$out"

@@ -185,8 +185,41 @@ VERBS = {
     "reject_no_listener": verbs(1, b"", status=8),
 }
 
+# ---- RPC server: u16 length + RPC frame, each sent as one TCP DATA frame -------
+
+
+def method_id(name):
+    h = 2166136261
+    for c in name.encode():
+        h = ((h ^ c) * 16777619) & 0xffffffff
+    return h
+
+
+ECHO = method_id("/vrpctest.Test/Echo")
+
+
+def frames(*fs):
+    return b"".join(struct.pack("<H", len(f)) + f for f in fs)
+
+
+r_hello = rpc_frame(HELLO, hello(1 << 20, 8, 1))
+echo_req = f_bytes(1, b"ping") + f_varint(2, 7)
+RPC = {
+    "call": frames(r_hello, rpc_frame(REQUEST, echo_req, rid=ID, method=ECHO)),
+    "calls_md_deadline": frames(r_hello, rpc_frame(REQUEST, echo_req, md([(b"a", b"1")]), rid=ID, method=ECHO,
+                                                   flags=FF_DEADLINE, budget=500000),
+                                rpc_frame(REQUEST, echo_req, rid=(1 << 32) | 1, method=ECHO)),
+    "call_cancel": frames(r_hello, rpc_frame(REQUEST, echo_req, rid=ID, method=ECHO), rpc_frame(CANCEL, rid=ID)),
+    "unknown_method": frames(r_hello, rpc_frame(REQUEST, echo_req, rid=ID, method=1234)),
+    "bad_message": frames(r_hello, rpc_frame(REQUEST, b"\x0b\x0c", rid=ID, method=ECHO)),
+    "rndv_request": frames(r_hello, rpc_frame(REQUEST, desc(0x7f0000001000, 0x105), rid=ID, method=ECHO,
+                                              flags=FF_RNDV, payload_len=100000)),
+    "done_unasked": frames(r_hello, rpc_frame(DONE, rid=ID)),
+    "no_hello": frames(rpc_frame(REQUEST, echo_req, rid=ID, method=ECHO)),
+}
+
 CORPORA = {"fuzz_wire": WIRE, "fuzz_rndv": RNDV, "fuzz_pb": PB, "fuzz_pbflat": PBFLAT, "fuzz_tcp_stream": TCP,
-           "fuzz_verbs_hello": VERBS}
+           "fuzz_verbs_hello": VERBS, "fuzz_rpc_server": RPC}
 
 
 def main():
