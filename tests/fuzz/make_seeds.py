@@ -218,8 +218,24 @@ RPC = {
     "no_hello": frames(rpc_frame(REQUEST, echo_req, rid=ID, method=ECHO)),
 }
 
+# ---- RPC channel: the same framing, from the server's side ----------------------
+r_ack = rpc_frame(HELLO_ACK, hello(1 << 20, 64, 1))
+ID0, ID1 = 1 << 32, (1 << 32) | 1
+echo_rep = f_bytes(1, b"pong") + f_varint(2, 7)
+CHANNEL = {
+    "answers": frames(r_ack, rpc_frame(RESPONSE, echo_rep, rid=ID0), rpc_frame(RESPONSE, echo_rep, rid=ID1)),
+    "error_and_goaway": frames(r_ack, rpc_frame(RESPONSE, b"try later", rid=ID0, status=14),
+                               rpc_frame(GOAWAY, b"draining", status=14)),
+    "rndv_response": frames(r_ack, rpc_frame(RESPONSE, desc(0x7f0000002000, 0x207), rid=ID0, flags=FF_RNDV,
+                                             payload_len=200000), rpc_frame(RESPONSE, echo_rep, rid=ID1)),
+    "bad_reply": frames(r_ack, rpc_frame(RESPONSE, b"\x0b", rid=ID0), rpc_frame(RESPONSE, echo_rep, rid=ID0)),
+    "unknown_id_done": frames(r_ack, rpc_frame(RESPONSE, echo_rep, rid=(7 << 32) | 5), rpc_frame(DONE, rid=ID1)),
+    "no_ack": frames(rpc_frame(RESPONSE, echo_rep, rid=ID0)),
+}
+
 CORPORA = {"fuzz_wire": WIRE, "fuzz_rndv": RNDV, "fuzz_pb": PB, "fuzz_pbflat": PBFLAT, "fuzz_tcp_stream": TCP,
-           "fuzz_verbs_hello": VERBS, "fuzz_rpc_server": RPC}
+           "fuzz_verbs_hello": VERBS, "fuzz_rpc_server": RPC,
+           "fuzz_rpc_channel": CHANNEL}
 
 
 def main():
