@@ -26,6 +26,10 @@ PKGS=(
     qemu-system-x86 busybox-static kmod cpio xz-utils iproute2 bc perftest
     # benchmarks: instruction counts
     valgrind
+    # fuzzers (tests/fuzz, make fuzz, the check stage "fuzz"): libFuzzer needs clang
+    # (-fsanitize=fuzzer links libclang_rt.fuzzer from libclang-rt-14-dev, a dependency of
+    # clang); libfuzzer-14-dev adds the standalone libFuzzer and its FuzzedDataProvider.h
+    clang libfuzzer-14-dev
 )
 if [[ ${1:-} == --bench ]]; then
     PKGS+=(libgrpc++-dev protobuf-compiler-grpc)

@@ -346,21 +346,7 @@ static void teardown(struct tcp_cq *cq, struct tcp_ep *ep, int status, const cha
  * reference on g, so its segments stay as granted. */
 static size_t grant_iov(const struct grant *g, uint32_t off, uint32_t len, struct iovec *iov)
 {
-    size_t n = 0;
-    for (uint32_t i = 0; i < g->nsegs && len; i++) {
-        uint32_t sl = g->segs[i].len, take;
-        if (off >= sl) {
-            off -= sl;
-            continue;
-        }
-        take = sl - off < len ? sl - off : len;
-        iov[n].iov_base = (char *)(uintptr_t)g->segs[i].addr + off;
-        iov[n].iov_len = take;
-        n++;
-        len -= take;
-        off = 0;
-    }
-    return n;
+    return vrpc_tcp_segs_iov(g->segs, g->nsegs, off, len, iov);
 }
 
 /* A job ends (last chunk written, or dropped): its grant reference goes. */
@@ -836,7 +822,6 @@ static int grant_ref(struct tcp_ep *ep, uint64_t raddr, uint32_t key, uint32_t l
     struct tcp_tp *t = tcp_tp_of(ep);
     const char *why = NULL;
     struct grant *g;
-    uint64_t base;
 
     pthread_mutex_lock(&t->gmu);
     g = grant_lookup(t, key);
@@ -848,7 +833,7 @@ static int grant_ref(struct tcp_ep *ep, uint64_t raddr, uint32_t key, uint32_t l
         why = "revoked key";
     else if (!length)
         why = "zero length";
-    else if (raddr < (base = (uint64_t)(uintptr_t)g->addr) || length > g->len || raddr - base > g->len - length)
+    else if (!vrpc_tcp_read_in_grant((uint64_t)(uintptr_t)g->addr, g->len, raddr, length))
         why = "range outside the grant";
     if (!why) {
         g->refs++;
@@ -1254,9 +1239,11 @@ static void teardown(struct tcp_cq *cq, struct tcp_ep *ep, int status, const cha
     pthread_mutex_unlock(&ep->lock);
     epoll_ctl(cq->epfd, EPOLL_CTL_DEL, fd, NULL);
     close(fd);
-    if (ep->rbuf) {
+    if (ep->rbuf) { /* a posted receive again, promised to no one */
         put_posted(cq, ep->rbuf);
         ep->rbuf = NULL;
+        atomic_fetch_add(&cq->posted, 1);
+        atomic_fetch_add(&cq->avail, 1);
     }
     ep->rdst = NULL;
     ep->rkind = K_NONE;
