@@ -29,7 +29,7 @@
 #define EAGER 8192u
 
 static struct vrpc_method_desc m_echo = {"/vrpctest.Test/Echo", 0, &vrpctest__echo_request__descriptor,
-                                         &vrpctest__echo_reply__descriptor};
+                                         &vrpctest__echo_reply__descriptor, NULL};
 static int lfd;
 static char uri[64];
 /* The current input, copied for the server thread; busy while it serves. */
