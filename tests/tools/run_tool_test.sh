@@ -108,6 +108,19 @@ run 0 call "$URI" verbrpc.health.v1.Health/Check '{}' && has out '"status": "SER
 run 0 stats "$URI" && has out "METHOD" && has out "/$KV/Get" && has out "NOT_FOUND="
 run 0 stats --json --prefix /$KV/Put "$URI" && has out "\"method\": \"/$KV/Put\"" && has out '"calls": "'
 grep -qF '"/examples.kvstore.v1.KvStore/Get"' "$tmp/out" && { echo "FAIL --prefix kept Get"; fail=1; }
+run 0 stats --prometheus --prefix /$KV/ "$URI" && has out "# TYPE vrpc_stats_calls_total counter" &&
+    has out "vrpc_stats_errors_total{method=\"/$KV/Get\",code=\"NOT_FOUND\"}" &&
+    has out "vrpc_stats_latency_seconds{method=\"/$KV/Get\",quantile=\"0.99\"}"
+
+# doctor (verbs builds): this host's RDMA setup; without RDMA it names the problem, exit 1
+if "$TOOL" --help | grep -q "^  doctor"; then
+    run 0 doctor --help && has out "usage: verbrpc doctor"
+    if [[ -n ${VRPC_VERBS_IP:-} ]]; then
+        run 0 doctor && has out "RoCE v2" && has out "no problems found"
+    elif ! ls /sys/class/infiniband/* >/dev/null 2>&1; then
+        run 1 doctor && has out "problem(s)"
+    fi
+fi
 
 kill "$server_pid" && wait "$server_pid" 2>/dev/null
 server_pid=

@@ -1,11 +1,12 @@
-/* verbrpc stats: the Stats service's snapshot, as a table or as JSON. Each
- * output format is one function of the table `formats`. */
+/* verbrpc stats: the Stats service's snapshot, as a table, JSON or Prometheus
+ * text. Each output format is one function of the table `formats`. */
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <verbrpc/metrics.h>
 #include <verbrpc/stats.vrpc.h>
 
 #include "pbjson.h"
@@ -66,22 +67,40 @@ static int print_json(const Stats *r)
     return rc;
 }
 
+/* Prometheus text of the Stats figures (vrpc_stats_prometheus_text): for a
+ * server without a metrics endpoint, or a one-off scrape from a script. */
+static int print_prometheus(const Stats *r)
+{
+    char *t;
+    size_t len;
+
+    if (vrpc_stats_prometheus_text(r, "", &t, &len)) {
+        fprintf(stderr, "verbrpc stats: cannot render the response as Prometheus text\n");
+        return EXIT_RPC;
+    }
+    fwrite(t, 1, len, stdout);
+    free(t);
+    return EXIT_OK;
+}
+
 static const struct {
     const char *flag; /* NULL: the default */
     int (*print)(const Stats *r);
 } formats[] = {
     { NULL, print_table },
     { "json", print_json },
+    { "prometheus", print_prometheus },
 };
 
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: verbrpc stats [--timeout DUR] [--prefix P] [--json] URI\n"
+            "usage: verbrpc stats [--timeout DUR] [--prefix P] [--json | --prometheus] URI\n"
             "Calls verbrpc.stats.v1.Stats/Get: per registered method, answered calls, errors\n"
             "(by status code) and latency percentiles in microseconds (request arrival to\n"
             "response sent).\n"
             "  --json         the response in protobuf's JSON mapping instead of a table\n"
+            "  --prometheus   the figures as Prometheus text (vrpc_stats_* series)\n"
             "  --prefix P     only methods whose full name starts with P (\"/pkg.Service/\")\n"
             "  --timeout DUR  for connecting and for the call (default 10s)\n"
             "Exit codes: 0; 1 bad arguments; 2 connection failed; 3 the call failed.\n");
@@ -93,6 +112,7 @@ int cmd_stats(int argc, char **argv)
     static const struct option opts[] = { { "timeout", required_argument, NULL, OPT_TIMEOUT },
                                           { "prefix", required_argument, NULL, OPT_PREFIX },
                                           { "json", no_argument, NULL, OPT_FORMAT },
+                                          { "prometheus", no_argument, NULL, OPT_FORMAT },
                                           { "help", no_argument, NULL, 'h' },
                                           { NULL, 0, NULL, 0 } };
     Verbrpc__Stats__V1__GetStatsRequest req = VERBRPC__STATS__V1__GET_STATS_REQUEST__INIT;

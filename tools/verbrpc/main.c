@@ -10,6 +10,17 @@
 #include <verbrpc/version.h>
 
 #include "tool.h"
+#ifdef VRPC_TOOL_DOCTOR
+#include "tools/doctor/doctor.h"
+
+/* verbrpc doctor: the RDMA host check of tools/doctor (exit 0 all fine, 1
+ * problems found, 2 usage error). */
+static int cmd_doctor(int argc, char **argv)
+{
+    argv[0] = "verbrpc doctor";
+    return vrpc_doctor_main(argc, argv);
+}
+#endif
 
 static const struct {
     const char *name;
@@ -21,6 +32,9 @@ static const struct {
     { "list", cmd_list, "list URI [SERVICE]           the services served, or a service's methods" },
     { "describe", cmd_describe, "describe URI SYMBOL          a service, method, message or enum, as .proto" },
     { "call", cmd_call, "call URI METHOD [JSON | -]   call a method with a JSON request, print the JSON response" },
+#ifdef VRPC_TOOL_DOCTOR
+    { "doctor", cmd_doctor, "doctor [--peer IP]           check this host's RDMA setup (devices, GIDs, MTU, memlock)" },
+#endif
 };
 
 static void usage(FILE *out)
@@ -35,6 +49,7 @@ static void usage(FILE *out)
             "`verbrpc COMMAND --help` describes a command and its options.\n"
             "Exit codes: 0 success; 1 bad arguments or input; 2 connection failure; 3 the RPC\n"
             "failed (its status is printed); 4 (health) the server answered but not SERVING.\n"
+            "doctor: 0 all fine, 1 problems found (each with the command that fixes it), 2 usage.\n"
             "Traffic is neither authenticated nor encrypted.\n");
 }
 
