@@ -35,7 +35,8 @@ struct vrpc_arena *vrpc_rpc_tls_arena(void);
 void vrpc_rpc_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Transport name and URI for it from a user URI: "tcp://h:p", "verbs://h:p",
- * "auto://h:p" or bare "h:p" (= auto). 0 or -EINVAL. */
+ * "auto://h:p" or bare "h:p" (= auto), each also as "fault+tcp://h:p" etc.
+ * (the fault-injecting layer over that backend). 0 or -EINVAL. */
 int vrpc_rpc_parse_uri(const char *uri, char *name, size_t name_len, char *turi, size_t turi_len);
 
 /* A free send buffer from pool; with wait, yields until one returns (send
