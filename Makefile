@@ -4,13 +4,14 @@
 #   make demo       build and run the demo on the best transport this machine has
 #   make bench      build and run the benchmarks
 #   make install    install into PREFIX (default /usr/local)
+#   make soak       bounded soak under injected faults (SOAK_SECONDS, default 300): server RSS/fds flat
 BUILD    ?= build
 JOBS     ?= $(shell nproc)
 PREFIX   ?= /usr/local
 WERROR   ?= OFF
 CMAKE_ARGS ?=
 
-.PHONY: all deps configure build check demo bench install clean
+.PHONY: all deps configure build check demo bench install clean soak
 
 all: build
 
@@ -33,6 +34,9 @@ demo: configure
 
 bench: build
 	@scripts/bench.sh $(BUILD)
+
+soak: build
+	@scripts/soak.sh $(BUILD)
 
 install: build
 	@cmake --install $(BUILD)
