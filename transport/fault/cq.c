@@ -76,10 +76,12 @@ static uint64_t release_held(struct fault_cq *q, uint64_t now, bool all)
         *tail = b;
         tail = &b->next;
     }
-    if (!q->held)
+    if (!q->held) {
         q->held_tail = &q->held;
-    else
+        atomic_store_explicit(&q->nheld, 0, memory_order_relaxed);
+    } else {
         next = q->held->priv[1];
+    }
     *tail = NULL;
     pthread_mutex_unlock(&q->mu);
     while (ready) {
@@ -92,6 +94,7 @@ static uint64_t release_held(struct fault_cq *q, uint64_t now, bool all)
             b->next = NULL;
             *q->held_tail = b;
             q->held_tail = &b->next;
+            atomic_fetch_add_explicit(&q->nheld, 1, memory_order_relaxed);
             pthread_mutex_unlock(&q->mu);
         }
     }
@@ -120,6 +123,7 @@ int fault_post_recv(struct vrpc_cq *cq, struct vrpc_buf *const *bufs, const uint
             q->held_tail = &bufs[i]->next;
         }
         atomic_fetch_add(&t->bufs_out, n);
+        atomic_fetch_add_explicit(&q->nheld, 1, memory_order_relaxed);
         pthread_mutex_unlock(&q->mu);
         fault_count(t, VRPC_FAULT_RECV_HELD);
         fault_cq_kick(cq); /* the poller's wait must end by the due time */
@@ -274,13 +278,15 @@ int fault_cq_poll(struct vrpc_cq *cq, struct vrpc_wc *wc, unsigned max)
             wc[k].status = -ECANCELED;
             k++;
         }
-        if (!q->held)
+        if (!q->held) {
             q->held_tail = &q->held;
+            atomic_store_explicit(&q->nheld, 0, memory_order_relaxed);
+        }
         pthread_mutex_unlock(&q->mu);
         atomic_fetch_sub(&t->bufs_out, k);
         return k;
     }
-    if (q->held)
+    if (atomic_load_explicit(&q->nheld, memory_order_relaxed))
         release_held(q, now, false);
     if (now < q->stall_until_ns)
         return 0;

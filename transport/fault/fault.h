@@ -182,6 +182,8 @@ struct fault_cq {
     bool kicked;
     struct fault_rng rng_post;         /* post_recv decisions */
     struct vrpc_buf *held, **held_tail; /* held back receive buffers, due order */
+    atomic_uint nheld;                  /* batches held (written under mu), for the
+                                           poller's unlocked look */
 };
 
 struct fault_listener {
