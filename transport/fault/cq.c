@@ -53,8 +53,7 @@ int fault_cq_create(struct vrpc_transport *tp, const struct vrpc_cq_attr *attr, 
 void fault_cq_destroy(struct vrpc_cq *cq)
 {
     struct fault_cq *q = fcq(cq);
-    if (!q->base.thread_started) /* never polled: nothing can be held */
-        atomic_store(&q->lower->stopping, true);
+    /* the poller has flushed both (or never started: nothing was posted) */
     q->lower->tp->ops->cq_destroy(q->lower);
     pthread_cond_destroy(&q->cv);
     pthread_mutex_destroy(&q->mu);
