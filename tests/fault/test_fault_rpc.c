@@ -40,7 +40,7 @@ static struct {
  * seed at this load. */
 #define DEFAULT_SPEC                                                                                  \
     "loss=0.002,connect=0.1,accept=0.1,delay=0.01,delay_us=3000,send_delay=0.01,send_delay_us=300,"   \
-    "eagain=0.02,send_err=0.002,read_err=0.03,grant_refuse=0.05,starve=0.01,starve_us=5000"
+    "eagain=0.02,send_err=0.002,read_err=0.03,grant_refuse=0.05,starve=0.01,starve_us=5000,cpl_delay=0.02,cpl_delay_us=3000"
 
 static const uint64_t ci_seeds[] = {1, 2, 3, 42, 1234, 99991};
 

@@ -46,6 +46,11 @@ int fault_cq_create(struct vrpc_transport *tp, const struct vrpc_cq_attr *attr, 
     pthread_cond_init(&q->cv, &ca);
     pthread_condattr_destroy(&ca);
     q->held_tail = &q->held;
+    q->dq_cap = 4096; /* beyond it nothing more is deferred */
+    if (!(q->dq = calloc(q->dq_cap, sizeof *q->dq))) {
+        fault_cq_destroy(&q->base);
+        return -ENOMEM;
+    }
     *out = &q->base;
     return 0;
 }
@@ -55,6 +60,7 @@ void fault_cq_destroy(struct vrpc_cq *cq)
     struct fault_cq *q = fcq(cq);
     /* the poller has flushed both (or never started: nothing was posted) */
     q->lower->tp->ops->cq_destroy(q->lower);
+    free(q->dq);
     pthread_cond_destroy(&q->cv);
     pthread_mutex_destroy(&q->mu);
     free(q);
@@ -250,6 +256,65 @@ repost:
     return true;
 }
 
+/* Poller: defer w (a rewritten completion of a reported endpoint) when it
+ * is drawn to be, or when earlier completions of its endpoint are deferred
+ * (their order, and DISCONNECTED last, stay). true: it went to the ring. */
+static bool defer(struct fault_cq *q, const struct vrpc_wc *w, uint64_t now)
+{
+    struct fault_tp *t = fault_tp_of(q->base.tp);
+    struct fault_ep *e;
+    uint64_t due;
+
+    if (!w->ep || w->opcode == VRPC_WC_RECV || w->opcode == VRPC_WC_ACCEPTED || q->flushing)
+        return false;
+    e = container_of(w->ep, struct fault_ep, base);
+    if (!e->ndeferred) {
+        if (w->opcode == VRPC_WC_DISCONNECTED || q->dq_len == q->dq_cap ||
+            !fault_rng_hit(&q->rng, FAULT_P(t, cpl_delay)))
+            return false;
+        fault_count(t, VRPC_FAULT_CPL_DEFERRED);
+        due = now + (uint64_t)fault_rng_upto(&q->rng, t->spec.cpl_delay_us) * 1000u;
+    } else if (q->dq_len == q->dq_cap) {
+        /* full: behind its own it must go, so the ring grows */
+        struct fault_deferred *n = calloc(2 * q->dq_cap, sizeof *n);
+        if (!n)
+            abort(); /* test machinery: cannot keep the order otherwise */
+        for (unsigned i = 0; i < q->dq_len; i++)
+            n[i] = q->dq[(q->dq_head + i) % q->dq_cap];
+        free(q->dq);
+        q->dq = n;
+        q->dq_head = 0;
+        q->dq_cap *= 2;
+        due = now;
+    } else {
+        due = now;
+    }
+    /* the ring stays in due order: nothing leaves before what is ahead */
+    if (q->dq_len) {
+        uint64_t last = q->dq[(q->dq_head + q->dq_len - 1) % q->dq_cap].due_ns;
+        if (due < last)
+            due = last;
+    }
+    q->dq[(q->dq_head + q->dq_len) % q->dq_cap] = (struct fault_deferred){*w, due};
+    q->dq_len++;
+    e->ndeferred++;
+    return true;
+}
+
+/* Poller: deferred completions due by now (all while flushing) into wc. */
+static unsigned release_deferred(struct fault_cq *q, struct vrpc_wc *wc, unsigned max, uint64_t now)
+{
+    unsigned k = 0;
+    while (q->dq_len && k < max && (q->flushing || q->dq[q->dq_head].due_ns <= now)) {
+        wc[k] = q->dq[q->dq_head].wc;
+        container_of(wc[k].ep, struct fault_ep, base)->ndeferred--;
+        k++;
+        q->dq_head = (q->dq_head + 1) % q->dq_cap;
+        q->dq_len--;
+    }
+    return k;
+}
+
 int fault_cq_poll(struct vrpc_cq *cq, struct vrpc_wc *wc, unsigned max)
 {
     struct fault_cq *q = fcq(cq);
@@ -258,6 +323,8 @@ int fault_cq_poll(struct vrpc_cq *cq, struct vrpc_wc *wc, unsigned max)
     int n, k = 0;
 
     if (q->flushing) {
+        if ((k = (int)release_deferred(q, wc, max, now)) > 0)
+            return k;
         n = t->lower->ops->cq_poll(q->lower, wc, max);
         for (int i = 0; i < n; i++)
             if (rewrite(q, &wc[i]))
@@ -289,9 +356,12 @@ int fault_cq_poll(struct vrpc_cq *cq, struct vrpc_wc *wc, unsigned max)
         release_held(q, now, false);
     if (now < q->stall_until_ns)
         return 0;
-    n = t->lower->ops->cq_poll(q->lower, wc, max);
-    for (int i = 0; i < n; i++)
-        if (rewrite(q, &wc[i]))
+    k = (int)release_deferred(q, wc, max, now);
+    if ((unsigned)k == max)
+        return k;
+    n = t->lower->ops->cq_poll(q->lower, wc + k, max - (unsigned)k);
+    for (int i = k, end = k + n; i < end; i++)
+        if (rewrite(q, &wc[i]) && !defer(q, &wc[i], now))
             wc[k++] = wc[i];
     if (n > 0 && fault_rng_hit(&q->rng, FAULT_P(t, delay))) {
         q->stall_until_ns = now + (uint64_t)fault_rng_upto(&q->rng, t->spec.delay_us) * 1000u;
@@ -318,6 +388,8 @@ void fault_cq_wait(struct vrpc_cq *cq, int timeout_ms)
     pthread_mutex_lock(&q->mu);
     held = q->held ? q->held->priv[1] : 0;
     pthread_mutex_unlock(&q->mu);
+    if (q->dq_len && (!held || q->dq[q->dq_head].due_ns < held))
+        held = q->dq[q->dq_head].due_ns; /* a deferred completion is due then */
     if (now < until || !q->lower_armed) {
         /* stalled (the CQ below is not armed): sleep on our own until the
          * stall ends or a kick; not stalled but unarmed: return, the core
@@ -336,7 +408,7 @@ void fault_cq_wait(struct vrpc_cq *cq, int timeout_ms)
         pthread_mutex_unlock(&q->mu);
         return;
     }
-    if (held) { /* wake for the next held-back buffer */
+    if (held) { /* wake for the next held-back buffer or deferred completion */
         int ms = held > now ? (int)((held - now + 999999) / 1000000) : 0;
         if (timeout_ms < 0 || ms < timeout_ms)
             timeout_ms = ms;

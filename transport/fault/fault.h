@@ -16,6 +16,10 @@
  *   - delays: the CQ stalls (nothing completes, nothing progresses) for up to
  *     delay_us after a batch of completions; a send's caller is held up to
  *     send_delay_us before the send is passed down (a preempted thread);
+ *     an endpoint's SEND, READ and REVOKE completions are deferred up to
+ *     cpl_delay_us (in their order, and its DISCONNECTED behind them), so
+ *     receives of it overtake them: a response may arrive before the
+ *     request's send completed, as on verbs when the ACK is late;
  *   - send errors: -EAGAIN from vrpc_ep_send while the endpoint has sends in
  *     flight (so a completion follows to retry after), and SEND completions
  *     failed with -ECANCELED, the connection then lost (-ECONNRESET);
@@ -41,6 +45,8 @@
  *   delay_us=N       ... for 1..N us (default 500)
  *   send_delay=P     a send's caller held ...
  *   send_delay_us=N  ... for 1..N us (default 100)
+ *   cpl_delay=P      a SEND/READ/REVOKE completion deferred ...
+ *   cpl_delay_us=N   ... for 1..N us (default 2000)
  *   eagain=P         -EAGAIN from a send while others are in flight
  *   send_err=P       a SEND completion failed, the connection lost
  *   read_err=P       a READ completion failed, the connection lost
@@ -95,6 +101,7 @@ enum vrpc_fault_kind {
     VRPC_FAULT_GRANT_REFUSED,
     VRPC_FAULT_RECV_HELD,    /* a post_recv batch held back (credit starvation) */
     VRPC_FAULT_RECV_DROPPED, /* a receive after a loss dropped, buffer reposted */
+    VRPC_FAULT_CPL_DEFERRED, /* a SEND/READ/REVOKE completion deferred */
     VRPC_FAULT_KINDS
 };
 
@@ -133,8 +140,8 @@ extern const struct vrpc_transport_ops vrpc_fault_ops;
 
 struct fault_spec {
     uint64_t seed;
-    double loss, connect, accept, delay, send_delay, eagain, send_err, read_err, grant_refuse, starve;
-    uint32_t delay_us, send_delay_us, starve_us;
+    double loss, connect, accept, delay, send_delay, eagain, send_err, read_err, grant_refuse, starve, cpl_delay;
+    uint32_t delay_us, send_delay_us, starve_us, cpl_delay_us;
 };
 
 /* spec.c: parse a spec string (NULL or "": all zero) */
@@ -184,6 +191,12 @@ struct fault_cq {
     struct vrpc_buf *held, **held_tail; /* held back receive buffers, due order */
     atomic_uint nheld;                  /* batches held (written under mu), for the
                                            poller's unlocked look */
+    /* deferred completions (poller only): a ring in due order */
+    struct fault_deferred {
+        struct vrpc_wc wc;
+        uint64_t due_ns;
+    } *dq;
+    unsigned dq_head, dq_len, dq_cap;
 };
 
 struct fault_listener {
@@ -199,6 +212,7 @@ struct fault_ep {
     atomic_int inflight;        /* sends, reads, revokes accepted below, not completed
                                    (counted after the call returns: may dip below 0) */
     bool hidden;                /* accept dropped: never reported */
+    unsigned ndeferred;         /* its completions in its CQ's deferred ring (poller) */
     pthread_mutex_t mu;         /* rng_api */
     struct fault_rng rng_api;   /* send/read/grant decisions */
     struct fault_rng rng_cpl;   /* completion decisions (poller) */

@@ -51,6 +51,7 @@ static int parse_pair(struct fault_spec *s, const char *k, size_t klen, const ch
         {"read_err", offsetof(struct fault_spec, read_err)},
         {"grant_refuse", offsetof(struct fault_spec, grant_refuse)},
         {"starve", offsetof(struct fault_spec, starve)},
+        {"cpl_delay", offsetof(struct fault_spec, cpl_delay)},
     };
     static const struct {
         const char *key;
@@ -59,6 +60,7 @@ static int parse_pair(struct fault_spec *s, const char *k, size_t klen, const ch
         {"delay_us", offsetof(struct fault_spec, delay_us)},
         {"send_delay_us", offsetof(struct fault_spec, send_delay_us)},
         {"starve_us", offsetof(struct fault_spec, starve_us)},
+        {"cpl_delay_us", offsetof(struct fault_spec, cpl_delay_us)},
     };
     uint64_t x;
     double p;
@@ -88,7 +90,7 @@ static int parse_pair(struct fault_spec *s, const char *k, size_t klen, const ch
 
 int fault_spec_parse(const char *str, struct fault_spec *out)
 {
-    struct fault_spec s = {.seed = 1, .delay_us = 500, .send_delay_us = 100, .starve_us = 2000};
+    struct fault_spec s = {.seed = 1, .delay_us = 500, .send_delay_us = 100, .starve_us = 2000, .cpl_delay_us = 2000};
     char item[128];
 
     while (str && *str) {

@@ -27,6 +27,7 @@ static const char *const kind_names[VRPC_FAULT_KINDS] = {
     [VRPC_FAULT_GRANT_REFUSED] = "grant_refused",
     [VRPC_FAULT_RECV_HELD] = "recv_held",
     [VRPC_FAULT_RECV_DROPPED] = "recv_dropped",
+    [VRPC_FAULT_CPL_DEFERRED] = "cpl_deferred",
 };
 
 const char *vrpc_fault_kind_name(enum vrpc_fault_kind k)
@@ -110,7 +111,7 @@ err:
 void fault_tp_destroy(struct vrpc_transport *tp)
 {
     struct fault_tp *t = fault_tp_of(tp);
-    char line[200];
+    char line[320];
     size_t n = 0;
     int64_t out = atomic_load(&t->bufs_out);
 
