@@ -72,7 +72,10 @@
  *
  * Threads: as the backend below. The layer's CQ is polled by the core's
  * poller thread, which drives the CQ below directly (the CQ below has no
- * thread of its own). */
+ * thread of its own); it also releases held-back buffers and deferred
+ * completions when due (its wait is bounded by the next due time). At
+ * vrpc_cq_destroy, deferred completions go out first and held-back buffers
+ * complete as flushed (RECV, -ECANCELED, ep NULL), as the backend's own. */
 #ifndef VRPC_TRANSPORT_FAULT_H
 #define VRPC_TRANSPORT_FAULT_H
 
