@@ -59,7 +59,8 @@
  *
  * Reproducibility: every decision is drawn from a PRNG (splitmix64) whose
  * seed is derived from the spec's seed and the place that draws: the fault
- * transport's creation order in the process, then the endpoint's creation
+ * transport's creation order since the last vrpc_fault_configure() (or the
+ * process start; so one seed of a sequence replays alone), then the endpoint's creation
  * order in its transport (connects and accepts counted together) or the CQ's,
  * and one stream for the calling side of an endpoint (send, read, grant)
  * apart from its completion side (poller). So the n-th decision of a stream
@@ -124,7 +125,9 @@ struct vrpc_fault_counts {
 /* Name of a kind, for logs ("loss_send_before", ...). */
 const char *vrpc_fault_kind_name(enum vrpc_fault_kind k);
 /* Spec used by fault transports created from now on (copied); NULL: back to
- * VRPC_FAULT. 0, or -EINVAL (logged) if it does not parse. Any thread. */
+ * VRPC_FAULT. Also restarts the count of fault transports created, which
+ * seeds their streams (see Reproducibility). 0, or -EINVAL (logged) if it
+ * does not parse. Any thread. */
 int vrpc_fault_configure(const char *spec);
 /* Counts of one fault transport; -EINVAL if tp is not one. */
 int vrpc_fault_counts(const struct vrpc_transport *tp, struct vrpc_fault_counts *out);
@@ -168,7 +171,7 @@ struct fault_tp {
     struct vrpc_transport base;
     struct vrpc_transport *lower; /* owned */
     struct fault_spec spec;
-    uint64_t index;               /* creation order in the process */
+    uint64_t index;               /* creation order since vrpc_fault_configure */
     atomic_uint_fast64_t next_ep, next_cq;
     pthread_mutex_t mu;           /* rng */
     struct fault_rng rng;         /* transport-level decisions (connect) */
@@ -227,6 +230,7 @@ static inline struct fault_tp *fault_tp_of(struct vrpc_transport *tp)
 }
 
 /* tp.c */
+void fault_tp_count_reset(void);
 void fault_count(struct fault_tp *t, enum vrpc_fault_kind k);
 void fault_check_failed(struct fault_tp *t, enum vrpc_fault_check c, const char *what);
 /* ep.c: mark ep lost (first loss wins) and close the connection below */

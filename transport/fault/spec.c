@@ -124,6 +124,7 @@ int vrpc_fault_configure(const char *spec)
     pthread_mutex_lock(&spec_mu);
     free(configured);
     configured = copy;
+    fault_tp_count_reset(); /* a replay of one seed sees the same streams */
     pthread_mutex_unlock(&spec_mu);
     return 0;
 }

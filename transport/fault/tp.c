@@ -9,7 +9,14 @@
 
 #include "transport/fault/fault.h"
 
+/* fault transports created since the last vrpc_fault_configure() (or the
+ * process start): the first coordinate of every stream's seed */
 static atomic_uint_fast64_t tp_count;
+
+void fault_tp_count_reset(void)
+{
+    atomic_store(&tp_count, 0);
+}
 static atomic_uint_fast64_t totals[VRPC_FAULT_KINDS], check_totals[VRPC_FAULT_CHECKS];
 
 static const char *const kind_names[VRPC_FAULT_KINDS] = {
