@@ -10,6 +10,7 @@
 #                   command to replay them; FUZZERS="fuzz_wire fuzz_pb" runs only those
 #                   (tests/fuzz/README.md)
 #   make install    install into PREFIX (default /usr/local)
+#   make soak       bounded soak under injected faults (SOAK_SECONDS, default 300): server RSS/fds flat
 BUILD    ?= build
 JOBS     ?= $(shell nproc)
 PREFIX   ?= /usr/local
@@ -19,7 +20,7 @@ FUZZ_SECONDS ?= 600
 FUZZ_CORPUS  ?= build-fuzz/corpus
 FUZZERS      ?=
 
-.PHONY: all deps configure build check demo bench fuzz install clean
+.PHONY: all deps configure build check demo bench fuzz soak install clean
 
 all: build
 
@@ -48,6 +49,9 @@ fuzz: deps
 		-DVRPC_BUILD_EXAMPLES=OFF -DVRPC_WERROR=$(WERROR) >/dev/null
 	@cmake --build build-fuzz -j $(JOBS) --target fuzzers -- --no-print-directory
 	@tests/fuzz/run.sh build-fuzz $(FUZZ_SECONDS) $(FUZZ_CORPUS) $(FUZZERS)
+
+soak: build
+	@scripts/soak.sh $(BUILD)
 
 install: build
 	@cmake --install $(BUILD)

@@ -57,8 +57,9 @@ uint64_t vrpc_rpc_pool_bytes(bool server, uint32_t eager);
 void vrpc_rpc_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Transport name and URI for it from a user URI: "tcp://h:p", "verbs://h:p",
- * "auto://h:p" or bare "h:p" (= auto). 0 or -EINVAL, logged with the reason
- * (vrpc_uri_check's syntax, or a scheme that names no backend). */
+ * "auto://h:p" or bare "h:p" (= auto), each also as "fault+tcp://h:p" etc.
+ * (the fault-injecting layer over that backend). 0 or -EINVAL, logged with
+ * the reason (vrpc_uri_check's syntax, or a scheme that names no backend). */
 int vrpc_rpc_parse_uri(const char *uri, char *name, size_t name_len, char *turi, size_t turi_len);
 
 /* The longest vrpc_rpc_buf_get / vrpc_rpc_send wait (with `wait`): a thread

@@ -14,12 +14,16 @@
 #include "transport/lbuf.h"
 #include "transport/transport_ops.h"
 
-/* Every backend compiled in, in "auto" preference order. */
+/* Every backend compiled in, in "auto" preference order (layers, which
+ * "auto" never picks, last). */
 static const struct vrpc_transport_ops *const backends[] = {
 #ifdef VRPC_BACKEND_VERBS
     &vrpc_verbs_ops,
 #endif
     &vrpc_tcp_ops,
+#ifdef VRPC_BACKEND_FAULT
+    &vrpc_fault_ops,
+#endif
 };
 
 int vrpc_enosys_mr_reg(struct vrpc_transport *tp, void *addr, size_t len, unsigned access,
@@ -101,12 +105,22 @@ static void apply_defaults(struct vrpc_transport_attr *a, const struct vrpc_tran
     if (!a->credit_timeout_ms) a->credit_timeout_ms = a->idle_timeout_ms;
 }
 
+/* The backend (or layer) whose name is the first len bytes of name. */
+static const struct vrpc_transport_ops *find_backend(const char *name, size_t len)
+{
+    for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++)
+        if (strlen(backends[i]->name) == len && !strncmp(name, backends[i]->name, len))
+            return backends[i];
+    return NULL;
+}
+
 int vrpc_transport_create(const char *name, const struct vrpc_transport_attr *attr,
                           struct vrpc_transport **out)
 {
     const struct vrpc_transport_ops *ops = NULL;
     struct vrpc_transport_attr a;
-    struct vrpc_transport *tp;
+    struct vrpc_transport *tp, *lower = NULL;
+    const char *plus;
     size_t i;
     int rc;
 
@@ -115,26 +129,44 @@ int vrpc_transport_create(const char *name, const struct vrpc_transport_attr *at
     apply_defaults(&a, attr);
     if (a.eager_size > VRPC_EAGER_MAX || a.eager_size < VRPC_EAGER_MIN)
         return -EINVAL;
+    plus = strchr(name, '+');
     if (!strcmp(name, "auto")) {
         for (i = 0; i < sizeof backends / sizeof backends[0]; i++)
-            if (backends[i]->probe() == 0) {
+            if (!backends[i]->layer && backends[i]->probe() == 0) {
                 ops = backends[i];
                 break;
             }
         if (!ops)
             return -ENODEV;
     } else {
-        for (i = 0; i < sizeof backends / sizeof backends[0]; i++)
-            if (!strcmp(name, backends[i]->name))
-                ops = backends[i];
-        if (!ops)
+        ops = find_backend(name, plus ? (size_t)(plus - name) : strlen(name));
+        if (!ops || (plus && !ops->layer))
             return strcmp(name, "verbs") ? -ENOENT : -ENOTSUP;
+    }
+    if (ops->layer) {
+        /* "fault+tcp": the transport below first; the layer owns it then */
+        rc = vrpc_transport_create(plus ? plus + 1 : "auto", attr, &lower);
+        if (rc)
+            return rc;
+        if (lower->lower) { /* one layer at a time */
+            vrpc_transport_destroy(lower);
+            return -EINVAL;
+        }
+        tp = lower;
     }
     rc = ops->tp_create(&a, &tp);
     if (rc)
         return rc;
     tp->ops = ops;
     tp->attr = a;
+    tp->lower = lower;
+    /* "fault+verbs" is the longest name: every one fits */
+    size_t nl = strlen(ops->name);
+    memcpy(tp->name, ops->name, nl + 1);
+    if (lower && nl + 1 + strlen(lower->name) < sizeof tp->name) {
+        tp->name[nl] = '+';
+        memcpy(tp->name + nl + 1, lower->name, strlen(lower->name) + 1);
+    }
     tp->lbuf = NULL;
     pthread_mutex_init(&tp->cq_mu, NULL);
     tp->cqs = NULL;
@@ -161,7 +193,7 @@ void vrpc_transport_destroy(struct vrpc_transport *tp)
 
 const char *vrpc_transport_name(const struct vrpc_transport *tp)
 {
-    return tp->ops->name;
+    return tp->name;
 }
 
 uint32_t vrpc_transport_headroom(const struct vrpc_transport *tp)
@@ -434,11 +466,15 @@ int vrpc_cq_post_recv(struct vrpc_cq *cq, struct vrpc_buf *const *bufs, const ui
 
 static int check_scheme(struct vrpc_transport *tp, const struct vrpc_addr *a)
 {
-    if (!strcmp(a->scheme, "auto") || !strcmp(a->scheme, tp->ops->name))
+    const char *plus = strchr(a->scheme, '+');
+    const struct vrpc_transport_ops *ops;
+    if (!strcmp(a->scheme, "auto") || !strcmp(a->scheme, tp->name))
         return 0;
-    if (strcmp(a->scheme, "tcp") && strcmp(a->scheme, "verbs"))
-        return -EINVAL;
-    return -EPROTONOSUPPORT;
+    /* a scheme of another backend (or layer+backend) compiled in, or verbs */
+    ops = find_backend(a->scheme, plus ? (size_t)(plus - a->scheme) : strlen(a->scheme));
+    if ((ops && (!plus || ops->layer)) || !strcmp(a->scheme, "verbs"))
+        return -EPROTONOSUPPORT;
+    return -EINVAL;
 }
 
 int vrpc_listen(struct vrpc_transport *tp, const char *uri, const struct vrpc_listen_attr *attr,
@@ -547,8 +583,9 @@ int vrpc_ep_grant_segs(struct vrpc_ep *ep, const struct vrpc_seg *segs, unsigned
     uint64_t len = 0;
     if (!ep)
         return -EINVAL;
-    if (ep->tp->ops->grant_segs == vrpc_enosys_grant_segs)
-        return -ENOSYS;
+    for (const struct vrpc_transport *t = ep->tp; t; t = t->lower) /* a layer gathers if below does */
+        if (t->ops->grant_segs == vrpc_enosys_grant_segs)
+            return -ENOSYS;
     if (!segs || !rkey || n == 0 || n > VRPC_GRANT_SEGS_MAX)
         return -EINVAL;
     for (unsigned i = 0; i < n; i++) {

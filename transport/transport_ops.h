@@ -19,9 +19,10 @@
 #define container_of(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
 #endif
 
-/* A parsed URI: scheme as written ("tcp", "verbs", "auto") and a socket address. */
+/* A parsed URI: scheme as written ("tcp", "verbs", "auto", "fault+tcp") and a
+ * socket address. */
 struct vrpc_addr {
-    char scheme[8];
+    char scheme[16];
     struct sockaddr_storage ss;
     socklen_t len;
 };
@@ -49,6 +50,9 @@ struct vrpc_cq_counts {
 
 struct vrpc_transport {
     const struct vrpc_transport_ops *ops;
+    char name[16];                   /* ops->name, or "layer+lower" ("fault+tcp");
+                                        also the URI scheme. Set by the core */
+    struct vrpc_transport *lower;    /* a layer's transport below it, else NULL */
     struct vrpc_transport_attr attr; /* defaults applied */
     uint32_t headroom;               /* bytes before vrpc_buf.data in pool buffers */
     struct vrpc_lbuf_cache *lbuf;    /* large-buffer cache (lbuf.c), set by the core */
@@ -99,11 +103,18 @@ struct vrpc_mr {
 
 struct vrpc_transport_ops {
     const char *name; /* "tcp", "verbs": also the URI scheme */
+    /* A layer wraps another backend (libfabric's hooking providers): opened
+     * as "name+lower" ("fault+tcp"; "fault" alone is "fault+auto"), never by
+     * "auto". The core creates the lower transport first and hands it to the
+     * layer's tp_create in *out; the layer owns it from then on (also when
+     * tp_create fails) and forwards to it. Plain backends: false. */
+    bool layer;
     /* 0 when usable on this machine (for "auto"), else a negative errno. */
     int (*probe)(void);
     /* Allocate the backend's transport (embedding struct vrpc_transport
      * first) and set base.headroom; attr has defaults applied. The core sets
-     * base.ops and base.attr afterwards. */
+     * base.ops, base.attr, base.name and base.lower afterwards. (A layer: see
+     * `layer`.) */
     int (*tp_create)(const struct vrpc_transport_attr *attr, struct vrpc_transport **out);
     void (*tp_destroy)(struct vrpc_transport *tp);
 
@@ -188,5 +199,8 @@ void vrpc_tp_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 extern const struct vrpc_transport_ops vrpc_verbs_ops;
 #endif
 extern const struct vrpc_transport_ops vrpc_tcp_ops;
+#ifdef VRPC_BACKEND_FAULT
+extern const struct vrpc_transport_ops vrpc_fault_ops;
+#endif
 
 #endif
