@@ -3,14 +3,24 @@
 #   make check      every test: normal build, ASan+UBSan, TSan, and the verbs suite in the Soft-RoCE VM
 #   make demo       build and run the demo on the best transport this machine has
 #   make bench      build and run the benchmarks
+#   make fuzz       build build-fuzz/ (clang, VRPC_FUZZ=ON) and run every fuzzer of tests/fuzz for
+#                   FUZZ_SECONDS (default 600) each, from its seeds and the corpus kept so far:
+#                   new corpus entries stay in FUZZ_CORPUS/NAME (default build-fuzz/corpus/NAME,
+#                   outside the source tree), crash inputs in build-fuzz/artifacts/NAME/ with the
+#                   command to replay them; FUZZERS="fuzz_wire fuzz_pb" runs only those
+#                   (tests/fuzz/README.md)
 #   make install    install into PREFIX (default /usr/local)
+#   make soak       bounded soak under injected faults (SOAK_SECONDS, default 300): server RSS/fds flat
 BUILD    ?= build
 JOBS     ?= $(shell nproc)
 PREFIX   ?= /usr/local
 WERROR   ?= OFF
 CMAKE_ARGS ?=
+FUZZ_SECONDS ?= 600
+FUZZ_CORPUS  ?= build-fuzz/corpus
+FUZZERS      ?=
 
-.PHONY: all deps configure build check demo bench install clean
+.PHONY: all deps configure build check demo bench fuzz soak install clean
 
 all: build
 
@@ -34,8 +44,17 @@ demo: configure
 bench: build
 	@scripts/bench.sh $(BUILD)
 
+fuzz: deps
+	@CC=clang cmake -S . -B build-fuzz -DVRPC_FUZZ=ON -DVRPC_BUILD_TESTS=OFF -DVRPC_BUILD_BENCH=OFF \
+		-DVRPC_BUILD_EXAMPLES=OFF -DVRPC_WERROR=$(WERROR) >/dev/null
+	@cmake --build build-fuzz -j $(JOBS) --target fuzzers -- --no-print-directory
+	@tests/fuzz/run.sh build-fuzz $(FUZZ_SECONDS) $(FUZZ_CORPUS) $(FUZZERS)
+
+soak: build
+	@scripts/soak.sh $(BUILD)
+
 install: build
 	@cmake --install $(BUILD)
 
 clean:
-	rm -rf build build-asan build-tsan
+	rm -rf build build-asan build-tsan build-fuzz

@@ -1,8 +1,10 @@
 /* The services every verbrpc server serves: health (verbrpc.health.v1.Health,
- * as gRPC's grpc.health.v1) and statistics (verbrpc.stats.v1.Stats, from
- * vrpc_server_stats()). Their stubs are generated from idl/verbrpc/health.proto and stats.proto;
- * the server's create path calls vrpc_builtins_register(). */
+ * as gRPC's grpc.health.v1), statistics (verbrpc.stats.v1.Stats, from
+ * vrpc_server_stats()) and reflection (idl/reflection.c). Their stubs are
+ * generated from the .proto files in idl/verbrpc/; the server's create path calls
+ * vrpc_builtins_register(). */
 #include "rpc/builtins.h"
+#include "builtins_util.h"
 
 #include <errno.h>
 #include <string.h>
@@ -13,8 +15,8 @@
 /* A snapshot of every registered method's statistics, in the call's arena
  * (no malloc). Methods are registered before the server starts, so their
  * number cannot change between the two vrpc_server_stats() calls. */
-static int snapshot(struct vrpc_server_call *call, const struct vrpc_server *s, struct vrpc_method_stats **out,
-                    size_t *n)
+int vrpc_builtins_snapshot(struct vrpc_server_call *call, const struct vrpc_server *s, struct vrpc_method_stats **out,
+                           size_t *n)
 {
     struct vrpc_method_stats one, *v;
     size_t count = 0;
@@ -50,7 +52,7 @@ static void health_check(struct vrpc_server_call *call, const ProtobufCMessage *
     if (service[0] != '\0') {
         struct vrpc_method_stats *v;
         size_t n, i;
-        int rc = snapshot(call, user, &v, &n);
+        int rc = vrpc_builtins_snapshot(call, user, &v, &n);
 
         if (rc != 0) {
             vrpc_server_call_fail(call, VRPC_INTERNAL, "health: cannot list the server's methods");
@@ -76,7 +78,7 @@ static void stats_get(struct vrpc_server_call *call, const ProtobufCMessage *msg
     struct vrpc_method_stats *v;
     Verbrpc__Stats__V1__MethodStats *ms, **msp;
 
-    if (snapshot(call, user, &v, &n) != 0)
+    if (vrpc_builtins_snapshot(call, user, &v, &n) != 0)
         goto oom;
     ms = vrpc_server_call_alloc(call, (n ? n : 1) * sizeof(*ms));
     msp = vrpc_server_call_alloc(call, (n ? n : 1) * sizeof(*msp));
@@ -131,5 +133,7 @@ int vrpc_builtins_register(struct vrpc_server *s)
 
     if (rc == 0)
         rc = vrpc_server_register(s, &verbrpc__stats__v1__stats__get__method, stats_get, s);
+    if (rc == 0)
+        rc = vrpc_reflection_register(s);
     return rc;
 }

@@ -15,6 +15,7 @@
 #include <verbrpc/transport.h>
 #include "rpc/futex.h"
 #include "rpc/internal.h"
+#include "rpc/metrics.h"
 #include "rpc/pbutil.h"
 #include "rpc/pending.h"
 #include "rpc/rndv.h"
@@ -113,6 +114,7 @@ struct vrpc_channel {
     struct vrpc_rndv_retry retry; /* reads/revokes to retry (poller only) */
     struct vrpc_rndv_out *parked; /* request offers waiting for a grant (under conn_lock) */
     uint32_t nparked;             /* their count (atomic: the poller looks without the lock) */
+    struct vrpc_method_table *mt; /* per-method call metrics (rpc/metrics.h) */
 };
 
 /* Completion of an asynchronous call that failed before it got a slot. */
@@ -136,6 +138,14 @@ enum vrpc_channel_state vrpc_channel_state(const struct vrpc_channel *ch)
 void vrpc_channel_opts_init(struct vrpc_channel_opts *o) { memset(o, 0, sizeof(*o)); }
 
 struct vrpc_transport *vrpc_channel_transport(const struct vrpc_channel *ch) { return ch->tp; }
+struct vrpc_method_table *vrpc_channel_method_table(const struct vrpc_channel *ch) { return ch->mt; }
+const char *vrpc_channel_target(const struct vrpc_channel *ch) { return ch->turi; }
+
+/* A call's outcome into the metrics; start_ns 0: refused before it had a slot (untimed). */
+static inline void call_metrics(struct vrpc_channel *ch, const struct vrpc_method_desc *m, int code, int64_t start_ns)
+{
+    vrpc_method_table_done(ch->mt, m, (enum vrpc_code)code, start_ns);
+}
 
 /* The last reference destroys the endpoint: only then can no other thread
  * be sending on it (the transport forbids any call after vrpc_ep_destroy). */
@@ -271,6 +281,7 @@ static void async_done_task(struct vrpc_task *t)
         else
             msg = m;
     }
+    call_metrics(ch, s->method, s->st.code, s->start_ns);
     s->cb(&s->st, msg, s->cb_arg);
     /* resp was valid only during the callback: its large buffer goes back
      * now rather than at this worker's next unpack */
@@ -1226,6 +1237,7 @@ static uint64_t launch_open_locked(struct vrpc_channel *ch, struct vrpc_conn *c,
     s->cb_ch = ch;
     s->qent = e;
     s->deadline_ns = e->deadline;
+    s->start_ns = vrpc_metrics_now_ns();
     s->out.zc = 0;
     conn_ref(c); /* ours while launch_queued sends: see start_call */
     open_call(ch, s, id);
@@ -1595,6 +1607,7 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
     s->cb_arg = arg;
     s->cb_ch = ch;
     s->deadline_ns = deadline;
+    s->start_ns = vrpc_metrics_now_ns();
     s->out.zc = gat.nsegs ? ZC_BUSY : 0; /* before open: complete() looks at it */
     /* From open on, an async call can be completed by another thread (loss
      * scan, cancel) whose callback task drops the call's reference of c
@@ -1680,8 +1693,10 @@ int vrpc_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m, const P
         return VRPC_INVALID_ARGUMENT;
     }
     code = start_call(ch, m, req, opts, NULL, NULL, st, &s);
-    if (code)
+    if (code) {
+        call_metrics(ch, m, code, 0);
         return code;
+    }
     uint32_t gen = vrpc_pending_gen(s);
     vrpc_pending_wait(s, gen);
     zc_wait(s); /* the request is ours again only when the server can no longer read it */
@@ -1703,6 +1718,7 @@ int vrpc_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m, const P
     }
     if (s->deadline_ns != VRPC_NO_DEADLINE)
         vrpc_timer_cancel(ch->wheel, &s->timer);
+    call_metrics(ch, m, code, s->start_ns);
     conn_unref(c); /* before owner_done, see async_done_task */
     vrpc_pending_owner_done(s, gen);
     return code;
@@ -1722,6 +1738,7 @@ int vrpc_call_async(struct vrpc_channel *ch, const struct vrpc_method_desc *m, c
     if (code == -EAGAIN)
         return -EAGAIN;
     if (code) {
+        call_metrics(ch, m, code, 0);
         struct early_fail *e = malloc(sizeof(*e));
         if (!e)
             return -ENOMEM;
@@ -1781,6 +1798,10 @@ int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *opts, s
     if (!ch->o.backoff_max_ms)
         ch->o.backoff_max_ms = 5000;
     set_state(ch, VRPC_CHANNEL_IDLE);
+    if (!(ch->mt = calloc(1, sizeof(*ch->mt)))) {
+        rc = -ENOMEM;
+        goto fail;
+    }
     if ((rc = vrpc_rpc_parse_uri(uri, ch->tname, sizeof(ch->tname), ch->turi, sizeof(ch->turi))))
         goto fail;
 
@@ -1936,5 +1957,6 @@ void vrpc_channel_destroy(struct vrpc_channel *ch)
     vrpc_transport_destroy(ch->tp);
     pthread_mutex_destroy(&ch->conn_lock);
     pthread_mutex_destroy(&ch->connect_mu);
+    free(ch->mt);
     free(ch);
 }

@@ -51,13 +51,15 @@ static inline struct vrpc_arena *vrpc_rpc_tls_arena(void) { return vrpc_rpc_tls_
  * with RLIMIT_MEMLOCK; large-message buffers come on top, up to max_pinned). */
 uint64_t vrpc_rpc_pool_bytes(bool server, uint32_t eager);
 
-/* Log a line to stderr prefixed with "verbrpc: ". Protocol errors and other
- * events the peer caused go here; VRPC_LOG=0 in the environment silences it. */
+/* Log a line at VRPC_LOG_WARN, subsystem "rpc", through the library's logger
+ * (include/verbrpc/log.h). Protocol errors and other events the peer caused
+ * go here. Other levels: vrpc_log(level, "rpc", ...). */
 void vrpc_rpc_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Transport name and URI for it from a user URI: "tcp://h:p", "verbs://h:p",
- * "auto://h:p" or bare "h:p" (= auto). 0 or -EINVAL, logged with the reason
- * (vrpc_uri_check's syntax, or a scheme that names no backend). */
+ * "auto://h:p" or bare "h:p" (= auto), each also as "fault+tcp://h:p" etc.
+ * (the fault-injecting layer over that backend). 0 or -EINVAL, logged with
+ * the reason (vrpc_uri_check's syntax, or a scheme that names no backend). */
 int vrpc_rpc_parse_uri(const char *uri, char *name, size_t name_len, char *turi, size_t turi_len);
 
 /* The longest vrpc_rpc_buf_get / vrpc_rpc_send wait (with `wait`): a thread

@@ -20,7 +20,11 @@
 /* Under emulation (the Soft-RoCE VM runs qemu TCG) an indirect jump costs a
  * lookup of the translated target, so the per-field switches here compile to
  * compare trees instead of jump tables. */
+#if defined(__clang__)
+#define NO_JUMP_TABLES /* clang has no per-function switch for it (-fno-jump-tables is per file) */
+#else
 #define NO_JUMP_TABLES __attribute__((optimize("no-jump-tables")))
+#endif
 
 enum kind { K_I32, K_U32, K_S32, K_64, K_S64, K_F32, K_F64, K_BOOL, K_STR, K_BYTES, K_OTHER };
 

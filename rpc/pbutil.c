@@ -22,6 +22,28 @@ static int read_varint(const uint8_t *p, size_t len, size_t *off, uint64_t *v)
     return -EBADMSG;
 }
 
+/* A tag as protobuf-c 1.4.1 reads one (parse_tag_and_wiretype): a varint of
+ * at most 5 bytes, not a single byte 0..7; the field number is its value
+ * >> 3, which may reach 2^32 - 1. Field numbers no .proto can declare
+ * (above 2^29 - 1, or 0 written in more than one byte) are unknown fields to
+ * protobuf-c, which keeps them, so they are tags here too. */
+static int read_tag(const uint8_t *p, size_t len, size_t *off, uint32_t *field, unsigned *wt)
+{
+    uint64_t r = 0;
+    if (*off >= len || p[*off] < 8)
+        return -EBADMSG;
+    for (unsigned i = 0; i < 5 && *off < len; i++) {
+        uint8_t b = p[(*off)++];
+        r |= (uint64_t)(b & 0x7f) << (7 * i);
+        if (!(b & 0x80)) {
+            *field = (uint32_t)(r >> 3);
+            *wt = (unsigned)(r & 7);
+            return 0;
+        }
+    }
+    return -EBADMSG;
+}
+
 static int check(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t len, unsigned depth,
                  unsigned max_depth)
 {
@@ -30,13 +52,12 @@ static int check(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t l
     if (depth > max_depth)
         return -ELOOP;
     while (off < len) {
-        uint64_t tag, v;
-        if (read_varint(p, len, &off, &tag))
+        uint64_t v;
+        uint32_t field;
+        unsigned wt;
+        if (read_tag(p, len, &off, &field, &wt))
             return -EBADMSG;
-        uint64_t field = tag >> 3;
-        if (field == 0 || field > 0x1fffffff)
-            return -EBADMSG;
-        switch (tag & 7) {
+        switch (wt) {
         case 0:
             if (read_varint(p, len, &off, &v))
                 return -EBADMSG;
@@ -55,7 +76,7 @@ static int check(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t l
             if (read_varint(p, len, &off, &v) || v > len - off)
                 return -EBADMSG;
             const ProtobufCFieldDescriptor *f =
-                d ? protobuf_c_message_descriptor_get_field(d, (unsigned)field) : NULL;
+                d ? protobuf_c_message_descriptor_get_field(d, field) : NULL;
             if (f && f->type == PROTOBUF_C_TYPE_MESSAGE) {
                 int rc = check(f->descriptor, p + off, (size_t)v, depth + 1, max_depth);
                 if (rc)

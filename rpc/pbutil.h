@@ -14,8 +14,12 @@
 #define VRPC_PB_DEFAULT_MAX_DEPTH 64
 
 /* Walk the encoded message without decoding it and check that embedded
- * messages nest at most max_depth levels (the top level is 1). Also rejects
- * truncated fields, field number 0 and groups (unsupported by protobuf-c).
+ * messages nest at most max_depth levels (the top level is 1). Besides depth
+ * it refuses only what protobuf-c 1.4.1's unpack refuses too (truncated
+ * fields, a tag longer than 5 bytes or a one-byte tag of field 0, groups and
+ * reserved wire types), so whether a message is accepted never depends on
+ * whether its type can nest: a field number protobuf-c takes as an unknown
+ * field (above 2^29 - 1, or 0 in a longer tag) passes here as well.
  * 0, -ELOOP (too deep) or -EBADMSG (malformed). */
 int vrpc_pb_check_depth(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len,
                         unsigned max_depth);

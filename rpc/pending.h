@@ -62,6 +62,7 @@ struct vrpc_pending_slot {
     void *qent;           /* the channel's queue entry the call was queued in
                              (its id lives there until the call completes); NULL: none */
     int64_t deadline_ns;
+    int64_t start_ns;     /* when the call took the slot (metrics) */
     struct vrpc_timer timer;
     struct vrpc_task task; /* async completion runs as this task */
     /* The outcome, written by the decide winner before publish. */

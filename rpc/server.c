@@ -15,6 +15,7 @@
 #include "rpc/builtins.h"
 #include "rpc/futex.h"
 #include "rpc/internal.h"
+#include "rpc/metrics.h"
 #include "rpc/pbutil.h"
 #include "rpc/rndv.h"
 #include "rpc/status.h"
@@ -31,17 +32,13 @@
 #define HELLO_TIMEOUT_DEFAULT_MS 5000u
 #define IDLE_TIMEOUT_DEFAULT_MS 300000u
 #define SERVER_SEND_BUFS VRPC_SERVER_SEND_BUFS
-#define HIST_BUCKETS 496
 
 struct method_entry {
     const struct vrpc_method_desc *m;
     vrpc_handler_fn fn;
     void *user;
-    /* statistics, relaxed atomics */
-    uint64_t calls;
-    uint64_t by_code[VRPC_CODE_COUNT];
-    uint64_t max_us;
-    uint64_t hist[HIST_BUCKETS];
+    struct vrpc_call_metrics cm; /* statistics (rpc/metrics.h) */
+    struct vrpc_lathist lh;
 };
 
 struct sconn;
@@ -174,76 +171,53 @@ struct vrpc_server {
     int shut_rc;
     struct vrpc_timer sweep; /* conn_sweep: HELLO and idle timeouts */
     int64_t sweep_every_ns;
+    char metrics_addr[VRPC_URI_MAX]; /* opts.metrics_addr, copied; "": none */
+    struct vrpc_metrics_http *http;  /* its endpoint (rpc/metrics_http.c) */
 };
 
 /* ---- statistics ------------------------------------------------------------ */
-
-static unsigned hist_idx(uint64_t us)
-{
-    if (us < 8)
-        return (unsigned)us;
-    unsigned e = 63u - (unsigned)__builtin_clzll(us);
-    return (e - 2) * 8 + (unsigned)((us >> (e - 3)) & 7);
-}
-
-static uint64_t hist_mid(unsigned idx)
-{
-    if (idx < 8)
-        return idx;
-    unsigned e = idx / 8 + 2, sub = idx % 8;
-    uint64_t w = 1ull << (e - 3);
-    return ((8ull + sub) << (e - 3)) + w / 2;
-}
 
 static void record(struct method_entry *me, enum vrpc_code code, int64_t arrival_ns)
 {
     if (!me)
         return;
-    int64_t d = (vrpc_now_ns() - arrival_ns) / 1000;
-    uint64_t us = d > 0 ? (uint64_t)d : 0;
-    __atomic_add_fetch(&me->calls, 1, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&me->by_code[code], 1, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&me->hist[hist_idx(us)], 1, __ATOMIC_RELAXED);
-    uint64_t m = __atomic_load_n(&me->max_us, __ATOMIC_RELAXED);
-    while (us > m && !__atomic_compare_exchange_n(&me->max_us, &m, us, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-        ;
+    int64_t d = vrpc_now_ns() - arrival_ns;
+    uint64_t ns = d > 0 ? (uint64_t)d : 0;
+    vrpc_call_metrics_record(&me->cm, code, ns);
+    vrpc_lathist_record(&me->lh, ns / 1000);
 }
 
 int vrpc_server_stats(const struct vrpc_server *s, struct vrpc_method_stats *out, size_t cap, size_t *n)
 {
+    static const double qs[3] = {0.50, 0.90, 0.99};
     if (!s || (cap && !out) || !n)
         return -EINVAL;
     for (size_t i = 0; i < s->nmethods && i < cap; i++) {
         const struct method_entry *me = &s->methods[i];
         struct vrpc_method_stats *o = &out[i];
-        uint64_t h[HIST_BUCKETS], total = 0;
+        uint64_t q[3];
         memset(o, 0, sizeof(*o));
         o->method = me->m;
-        o->calls = __atomic_load_n(&me->calls, __ATOMIC_RELAXED);
         for (int c = 0; c < VRPC_CODE_COUNT; c++)
-            o->by_code[c] = __atomic_load_n(&me->by_code[c], __ATOMIC_RELAXED);
-        for (unsigned b = 0; b < HIST_BUCKETS; b++)
-            total += h[b] = __atomic_load_n(&me->hist[b], __ATOMIC_RELAXED);
-        o->latency_max_us = __atomic_load_n(&me->max_us, __ATOMIC_RELAXED);
-        if (!total)
-            continue;
-        const double qs[3] = {0.50, 0.90, 0.99};
-        uint64_t *dst[3] = {&o->latency_p50_us, &o->latency_p90_us, &o->latency_p99_us};
-        for (int q = 0; q < 3; q++) {
-            uint64_t want = (uint64_t)(qs[q] * (double)total), acc = 0;
-            if (want == 0)
-                want = 1;
-            for (unsigned b = 0; b < HIST_BUCKETS; b++) {
-                acc += h[b];
-                if (acc >= want) {
-                    *dst[q] = hist_mid(b);
-                    break;
-                }
-            }
-        }
+            o->calls += o->by_code[c] = __atomic_load_n(&me->cm.by_code[c], __ATOMIC_RELAXED);
+        o->latency_max_us = vrpc_call_metrics_max_us(&me->cm); /* after by_code: bounds what they counted */
+        vrpc_lathist_quantiles(&me->lh, qs, q, 3, o->latency_max_us);
+        o->latency_p50_us = q[0];
+        o->latency_p90_us = q[1];
+        o->latency_p99_us = q[2];
     }
     *n = s->nmethods;
     return 0;
+}
+
+size_t vrpc_server_method_metrics(const struct vrpc_server *s, struct vrpc_prom_method *v, size_t cap)
+{
+    for (size_t i = 0; i < s->nmethods && i < cap; i++) {
+        v[i].method = s->methods[i].m->full_name;
+        v[i].m = &s->methods[i].cm;
+        v[i].lh = &s->methods[i].lh;
+    }
+    return s->nmethods;
 }
 
 /* ---- registry ---------------------------------------------------------------- */
@@ -251,6 +225,7 @@ int vrpc_server_stats(const struct vrpc_server *s, struct vrpc_method_stats *out
 void vrpc_server_opts_init(struct vrpc_server_opts *o) { memset(o, 0, sizeof(*o)); }
 
 struct vrpc_transport *vrpc_server_transport(const struct vrpc_server *s) { return s->tp; }
+const struct vrpc_metrics_http *vrpc_server_metrics_http(const struct vrpc_server *s) { return s->http; }
 
 int vrpc_server_register(struct vrpc_server *s, const struct vrpc_method_desc *m, vrpc_handler_fn fn,
                          void *user)
@@ -1625,6 +1600,12 @@ int vrpc_server_create(const struct vrpc_server_opts *o, struct vrpc_server **ou
     }
     if (s->o.max_pinned_per_conn > s->o.max_pinned)
         s->o.max_pinned_per_conn = s->o.max_pinned;
+    int mrc = vrpc_metrics_http_check(s->o.metrics_addr, s->metrics_addr, sizeof(s->metrics_addr));
+    s->o.metrics_addr = NULL;
+    if (mrc) {
+        free(s);
+        return mrc;
+    }
     pthread_mutex_init(&s->lock, NULL);
     s->conns.next = s->conns.prev = &s->conns;
     /* Every server serves the built-in Health and Stats services (idl/). */
@@ -1737,6 +1718,8 @@ int vrpc_server_start(struct vrpc_server *s, const char *uri)
         least = s->o.idle_timeout_ms;
     s->sweep_every_ns = (int64_t)(least / 4 < 10 ? 10 : least / 4 > 1000 ? 1000 : least / 4) * 1000000;
     vrpc_timer_arm(s->wheel, &s->sweep, vrpc_now_ns() + s->sweep_every_ns, conn_sweep, s, 0);
+    if (s->metrics_addr[0] && (rc = vrpc_metrics_http_start(s, s->metrics_addr, &s->http)))
+        return rc;
     return vrpc_listener_uri(s->listener, s->uri, sizeof(s->uri));
 }
 
@@ -1802,6 +1785,7 @@ void vrpc_server_destroy(struct vrpc_server *s)
 {
     if (!s)
         return;
+    vrpc_metrics_http_stop(s->http); /* no scrape reads s from here on */
     if (s->started)
         vrpc_server_shutdown(s, 0);
     /* Every connection is closing; wait until each is freed: its DISCONNECTED

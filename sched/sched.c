@@ -3,6 +3,7 @@
  * contract is in include/verbrpc/sched.h; the lock-free queues it is built
  * from are in sched/deque.h and sched/ring.h. */
 #define _GNU_SOURCE /* sched_getaffinity, pthread_setaffinity_np, pthread_setname_np */
+#include <verbrpc/log.h>
 #include <verbrpc/sched.h>
 
 #include <ck_ec.h>
@@ -671,7 +672,7 @@ void vrpc_sched_destroy(struct vrpc_sched *s)
     if (!s)
         return;
     if (tls_worker && tls_worker->s == s) {
-        fprintf(stderr, "vrpc_sched_destroy: called from one of its own workers (it would join itself)\n");
+        vrpc_log(VRPC_LOG_ERROR, "sched", "vrpc_sched_destroy: called from one of its own workers (it would join itself)");
         abort();
     }
     vs_store_32(&s->stopping, 1);

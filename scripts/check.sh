@@ -3,7 +3,10 @@
 #   1. build/       normal build, all tests that need no RDMA device
 #   2. build-asan/  AddressSanitizer+UBSan build, tests labelled "unit"
 #   3. build-tsan/  ThreadSanitizer build, tests labelled "concurrency"
-#   4. the tests labelled "verbs", on real verbs: on this machine's RDMA device
+#   4. build-fuzz/  clang with libFuzzer (VRPC_FUZZ=ON): every fuzzer of
+#      tests/fuzz runs FUZZ_CHECK_SECONDS (default 30) from its committed
+#      seeds, one test each; skipped (with a message) when clang is missing
+#   5. the tests labelled "verbs", on real verbs: on this machine's RDMA device
 #      if it has one, else inside the Soft-RoCE VM (tests/softroce/run.sh)
 # Ends with one line "N passed, N failed" over all stages; exit 0 only when
 # nothing failed. WERROR=ON turns warnings into errors. VRPC_CHECK_STAGES
@@ -12,7 +15,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-$(nproc)}
 WERROR=${WERROR:-OFF}
-STAGES=${VRPC_CHECK_STAGES:-normal asan tsan verbs}
+STAGES=${VRPC_CHECK_STAGES:-normal asan tsan fuzz verbs}
 PASSED=0 FAILED=0 SKIPPED=0 FAILURES=()
 
 log() { printf '\n==== %s\n' "$*"; }
@@ -58,6 +61,23 @@ for s in $STAGES; do
         if build build-tsan -DVRPC_SANITIZE=thread -DVRPC_BUILD_BENCH=OFF -DVRPC_BUILD_EXAMPLES=OFF
         then ctest_stage tsan build-tsan -L concurrency -LE verbs
         else stage_failed "tsan: build failed"; fi ;;
+    fuzz)
+        log "libFuzzer: every fuzzer for ${FUZZ_CHECK_SECONDS:-30} s from its seeds"
+        nf=$(ls tests/fuzz/seeds | wc -l)
+        if ! command -v clang >/dev/null || ! compgen -G "/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a" >/dev/null; then
+            echo "fuzz: SKIPPED: clang or libFuzzer missing (scripts/install-deps.sh installs clang and libfuzzer-14-dev)"
+            SKIPPED=$((SKIPPED + nf))
+        elif CC=clang build build-fuzz -DVRPC_FUZZ=ON -DVRPC_BUILD_BENCH=OFF -DVRPC_BUILD_EXAMPLES=OFF \
+                -DVRPC_BUILD_TESTS=OFF; then
+            out=$(mktemp)
+            rm -rf build-fuzz/check-corpus  # from the seeds only, every time
+            tests/fuzz/run.sh build-fuzz "${FUZZ_CHECK_SECONDS:-30}" build-fuzz/check-corpus 2>&1 | tee "$out"
+            p=$(grep -c '^fuzz-result: [a-z_]* passed' "$out"); f=$(grep -c '^fuzz-result: [a-z_]* failed' "$out")
+            k=$(grep -c '^fuzz-result: [a-z_]* skipped' "$out")
+            rm -f "$out"
+            PASSED=$((PASSED + p)); FAILED=$((FAILED + f)); SKIPPED=$((SKIPPED + k))
+            ((f == 0 && p > 0)) || FAILURES+=("fuzz: $f of $((p + f)) fuzzers failed")
+        else stage_failed "fuzz: build failed"; fi ;;
     verbs)
         if [[ -x tests/softroce/run.sh ]]; then
             log "verbs: real RDMA verbs (device, or the Soft-RoCE VM)"

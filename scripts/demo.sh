@@ -10,6 +10,7 @@ BUILD=${1:-build}
 SECONDS_LOAD=${VRPC_DEMO_SECONDS:-3}
 SERVER=$BUILD/examples/kvstore_server
 CLIENT=$BUILD/examples/kvstore_client
+TOOL=$BUILD/tools/verbrpc/verbrpc
 for p in "$SERVER" "$CLIENT"; do
     [[ -x $p ]] || { echo "demo: $p is missing: build first (make demo does)" >&2; exit 1; }
 done
@@ -87,6 +88,15 @@ echo "--- load: ${SECONDS_LOAD} s, 16 calls in flight, 80% Get / 20% Put of 64 B
 kv --threads 2 load --keys 10000 --value-size 64 --outstanding 16 --duration "$SECONDS_LOAD"
 echo "--- the server's own statistics (built-in verbrpc.stats.v1.Stats)"
 kv stats /examples.kvstore
+if [[ -x $TOOL ]]; then
+    echo "--- the verbrpc tool against the same server (docs/GUIDE.md, section 12)"
+    echo "\$ verbrpc health $URI"; "$TOOL" health "$URI"
+    echo "\$ verbrpc list $URI"; "$TOOL" list "$URI"
+    echo "\$ verbrpc call $URI examples.kvstore.v1.KvStore/Get '{\"key\": \"alpha\"}'"
+    "$TOOL" call "$URI" examples.kvstore.v1.KvStore/Get '{"key": "alpha"}'
+    echo "\$ verbrpc stats --prometheus --prefix /examples.kvstore.v1.KvStore/Get $URI"
+    "$TOOL" stats --prometheus --prefix /examples.kvstore.v1.KvStore/Get "$URI" | grep -v '^#'
+fi
 kill -INT "$server_pid"; wait "$server_pid" 2>/dev/null || true
 server_pid=
 echo "--- server: $(tail -1 "$tmp/server.log")"

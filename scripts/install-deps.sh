@@ -14,12 +14,22 @@ PKGS=(
     libprotobuf-c-dev protobuf-c-compiler protobuf-compiler libprotobuf-dev libprotoc-dev
     # concurrency kit, tests
     libck-dev libcmocka-dev
+    # the server's Prometheus metrics endpoint (vrpc_server_opts.metrics_addr):
+    # an HTTP server library rather than an HTTP parser of our own; optional
+    # (VRPC_WITH_METRICS), the library builds without it
+    libmicrohttpd-dev
+    # JSON for the verbrpc tool (call's requests and responses, stats --json): protobuf-c has no JSON
+    libjansson-dev
     # sanitizer runtimes (gcc 12)
     libasan8 libubsan1 libtsan2
     # Soft-RoCE VM: qemu, initramfs tools, and what the guest runs from the host root
     qemu-system-x86 busybox-static kmod cpio xz-utils iproute2 bc perftest
     # benchmarks: instruction counts
     valgrind
+    # fuzzers (tests/fuzz, make fuzz, the check stage "fuzz"): libFuzzer needs clang
+    # (-fsanitize=fuzzer links libclang_rt.fuzzer from libclang-rt-14-dev, a dependency of
+    # clang); libfuzzer-14-dev adds the standalone libFuzzer and its FuzzedDataProvider.h
+    clang libfuzzer-14-dev
 )
 if [[ ${1:-} == --bench ]]; then
     PKGS+=(libgrpc++-dev protobuf-compiler-grpc)

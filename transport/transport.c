@@ -10,15 +10,20 @@
 #include <sched.h>
 #include <time.h>
 
+#include "common/log_internal.h"
 #include "transport/lbuf.h"
 #include "transport/transport_ops.h"
 
-/* Every backend compiled in, in "auto" preference order. */
+/* Every backend compiled in, in "auto" preference order (layers, which
+ * "auto" never picks, last). */
 static const struct vrpc_transport_ops *const backends[] = {
 #ifdef VRPC_BACKEND_VERBS
     &vrpc_verbs_ops,
 #endif
     &vrpc_tcp_ops,
+#ifdef VRPC_BACKEND_FAULT
+    &vrpc_fault_ops,
+#endif
 };
 
 int vrpc_enosys_mr_reg(struct vrpc_transport *tp, void *addr, size_t len, unsigned access,
@@ -63,12 +68,10 @@ uint64_t vrpc_tp_now_ns(void)
 
 void vrpc_tp_log(const char *fmt, ...)
 {
-    char line[256];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
+    vrpc_logv(VRPC_LOG_WARN, "transport", fmt, ap);
     va_end(ap);
-    fprintf(stderr, "vrpc[transport] %s\n", line);
 }
 
 /* ---- transport ------------------------------------------------------------ */
@@ -102,12 +105,22 @@ static void apply_defaults(struct vrpc_transport_attr *a, const struct vrpc_tran
     if (!a->credit_timeout_ms) a->credit_timeout_ms = a->idle_timeout_ms;
 }
 
+/* The backend (or layer) whose name is the first len bytes of name. */
+static const struct vrpc_transport_ops *find_backend(const char *name, size_t len)
+{
+    for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++)
+        if (strlen(backends[i]->name) == len && !strncmp(name, backends[i]->name, len))
+            return backends[i];
+    return NULL;
+}
+
 int vrpc_transport_create(const char *name, const struct vrpc_transport_attr *attr,
                           struct vrpc_transport **out)
 {
     const struct vrpc_transport_ops *ops = NULL;
     struct vrpc_transport_attr a;
-    struct vrpc_transport *tp;
+    struct vrpc_transport *tp, *lower = NULL;
+    const char *plus;
     size_t i;
     int rc;
 
@@ -116,27 +129,49 @@ int vrpc_transport_create(const char *name, const struct vrpc_transport_attr *at
     apply_defaults(&a, attr);
     if (a.eager_size > VRPC_EAGER_MAX || a.eager_size < VRPC_EAGER_MIN)
         return -EINVAL;
+    plus = strchr(name, '+');
     if (!strcmp(name, "auto")) {
         for (i = 0; i < sizeof backends / sizeof backends[0]; i++)
-            if (backends[i]->probe() == 0) {
+            if (!backends[i]->layer && backends[i]->probe() == 0) {
                 ops = backends[i];
                 break;
             }
         if (!ops)
             return -ENODEV;
     } else {
-        for (i = 0; i < sizeof backends / sizeof backends[0]; i++)
-            if (!strcmp(name, backends[i]->name))
-                ops = backends[i];
-        if (!ops)
+        ops = find_backend(name, plus ? (size_t)(plus - name) : strlen(name));
+        if (!ops || (plus && !ops->layer))
             return strcmp(name, "verbs") ? -ENOENT : -ENOTSUP;
+    }
+    if (ops->layer) {
+        /* "fault+tcp": the transport below first; the layer owns it then */
+        rc = vrpc_transport_create(plus ? plus + 1 : "auto", attr, &lower);
+        if (rc)
+            return rc;
+        if (lower->lower) { /* one layer at a time */
+            vrpc_transport_destroy(lower);
+            return -EINVAL;
+        }
+        tp = lower;
     }
     rc = ops->tp_create(&a, &tp);
     if (rc)
         return rc;
     tp->ops = ops;
     tp->attr = a;
+    tp->lower = lower;
+    /* "fault+verbs" is the longest name: every one fits */
+    size_t nl = strlen(ops->name);
+    memcpy(tp->name, ops->name, nl + 1);
+    if (lower && nl + 1 + strlen(lower->name) < sizeof tp->name) {
+        tp->name[nl] = '+';
+        memcpy(tp->name + nl + 1, lower->name, strlen(lower->name) + 1);
+    }
     tp->lbuf = NULL;
+    pthread_mutex_init(&tp->cq_mu, NULL);
+    tp->cqs = NULL;
+    memset(&tp->retired, 0, sizeof tp->retired);
+    tp->credit_waits = tp->connects = tp->grants = 0;
     rc = vrpc_lbuf_cache_create(tp, &tp->lbuf);
     if (rc) {
         ops->tp_destroy(tp);
@@ -152,12 +187,13 @@ void vrpc_transport_destroy(struct vrpc_transport *tp)
         return;
     /* its buffers' MRs go before the backend's protection domain */
     vrpc_lbuf_cache_destroy(tp->lbuf);
+    pthread_mutex_destroy(&tp->cq_mu);
     tp->ops->tp_destroy(tp);
 }
 
 const char *vrpc_transport_name(const struct vrpc_transport *tp)
 {
-    return tp->ops->name;
+    return tp->name;
 }
 
 uint32_t vrpc_transport_headroom(const struct vrpc_transport *tp)
@@ -200,15 +236,31 @@ void vrpc_cq_attr_init(struct vrpc_cq_attr *attr)
     attr->cpu = -1;
 }
 
+/* Poller only: the poller is the one writer of cq->counts, so a relaxed
+ * load and store count without a locked instruction. */
+#define COUNT(field, v) __atomic_store_n(&(field), __atomic_load_n(&(field), __ATOMIC_RELAXED) + (v), __ATOMIC_RELAXED)
+
+_Static_assert(VRPC_WC_REVOKE < VRPC_WC_OPS && !(VRPC_WC_OPS & (VRPC_WC_OPS - 1)),
+               "struct vrpc_cq_counts holds every opcode, indexed by op & (VRPC_WC_OPS - 1)");
+
 static void deliver(struct vrpc_cq *cq, unsigned n)
 {
     unsigned i;
     cq->attr.cb(cq, cq->wc, n, cq->attr.cb_arg);
-    /* The transport's reference of an endpoint ends with its DISCONNECTED,
-     * once the layer above has seen it. */
-    for (i = 0; i < n; i++)
-        if (cq->wc[i].opcode == VRPC_WC_DISCONNECTED)
-            vrpc_ep_unref(cq->wc[i].ep);
+    for (i = 0; i < n; i++) {
+        const struct vrpc_wc *w = &cq->wc[i];
+        unsigned op = w->opcode;
+        /* Counted after the callback, in the loop it needs anyway: wc itself
+         * is unchanged (byte_len is the length for SEND too, transport.h). */
+        if (__builtin_expect(w->status != 0, 0) && op != VRPC_WC_DISCONNECTED)
+            continue;
+        COUNT(cq->counts.n[op & (VRPC_WC_OPS - 1)], 1);
+        COUNT(cq->counts.bytes[op & (VRPC_WC_OPS - 1)], w->byte_len);
+        /* The transport's reference of an endpoint ends with its
+         * DISCONNECTED, once the layer above has seen it. */
+        if (op == VRPC_WC_DISCONNECTED)
+            vrpc_ep_unref(w->ep);
+    }
 }
 
 /* A pinned poller busy-polling without completions yields its CPU at most
@@ -280,6 +332,50 @@ static void *poller_main(void *arg)
     return NULL;
 }
 
+static void add_counts(struct vrpc_cq_counts *to, const struct vrpc_cq_counts *c)
+{
+    for (unsigned i = 0; i < VRPC_WC_OPS; i++) {
+        to->n[i] += __atomic_load_n(&c->n[i], __ATOMIC_RELAXED);
+        to->bytes[i] += __atomic_load_n(&c->bytes[i], __ATOMIC_RELAXED);
+    }
+}
+
+void vrpc_transport_counters(const struct vrpc_transport *ctp, struct vrpc_transport_counters *out)
+{
+    struct vrpc_transport *tp = (struct vrpc_transport *)ctp; /* its mutex */
+    struct vrpc_cq_counts c;
+    size_t pinned = 0, in_use = 0;
+
+    pthread_mutex_lock(&tp->cq_mu);
+    c = tp->retired;
+    for (struct vrpc_cq *cq = tp->cqs; cq; cq = cq->next)
+        add_counts(&c, &cq->counts);
+    pthread_mutex_unlock(&tp->cq_mu);
+    memset(out, 0, sizeof *out);
+    out->msgs_in = c.n[VRPC_WC_RECV];
+    out->bytes_in = c.bytes[VRPC_WC_RECV];
+    out->msgs_out = c.n[VRPC_WC_SEND];
+    out->bytes_out = c.bytes[VRPC_WC_SEND];
+    out->reads = c.n[VRPC_WC_READ];
+    out->read_bytes = c.bytes[VRPC_WC_READ];
+    out->accepted = c.n[VRPC_WC_ACCEPTED];
+    out->disconnected = c.n[VRPC_WC_DISCONNECTED];
+    out->connected = __atomic_load_n(&tp->connects, __ATOMIC_RELAXED);
+    out->grants = __atomic_load_n(&tp->grants, __ATOMIC_RELAXED);
+    out->credit_waits = __atomic_load_n(&tp->credit_waits, __ATOMIC_RELAXED);
+    /* a DISCONNECTED counted before its connect's increment is read: no wrap */
+    out->connections = out->accepted + out->connected > out->disconnected
+                           ? out->accepted + out->connected - out->disconnected : 0;
+    vrpc_lbuf_stats(tp, &pinned, &in_use);
+    out->pinned_bytes = pinned;
+    out->large_in_use_bytes = in_use;
+}
+
+void vrpc_tp_note_credit_wait(struct vrpc_ep *ep)
+{
+    __atomic_fetch_add(&ep->tp->credit_waits, 1, __ATOMIC_RELAXED);
+}
+
 int vrpc_cq_create(struct vrpc_transport *tp, const struct vrpc_cq_attr *attr, struct vrpc_cq **out)
 {
     struct vrpc_cq_attr a;
@@ -299,6 +395,7 @@ int vrpc_cq_create(struct vrpc_transport *tp, const struct vrpc_cq_attr *attr, s
         return rc;
     cq->tp = tp;
     cq->attr = a;
+    memset(&cq->counts, 0, sizeof cq->counts);
     atomic_init(&cq->stopping, false);
     cq->thread_started = false;
     cq->wc = calloc(a.depth, sizeof *cq->wc);
@@ -310,6 +407,10 @@ int vrpc_cq_create(struct vrpc_transport *tp, const struct vrpc_cq_attr *attr, s
     if (rc)
         goto err_wc;
     cq->thread_started = true;
+    pthread_mutex_lock(&tp->cq_mu);
+    cq->next = tp->cqs;
+    tp->cqs = cq;
+    pthread_mutex_unlock(&tp->cq_mu);
     pthread_setname_np(cq->thread, name);
     if (a.cpu >= 0) {
         cpu_set_t set;
@@ -331,9 +432,18 @@ void vrpc_cq_destroy(struct vrpc_cq *cq)
     if (!cq)
         return;
     if (cq->thread_started) {
+        struct vrpc_transport *tp = cq->tp;
         atomic_store_explicit(&cq->stopping, true, memory_order_release);
         cq->tp->ops->cq_kick(cq);
         pthread_join(cq->thread, NULL);
+        pthread_mutex_lock(&tp->cq_mu);
+        for (struct vrpc_cq **pp = &tp->cqs; *pp; pp = &(*pp)->next)
+            if (*pp == cq) {
+                *pp = cq->next;
+                break;
+            }
+        add_counts(&tp->retired, &cq->counts);
+        pthread_mutex_unlock(&tp->cq_mu);
     }
     free(cq->wc);
     cq->tp->ops->cq_destroy(cq);
@@ -356,11 +466,15 @@ int vrpc_cq_post_recv(struct vrpc_cq *cq, struct vrpc_buf *const *bufs, const ui
 
 static int check_scheme(struct vrpc_transport *tp, const struct vrpc_addr *a)
 {
-    if (!strcmp(a->scheme, "auto") || !strcmp(a->scheme, tp->ops->name))
+    const char *plus = strchr(a->scheme, '+');
+    const struct vrpc_transport_ops *ops;
+    if (!strcmp(a->scheme, "auto") || !strcmp(a->scheme, tp->name))
         return 0;
-    if (strcmp(a->scheme, "tcp") && strcmp(a->scheme, "verbs"))
-        return -EINVAL;
-    return -EPROTONOSUPPORT;
+    /* a scheme of another backend (or layer+backend) compiled in, or verbs */
+    ops = find_backend(a->scheme, plus ? (size_t)(plus - a->scheme) : strlen(a->scheme));
+    if ((ops && (!plus || ops->layer)) || !strcmp(a->scheme, "verbs"))
+        return -EPROTONOSUPPORT;
+    return -EINVAL;
 }
 
 int vrpc_listen(struct vrpc_transport *tp, const char *uri, const struct vrpc_listen_attr *attr,
@@ -409,7 +523,10 @@ int vrpc_connect(struct vrpc_transport *tp, const char *uri, const struct vrpc_e
         if (src.ss.ss_family != dst.ss.ss_family)
             return -EINVAL;
     }
-    return tp->ops->connect(tp, &dst, attr->src_addr ? &src : NULL, attr, out);
+    rc = tp->ops->connect(tp, &dst, attr->src_addr ? &src : NULL, attr, out);
+    if (rc == 0)
+        __atomic_fetch_add(&tp->connects, 1, __ATOMIC_RELAXED);
+    return rc;
 }
 
 void vrpc_ep_base_init(struct vrpc_ep *ep, struct vrpc_transport *tp, struct vrpc_cq *cq, void *user, int refs)
@@ -455,7 +572,10 @@ int vrpc_ep_grant(struct vrpc_ep *ep, struct vrpc_mr *mr, const void *addr, uint
     base = mr->addr;
     if (p < base || (size_t)(p - base) > mr->len || len > mr->len - (size_t)(p - base))
         return -EINVAL;
-    return ep->tp->ops->grant(ep, mr, addr, len, rkey);
+    int rc = ep->tp->ops->grant(ep, mr, addr, len, rkey);
+    if (rc == 0)
+        __atomic_fetch_add(&ep->tp->grants, 1, __ATOMIC_RELAXED);
+    return rc;
 }
 
 int vrpc_ep_grant_segs(struct vrpc_ep *ep, const struct vrpc_seg *segs, unsigned n, uint32_t *rkey)
@@ -463,8 +583,9 @@ int vrpc_ep_grant_segs(struct vrpc_ep *ep, const struct vrpc_seg *segs, unsigned
     uint64_t len = 0;
     if (!ep)
         return -EINVAL;
-    if (ep->tp->ops->grant_segs == vrpc_enosys_grant_segs)
-        return -ENOSYS;
+    for (const struct vrpc_transport *t = ep->tp; t; t = t->lower) /* a layer gathers if below does */
+        if (t->ops->grant_segs == vrpc_enosys_grant_segs)
+            return -ENOSYS;
     if (!segs || !rkey || n == 0 || n > VRPC_GRANT_SEGS_MAX)
         return -EINVAL;
     for (unsigned i = 0; i < n; i++) {
@@ -474,7 +595,10 @@ int vrpc_ep_grant_segs(struct vrpc_ep *ep, const struct vrpc_seg *segs, unsigned
     }
     if (len > UINT32_MAX)
         return -EINVAL;
-    return ep->tp->ops->grant_segs(ep, segs, n, (uint32_t)len, rkey);
+    int rc = ep->tp->ops->grant_segs(ep, segs, n, (uint32_t)len, rkey);
+    if (rc == 0)
+        __atomic_fetch_add(&ep->tp->grants, 1, __ATOMIC_RELAXED);
+    return rc;
 }
 
 int vrpc_ep_revoke(struct vrpc_ep *ep, uint32_t rkey, uint64_t wr_id)

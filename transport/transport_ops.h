@@ -19,9 +19,10 @@
 #define container_of(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
 #endif
 
-/* A parsed URI: scheme as written ("tcp", "verbs", "auto") and a socket address. */
+/* A parsed URI: scheme as written ("tcp", "verbs", "auto", "fault+tcp") and a
+ * socket address. */
 struct vrpc_addr {
-    char scheme[8];
+    char scheme[16];
     struct sockaddr_storage ss;
     socklen_t len;
 };
@@ -37,11 +38,32 @@ int vrpc_addr_format(const char *scheme, const struct sockaddr *sa, char *buf, s
 
 /* ---- base objects: each backend's object embeds one of these first ----- */
 
+/* Counters a CQ's poller keeps of what it delivers, by enum vrpc_wc_opcode:
+ * n[op] completions with status 0 (and n[VRPC_WC_DISCONNECTED] all of them),
+ * bytes[op] their byte_len. Written by the poller only, as
+ * relaxed atomic loads and stores: no read-modify-write on the completion
+ * path; read by any thread with relaxed loads. */
+#define VRPC_WC_OPS 8
+struct vrpc_cq_counts {
+    uint64_t n[VRPC_WC_OPS], bytes[VRPC_WC_OPS];
+};
+
 struct vrpc_transport {
     const struct vrpc_transport_ops *ops;
+    char name[16];                   /* ops->name, or "layer+lower" ("fault+tcp");
+                                        also the URI scheme. Set by the core */
+    struct vrpc_transport *lower;    /* a layer's transport below it, else NULL */
     struct vrpc_transport_attr attr; /* defaults applied */
     uint32_t headroom;               /* bytes before vrpc_buf.data in pool buffers */
     struct vrpc_lbuf_cache *lbuf;    /* large-buffer cache (lbuf.c), set by the core */
+    /* Metrics (set up by the core): the live CQs, whose counters
+     * vrpc_transport_counters sums, plus those of CQs already destroyed;
+     * and the counters of paths any thread takes (atomic read-modify-write,
+     * off the small-message path: queued sends, connects, grants). */
+    pthread_mutex_t cq_mu;
+    struct vrpc_cq *cqs;             /* under cq_mu, linked through vrpc_cq.next */
+    struct vrpc_cq_counts retired;   /* under cq_mu */
+    uint64_t credit_waits, connects, grants;
 };
 
 struct vrpc_cq {
@@ -51,6 +73,8 @@ struct vrpc_cq {
     bool thread_started;
     atomic_bool stopping; /* set by vrpc_cq_destroy, read by the poller */
     struct vrpc_wc *wc;   /* attr.depth entries, poller only */
+    struct vrpc_cq_counts counts; /* see struct vrpc_cq_counts */
+    struct vrpc_cq *next; /* the transport's list (under tp->cq_mu) */
 };
 
 struct vrpc_listener {
@@ -79,11 +103,18 @@ struct vrpc_mr {
 
 struct vrpc_transport_ops {
     const char *name; /* "tcp", "verbs": also the URI scheme */
+    /* A layer wraps another backend (libfabric's hooking providers): opened
+     * as "name+lower" ("fault+tcp"; "fault" alone is "fault+auto"), never by
+     * "auto". The core creates the lower transport first and hands it to the
+     * layer's tp_create in *out; the layer owns it from then on (also when
+     * tp_create fails) and forwards to it. Plain backends: false. */
+    bool layer;
     /* 0 when usable on this machine (for "auto"), else a negative errno. */
     int (*probe)(void);
     /* Allocate the backend's transport (embedding struct vrpc_transport
      * first) and set base.headroom; attr has defaults applied. The core sets
-     * base.ops and base.attr afterwards. */
+     * base.ops, base.attr, base.name and base.lower afterwards. (A layer: see
+     * `layer`.) */
     int (*tp_create)(const struct vrpc_transport_attr *attr, struct vrpc_transport **out);
     void (*tp_destroy)(struct vrpc_transport *tp);
 
@@ -154,16 +185,24 @@ void vrpc_ep_unref(struct vrpc_ep *ep);
 void vrpc_ep_base_init(struct vrpc_ep *ep, struct vrpc_transport *tp, struct vrpc_cq *cq, void *user,
                        int refs);
 
+/* A backend queued a send for lack of credits (one call per queued send;
+ * any thread). Counted in vrpc_transport_counters' credit_waits. */
+void vrpc_tp_note_credit_wait(struct vrpc_ep *ep);
+
 /* Monotonic clock in nanoseconds. */
 uint64_t vrpc_tp_now_ns(void);
 
-/* Transport log: one line to stderr, "vrpc[transport] ...". For protocol
- * errors and the like; never on the hot path of healthy traffic. */
+/* Transport log: one line at VRPC_LOG_WARN, subsystem "transport", through
+ * the library's logger (include/verbrpc/log.h; other levels: vrpc_log()).
+ * For protocol errors and the like; never on the hot path of healthy traffic. */
 void vrpc_tp_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #ifdef VRPC_BACKEND_VERBS
 extern const struct vrpc_transport_ops vrpc_verbs_ops;
 #endif
 extern const struct vrpc_transport_ops vrpc_tcp_ops;
+#ifdef VRPC_BACKEND_FAULT
+extern const struct vrpc_transport_ops vrpc_fault_ops;
+#endif
 
 #endif

@@ -3,7 +3,7 @@
  * Ctrl-C. Handlers answer at once; they build replies in the call's arena
  * (vrpc_server_call_alloc), so serving allocates only for stored data.
  *   kvstore_server [--listen URI] [--threads N] [--pollers N] [--shards N]
- *                  [--max-msg-size B] [--uri-file PATH] */
+ *                  [--max-msg-size B] [--uri-file PATH] [--metrics IP:PORT] */
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -110,7 +110,7 @@ static void usage(FILE *f, const char *argv0)
 {
     fprintf(f,
             "usage: %s [--listen URI] [--threads N] [--pollers N] [--shards N]\n"
-            "          [--max-msg-size B] [--uri-file PATH]\n"
+            "          [--max-msg-size B] [--uri-file PATH] [--metrics IP:PORT]\n"
             "  --listen URI       where to listen: tcp://HOST:PORT, verbs://IP:PORT (IP of an RDMA\n"
             "                     device), auto://HOST:PORT or HOST:PORT (default tcp://127.0.0.1:7071;\n"
             "                     port 0 picks a free one)\n"
@@ -121,6 +121,8 @@ static void usage(FILE *f, const char *argv0)
             "                     (default 16 MiB; values above the eager size travel by\n"
             "                     rendezvous, RDMA READ on verbs)\n"
             "  --uri-file PATH    write the bound URI to PATH once listening\n"
+            "  --metrics IP:PORT  serve Prometheus metrics at http://IP:PORT/metrics (plain HTTP,\n"
+            "                     no authentication: use 127.0.0.1 or a private address)\n"
             "Serves examples.kvstore.v1.KvStore plus verbrpc's Health and Stats; Ctrl-C stops it.\n",
             argv0);
 }
@@ -131,7 +133,8 @@ int main(int argc, char **argv)
         { "listen", required_argument, NULL, 'l' },       { "threads", required_argument, NULL, 't' },
         { "pollers", required_argument, NULL, 'p' },      { "shards", required_argument, NULL, 's' },
         { "max-msg-size", required_argument, NULL, 'm' }, { "uri-file", required_argument, NULL, 'u' },
-        { "help", no_argument, NULL, 'h' },               { NULL, 0, NULL, 0 },
+        { "metrics", required_argument, NULL, 'M' },      { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 },
     };
     const char *listen_uri = "tcp://127.0.0.1:7071", *uri_file = NULL;
     struct kv_server kv = { .table = NULL };
@@ -150,6 +153,7 @@ int main(int argc, char **argv)
         switch (c) {
         case 'l': listen_uri = optarg; break;
         case 'u': uri_file = optarg; break;
+        case 'M': o.metrics_addr = optarg; break;
         case 't':
         case 'p':
         case 's':
@@ -197,6 +201,9 @@ int main(int argc, char **argv)
         return 1;
     }
     printf("kvstore_server: listening on %s\n", bound);
+    char murl[256];
+    if (o.metrics_addr && vrpc_server_metrics_uri(s, murl, sizeof(murl)) == 0)
+        printf("kvstore_server: metrics at %s\n", murl);
     fflush(stdout);
     if (uri_file && (rc = ex_write_file(uri_file, bound)) != 0)
         fprintf(stderr, "kvstore_server: cannot write %s: %s\n", uri_file, strerror(-rc));

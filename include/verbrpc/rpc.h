@@ -64,11 +64,31 @@ VRPC_API const char *vrpc_code_name(enum vrpc_code code);
 
 /* ---- methods --------------------------------------------------------------
  * One per RPC method; the generator emits them as static const data. */
+
+/* A .proto file's description, embedded by protoc-gen-verbrpc in the
+ * generated code and served by every server's reflection service
+ * (idl/verbrpc/reflection.proto) for the files of its registered methods.
+ * Static const data; never freed. */
+struct vrpc_file_desc {
+    const char *name;                        /* "pkg/file.proto", as protoc names it */
+    const uint8_t *data;                     /* serialized google.protobuf.FileDescriptorProto
+                                                (without source_code_info) */
+    size_t len;
+    const char *const *symbols;              /* fully-qualified names of its messages (nested
+                                                too), enums, services and methods
+                                                ("pkg.Service.Method"), no leading dot */
+    size_t n_symbols;
+    const struct vrpc_file_desc *const *deps; /* the files it imports, each embedded too */
+    size_t n_deps;
+};
+
 struct vrpc_method_desc {
     const char *full_name;                    /* "/pkg.Service/Method", as gRPC spells it */
     uint32_t id;                              /* vrpc_method_id(full_name) */
     const ProtobufCMessageDescriptor *input;  /* request type */
     const ProtobufCMessageDescriptor *output; /* response type */
+    const struct vrpc_file_desc *file;        /* the .proto that declares it, for reflection;
+                                                 NULL: none (the method is still listed) */
 };
 
 /* FNV-1a 32-bit hash of full_name (offset basis 2166136261, prime 16777619),
@@ -390,6 +410,18 @@ struct vrpc_server_opts {
                                       while answers wait for them this long loses
                                       its connection (vrpc_transport_attr
                                       .credit_timeout_ms); 0: 10000 */
+    const char *metrics_addr;      /* serve the server's metrics as Prometheus text
+                                      over HTTP (GET /metrics, <verbrpc/metrics.h>) on
+                                      this "IP:port", e.g. "127.0.0.1:9464" (port 0:
+                                      any; vrpc_server_metrics_uri tells); from start
+                                      to destroy, on a thread of its own. Plain HTTP,
+                                      no authentication: bind it to a private
+                                      address. Copied. NULL: no endpoint. A malformed
+                                      address fails vrpc_server_create with -EINVAL, a
+                                      library built without the endpoint
+                                      (VRPC_WITH_METRICS=OFF or no libmicrohttpd)
+                                      with -ENOTSUP; an address in use fails
+                                      vrpc_server_start. */
 };
 #define VRPC_SERVER_NO_IDLE_TIMEOUT UINT32_MAX
 VRPC_API void vrpc_server_opts_init(struct vrpc_server_opts *o);
@@ -471,7 +503,9 @@ VRPC_API void *vrpc_server_call_alloc(struct vrpc_server_call *call, size_t size
  * taken while calls run is approximate but never torn per field. Latencies
  * are from request arrival to the transport having taken a response message
  * (a status-only or large response: to the answer being decided), from a
- * log-linear histogram (bucket error < 7%). */
+ * log-linear histogram (bucket error < 7%; a percentile is never reported
+ * above latency_max_us). <verbrpc/metrics.h> renders these and more as
+ * Prometheus text. */
 struct vrpc_method_stats {
     const struct vrpc_method_desc *method;
     uint64_t calls;                      /* answered calls, any code */

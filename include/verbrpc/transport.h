@@ -174,7 +174,8 @@ enum vrpc_wc_opcode {
 };
 
 /* One completion. For RECV: buf, byte_len (= buf->len), imm, ep (the sender's
- * endpoint here). For SEND/READ: the wr_id and buf given to the call. status is
+ * endpoint here). For SEND/READ: the wr_id and buf given to the call, and
+ * byte_len = the length sent or read (the core counts it). status is
  * 0 or a negative errno; on error byte_len and imm are 0 and, for RECV,
  * ep is NULL (-ECANCELED: the buffer was flushed by vrpc_cq_destroy()). */
 struct vrpc_wc {
@@ -186,6 +187,27 @@ struct vrpc_wc {
     uint32_t imm;
     int32_t status;
 };
+
+/* ---- counters ------------------------------------------------------------
+ * What a transport has carried, for metrics (rpc.h renders them as
+ * Prometheus text). Kept in the core: each CQ's poller counts what it
+ * delivers, without atomic read-modify-write; a snapshot taken while traffic
+ * runs is approximate but never torn per field. Monotonic unless marked. */
+struct vrpc_transport_counters {
+    uint64_t msgs_in, bytes_in;     /* RECV completions delivered (status 0), their byte_len */
+    uint64_t msgs_out, bytes_out;   /* SEND completions delivered (status 0), their byte_len */
+    uint64_t reads, read_bytes;     /* vrpc_ep_read()s completed (status 0): rendezvous pulls */
+    uint64_t grants;                /* vrpc_ep_grant/_grant_segs that succeeded: offers to be pulled */
+    uint64_t accepted;              /* endpoints delivered as ACCEPTED */
+    uint64_t connected;             /* vrpc_connect()s that succeeded */
+    uint64_t disconnected;          /* DISCONNECTED completions delivered */
+    uint64_t connections;           /* now: accepted + connected - disconnected (gauge) */
+    uint64_t credit_waits;          /* sends queued for lack of credits */
+    uint64_t pinned_bytes, large_in_use_bytes; /* now: vrpc_lbuf_stats (gauges) */
+};
+/* Any thread, while tp exists. Sums the counters of its CQs, the destroyed
+ * ones included. */
+VRPC_API void vrpc_transport_counters(const struct vrpc_transport *tp, struct vrpc_transport_counters *out);
 
 /* ---- transport (context) ------------------------------------------------ */
 

@@ -3,8 +3,10 @@
 #define VERBRPC_VERBRPC_H
 
 #include <verbrpc/common.h>
+#include <verbrpc/log.h>
 #include <verbrpc/sched.h>
 #include <verbrpc/transport.h>
 #include <verbrpc/rpc.h>
+#include <verbrpc/metrics.h>
 
 #endif

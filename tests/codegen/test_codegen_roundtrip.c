@@ -22,6 +22,7 @@
 
 #include "verbs_setup.h"
 #include <verbrpc/health.vrpc.h>
+#include <verbrpc/reflection.vrpc.h>
 #include <verbrpc/stats.vrpc.h>
 #include <verbrpc/transport.h>
 #include <verbrpc/verbrpc.h>
@@ -507,6 +508,77 @@ static void test_builtins(void **state)
     assert_true(found);
 }
 
+/* The name (field 1, written first) of a serialized FileDescriptorProto. */
+static bool fdp_named(const ProtobufCBinaryData *b, const char *name)
+{
+    size_t n = strlen(name);
+
+    return b->len > 2 + n && b->data[0] == 0x0a && b->data[1] == n && memcmp(b->data + 2, name, n) == 0;
+}
+
+static bool fdp_in(const Verbrpc__Reflection__V1__FileDescriptorResponse *r, const char *name)
+{
+    for (size_t i = 0; i < r->n_file_descriptor_proto; i++)
+        if (fdp_named(&r->file_descriptor_proto[i], name))
+            return true;
+    return false;
+}
+
+/* The reflection service over the wire: the services registered, a file
+ * found by symbol with its imports, by name, and NOT_FOUND for neither. */
+static void test_reflection(void **state)
+{
+    Verbrpc__Reflection__V1__ListServicesRequest lreq = VERBRPC__REFLECTION__V1__LIST_SERVICES_REQUEST__INIT;
+    Verbrpc__Reflection__V1__ListServicesResponse *lresp;
+    Verbrpc__Reflection__V1__FileContainingSymbolRequest sreq =
+        VERBRPC__REFLECTION__V1__FILE_CONTAINING_SYMBOL_REQUEST__INIT;
+    Verbrpc__Reflection__V1__FileByFilenameRequest freq = VERBRPC__REFLECTION__V1__FILE_BY_FILENAME_REQUEST__INIT;
+    Verbrpc__Reflection__V1__FileDescriptorResponse *fresp;
+    const char *want[] = { "verbrpc.health.v1.Health", "verbrpc.stats.v1.Stats", "verbrpc.reflection.v1.Reflection",
+                           "cg.shop.v1.Catalog", "cg.shop.v1.Orders" };
+    struct vrpc_status st;
+
+    (void)state;
+    assert_int_equal(verbrpc__reflection__v1__reflection__list_services__call(g.ch, &lreq, &lresp, NULL, &st), VRPC_OK);
+    for (size_t w = 0; w < sizeof(want) / sizeof(want[0]); w++) {
+        size_t i, seen = 0;
+
+        for (i = 0; i < lresp->n_services; i++)
+            seen += strcmp(lresp->services[i], want[w]) == 0;
+        assert_int_equal(seen, 1); /* listed once, though it has several methods */
+    }
+
+    sreq.symbol = "cg.shop.v1.Catalog.Lookup";
+    assert_int_equal(verbrpc__reflection__v1__reflection__file_containing_symbol__call(g.ch, &sreq, &fresp, NULL, &st),
+                     VRPC_OK);
+    assert_true(fresp->n_file_descriptor_proto >= 3);
+    assert_true(fdp_named(&fresp->file_descriptor_proto[0], "shop/shop.proto")); /* the file first */
+    assert_true(fdp_in(fresp, "common/types.proto"));
+    assert_true(fdp_in(fresp, "google/protobuf/timestamp.proto")); /* an import's import */
+    assert_int_equal(fresp->file_descriptor_proto[0].len, shop_2fshop_2eproto__vrpc_file.len);
+    assert_memory_equal(fresp->file_descriptor_proto[0].data, shop_2fshop_2eproto__vrpc_file.data,
+                        shop_2fshop_2eproto__vrpc_file.len);
+
+    sreq.symbol = "cg.common.Item.Dimensions"; /* a nested message of an imported file */
+    assert_int_equal(verbrpc__reflection__v1__reflection__file_containing_symbol__call(g.ch, &sreq, &fresp, NULL, &st),
+                     VRPC_OK);
+    assert_true(fdp_named(&fresp->file_descriptor_proto[0], "common/types.proto"));
+
+    freq.filename = "verbrpc/stats.proto"; /* a built-in's own descriptor */
+    assert_int_equal(verbrpc__reflection__v1__reflection__file_by_filename__call(g.ch, &freq, &fresp, NULL, &st),
+                     VRPC_OK);
+    assert_int_equal(fresp->n_file_descriptor_proto, 1);
+    assert_true(fdp_named(&fresp->file_descriptor_proto[0], "verbrpc/stats.proto"));
+
+    freq.filename = "nope.proto";
+    assert_int_equal(verbrpc__reflection__v1__reflection__file_by_filename__call(g.ch, &freq, &fresp, NULL, &st),
+                     VRPC_NOT_FOUND);
+    assert_non_null(strstr(st.message, "nope.proto"));
+    sreq.symbol = "cg.shop.v1.Catalog.Nope";
+    assert_int_equal(verbrpc__reflection__v1__reflection__file_containing_symbol__call(g.ch, &sreq, &fresp, NULL, &st),
+                     VRPC_NOT_FOUND);
+}
+
 int main(int argc, char **argv)
 {
     const char *backend = "tcp", *setup_name = "single", *ip = "127.0.0.1", *src = NULL;
@@ -572,7 +644,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_descriptors), cmocka_unit_test(test_register_twice), cmocka_unit_test(test_shop),
         cmocka_unit_test(test_keywords),    cmocka_unit_test(test_odd_names),      cmocka_unit_test(test_async),
-        cmocka_unit_test(test_builtins),
+        cmocka_unit_test(test_builtins),    cmocka_unit_test(test_reflection),
     };
     rc = cmocka_run_group_tests(tests, NULL, NULL);
     vrpc_channel_destroy(g.ch);

@@ -41,7 +41,7 @@
 #include "transport/tcp/tcp_wire.h"
 
 #define M(name, in, out) \
-    {"/vrpctest.Test/" name, 0, &vrpctest__##in##__descriptor, &vrpctest__##out##__descriptor}
+    {"/vrpctest.Test/" name, 0, &vrpctest__##in##__descriptor, &vrpctest__##out##__descriptor, NULL}
 static struct vrpc_method_desc m_echo = M("Echo", echo_request, echo_reply);
 
 static int64_t now_ms(void) { return vrpc_now_ns() / 1000000; }

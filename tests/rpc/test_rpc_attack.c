@@ -40,7 +40,7 @@
 #define ATK_EAGER 8192u /* the eager size the server uses (rpc/internal.h) */
 
 #define M(name, in, out) \
-    {"/vrpctest.Test/" name, 0, &vrpctest__##in##__descriptor, &vrpctest__##out##__descriptor}
+    {"/vrpctest.Test/" name, 0, &vrpctest__##in##__descriptor, &vrpctest__##out##__descriptor, NULL}
 static struct vrpc_method_desc m_echo = M("Echo", echo_request, echo_reply);
 
 static void h_echo(struct vrpc_server_call *call, const ProtobufCMessage *msg, void *user)

@@ -21,7 +21,7 @@
 #include "rpc_test.pb-c.h"
 
 #define M(name, in, out) \
-    {"/vrpctest.Test/" name, 0, &vrpctest__##in##__descriptor, &vrpctest__##out##__descriptor}
+    {"/vrpctest.Test/" name, 0, &vrpctest__##in##__descriptor, &vrpctest__##out##__descriptor, NULL}
 static struct vrpc_method_desc m_echo = M("Echo", echo_request, echo_reply);
 static struct vrpc_method_desc m_missing = M("Missing", echo_request, echo_reply);
 

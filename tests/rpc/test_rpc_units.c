@@ -363,6 +363,31 @@ static void test_depth_guard(void **state)
     static const uint8_t badvarint[] = {0x10, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 1};
     assert_int_equal(vrpc_pb_unpack(&vrpctest__node__descriptor, badvarint, sizeof(badvarint), 64, &a, &m),
                      -EBADMSG);
+
+    /* Tags protobuf-c takes as unknown fields (field 2^29, beyond what a
+     * .proto may declare; field 0 written in two bytes) are accepted for a
+     * type that can nest (Node, behind the depth guard) exactly as for one
+     * that cannot (EchoRequest); a 6-byte tag is refused by all. */
+    static const uint8_t big_field[] = {0x10, 0x05, 0x80, 0x80, 0x80, 0x80, 0x10, 0x01};
+    static const uint8_t long_zero[] = {0x10, 0x05, 0x80, 0x00, 0x01};
+    static const uint8_t six_byte[] = {0x10, 0x05, 0x90, 0x80, 0x80, 0x80, 0x80, 0x00, 0x01};
+    const ProtobufCMessageDescriptor *both[] = {&vrpctest__node__descriptor, &vrpctest__echo_request__descriptor};
+    for (unsigned t = 0; t < 2; t++) {
+        const struct { const uint8_t *b; size_t n; bool ok; } in[] = {
+            {big_field, sizeof(big_field), true}, {long_zero, sizeof(long_zero), true},
+            {six_byte, sizeof(six_byte), false}};
+        for (unsigned k = 0; k < 3; k++) {
+            ProtobufCMessage *ref = protobuf_c_message_unpack(both[t], NULL, in[k].n, in[k].b);
+            assert_int_equal(ref != NULL, in[k].ok);
+            if (ref)
+                protobuf_c_message_free_unpacked(ref, NULL);
+            vrpc_arena_reset(&a);
+            assert_int_equal(vrpc_pb_unpack(both[t], in[k].b, in[k].n, 64, &a, &m), in[k].ok ? 0 : -EBADMSG);
+            assert_int_equal(vrpc_pb_check_depth(both[t], in[k].b, in[k].n, 64), in[k].ok ? 0 : -EBADMSG);
+            if (in[k].ok)
+                assert_int_equal(m->n_unknown_fields, 1);
+        }
+    }
     vrpc_arena_fini(&a);
 }
 

@@ -187,7 +187,11 @@ void t_bad_huge_header(void **state)
 }
 
 /* Half a frame (header for 100 bytes, 50 sent), then close: the receive
- * buffer being filled goes back to the CQ (checked in env_stop). */
+ * buffer being filled goes back to the CQ (checked in env_stop), and back
+ * among the receives a new connection may reserve: 40 such peers in turn
+ * (more than the server's 32 receives) and each still gets its handshake
+ * (found by tests/fuzz/fuzz_tcp_stream: each one used to lose a receive for
+ * good, until the CQ refused every new connection). */
 void t_bad_half_frame(void **state)
 {
     struct bad_env x;
@@ -196,16 +200,24 @@ void t_bad_half_frame(void **state)
     int fd;
 
     env_start(&x, 0);
-    fd = raw_connect(x.e.uri);
-    assert_true(fd >= 0);
-    hdr(&h, VRPC_TCP_DATA, 100, 0, 0);
-    assert_int_equal(write(fd, &h, sizeof h), sizeof h);
-    assert_int_equal(write(fd, payload, sizeof payload), sizeof payload);
-    usleep(50000);
-    close(fd);
-    assert_true(wait_disc(&x.e, 1));
-    /* EOF mid-frame, or a reset if the kernel chose one */
-    assert_true(atomic_load(&x.e.last_disc_status) == -EPROTO || atomic_load(&x.e.last_disc_status) == -ECONNRESET);
+    for (unsigned i = 0; i < 40; i++) {
+        fd = raw_connect(x.e.uri);
+        assert_true(fd >= 0);
+        hdr(&h, VRPC_TCP_DATA, 100, 0, 0);
+        assert_int_equal(write(fd, &h, sizeof h), sizeof h);
+        assert_int_equal(write(fd, payload, sizeof payload), sizeof payload);
+        if (i == 0)
+            usleep(50000);
+        close(fd);
+        assert_true(wait_disc(&x.e, i + 1));
+        /* EOF mid-frame, or a reset if the kernel chose one (the later,
+         * quicker ones may also meet a send of the handshake's credits) */
+        if (i == 0)
+            assert_true(atomic_load(&x.e.last_disc_status) == -EPROTO ||
+                        atomic_load(&x.e.last_disc_status) == -ECONNRESET);
+        else
+            assert_true(atomic_load(&x.e.last_disc_status) < 0);
+    }
     assert_int_equal(atomic_load(&x.e.recvs), 1); /* only the healthy round trip so far */
     env_stop(&x);
 }

@@ -238,9 +238,9 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (!strcmp(g_opt.backend, "tcp")) {
+    if (!strcmp(g_opt.backend, "tcp") || !strcmp(g_opt.backend, "fault+tcp")) {
         g_opt.server_ip = "127.0.0.1";
-    } else if (!strcmp(g_opt.backend, "verbs")) {
+    } else if (!strcmp(g_opt.backend, "verbs") || !strcmp(g_opt.backend, "fault+verbs")) {
         int rc = vrpc_test_verbs_addrs(g_opt.setup, &g_opt.server_ip, &g_opt.client_ip);
         if (rc)
             return rc == -ENOENT ? 77 : 2;

@@ -350,21 +350,7 @@ static void teardown(struct tcp_cq *cq, struct tcp_ep *ep, int status, const cha
  * reference on g, so its segments stay as granted. */
 static size_t grant_iov(const struct grant *g, uint32_t off, uint32_t len, struct iovec *iov)
 {
-    size_t n = 0;
-    for (uint32_t i = 0; i < g->nsegs && len; i++) {
-        uint32_t sl = g->segs[i].len, take;
-        if (off >= sl) {
-            off -= sl;
-            continue;
-        }
-        take = sl - off < len ? sl - off : len;
-        iov[n].iov_base = (char *)(uintptr_t)g->segs[i].addr + off;
-        iov[n].iov_len = take;
-        n++;
-        len -= take;
-        off = 0;
-    }
-    return n;
+    return vrpc_tcp_segs_iov(g->segs, g->nsegs, off, len, iov);
 }
 
 /* A job ends (last chunk written, or dropped): its grant reference goes. */
@@ -582,6 +568,7 @@ static int tcp_send(struct vrpc_ep *base, struct vrpc_buf *b, uint32_t len, uint
         if (!ep->waitq.head)
             atomic_store_explicit(&ep->wait_ns, vrpc_tp_now_ns(), memory_order_relaxed);
         ep->nwait++;
+        vrpc_tp_note_credit_wait(base);
         fifo_push(&ep->waitq, b);
         pthread_mutex_unlock(&ep->lock);
         return 0;
@@ -878,7 +865,6 @@ static int grant_ref(struct tcp_ep *ep, uint64_t raddr, uint32_t key, uint32_t l
     struct tcp_tp *t = tcp_tp_of(ep);
     const char *why = NULL;
     struct grant *g;
-    uint64_t base;
 
     pthread_mutex_lock(&t->gmu);
     g = grant_lookup(t, key);
@@ -890,7 +876,7 @@ static int grant_ref(struct tcp_ep *ep, uint64_t raddr, uint32_t key, uint32_t l
         why = "revoked key";
     else if (!length)
         why = "zero length";
-    else if (raddr < (base = (uint64_t)(uintptr_t)g->addr) || length > g->len || raddr - base > g->len - length)
+    else if (!vrpc_tcp_read_in_grant((uint64_t)(uintptr_t)g->addr, g->len, raddr, length))
         why = "range outside the grant";
     if (!why) {
         g->refs++;
@@ -1306,9 +1292,11 @@ static void teardown(struct tcp_cq *cq, struct tcp_ep *ep, int status, const cha
         setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
     }
     close(fd);
-    if (ep->rbuf) {
+    if (ep->rbuf) { /* a posted receive again, promised to no one */
         put_posted(cq, ep->rbuf);
         ep->rbuf = NULL;
+        atomic_fetch_add(&cq->posted, 1);
+        atomic_fetch_add(&cq->avail, 1);
     }
     ep->rdst = NULL;
     ep->rkind = K_NONE;

@@ -15,7 +15,11 @@
 #ifndef VRPC_TCP_WIRE_H
 #define VRPC_TCP_WIRE_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
+#include <verbrpc/transport.h>
 
 #define VRPC_TCP_HDR_LEN 16u
 #define VRPC_TCP_MAGIC 0x43505256u /* "VRPC" */
@@ -54,5 +58,35 @@ struct vrpc_tcp_read_req {
     uint32_t length;
 };
 _Static_assert(sizeof(struct vrpc_tcp_read_req) == VRPC_TCP_READ_REQ_LEN, "read request body is 16 bytes");
+
+/* The owner's rule for a READ_REQ of length bytes at raddr against a grant
+ * whose window of glen bytes starts at base: length >= 1 and the range
+ * inside the window, with no overflow. Pure (tests/fuzz/fuzz_rndv.c). */
+static inline bool vrpc_tcp_read_in_grant(uint64_t base, uint32_t glen, uint64_t raddr, uint32_t length)
+{
+    return length && raddr >= base && length <= glen && raddr - base <= glen - length;
+}
+
+/* iovecs for bytes [off, off + len) of the window segs[0..nsegs) (within
+ * it): one per segment touched, at most nsegs. Pure. */
+static inline size_t vrpc_tcp_segs_iov(const struct vrpc_seg *segs, uint32_t nsegs, uint32_t off, uint32_t len,
+                                       struct iovec *iov)
+{
+    size_t n = 0;
+    for (uint32_t i = 0; i < nsegs && len; i++) {
+        uint32_t sl = segs[i].len, take;
+        if (off >= sl) {
+            off -= sl;
+            continue;
+        }
+        take = sl - off < len ? sl - off : len;
+        iov[n].iov_base = (char *)(uintptr_t)segs[i].addr + off;
+        iov[n].iov_len = take;
+        n++;
+        len -= take;
+        off = 0;
+    }
+    return n;
+}
 
 #endif

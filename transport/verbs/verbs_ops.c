@@ -2793,6 +2793,7 @@ static int verbs_send(struct vrpc_ep *base, struct vrpc_buf *buf, uint32_t len, 
 		ep->nwait++;
 		if (!atomic_load_explicit(&ep->wait_ns, memory_order_relaxed))
 			wait_clock_locked(ep, false);
+		vrpc_tp_note_credit_wait(base);
 	}
 	TRACE("verbs: send qpn %u len %u state %d credits %u nwait %u rc %d", ep->qpn, len, ep->state, ep->credits,
 	      ep->nwait, rc);
