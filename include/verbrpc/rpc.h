@@ -171,7 +171,7 @@ struct vrpc_channel_opts {
                                     0: 256 MiB; must be >= max_msg_size */
     uint32_t hold_timeout_ms;    /* a server that neither read (DONE) nor answered a
                                     large request this long after it was offered
-                                    loses its connection; 0: 60000 */
+                                    loses its connection (aborted); 0: 60000 */
     uint32_t min_transfer_rate;  /* bytes/s: a large response must be read within
                                     transfer_floor_ms + its size at this rate,
                                     counted from its announcement (the server's
@@ -343,7 +343,8 @@ struct vrpc_server_opts {
                                       keep registered; 0: 256 MiB; >= max_msg_size */
     uint32_t hold_timeout_ms;      /* a client that has not read (DONE) a large
                                       response this long after it was offered loses
-                                      its connection; 0: 60000 */
+                                      its connection (aborted: the buffer returns at
+                                      once); 0: 60000 */
     /* Fair shares: what one connection may hold of what all share. Hitting
      * a limit ends that connection or that call (logged with the client's
      * address and the option's name), never another client's. */
