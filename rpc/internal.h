@@ -81,6 +81,12 @@ struct vrpc_buf *vrpc_rpc_buf_get(struct vrpc_pool *pool, bool wait);
  * on 0 (the SEND completion puts it back into its pool). */
 int vrpc_rpc_send(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t len, bool wait);
 
+/* Write header h with payload[0..payload_len) (cut to what b holds; the
+ * header's payload_len is set to match) into b; returns the frame length.
+ * b stays the caller's. */
+uint32_t vrpc_rpc_frame_fill(struct vrpc_buf *b, const struct vrpc_wire_hdr *h, const void *payload,
+                             uint32_t payload_len);
+
 /* Send a header-only frame (plus an optional small payload), e.g. CANCEL,
  * GOAWAY, an error RESPONSE, HELLO. 0, -ENOBUFS (no buffer without waiting)
  * or the send error. */

@@ -143,12 +143,9 @@ int vrpc_rpc_send(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t len, bool w
     return rc;
 }
 
-int vrpc_rpc_send_simple(struct vrpc_ep *ep, struct vrpc_pool *pool, const struct vrpc_wire_hdr *h,
-                         const void *payload, uint32_t payload_len, bool wait)
+uint32_t vrpc_rpc_frame_fill(struct vrpc_buf *b, const struct vrpc_wire_hdr *h, const void *payload,
+                             uint32_t payload_len)
 {
-    struct vrpc_buf *b = vrpc_rpc_buf_get(pool, wait);
-    if (!b)
-        return -ENOBUFS;
     struct vrpc_wire_hdr hh = *h;
     if (payload_len > b->cap - VRPC_WIRE_HDR_LEN)
         payload_len = b->cap - VRPC_WIRE_HDR_LEN;
@@ -156,7 +153,16 @@ int vrpc_rpc_send_simple(struct vrpc_ep *ep, struct vrpc_pool *pool, const struc
     vrpc_wire_hdr_encode(b->data, &hh);
     if (payload_len)
         memcpy((uint8_t *)b->data + VRPC_WIRE_HDR_LEN, payload, payload_len);
-    return vrpc_rpc_send(ep, b, VRPC_WIRE_HDR_LEN + payload_len, wait);
+    return VRPC_WIRE_HDR_LEN + payload_len;
+}
+
+int vrpc_rpc_send_simple(struct vrpc_ep *ep, struct vrpc_pool *pool, const struct vrpc_wire_hdr *h,
+                         const void *payload, uint32_t payload_len, bool wait)
+{
+    struct vrpc_buf *b = vrpc_rpc_buf_get(pool, wait);
+    if (!b)
+        return -ENOBUFS;
+    return vrpc_rpc_send(ep, b, vrpc_rpc_frame_fill(b, h, payload, payload_len), wait);
 }
 
 void vrpc_rpc_futex_wait_ns(uint32_t *addr, uint32_t val, int64_t timeout_ns)

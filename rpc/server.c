@@ -437,14 +437,7 @@ static int conn_send_simple(struct sconn *c, const struct vrpc_wire_hdr *h, cons
     struct vrpc_buf *b = conn_buf(c, wait);
     if (!b)
         return -ENOBUFS;
-    struct vrpc_wire_hdr hh = *h;
-    if (payload_len > b->cap - VRPC_WIRE_HDR_LEN)
-        payload_len = b->cap - VRPC_WIRE_HDR_LEN;
-    hh.payload_len = payload_len;
-    vrpc_wire_hdr_encode(b->data, &hh);
-    if (payload_len)
-        memcpy((uint8_t *)b->data + VRPC_WIRE_HDR_LEN, payload, payload_len);
-    return conn_send(c, b, VRPC_WIRE_HDR_LEN + payload_len);
+    return conn_send(c, b, vrpc_rpc_frame_fill(b, h, payload, payload_len));
 }
 
 /* A header-only RESPONSE from the poller (request refused before it got a
