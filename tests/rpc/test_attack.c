@@ -204,13 +204,7 @@ struct rawc {
 
 static void thdr(struct vrpc_tcp_hdr *h, uint8_t type, uint32_t len, uint32_t imm, uint16_t credits)
 {
-    memset(h, 0, sizeof(*h));
-    h->len = htole32(len);
-    h->imm = htole32(imm);
-    h->credits = htole16(credits);
-    h->type = type;
-    h->version = VRPC_TCP_VERSION;
-    h->magic = htole32(VRPC_TCP_MAGIC);
+    *h = vrpc_tcp_hdr_make(type, len, imm, credits);
 }
 
 static int tcp_socket(const char *uri)

@@ -321,10 +321,7 @@ static struct vrpc_buf *mpsc_take_fifo(_Atomic(struct vrpc_buf *) *head)
 
 static void build_hdr(void *at, uint32_t type, uint32_t len, uint32_t imm, uint32_t credits)
 {
-    struct vrpc_tcp_hdr h = {
-        .len = htole32(len), .imm = htole32(imm), .credits = htole16((uint16_t)credits),
-        .type = (uint8_t)type, .version = VERSION, .magic = htole32(MAGIC),
-    };
+    struct vrpc_tcp_hdr h = vrpc_tcp_hdr_make((uint8_t)type, len, imm, (uint16_t)credits);
     memcpy(at, &h, sizeof h);
 }
 

@@ -15,6 +15,7 @@
 #ifndef VRPC_TCP_WIRE_H
 #define VRPC_TCP_WIRE_H
 
+#include <endian.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -49,6 +50,17 @@ struct vrpc_tcp_hdr {
     uint32_t magic;
 };
 _Static_assert(sizeof(struct vrpc_tcp_hdr) == VRPC_TCP_HDR_LEN, "frame header is 16 bytes");
+
+/* A frame header in wire byte order, as every sender of this wire writes it
+ * (the backend, and the tests' raw peers). */
+static inline struct vrpc_tcp_hdr vrpc_tcp_hdr_make(uint8_t type, uint32_t len, uint32_t imm, uint16_t credits)
+{
+    struct vrpc_tcp_hdr h = {
+        .len = htole32(len), .imm = htole32(imm), .credits = htole16(credits),
+        .type = type, .version = VRPC_TCP_VERSION, .magic = htole32(VRPC_TCP_MAGIC),
+    };
+    return h;
+}
 
 /* READ_REQ body (little-endian): read length bytes at raddr under rkey, the
  * key of a grant the owner made on this connection. */
