@@ -127,10 +127,10 @@ static bool run_client(const uint8_t *data, size_t size, unsigned want_ok, unsig
 
     FUZZ_CHECK(fd >= 0, "socket: %s", strerror(errno));
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    FUZZ_CHECK(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0, "connect: %s", strerror(errno));
+    FUZZ_CHECK(fuzz_connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0, "connect: %s", strerror(errno));
     tcp_hdr(out, VRPC_TCP_HELLO, 0, 64);
     FUZZ_CHECK(send(fd, out, VRPC_TCP_HDR_LEN, MSG_NOSIGNAL) == VRPC_TCP_HDR_LEN, "send HELLO");
-    ssize_t n = recv(fd, in, VRPC_TCP_HDR_LEN, MSG_WAITALL);
+    ssize_t n = fuzz_recv_all(fd, in, VRPC_TCP_HDR_LEN);
     FUZZ_CHECK(n == VRPC_TCP_HDR_LEN && in[10] == VRPC_TCP_HELLO_ACK, "no HELLO_ACK (%zd)", n);
     rx_feed(&r, in, VRPC_TCP_HDR_LEN);
     int64_t deadline = now_ms() + 5000;

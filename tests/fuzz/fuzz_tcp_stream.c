@@ -91,9 +91,9 @@ static bool handshake_ok(void)
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct timeval tv = {.tv_sec = 5};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    FUZZ_CHECK(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0, "connect: %s", strerror(errno));
+    FUZZ_CHECK(fuzz_connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0, "connect: %s", strerror(errno));
     FUZZ_CHECK(send(fd, &h, sizeof h, MSG_NOSIGNAL) == sizeof h, "send HELLO");
-    bool ok = recv(fd, &h, sizeof h, MSG_WAITALL) == sizeof h && h.type == VRPC_TCP_HELLO_ACK;
+    bool ok = fuzz_recv_all(fd, &h, sizeof h) == sizeof h && h.type == VRPC_TCP_HELLO_ACK;
     close(fd);
     return ok;
 }
