@@ -12,12 +12,12 @@
 #include <verbrpc/rpc.h>
 #include <verbrpc/sched.h>
 #include <verbrpc/transport.h>
-#include "rpc/builtins.h"
 #include "rpc/futex.h"
 #include "rpc/internal.h"
 #include "rpc/metrics.h"
 #include "rpc/pbutil.h"
 #include "rpc/rndv.h"
+#include "rpc/server_core.h"
 #include "rpc/status.h"
 #include "rpc/timer.h"
 #include "rpc/wire.h"
@@ -1549,7 +1549,7 @@ void *vrpc_server_call_alloc(struct vrpc_server_call *call, size_t size)
 
 /* ---- create / start / shutdown ------------------------------------------------ */
 
-int vrpc_server_create(const struct vrpc_server_opts *o, struct vrpc_server **out)
+int vrpc_server_core_create(const struct vrpc_server_opts *o, struct vrpc_server **out)
 {
     if (!out)
         return -EINVAL;
@@ -1601,12 +1601,6 @@ int vrpc_server_create(const struct vrpc_server_opts *o, struct vrpc_server **ou
     }
     pthread_mutex_init(&s->lock, NULL);
     s->conns.next = s->conns.prev = &s->conns;
-    /* Every server serves the built-in Health and Stats services (idl/). */
-    int rc = vrpc_builtins_register(s);
-    if (rc) {
-        vrpc_server_destroy(s);
-        return rc;
-    }
     *out = s;
     return 0;
 }
