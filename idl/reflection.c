@@ -10,7 +10,7 @@
 
 #include <verbrpc/reflection.vrpc.h>
 
-#include "builtins_util.h"
+#include "builtins.h"
 
 struct fileset {
     const struct vrpc_file_desc **v;

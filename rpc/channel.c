@@ -138,8 +138,14 @@ enum vrpc_channel_state vrpc_channel_state(const struct vrpc_channel *ch)
 void vrpc_channel_opts_init(struct vrpc_channel_opts *o) { memset(o, 0, sizeof(*o)); }
 
 struct vrpc_transport *vrpc_channel_transport(const struct vrpc_channel *ch) { return ch->tp; }
-struct vrpc_method_table *vrpc_channel_method_table(const struct vrpc_channel *ch) { return ch->mt; }
-const char *vrpc_channel_target(const struct vrpc_channel *ch) { return ch->turi; }
+
+/* The channel's table handed to the renderer (rpc/metrics.c reads no channel). */
+int vrpc_channel_metrics_text(const struct vrpc_channel *ch, char **out, size_t *len)
+{
+    if (!ch || !out || !len)
+        return -EINVAL;
+    return vrpc_method_table_text(ch->mt, "vrpc_client_", ch->tp, ch->turi, out, len);
+}
 
 /* A call's outcome into the metrics; start_ns 0: refused before it had a slot (untimed). */
 static inline void call_metrics(struct vrpc_channel *ch, const struct vrpc_method_desc *m, int code, int64_t start_ns)

@@ -346,7 +346,7 @@ void vrpc_method_table_done(struct vrpc_method_table *t, const struct vrpc_metho
     }
 }
 
-/* ---- the server's and a channel's text ------------------------------------------ */
+/* ---- a side's whole text ------------------------------------------------------- */
 
 /* `backend="tcp",` (+ `target="..."`, for a channel) */
 static int base_labels(char *buf, size_t len, struct vrpc_transport *tp, const char *target)
@@ -370,58 +370,29 @@ static int base_labels(char *buf, size_t len, struct vrpc_transport *tp, const c
     return 0;
 }
 
-int vrpc_server_metrics_text(const struct vrpc_server *s, char **out, size_t *len)
+int vrpc_metrics_text(const char *prefix, struct vrpc_transport *tp, const char *target,
+                      const struct vrpc_prom_method *v, size_t n, char **out, size_t *len)
 {
-    struct vrpc_transport *tp;
-    struct vrpc_prom_method *v;
     struct vrpc_prom p;
-    char labels[64];
-    size_t n;
+    char labels[VRPC_URI_MAX * 2 + 64];
 
-    if (!s || !out || !len)
-        return -EINVAL;
-    tp = vrpc_server_transport(s);
-    n = vrpc_server_method_metrics(s, NULL, 0);
-    v = calloc(n ? n : 1, sizeof *v);
-    if (!v || base_labels(labels, sizeof labels, tp, NULL) || vrpc_prom_open(&p)) {
-        free(v);
+    if (base_labels(labels, sizeof labels, tp, target) || vrpc_prom_open(&p))
         return -ENOMEM;
-    }
-    vrpc_server_method_metrics(s, v, n);
-    vrpc_prom_calls(&p, "vrpc_server_", labels, v, n);
-    free(v);
+    vrpc_prom_calls(&p, prefix, labels, v, n);
     if (tp) {
         struct vrpc_transport_counters c;
         vrpc_transport_counters(tp, &c);
-        vrpc_prom_transport(&p, "vrpc_server_", labels, &c);
+        vrpc_prom_transport(&p, prefix, labels, &c);
     }
     return vrpc_prom_close(&p, out, len);
 }
 
-int vrpc_server_metrics_uri(const struct vrpc_server *s, char *buf, size_t len)
+int vrpc_method_table_text(const struct vrpc_method_table *t, const char *prefix, struct vrpc_transport *tp,
+                           const char *target, char **out, size_t *len)
 {
-    const struct vrpc_metrics_http *h = s ? vrpc_server_metrics_http(s) : NULL;
-    if (!h)
-        return -ENOTCONN;
-    if (strlen(vrpc_metrics_http_uri(h)) >= len)
-        return -ENOSPC;
-    memcpy(buf, vrpc_metrics_http_uri(h), strlen(vrpc_metrics_http_uri(h)) + 1);
-    return 0;
-}
-
-int vrpc_channel_metrics_text(const struct vrpc_channel *ch, char **out, size_t *len)
-{
-    struct vrpc_method_table *t;
-    struct vrpc_transport *tp;
     struct vrpc_prom_method v[VRPC_CHAN_METHODS + 1];
-    struct vrpc_prom p;
-    char labels[VRPC_URI_MAX * 2 + 64];
     size_t n = 0;
 
-    if (!ch || !out || !len)
-        return -EINVAL;
-    t = vrpc_channel_method_table(ch);
-    tp = vrpc_channel_transport(ch);
     for (unsigned i = 0; i < VRPC_CHAN_METHODS; i++) {
         const struct vrpc_method_desc *m = __atomic_load_n(&t->e[i].m, __ATOMIC_ACQUIRE);
         if (m)
@@ -429,15 +400,7 @@ int vrpc_channel_metrics_text(const struct vrpc_channel *ch, char **out, size_t 
     }
     if (vrpc_call_metrics_calls(&t->other))
         v[n++] = (struct vrpc_prom_method){.method = "other", .m = &t->other};
-    if (base_labels(labels, sizeof labels, tp, vrpc_channel_target(ch)) || vrpc_prom_open(&p))
-        return -ENOMEM;
-    vrpc_prom_calls(&p, "vrpc_client_", labels, v, n);
-    if (tp) {
-        struct vrpc_transport_counters c;
-        vrpc_transport_counters(tp, &c);
-        vrpc_prom_transport(&p, "vrpc_client_", labels, &c);
-    }
-    return vrpc_prom_close(&p, out, len);
+    return vrpc_metrics_text(prefix, tp, target, v, n, out, len);
 }
 
 #ifndef VRPC_HAVE_METRICS_HTTP
@@ -452,7 +415,8 @@ int vrpc_metrics_http_check(const char *addr, char *copy, size_t len)
     return -ENOTSUP;
 }
 
-int vrpc_metrics_http_start(const struct vrpc_server *s, const char *addr, struct vrpc_metrics_http **out)
+int vrpc_metrics_http_start(const struct vrpc_server *s, const char *addr, vrpc_metrics_render_fn render,
+                            struct vrpc_metrics_http **out)
 {
     return -ENOTSUP;
 }

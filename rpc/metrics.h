@@ -114,18 +114,20 @@ static inline int64_t vrpc_metrics_now_ns(void)
 void vrpc_method_table_done(struct vrpc_method_table *t, const struct vrpc_method_desc *m, enum vrpc_code code,
                             int64_t start_ns);
 
-/* ---- accessors the renderers use (server.c, channel.c) -------------------- */
+/* ---- a side's whole text ------------------------------------------------- */
 
-struct vrpc_server;
-struct vrpc_channel;
-/* Fill up to cap entries with the server's methods; returns their number. */
-size_t vrpc_server_method_metrics(const struct vrpc_server *s, struct vrpc_prom_method *v, size_t cap);
-struct vrpc_transport *vrpc_server_transport(const struct vrpc_server *s);
-const struct vrpc_metrics_http *vrpc_server_metrics_http(const struct vrpc_server *s);
-struct vrpc_method_table *vrpc_channel_method_table(const struct vrpc_channel *ch);
-struct vrpc_transport *vrpc_channel_transport(const struct vrpc_channel *ch);
-/* The channel's target as given to vrpc_channel_create. */
-const char *vrpc_channel_target(const struct vrpc_channel *ch);
+/* The text of vrpc_server_metrics_text / vrpc_channel_metrics_text: labels
+ * backend="<tp's name>" (if tp) and target="<target>" (if target), then
+ * vrpc_prom_calls over v[n] and vrpc_prom_transport over tp's counters (if
+ * tp), every family named prefix*. The caller (server.c, channel.c) passes
+ * what it has: metrics.c never reads a server or a channel. *out as for
+ * vrpc_prom_close. 0 or -ENOMEM. */
+int vrpc_metrics_text(const char *prefix, struct vrpc_transport *tp, const char *target,
+                      const struct vrpc_prom_method *v, size_t n, char **out, size_t *len);
+/* The same for the methods a channel's table has seen (and `other`, if it
+ * counted a call). */
+int vrpc_method_table_text(const struct vrpc_method_table *t, const char *prefix, struct vrpc_transport *tp,
+                           const char *target, char **out, size_t *len);
 
 /* ---- the HTTP endpoint (rpc/metrics_http.c; stubs without libmicrohttpd) -- */
 
@@ -134,8 +136,13 @@ struct vrpc_metrics_http;
  * IP:port (-EINVAL, logged) and is copied into copy (len bytes); without the
  * endpoint built in: -ENOTSUP (logged). */
 int vrpc_metrics_http_check(const char *addr, char *copy, size_t len);
-/* Serve s's metrics on addr until stop. 0 or a negative errno (logged). */
-int vrpc_metrics_http_start(const struct vrpc_server *s, const char *addr, struct vrpc_metrics_http **out);
+/* What a scrape renders: render(s, ...) on the endpoint's own thread (for a
+ * server, vrpc_server_metrics_text). s is passed back, never read here. */
+struct vrpc_server;
+typedef int (*vrpc_metrics_render_fn)(const struct vrpc_server *s, char **out, size_t *len);
+/* Serve render(s)'s text on addr until stop. 0 or a negative errno (logged). */
+int vrpc_metrics_http_start(const struct vrpc_server *s, const char *addr, vrpc_metrics_render_fn render,
+                            struct vrpc_metrics_http **out);
 /* "http://IP:port/metrics" with the port bound. */
 const char *vrpc_metrics_http_uri(const struct vrpc_metrics_http *h);
 /* Stop serving; when it returns no scrape runs. Safe on NULL. */

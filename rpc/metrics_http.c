@@ -14,7 +14,8 @@
 
 struct vrpc_metrics_http {
     struct MHD_Daemon *d;
-    const struct vrpc_server *s;
+    const struct vrpc_server *s; /* render's argument */
+    vrpc_metrics_render_fn render;
     char uri[VRPC_URI_MAX];
 };
 
@@ -96,7 +97,7 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
         static const char msg[] = "not found: the metrics are at /metrics\n";
         r = MHD_create_response_from_buffer(sizeof msg - 1, (void *)msg, MHD_RESPMEM_PERSISTENT);
         code = MHD_HTTP_NOT_FOUND;
-    } else if (vrpc_server_metrics_text(h->s, &text, &len) == 0) {
+    } else if (h->render(h->s, &text, &len) == 0) {
         r = MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
         if (!r)
             free(text);
@@ -114,7 +115,8 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
     return ret;
 }
 
-int vrpc_metrics_http_start(const struct vrpc_server *s, const char *addr, struct vrpc_metrics_http **out)
+int vrpc_metrics_http_start(const struct vrpc_server *s, const char *addr, vrpc_metrics_render_fn render,
+                            struct vrpc_metrics_http **out)
 {
     struct sockaddr_storage ss;
     struct vrpc_metrics_http *h;
@@ -127,6 +129,7 @@ int vrpc_metrics_http_start(const struct vrpc_server *s, const char *addr, struc
     if (!h)
         return -ENOMEM;
     h->s = s;
+    h->render = render;
     /* One internal thread polls; a scrape renders on it. Connections are
      * few (a scraper or two), bounded, and time out. */
     h->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | (ss.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0),

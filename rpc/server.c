@@ -12,12 +12,12 @@
 #include <verbrpc/rpc.h>
 #include <verbrpc/sched.h>
 #include <verbrpc/transport.h>
-#include "rpc/builtins.h"
 #include "rpc/futex.h"
 #include "rpc/internal.h"
 #include "rpc/metrics.h"
 #include "rpc/pbutil.h"
 #include "rpc/rndv.h"
+#include "rpc/server_core.h"
 #include "rpc/status.h"
 #include "rpc/timer.h"
 #include "rpc/wire.h"
@@ -210,14 +210,37 @@ int vrpc_server_stats(const struct vrpc_server *s, struct vrpc_method_stats *out
     return 0;
 }
 
-size_t vrpc_server_method_metrics(const struct vrpc_server *s, struct vrpc_prom_method *v, size_t cap)
+/* The server's methods handed to the renderer (rpc/metrics.c reads no server). */
+int vrpc_server_metrics_text(const struct vrpc_server *s, char **out, size_t *len)
 {
-    for (size_t i = 0; i < s->nmethods && i < cap; i++) {
+    struct vrpc_prom_method *v;
+    int rc;
+
+    if (!s || !out || !len)
+        return -EINVAL;
+    v = calloc(s->nmethods ? s->nmethods : 1, sizeof(*v));
+    if (!v)
+        return -ENOMEM;
+    for (size_t i = 0; i < s->nmethods; i++) {
         v[i].method = s->methods[i].m->full_name;
         v[i].m = &s->methods[i].cm;
         v[i].lh = &s->methods[i].lh;
     }
-    return s->nmethods;
+    rc = vrpc_metrics_text("vrpc_server_", s->tp, NULL, v, s->nmethods, out, len);
+    free(v);
+    return rc;
+}
+
+int vrpc_server_metrics_uri(const struct vrpc_server *s, char *buf, size_t len)
+{
+    const char *uri = s && s->http ? vrpc_metrics_http_uri(s->http) : NULL;
+
+    if (!uri)
+        return -ENOTCONN;
+    if (strlen(uri) >= len)
+        return -ENOSPC;
+    memcpy(buf, uri, strlen(uri) + 1);
+    return 0;
 }
 
 /* ---- registry ---------------------------------------------------------------- */
@@ -225,7 +248,6 @@ size_t vrpc_server_method_metrics(const struct vrpc_server *s, struct vrpc_prom_
 void vrpc_server_opts_init(struct vrpc_server_opts *o) { memset(o, 0, sizeof(*o)); }
 
 struct vrpc_transport *vrpc_server_transport(const struct vrpc_server *s) { return s->tp; }
-const struct vrpc_metrics_http *vrpc_server_metrics_http(const struct vrpc_server *s) { return s->http; }
 
 int vrpc_server_register(struct vrpc_server *s, const struct vrpc_method_desc *m, vrpc_handler_fn fn,
                          void *user)
@@ -1549,7 +1571,7 @@ void *vrpc_server_call_alloc(struct vrpc_server_call *call, size_t size)
 
 /* ---- create / start / shutdown ------------------------------------------------ */
 
-int vrpc_server_create(const struct vrpc_server_opts *o, struct vrpc_server **out)
+int vrpc_server_core_create(const struct vrpc_server_opts *o, struct vrpc_server **out)
 {
     if (!out)
         return -EINVAL;
@@ -1601,12 +1623,6 @@ int vrpc_server_create(const struct vrpc_server_opts *o, struct vrpc_server **ou
     }
     pthread_mutex_init(&s->lock, NULL);
     s->conns.next = s->conns.prev = &s->conns;
-    /* Every server serves the built-in Health and Stats services (idl/). */
-    int rc = vrpc_builtins_register(s);
-    if (rc) {
-        vrpc_server_destroy(s);
-        return rc;
-    }
     *out = s;
     return 0;
 }
@@ -1711,7 +1727,7 @@ int vrpc_server_start(struct vrpc_server *s, const char *uri)
         least = s->o.idle_timeout_ms;
     s->sweep_every_ns = (int64_t)(least / 4 < 10 ? 10 : least / 4 > 1000 ? 1000 : least / 4) * 1000000;
     vrpc_timer_arm(s->wheel, &s->sweep, vrpc_now_ns() + s->sweep_every_ns, conn_sweep, s, 0);
-    if (s->metrics_addr[0] && (rc = vrpc_metrics_http_start(s, s->metrics_addr, &s->http)))
+    if (s->metrics_addr[0] && (rc = vrpc_metrics_http_start(s, s->metrics_addr, vrpc_server_metrics_text, &s->http)))
         return rc;
     return vrpc_listener_uri(s->listener, s->uri, sizeof(s->uri));
 }
