@@ -9,6 +9,7 @@
 #include <strings.h>
 #include <time.h>
 #include <verbrpc/log.h>
+#include "common/clock.h"
 
 static int g_level = VRPC_LOG_WARN; /* atomic */
 static pthread_once_t g_env_once = PTHREAD_ONCE_INIT;
@@ -91,7 +92,7 @@ static void to_stderr(enum vrpc_log_level level, const char *subsys, const char 
     struct timespec ts;
     struct tm tm;
     char stamp[32];
-    clock_gettime(CLOCK_REALTIME, &ts);
+    vrpc_clock_real_ts(&ts);
     gmtime_r(&ts.tv_sec, &tm);
     strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", &tm);
     /* one fprintf: stdio locks the stream per call, so lines never interleave */

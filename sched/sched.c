@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "sched/atomic.h"
 #include "sched/deque.h"
 #include "sched/ring.h"
@@ -85,7 +86,8 @@ static __thread struct vrpc_worker *tls_worker __attribute__((tls_model("initial
 static int ec_gettime(const struct ck_ec_ops *ops, struct timespec *out)
 {
     (void)ops;
-    return clock_gettime(CLOCK_MONOTONIC, out);
+    vrpc_clock_mono_ts(out);
+    return 0;
 }
 
 /* deadline is absolute on CLOCK_MONOTONIC (FUTEX_WAIT_BITSET's default clock). */
@@ -151,12 +153,7 @@ static bool membarrier_available(void)
     return membarrier_registered;
 }
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
+static uint64_t now_ns(void) { return (uint64_t)vrpc_clock_mono_ns(); }
 
 /* ---- idle workers ------------------------------------------------------- */
 

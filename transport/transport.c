@@ -59,21 +59,6 @@ int vrpc_enosys_grant_segs(struct vrpc_ep *ep, const struct vrpc_seg *segs, unsi
     return -ENOSYS;
 }
 
-uint64_t vrpc_tp_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-void vrpc_tp_log(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vrpc_logv(VRPC_LOG_WARN, "transport", fmt, ap);
-    va_end(ap);
-}
-
 /* ---- transport ------------------------------------------------------------ */
 
 void vrpc_transport_attr_init(struct vrpc_transport_attr *attr)

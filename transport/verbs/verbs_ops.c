@@ -2741,7 +2741,7 @@ static int verbs_connect(struct vrpc_transport *tbase, const struct vrpc_addr *d
 			addr_advice(src ? src : dst);
 		return rc == -ENODEV ? -EHOSTUNREACH : rc;
 	}
-	clock_gettime(CLOCK_REALTIME, &dl);
+	vrpc_clock_real_ts(&dl); /* ep->cond has the default clock */
 	dl.tv_sec += tmo / 1000;
 	dl.tv_nsec += (long)(tmo % 1000) * 1000000;
 	if (dl.tv_nsec >= 1000000000) {
