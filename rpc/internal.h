@@ -11,6 +11,7 @@
 #include "rpc/arena.h"
 #include "rpc/wire.h"
 #include "common/container_of.h"
+#include "common/env.h"
 #include "common/log_internal.h"
 
 /* Receive buffers (and their pool) a channel/server CQ keeps posted. */

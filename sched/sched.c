@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/env.h"
 #include "sched/atomic.h"
 #include "sched/deque.h"
 #include "sched/ring.h"
@@ -599,8 +600,7 @@ int vrpc_sched_create(const struct vrpc_sched_config *cfg, struct vrpc_sched **o
     s->spin_ns = (uint64_t)s->cfg.spin_us * 1000u;
     s->max_spinning = s->n / 2 ? s->n / 2 : 1;
     /* VRPC_SCHED_MEMBARRIER=1 selects the asymmetric fence (tests cover both). */
-    const char *mb = getenv("VRPC_SCHED_MEMBARRIER");
-    s->asym_fence = mb && strcmp(mb, "1") == 0 && membarrier_available();
+    s->asym_fence = vrpc_env_flag(VRPC_ENV_SCHED_MEMBARRIER) && membarrier_available();
     s->nidle_words = (s->n + 63) / 64;
     s->idle = zalloc_aligned(s->nidle_words * sizeof(*s->idle));
     s->w = zalloc_aligned(s->n * sizeof(*s->w));

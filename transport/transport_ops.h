@@ -16,6 +16,7 @@
 #include <verbrpc/transport.h>
 #include "common/clock.h"
 #include "common/container_of.h"
+#include "common/env.h"
 #include "common/log_internal.h"
 
 /* A parsed URI: scheme as written ("tcp", "verbs", "auto", "fault+tcp") and a
