@@ -45,7 +45,7 @@ int vrpc_addr_format(const char *scheme, const struct sockaddr *sa, char *buf, s
  * path; read by any thread with relaxed loads. */
 #define VRPC_WC_OPS 8
 struct vrpc_cq_counts {
-    uint64_t n[VRPC_WC_OPS], bytes[VRPC_WC_OPS];
+    _Atomic uint64_t n[VRPC_WC_OPS], bytes[VRPC_WC_OPS];
 };
 
 struct vrpc_transport {
@@ -63,7 +63,7 @@ struct vrpc_transport {
     pthread_mutex_t cq_mu;
     struct vrpc_cq *cqs;             /* under cq_mu, linked through vrpc_cq.next */
     struct vrpc_cq_counts retired;   /* under cq_mu */
-    uint64_t credit_waits, connects, grants;
+    _Atomic uint64_t credit_waits, connects, grants;
 };
 
 struct vrpc_cq {
