@@ -9,6 +9,8 @@
 #include <strings.h>
 #include <time.h>
 #include <verbrpc/log.h>
+#include "common/clock.h"
+#include "common/env.h"
 
 static int g_level = VRPC_LOG_WARN; /* atomic */
 static pthread_once_t g_env_once = PTHREAD_ONCE_INIT;
@@ -49,11 +51,8 @@ int vrpc_log_level_parse(const char *s, enum vrpc_log_level *out)
 
 static void read_env(void)
 {
-    const char *e = getenv("VRPC_LOG");
-    enum vrpc_log_level l;
-    /* Any other value (e.g. the old "1") keeps the default, warn. */
-    if (e && vrpc_log_level_parse(e, &l) == 0)
-        __atomic_store_n(&g_level, (int)l, __ATOMIC_RELAXED);
+    /* common/env.c: any other value (e.g. the old "1") keeps the default, warn */
+    __atomic_store_n(&g_level, (int)vrpc_env_long(VRPC_ENV_LOG), __ATOMIC_RELAXED);
 }
 
 void vrpc_log_set_level(enum vrpc_log_level level)
@@ -91,7 +90,7 @@ static void to_stderr(enum vrpc_log_level level, const char *subsys, const char 
     struct timespec ts;
     struct tm tm;
     char stamp[32];
-    clock_gettime(CLOCK_REALTIME, &ts);
+    vrpc_clock_real_ts(&ts);
     gmtime_r(&ts.tv_sec, &tm);
     strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", &tm);
     /* one fprintf: stdio locks the stream per call, so lines never interleave */

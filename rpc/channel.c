@@ -920,8 +920,7 @@ static int connect_once(struct vrpc_channel *ch, int64_t deadline_ns)
     uint32_t probe;
     /* -ENOSYS: no gathered grants. VRPC_NO_GATHER=1 (diagnosis, A/B runs):
      * large requests are always copied into a large buffer. */
-    const char *ng = getenv("VRPC_NO_GATHER");
-    c->gather = vrpc_ep_grant_segs(c->ep, NULL, 0, &probe) == -EINVAL && !(ng && atoi(ng) > 0);
+    c->gather = vrpc_ep_grant_segs(c->ep, NULL, 0, &probe) == -EINVAL && !vrpc_env_flag(VRPC_ENV_NO_GATHER);
     pthread_mutex_lock(&ch->conn_lock);
     if (!c->gone) { /* its DISCONNECTED may already have come and gone */
         c->next = ch->live.next;

@@ -10,10 +10,9 @@
 #include <verbrpc/transport.h>
 #include "rpc/arena.h"
 #include "rpc/wire.h"
-
-#ifndef container_of
-#define container_of(p, T, m) ((T *)((char *)(p) - __builtin_offsetof(T, m)))
-#endif
+#include "common/container_of.h"
+#include "common/env.h"
+#include "common/log_internal.h"
 
 /* Receive buffers (and their pool) a channel/server CQ keeps posted. */
 #define VRPC_RPC_DEFAULT_EAGER 8192u
@@ -51,10 +50,8 @@ static inline struct vrpc_arena *vrpc_rpc_tls_arena(void) { return vrpc_rpc_tls_
  * with RLIMIT_MEMLOCK; large-message buffers come on top, up to max_pinned). */
 uint64_t vrpc_rpc_pool_bytes(bool server, uint32_t eager);
 
-/* Log a line at VRPC_LOG_WARN, subsystem "rpc", through the library's logger
- * (include/verbrpc/log.h). Protocol errors and other events the peer caused
- * go here. Other levels: vrpc_log(level, "rpc", ...). */
-void vrpc_rpc_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* vrpc_rpc_log (common/log_internal.h): a line at VRPC_LOG_WARN, subsystem
+ * "rpc". Protocol errors and other events the peer caused go here. */
 
 /* Transport name and URI for it from a user URI: "tcp://h:p", "verbs://h:p",
  * "auto://h:p" or bare "h:p" (= auto), each also as "fault+tcp://h:p" etc.

@@ -13,6 +13,7 @@
 #include <verbrpc/rpc.h>
 #include <verbrpc/metrics.h>
 #include <verbrpc/transport.h>
+#include "common/clock.h"
 
 /* Upper bounds of the Prometheus latency buckets, in ns: 1-2-5 steps from
  * 1 us to 10 s (then +Inf). */
@@ -102,13 +103,9 @@ struct vrpc_method_table {
 };
 /* m's metrics (any thread). */
 struct vrpc_call_metrics *vrpc_method_table_get(struct vrpc_method_table *t, const struct vrpc_method_desc *m);
-/* vrpc_now_ns's clock, inline: a call's start and end are read on the call path. */
-static inline int64_t vrpc_metrics_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
+/* vrpc_now_ns's clock, inline (common/clock.h): a call's start and end are
+ * read on the call path. */
+static inline int64_t vrpc_metrics_now_ns(void) { return vrpc_clock_mono_ns(); }
 /* A call of m ended with code: recorded with its latency from start_ns
  * (vrpc_metrics_now_ns) to now, or untimed if start_ns is 0. */
 void vrpc_method_table_done(struct vrpc_method_table *t, const struct vrpc_method_desc *m, enum vrpc_code code,

@@ -71,14 +71,6 @@ uint64_t vrpc_rpc_pool_bytes(bool server, uint32_t eager)
     return stride * n;
 }
 
-void vrpc_rpc_log(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vrpc_logv(VRPC_LOG_WARN, "rpc", fmt, ap);
-    va_end(ap);
-}
-
 int vrpc_rpc_parse_uri(const char *uri, char *name, size_t name_len, char *turi, size_t turi_len)
 {
     char why[160];

@@ -1,6 +1,7 @@
 /* Hashed timing wheel, see timer.h. 1024 buckets of one tick each; a timer
  * more than one revolution ahead waits in its bucket until its round. */
 #include "rpc/timer.h"
+#include "common/clock.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -23,12 +24,7 @@ struct vrpc_timer_wheel {
     struct vrpc_timer buckets[WHEEL_SIZE]; /* list heads (sentinels) */
 };
 
-int64_t vrpc_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
+int64_t vrpc_now_ns(void) { return vrpc_clock_mono_ns(); }
 
 static uint64_t now_tick(const struct vrpc_timer_wheel *w) { return (uint64_t)vrpc_now_ns() / w->tick_ns; }
 

@@ -20,6 +20,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
+#include "common/env.h"
 #include "sched/atomic.h"
 #include "sched/deque.h"
 #include "sched/ring.h"
@@ -85,7 +87,8 @@ static __thread struct vrpc_worker *tls_worker __attribute__((tls_model("initial
 static int ec_gettime(const struct ck_ec_ops *ops, struct timespec *out)
 {
     (void)ops;
-    return clock_gettime(CLOCK_MONOTONIC, out);
+    vrpc_clock_mono_ts(out);
+    return 0;
 }
 
 /* deadline is absolute on CLOCK_MONOTONIC (FUTEX_WAIT_BITSET's default clock). */
@@ -151,12 +154,7 @@ static bool membarrier_available(void)
     return membarrier_registered;
 }
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
+static uint64_t now_ns(void) { return (uint64_t)vrpc_clock_mono_ns(); }
 
 /* ---- idle workers ------------------------------------------------------- */
 
@@ -602,8 +600,7 @@ int vrpc_sched_create(const struct vrpc_sched_config *cfg, struct vrpc_sched **o
     s->spin_ns = (uint64_t)s->cfg.spin_us * 1000u;
     s->max_spinning = s->n / 2 ? s->n / 2 : 1;
     /* VRPC_SCHED_MEMBARRIER=1 selects the asymmetric fence (tests cover both). */
-    const char *mb = getenv("VRPC_SCHED_MEMBARRIER");
-    s->asym_fence = mb && strcmp(mb, "1") == 0 && membarrier_available();
+    s->asym_fence = vrpc_env_flag(VRPC_ENV_SCHED_MEMBARRIER) && membarrier_available();
     s->nidle_words = (s->n + 63) / 64;
     s->idle = zalloc_aligned(s->nidle_words * sizeof(*s->idle));
     s->w = zalloc_aligned(s->n * sizeof(*s->w));

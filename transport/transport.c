@@ -59,21 +59,6 @@ int vrpc_enosys_grant_segs(struct vrpc_ep *ep, const struct vrpc_seg *segs, unsi
     return -ENOSYS;
 }
 
-uint64_t vrpc_tp_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-void vrpc_tp_log(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vrpc_logv(VRPC_LOG_WARN, "transport", fmt, ap);
-    va_end(ap);
-}
-
 /* ---- transport ------------------------------------------------------------ */
 
 void vrpc_transport_attr_init(struct vrpc_transport_attr *attr)
@@ -238,7 +223,8 @@ void vrpc_cq_attr_init(struct vrpc_cq_attr *attr)
 
 /* Poller only: the poller is the one writer of cq->counts, so a relaxed
  * load and store count without a locked instruction. */
-#define COUNT(field, v) __atomic_store_n(&(field), __atomic_load_n(&(field), __ATOMIC_RELAXED) + (v), __ATOMIC_RELAXED)
+#define COUNT(field, v)                                                                                        \
+    atomic_store_explicit(&(field), atomic_load_explicit(&(field), memory_order_relaxed) + (v), memory_order_relaxed)
 
 _Static_assert(VRPC_WC_REVOKE < VRPC_WC_OPS && !(VRPC_WC_OPS & (VRPC_WC_OPS - 1)),
                "struct vrpc_cq_counts holds every opcode, indexed by op & (VRPC_WC_OPS - 1)");
@@ -335,8 +321,8 @@ static void *poller_main(void *arg)
 static void add_counts(struct vrpc_cq_counts *to, const struct vrpc_cq_counts *c)
 {
     for (unsigned i = 0; i < VRPC_WC_OPS; i++) {
-        to->n[i] += __atomic_load_n(&c->n[i], __ATOMIC_RELAXED);
-        to->bytes[i] += __atomic_load_n(&c->bytes[i], __ATOMIC_RELAXED);
+        COUNT(to->n[i], atomic_load_explicit(&c->n[i], memory_order_relaxed));
+        COUNT(to->bytes[i], atomic_load_explicit(&c->bytes[i], memory_order_relaxed));
     }
 }
 
@@ -360,9 +346,9 @@ void vrpc_transport_counters(const struct vrpc_transport *ctp, struct vrpc_trans
     out->read_bytes = c.bytes[VRPC_WC_READ];
     out->accepted = c.n[VRPC_WC_ACCEPTED];
     out->disconnected = c.n[VRPC_WC_DISCONNECTED];
-    out->connected = __atomic_load_n(&tp->connects, __ATOMIC_RELAXED);
-    out->grants = __atomic_load_n(&tp->grants, __ATOMIC_RELAXED);
-    out->credit_waits = __atomic_load_n(&tp->credit_waits, __ATOMIC_RELAXED);
+    out->connected = atomic_load_explicit(&tp->connects, memory_order_relaxed);
+    out->grants = atomic_load_explicit(&tp->grants, memory_order_relaxed);
+    out->credit_waits = atomic_load_explicit(&tp->credit_waits, memory_order_relaxed);
     /* a DISCONNECTED counted before its connect's increment is read: no wrap */
     out->connections = out->accepted + out->connected > out->disconnected
                            ? out->accepted + out->connected - out->disconnected : 0;
@@ -373,7 +359,7 @@ void vrpc_transport_counters(const struct vrpc_transport *ctp, struct vrpc_trans
 
 void vrpc_tp_note_credit_wait(struct vrpc_ep *ep)
 {
-    __atomic_fetch_add(&ep->tp->credit_waits, 1, __ATOMIC_RELAXED);
+    atomic_fetch_add_explicit(&ep->tp->credit_waits, 1, memory_order_relaxed);
 }
 
 int vrpc_cq_create(struct vrpc_transport *tp, const struct vrpc_cq_attr *attr, struct vrpc_cq **out)
@@ -525,7 +511,7 @@ int vrpc_connect(struct vrpc_transport *tp, const char *uri, const struct vrpc_e
     }
     rc = tp->ops->connect(tp, &dst, attr->src_addr ? &src : NULL, attr, out);
     if (rc == 0)
-        __atomic_fetch_add(&tp->connects, 1, __ATOMIC_RELAXED);
+        atomic_fetch_add_explicit(&tp->connects, 1, memory_order_relaxed);
     return rc;
 }
 
@@ -574,7 +560,7 @@ int vrpc_ep_grant(struct vrpc_ep *ep, struct vrpc_mr *mr, const void *addr, uint
         return -EINVAL;
     int rc = ep->tp->ops->grant(ep, mr, addr, len, rkey);
     if (rc == 0)
-        __atomic_fetch_add(&ep->tp->grants, 1, __ATOMIC_RELAXED);
+        atomic_fetch_add_explicit(&ep->tp->grants, 1, memory_order_relaxed);
     return rc;
 }
 
@@ -597,7 +583,7 @@ int vrpc_ep_grant_segs(struct vrpc_ep *ep, const struct vrpc_seg *segs, unsigned
         return -EINVAL;
     int rc = ep->tp->ops->grant_segs(ep, segs, n, (uint32_t)len, rkey);
     if (rc == 0)
-        __atomic_fetch_add(&ep->tp->grants, 1, __ATOMIC_RELAXED);
+        atomic_fetch_add_explicit(&ep->tp->grants, 1, memory_order_relaxed);
     return rc;
 }
 

@@ -14,10 +14,10 @@
 #include <stdint.h>
 #include <sys/socket.h>
 #include <verbrpc/transport.h>
-
-#ifndef container_of
-#define container_of(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
-#endif
+#include "common/clock.h"
+#include "common/container_of.h"
+#include "common/env.h"
+#include "common/log_internal.h"
 
 /* A parsed URI: scheme as written ("tcp", "verbs", "auto", "fault+tcp") and a
  * socket address. */
@@ -45,7 +45,7 @@ int vrpc_addr_format(const char *scheme, const struct sockaddr *sa, char *buf, s
  * path; read by any thread with relaxed loads. */
 #define VRPC_WC_OPS 8
 struct vrpc_cq_counts {
-    uint64_t n[VRPC_WC_OPS], bytes[VRPC_WC_OPS];
+    _Atomic uint64_t n[VRPC_WC_OPS], bytes[VRPC_WC_OPS];
 };
 
 struct vrpc_transport {
@@ -63,7 +63,7 @@ struct vrpc_transport {
     pthread_mutex_t cq_mu;
     struct vrpc_cq *cqs;             /* under cq_mu, linked through vrpc_cq.next */
     struct vrpc_cq_counts retired;   /* under cq_mu */
-    uint64_t credit_waits, connects, grants;
+    _Atomic uint64_t credit_waits, connects, grants;
 };
 
 struct vrpc_cq {
@@ -189,13 +189,12 @@ void vrpc_ep_base_init(struct vrpc_ep *ep, struct vrpc_transport *tp, struct vrp
  * any thread). Counted in vrpc_transport_counters' credit_waits. */
 void vrpc_tp_note_credit_wait(struct vrpc_ep *ep);
 
-/* Monotonic clock in nanoseconds. */
-uint64_t vrpc_tp_now_ns(void);
+/* The transport's name for common/clock.h's CLOCK_MONOTONIC, in nanoseconds. */
+static inline uint64_t vrpc_tp_now_ns(void) { return (uint64_t)vrpc_clock_mono_ns(); }
 
-/* Transport log: one line at VRPC_LOG_WARN, subsystem "transport", through
- * the library's logger (include/verbrpc/log.h; other levels: vrpc_log()).
- * For protocol errors and the like; never on the hot path of healthy traffic. */
-void vrpc_tp_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* vrpc_tp_log (common/log_internal.h): one line at VRPC_LOG_WARN, subsystem
+ * "transport". For protocol errors and the like; never on the hot path of
+ * healthy traffic. */
 
 #ifdef VRPC_BACKEND_VERBS
 extern const struct vrpc_transport_ops vrpc_verbs_ops;

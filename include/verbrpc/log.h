@@ -2,8 +2,9 @@
  * scheduler) goes through here, with a level, to a handler: by default one
  * line on stderr with a UTC timestamp, or the user's callback.
  *
- * The threshold starts from the environment, read once (at the first line
- * logged or the first call below): VRPC_LOG=off|error|warn|info|debug
+ * The threshold starts from the environment, read once with the library's
+ * other knobs (docs/ENV.md; at the latest at the first line logged or the
+ * first call below): VRPC_LOG=off|error|warn|info|debug
  * ("0" and "none" also mean off; unset or unknown: warn). vrpc_log_set_level()
  * overrides it. At VRPC_LOG_OFF nothing is written and no handler is called.
  * Lines are formatted into a fixed buffer (cut at VRPC_LOG_LINE_MAX - 1

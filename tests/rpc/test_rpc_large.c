@@ -22,6 +22,7 @@
 #include <verbrpc/transport.h>
 #include "rpc/rndv.h"
 #include "rpc/wire.h"
+#include "common/env.h"
 #include "raw_peer.h"
 #include "rpc_test.pb-c.h"
 
@@ -577,9 +578,11 @@ static void test_grants_exhausted(void **state)
     size_t n = 300 * 1024;
     char uri[VRPC_URI_MAX];
     setenv("VRPC_TCP_TEST_EP_GRANTS", "1", 1);
+    vrpc_env_reload(); /* the environment is read once */
     struct vrpc_server *srv = start_server(4 * MiB, 64 * MiB, uri, sizeof(uri));
     struct vrpc_channel *ch = new_channel(uri, 4 * MiB, 64 * MiB);
     unsetenv("VRPC_TCP_TEST_EP_GRANTS");
+    vrpc_env_reload();
     uint8_t *data[N];
     struct async_rec rec[N];
     memset(rec, 0, sizeof(rec));

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <verbrpc/sched.h>
 
+#include "common/env.h"
 #include "sched/sched_test.h"
 
 static uint64_t failures; /* bumped by worker threads; checked by the test */
@@ -245,8 +246,10 @@ static void no_lost_wakeup(bool fences)
     cfg.spin_us = 1; /* park almost at once, so that submissions race the parking */
     if (!fences)
         setenv("VRPC_SCHED_MEMBARRIER", "1", 1); /* read by create only */
+    vrpc_env_reload();                           /* the environment is read once */
     assert_int_equal(vrpc_sched_create(&cfg, &s), 0);
     unsetenv("VRPC_SCHED_MEMBARRIER");
+    vrpc_env_reload();
     assert_int_equal(vrpc_sched_producer_create(s, &p), 0);
     vrpc_task_init(&t, lw_task);
     for (uint32_t i = 0; i < iters; i++) {

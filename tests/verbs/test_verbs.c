@@ -29,6 +29,7 @@
 
 #include <cmocka.h>
 
+#include "common/env.h"
 #include "transport/harness.h"
 #include "verbs_setup.h"
 
@@ -548,8 +549,10 @@ static void t_wrong_version(void **state)
 
     assert_int_equal(echo_start(&e, &ec), 0);
     setenv("VRPC_VERBS_PROTO_VERSION", "99", 1);
+    vrpc_env_reload(); /* the environment is read once */
     rc = client_start(&bad, NULL, 8, 4, 0, NULL, NULL);
     unsetenv("VRPC_VERBS_PROTO_VERSION");
+    vrpc_env_reload();
     assert_int_equal(rc, 0);
     capture_start(&cap);
     rc = client_connect(&bad, e.uri, &ep);
@@ -811,8 +814,10 @@ static void t_async_srq_limit(void **state)
     (void)state;
 
     setenv("VRPC_VERBS_SRQ_LIMIT", "4", 1);
+    vrpc_env_reload(); /* the environment is read once */
     rc = echo_start(&e, &ec);
     unsetenv("VRPC_VERBS_SRQ_LIMIT");
+    vrpc_env_reload();
     assert_int_equal(rc, 0);
     assert_int_equal(client_start(&c, NULL, 16, 8, 0, NULL, NULL), 0);
     assert_int_equal(client_connect(&c, e.uri, &ep), 0);
@@ -870,6 +875,7 @@ int main(int argc, char **argv)
     }
     /* credits must make RNR impossible: any RNR NAK fails the connection */
     setenv("VRPC_VERBS_RNR_RETRY", "0", 0);
+    vrpc_env_reload();
     if (child_role) {
         if (vrpc_test_verbs_addrs(g_opt.setup, &g_opt.server_ip, &g_opt.client_ip))
             return 2;

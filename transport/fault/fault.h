@@ -32,7 +32,8 @@
  *     only posted buffers pay back) and every credit-bearing frame wait.
  *
  * Configuration: a spec string, from vrpc_fault_configure() (wins) or the
- * environment variable VRPC_FAULT, read when a fault transport is created.
+ * environment variable VRPC_FAULT (read once, docs/ENV.md), taken when a fault
+ * transport is created.
  * Grammar: KEY=VALUE[,KEY=VALUE]...; probabilities in [0,1], durations in
  * microseconds; unknown keys or bad values: vrpc_transport_create fails
  * -EINVAL (logged).

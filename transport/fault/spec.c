@@ -133,7 +133,7 @@ int fault_spec_current(struct fault_spec *out)
 {
     int rc;
     pthread_mutex_lock(&spec_mu);
-    rc = fault_spec_parse(configured ? configured : getenv("VRPC_FAULT"), out);
+    rc = fault_spec_parse(configured ? configured : vrpc_env_str(VRPC_ENV_FAULT), out);
     pthread_mutex_unlock(&spec_mu);
     return rc;
 }

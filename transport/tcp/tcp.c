@@ -2438,10 +2438,8 @@ static int tcp_tp_create(const struct vrpc_transport_attr *attr, struct vrpc_tra
     if (!t)
         return -ENOMEM;
     pthread_mutex_init(&t->gmu, NULL);
-    const char *eg = getenv("VRPC_TCP_TEST_EP_GRANTS"), *nf = getenv("VRPC_TCP_NO_FLOW_BUSY");
-    t->no_flow_busy = nf && *nf == '1';
-    if (eg)
-        t->ep_grants = (uint32_t)strtoul(eg, NULL, 10);
+    t->no_flow_busy = vrpc_env_flag(VRPC_ENV_TCP_NO_FLOW_BUSY);
+    t->ep_grants = (uint32_t)vrpc_env_long(VRPC_ENV_TCP_TEST_EP_GRANTS);
     t->base.headroom = HDR_LEN; /* the frame header is written in front of the payload */
     *out = &t->base;
     return 0;

@@ -31,7 +31,7 @@
 #define PROTO_VERSION 1u
 
 /* Queue-pair settings. The environment overrides some, for tests and odd
- * set-ups (read once per transport, at vrpc_transport_create):
+ * set-ups (read once per process, table in common/env.c, docs/ENV.md):
  *   VRPC_VERBS_GID_INDEX=N     source GID index (default: the one rdma_cm
  *                              picks from the bound address)
  *   VRPC_VERBS_RNR_RETRY=N     receiver-not-ready retries, 0..7 (7 = forever,
@@ -65,32 +65,19 @@ struct qp_cfg {
 	uint32_t rd_chunk_bulk;       /* VRPC_VERBS_READ_CHUNK_BULK; 0: the default */
 };
 
-static long env_long(const char *name, long dflt, long lo, long hi)
-{
-	const char *v = getenv(name);
-	char *end;
-	long x;
-	if (!v || !*v)
-		return dflt;
-	x = strtol(v, &end, 0);
-	if (*end || x < lo || x > hi) {
-		vrpc_tp_log("verbs: ignoring %s=%s (want %ld..%ld)", name, v, lo, hi);
-		return dflt;
-	}
-	return x;
-}
-
+/* The knobs' ranges and defaults are in common/env.c's table. */
 static void qp_cfg_init(struct qp_cfg *cfg)
 {
-	cfg->rnr_retry = (uint8_t)env_long("VRPC_VERBS_RNR_RETRY", 7, 0, 7);
-	cfg->ack_timeout = (uint8_t)env_long("VRPC_VERBS_ACK_TIMEOUT", 0, 14, 31);
+	long pv = vrpc_env_long(VRPC_ENV_VERBS_PROTO_VERSION);
+	cfg->rnr_retry = (uint8_t)vrpc_env_long(VRPC_ENV_VERBS_RNR_RETRY);
+	cfg->ack_timeout = (uint8_t)vrpc_env_long(VRPC_ENV_VERBS_ACK_TIMEOUT);
 	cfg->retry_cnt = 7;
-	cfg->gid_index = (int)env_long("VRPC_VERBS_GID_INDEX", -1, -1, 255);
-	cfg->proto_version = (uint16_t)env_long("VRPC_VERBS_PROTO_VERSION", PROTO_VERSION, 0, 65535);
-	cfg->srq_limit = (uint32_t)env_long("VRPC_VERBS_SRQ_LIMIT", 0, 0, 1 << 20);
-	cfg->rd_chunk = (uint32_t)env_long("VRPC_VERBS_READ_CHUNK", 0, 4096, 1 << 30);
-	cfg->rd_window = (uint32_t)env_long("VRPC_VERBS_READ_WINDOW", 0, 1, 256);
-	cfg->rd_chunk_bulk = (uint32_t)env_long("VRPC_VERBS_READ_CHUNK_BULK", 0, 4096, 1 << 30);
+	cfg->gid_index = (int)vrpc_env_long(VRPC_ENV_VERBS_GID_INDEX);
+	cfg->proto_version = (uint16_t)(pv < 0 ? PROTO_VERSION : pv);
+	cfg->srq_limit = (uint32_t)vrpc_env_long(VRPC_ENV_VERBS_SRQ_LIMIT);
+	cfg->rd_chunk = (uint32_t)vrpc_env_long(VRPC_ENV_VERBS_READ_CHUNK);
+	cfg->rd_window = (uint32_t)vrpc_env_long(VRPC_ENV_VERBS_READ_WINDOW);
+	cfg->rd_chunk_bulk = (uint32_t)vrpc_env_long(VRPC_ENV_VERBS_READ_CHUNK_BULK);
 }
 
 /* rdma-core returns a positive errno from some calls: ours is negative. */
@@ -404,7 +391,7 @@ static int g_trace = -1; /* VRPC_VERBS_TRACE=1: log completions and credits */
 #define TRACE(...)                                                                                  \
 	do {                                                                                        \
 		if (g_trace < 0)                                                                    \
-			g_trace = getenv("VRPC_VERBS_TRACE") != NULL;                               \
+			g_trace = vrpc_env_flag(VRPC_ENV_VERBS_TRACE);                              \
 		if (g_trace)                                                                        \
 			trace_log(__VA_ARGS__);                                                     \
 	} while (0)
@@ -2741,7 +2728,7 @@ static int verbs_connect(struct vrpc_transport *tbase, const struct vrpc_addr *d
 			addr_advice(src ? src : dst);
 		return rc == -ENODEV ? -EHOSTUNREACH : rc;
 	}
-	clock_gettime(CLOCK_REALTIME, &dl);
+	vrpc_clock_real_ts(&dl); /* ep->cond has the default clock */
 	dl.tv_sec += tmo / 1000;
 	dl.tv_nsec += (long)(tmo % 1000) * 1000000;
 	if (dl.tv_nsec >= 1000000000) {
