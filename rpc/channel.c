@@ -13,6 +13,7 @@
 #include <verbrpc/rpc.h>
 #include <verbrpc/sched.h>
 #include <verbrpc/transport.h>
+#include "rpc/conn.h"
 #include "rpc/futex.h"
 #include "rpc/internal.h"
 #include "rpc/metrics.h"
@@ -24,26 +25,19 @@
 #include "rpc/wire.h"
 
 #define RECV_BUFS VRPC_CHANNEL_RECV_BUFS
-#define HELLO_WAIT 0u
-#define HELLO_OK 1u
-#define HELLO_FAILED 2u
+#define HELLO_WAIT VRPC_CONN_HELLO_WAIT
+#define HELLO_OK VRPC_CONN_HELLO_OK
+#define HELLO_FAILED VRPC_CONN_HELLO_FAILED
 
 struct vrpc_conn {
+    struct vrpc_conn_base b; /* first (rpc/conn.h). refs: the ep (until
+                                DISCONNECTED), the channel's current pointer,
+                                and each call using it; goaway: the server
+                                said GOAWAY; gone under conn_lock */
     struct vrpc_channel *ch;
-    struct vrpc_ep *ep;
-    uint32_t refs;        /* atomic; the ep (until DISCONNECTED), the channel's
-                             current pointer, and each call using it */
-    uint32_t dead;        /* atomic 0/1: lost, closing or protocol error */
-    uint32_t goaway;      /* atomic 0/1: server said GOAWAY */
-    uint32_t hello;       /* futex: HELLO_WAIT/OK/FAILED */
-    uint32_t max_payload; /* md + message bytes we may send (after HELLO_ACK) */
-    uint32_t peer_max;    /* the server's max_msg_size */
-    uint32_t peer_features; /* the server's VRPC_FEAT_* */
-    bool large;           /* both sides offer VRPC_FEAT_LARGE: rendezvous allowed */
     bool gather;          /* the transport grants gathered windows (vrpc_ep_grant_segs):
                              requests may be sent from the caller's memory */
     struct vrpc_conn *next, *prev; /* channel's list of live endpoints, under conn_lock */
-    bool gone;                     /* DISCONNECTED delivered (under conn_lock) */
 };
 
 /* An asynchronous call waiting for a slot: all max_outstanding are pending.
@@ -151,13 +145,13 @@ static inline void call_metrics(struct vrpc_channel *ch, const struct vrpc_metho
  * be sending on it (the transport forbids any call after vrpc_ep_destroy). */
 static void conn_unref(struct vrpc_conn *c)
 {
-    if (c && __atomic_sub_fetch(&c->refs, 1, __ATOMIC_ACQ_REL) == 0) {
-        vrpc_ep_destroy(c->ep);
+    if (c && vrpc_conn_unref_last(&c->b)) {
+        vrpc_ep_destroy(c->b.ep);
         free(c);
     }
 }
 
-static void conn_ref(struct vrpc_conn *c) { __atomic_add_fetch(&c->refs, 1, __ATOMIC_RELAXED); }
+static void conn_ref(struct vrpc_conn *c) { vrpc_conn_ref(&c->b); }
 
 /* ---- a call's wire side and its transfers (see pending.h, xfer) ---------- */
 
@@ -323,12 +317,12 @@ static void complete(struct vrpc_channel *ch, struct vrpc_pending_slot *s, uint3
 
 static void send_cancel(struct vrpc_channel *ch, struct vrpc_conn *c, uint64_t id)
 {
-    if (!c || __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
+    if (!c || __atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE))
         return;
     struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_CANCEL, .request_id = id};
     /* Best effort and never blocking: without a buffer the server simply
      * finishes the call and its response is dropped. */
-    vrpc_rpc_send_simple(c->ep, ch->send_pool, &h, NULL, 0, false);
+    vrpc_rpc_send_simple(c->b.ep, ch->send_pool, &h, NULL, 0, false);
 }
 
 static void deadline_fired(void *ctx, uint64_t id)
@@ -393,12 +387,10 @@ static void conn_fail(struct vrpc_conn *c, const char *why, bool on_poller)
      * ordered, so either start_call's read sees 1, or it came first and this
      * exchange (acquire) sees everything before it, i.e. the slot it
      * published, in the scan below. */
-    if (__atomic_exchange_n(&c->dead, 1, __ATOMIC_ACQ_REL))
+    if (!vrpc_conn_kill(&c->b))
         return;
-    if (__atomic_load_n(&c->hello, __ATOMIC_ACQUIRE) == HELLO_WAIT) {
-        __atomic_store_n(&c->hello, HELLO_FAILED, __ATOMIC_RELEASE);
-        vrpc_futex_wake_all(&c->hello);
-    }
+    if (__atomic_load_n(&c->b.hello, __ATOMIC_ACQUIRE) == HELLO_WAIT)
+        vrpc_conn_hello_end(&c->b, HELLO_FAILED);
     fail_pending(c->ch, c, VRPC_UNAVAILABLE, why, on_poller);
     struct vrpc_channel *ch = c->ch;
     struct vrpc_conn *drop = NULL;
@@ -424,11 +416,11 @@ static void conn_fail(struct vrpc_conn *c, const char *why, bool on_poller)
 static void protocol_error(struct vrpc_conn *c, const char *what, int rc)
 {
     char peer[VRPC_URI_MAX] = "?";
-    vrpc_ep_peer_uri(c->ep, peer, sizeof(peer));
+    vrpc_ep_peer_uri(c->b.ep, peer, sizeof(peer));
     vrpc_rpc_log("protocol error from server %s: %s (%s); closing the connection", peer, what,
                  rc == -EPROTONOSUPPORT ? "unsupported version" : "malformed");
     conn_fail(c, "connection closed after a protocol error from the server", true);
-    vrpc_ep_close(c->ep);
+    vrpc_ep_close(c->b.ep);
 }
 
 /* ---- large messages: the client's side of the rendezvous ------------------ */
@@ -440,15 +432,15 @@ static void request_offers_run(struct vrpc_channel *ch, bool on_poller);
  * connection is closed instead. */
 static void send_done(struct vrpc_channel *ch, struct vrpc_conn *c, uint64_t id, enum vrpc_code code)
 {
-    if (__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
+    if (__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE))
         return;
     struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_DONE, .request_id = id,
                               .status = (uint32_t)code};
-    int rc = vrpc_rpc_send_simple(c->ep, ch->send_pool, &h, NULL, 0, false);
+    int rc = vrpc_rpc_send_simple(c->b.ep, ch->send_pool, &h, NULL, 0, false);
     if (rc && rc != -ENOTCONN) {
         vrpc_rpc_log("cannot send DONE for a large response (%s); closing the connection", strerror(-rc));
         conn_fail(c, "connection closed: could not acknowledge a large response", true);
-        vrpc_ep_close(c->ep);
+        vrpc_ep_close(c->b.ep);
     }
 }
 
@@ -512,11 +504,11 @@ static void hold_fired(void *ctx, uint64_t id)
     if (!c)
         return;
     char peer[VRPC_URI_MAX] = "?";
-    vrpc_ep_peer_uri(c->ep, peer, sizeof(peer));
+    vrpc_ep_peer_uri(c->b.ep, peer, sizeof(peer));
     vrpc_rpc_log("server %s held the %u-byte payload of call %#llx for %u ms without reading it; "
                  "aborting the connection", peer, len, (unsigned long long)id, ch->o.hold_timeout_ms);
     conn_fail(c, "connection closed: the server did not read a large request in time", false);
-    vrpc_ep_abort(c->ep, -ECONNABORTED);
+    vrpc_ep_abort(c->b.ep, -ECONNABORTED);
     conn_unref(c);
 }
 
@@ -597,11 +589,11 @@ static void response_xfer_expired(void *ctx, uint64_t id)
         complete(ch, s, gen, false);
     }
     char peer[VRPC_URI_MAX] = "?";
-    vrpc_ep_peer_uri(c->ep, peer, sizeof(peer));
+    vrpc_ep_peer_uri(c->b.ep, peer, sizeof(peer));
     vrpc_rpc_log("server %s: large transfer too slow: %u-byte response of call %#llx not read in %lld ms; "
                  "aborting the connection", peer, len, (unsigned long long)id, ms);
     conn_fail(c, "connection aborted: a large response was too slow (min_transfer_rate)", false);
-    vrpc_ep_abort(c->ep, -ECONNABORTED);
+    vrpc_ep_abort(c->b.ep, -ECONNABORTED);
     __atomic_store_n(&s->rd_xfer, (uint64_t)gen << 32 | VRPC_RD_EXPIRED, __ATOMIC_RELEASE);
 }
 
@@ -619,7 +611,7 @@ static void on_large_response(struct vrpc_channel *ch, struct vrpc_conn *c, stru
     char why[VRPC_STATUS_MSG_MAX];
     struct vrpc_buf *lb;
 
-    if ((uint64_t)VRPC_WIRE_HDR_LEN + h->payload_len <= vrpc_ep_eager_size(c->ep)) {
+    if ((uint64_t)VRPC_WIRE_HDR_LEN + h->payload_len <= vrpc_ep_eager_size(c->b.ep)) {
         protocol_error(c, "rendezvous response for a payload that fits a frame", -EPROTO);
         return;
     }
@@ -648,7 +640,7 @@ static void on_large_response(struct vrpc_channel *ch, struct vrpc_conn *c, stru
     }
     struct vrpc_rndv_in *in = &s->in;
     in->lb = lb;
-    in->ep = c->ep;
+    in->ep = c->b.ep;
     in->addr = d.addr;
     in->rkey = d.rkey;
     in->len = h->payload_len;
@@ -702,7 +694,7 @@ static void on_response(struct vrpc_channel *ch, struct vrpc_conn *c, const stru
             if (!s->resp || h->payload_len > s->resp_cap) {
                 /* sized once for the largest eager response, so a slot never
                  * regrows in steady state (larger ones come by rendezvous) */
-                uint32_t fit = vrpc_ep_eager_size(c->ep) - VRPC_WIRE_HDR_LEN;
+                uint32_t fit = vrpc_ep_eager_size(c->b.ep) - VRPC_WIRE_HDR_LEN;
                 uint32_t want = h->payload_len > fit ? h->payload_len : fit;
                 uint8_t *nb = realloc(s->resp, want);
                 if (!nb) {
@@ -768,65 +760,76 @@ static void release_transfers(struct vrpc_channel *ch, struct vrpc_ep *ep)
     }
 }
 
-static void on_recv(struct vrpc_channel *ch, struct vrpc_conn *c, const uint8_t *f, uint32_t len)
-{
-    struct vrpc_wire_hdr h;
-    int rc;
+/* ---- the client's frame table (rpc/conn.h): poller thread --------------- */
 
-    if (__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
-        return;
-    if ((rc = vrpc_wire_hdr_decode(f, len, &h))) {
-        protocol_error(c, "bad frame header", rc);
-        return;
-    }
-    const uint8_t *payload = f + VRPC_WIRE_HDR_LEN + h.md_len;
-    uint32_t hello = __atomic_load_n(&c->hello, __ATOMIC_ACQUIRE);
-    if (h.type == VRPC_FT_HELLO_ACK) {
-        struct vrpc_wire_hello st;
-        if (hello != HELLO_WAIT || vrpc_wire_hello_decode(payload, h.payload_len, &st)) {
-            protocol_error(c, "unexpected or malformed HELLO_ACK", -EPROTO);
-            return;
-        }
-        c->peer_max = st.max_msg_size;
-        c->peer_features = st.features;
-        c->max_payload = vrpc_rndv_send_limit(st.max_msg_size, st.features, vrpc_ep_eager_size(c->ep));
-        c->large = (st.features & vrpc_rndv_features & VRPC_FEAT_LARGE) != 0;
-        vrpc_pending_set_limit(ch->pend, st.max_concurrent);
-        __atomic_store_n(&c->hello, HELLO_OK, __ATOMIC_RELEASE);
-        vrpc_futex_wake_all(&c->hello);
+static struct vrpc_conn *client_conn(struct vrpc_conn_base *b) { return container_of(b, struct vrpc_conn, b); }
+
+static void client_protocol_error(struct vrpc_conn_base *b, const char *what, int rc)
+{
+    protocol_error(client_conn(b), what, rc);
+}
+
+static void client_on_hello_ack(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h, const uint8_t *body)
+{
+    struct vrpc_conn *c = client_conn(b);
+    struct vrpc_wire_hello st;
+    if (__atomic_load_n(&c->b.hello, __ATOMIC_ACQUIRE) != HELLO_WAIT ||
+        vrpc_wire_hello_decode(body + h->md_len, h->payload_len, &st)) {
+        protocol_error(c, "unexpected or malformed HELLO_ACK", -EPROTO);
         return;
     }
-    if (hello != HELLO_OK) {
-        protocol_error(c, "frame before HELLO_ACK", -EPROTO);
+    vrpc_conn_hello_apply(&c->b, &st);
+    vrpc_pending_set_limit(c->ch->pend, st.max_concurrent);
+    vrpc_conn_hello_end(&c->b, HELLO_OK);
+}
+
+static void client_on_response(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h, const uint8_t *body)
+{
+    struct vrpc_conn *c = client_conn(b);
+    if ((h->flags & VRPC_FF_RNDV) && !c->b.large) {
+        protocol_error(c, "large-message response on a connection without large messages", -EPROTO);
         return;
     }
-    switch (h.type) {
-    case VRPC_FT_RESPONSE:
-        if ((h.flags & VRPC_FF_RNDV) && !c->large) {
-            protocol_error(c, "large-message response on a connection without large messages", -EPROTO);
-            break;
-        }
-        on_response(ch, c, &h, payload);
-        break;
-    case VRPC_FT_DONE:
-        on_done(ch, c, &h);
-        break;
-    case VRPC_FT_GOAWAY:
-        __atomic_store_n(&c->goaway, 1, __ATOMIC_RELEASE);
-        pthread_mutex_lock(&ch->conn_lock);
-        if (ch->conn == c) {
-            ch->conn = NULL;
-            set_state(ch, VRPC_CHANNEL_IDLE);
-            pthread_mutex_unlock(&ch->conn_lock);
-            conn_unref(c);
-        } else {
-            pthread_mutex_unlock(&ch->conn_lock);
-        }
-        break;
-    default:
-        protocol_error(c, "frame type a server must not send", -EPROTO);
+    on_response(c->ch, c, h, body + h->md_len);
+}
+
+static void client_on_done(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h, const uint8_t *body)
+{
+    (void)body;
+    on_done(client_conn(b)->ch, client_conn(b), h);
+}
+
+static void client_on_goaway(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h, const uint8_t *body)
+{
+    struct vrpc_conn *c = client_conn(b);
+    struct vrpc_channel *ch = c->ch;
+    (void)h;
+    (void)body;
+    __atomic_store_n(&c->b.goaway, 1, __ATOMIC_RELEASE);
+    pthread_mutex_lock(&ch->conn_lock);
+    if (ch->conn == c) {
+        ch->conn = NULL;
+        set_state(ch, VRPC_CHANNEL_IDLE);
+        pthread_mutex_unlock(&ch->conn_lock);
+        conn_unref(c);
+    } else {
+        pthread_mutex_unlock(&ch->conn_lock);
     }
 }
+
+static const struct vrpc_conn_role client_role = {
+    .hello_type = VRPC_FT_HELLO_ACK,
+    .before_hello = "frame before HELLO_ACK",
+    .bad_type = "frame type a server must not send",
+    .on_hello = client_on_hello_ack,
+    .protocol_error = client_protocol_error,
+    .on_frame = {
+        [VRPC_FT_HELLO_ACK] = client_on_hello_ack, /* a second one: refused there */
+        [VRPC_FT_RESPONSE] = client_on_response,
+        [VRPC_FT_DONE] = client_on_done,
+        [VRPC_FT_GOAWAY] = client_on_goaway,
+    },
+};
 
 static void channel_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, void *arg)
 {
@@ -836,7 +839,8 @@ static void channel_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned
         switch (w->opcode) {
         case VRPC_WC_RECV:
             if (w->status == 0 && w->ep)
-                on_recv(ch, vrpc_ep_user(w->ep), w->buf->data, w->byte_len);
+                vrpc_conn_recv(&client_role, &((struct vrpc_conn *)vrpc_ep_user(w->ep))->b, w->buf->data,
+                               w->byte_len);
             if (w->status == -ECANCELED || vrpc_cq_post_recv(cq, &w->buf, NULL, 1)) {
                 vrpc_pool_put(w->buf);
                 __atomic_sub_fetch(&ch->posted, 1, __ATOMIC_RELAXED);
@@ -856,7 +860,7 @@ static void channel_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned
             struct vrpc_conn *c = vrpc_ep_user(w->ep);
             conn_fail(c, w->status ? "connection lost" : "connection closed", true);
             pthread_mutex_lock(&ch->conn_lock);
-            c->gone = true; /* no grant starts on it from here on (start_call) */
+            c->b.gone = true; /* no grant starts on it from here on (start_call) */
             if (c->next) {
                 c->prev->next = c->next;
                 c->next->prev = c->prev;
@@ -890,7 +894,7 @@ static int connect_once(struct vrpc_channel *ch, int64_t deadline_ns)
     if (!c)
         return -ENOMEM;
     c->ch = ch;
-    c->refs = 2; /* ours (handed to ch->conn on success) and the endpoint's
+    c->b.refs = 2; /* ours (handed to ch->conn on success) and the endpoint's
                     (dropped when its DISCONNECTED arrives) */
     set_state(ch, VRPC_CHANNEL_CONNECTING);
     int64_t now = vrpc_now_ns();
@@ -905,7 +909,7 @@ static int connect_once(struct vrpc_channel *ch, int64_t deadline_ns)
     ea.timeout_ms = (uint32_t)budget_ms;
     ea.src_addr = ch->src_addr[0] ? ch->src_addr : NULL;
     __atomic_add_fetch(&ch->live_eps, 1, __ATOMIC_RELAXED);
-    rc = vrpc_connect(ch->tp, ch->turi, &ea, &c->ep);
+    rc = vrpc_connect(ch->tp, ch->turi, &ea, &c->b.ep);
     if (rc) {
         __atomic_sub_fetch(&ch->live_eps, 1, __ATOMIC_RELAXED);
         free(c);
@@ -915,9 +919,9 @@ static int connect_once(struct vrpc_channel *ch, int64_t deadline_ns)
     /* -ENOSYS: no gathered grants. VRPC_NO_GATHER=1 (diagnosis, A/B runs):
      * large requests are always copied into a large buffer. */
     const char *ng = getenv("VRPC_NO_GATHER");
-    c->gather = vrpc_ep_grant_segs(c->ep, NULL, 0, &probe) == -EINVAL && !(ng && atoi(ng) > 0);
+    c->gather = vrpc_ep_grant_segs(c->b.ep, NULL, 0, &probe) == -EINVAL && !(ng && atoi(ng) > 0);
     pthread_mutex_lock(&ch->conn_lock);
-    if (!c->gone) { /* its DISCONNECTED may already have come and gone */
+    if (!c->b.gone) { /* its DISCONNECTED may already have come and gone */
         c->next = ch->live.next;
         c->prev = &ch->live;
         ch->live.next->prev = c;
@@ -930,22 +934,22 @@ static int connect_once(struct vrpc_channel *ch, int64_t deadline_ns)
                                  .features = vrpc_rndv_features};
     vrpc_wire_hello_encode(hp, &hs);
     h.payload_len = sizeof(hp);
-    rc = vrpc_rpc_send_simple(c->ep, ch->send_pool, &h, hp, sizeof(hp), true);
+    rc = vrpc_rpc_send_simple(c->b.ep, ch->send_pool, &h, hp, sizeof(hp), true);
     int64_t end = now + budget_ms * 1000000;
     uint32_t hv;
-    while (!rc && (hv = __atomic_load_n(&c->hello, __ATOMIC_ACQUIRE)) == HELLO_WAIT) {
+    while (!rc && (hv = __atomic_load_n(&c->b.hello, __ATOMIC_ACQUIRE)) == HELLO_WAIT) {
         int64_t left = end - vrpc_now_ns();
         if (left <= 0) {
             rc = -ETIMEDOUT;
             break;
         }
-        vrpc_rpc_futex_wait_ns(&c->hello, HELLO_WAIT, left);
+        vrpc_rpc_futex_wait_ns(&c->b.hello, HELLO_WAIT, left);
     }
-    if (!rc && __atomic_load_n(&c->hello, __ATOMIC_ACQUIRE) != HELLO_OK)
+    if (!rc && __atomic_load_n(&c->b.hello, __ATOMIC_ACQUIRE) != HELLO_OK)
         rc = -ECONNRESET;
     if (rc) {
         conn_fail(c, "handshake failed", false);
-        vrpc_ep_close(c->ep);
+        vrpc_ep_close(c->b.ep);
         conn_unref(c);
         return rc;
     }
@@ -967,7 +971,7 @@ static int get_conn(struct vrpc_channel *ch, int64_t deadline_ns, bool force, st
 
     pthread_mutex_lock(&ch->conn_lock);
     c = ch->conn;
-    if (c && !__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE) && !__atomic_load_n(&c->goaway, __ATOMIC_ACQUIRE)) {
+    if (c && !__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE) && !__atomic_load_n(&c->b.goaway, __ATOMIC_ACQUIRE)) {
         conn_ref(c);
         pthread_mutex_unlock(&ch->conn_lock);
         *out = c;
@@ -983,7 +987,7 @@ static int get_conn(struct vrpc_channel *ch, int64_t deadline_ns, bool force, st
         }
         pthread_mutex_lock(&ch->conn_lock);
         c = ch->conn; /* another thread may have connected meanwhile */
-        if (c && !__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE) && !__atomic_load_n(&c->goaway, __ATOMIC_ACQUIRE)) {
+        if (c && !__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE) && !__atomic_load_n(&c->b.goaway, __ATOMIC_ACQUIRE)) {
             conn_ref(c);
             pthread_mutex_unlock(&ch->conn_lock);
             *out = c;
@@ -1070,10 +1074,10 @@ static int64_t call_deadline(const struct vrpc_channel *ch, const struct vrpc_ca
 static int grant_request_locked(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s)
 {
     struct vrpc_rndv_out *o = &s->out;
-    if (c->gone || __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
+    if (c->b.gone || __atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE))
         return -ENOTCONN;
-    int rc = o->p_nsegs ? vrpc_rndv_grant_segs(o, c->ep, o->p_lb, o->p_segs, o->p_nsegs, o->p_len, o->p_id)
-                        : vrpc_rndv_grant(o, c->ep, o->p_lb, o->p_len, o->p_id);
+    int rc = o->p_nsegs ? vrpc_rndv_grant_segs(o, c->b.ep, o->p_lb, o->p_segs, o->p_nsegs, o->p_len, o->p_id)
+                        : vrpc_rndv_grant(o, c->b.ep, o->p_lb, o->p_len, o->p_id);
     if (rc == 0) {
         conn_ref(c);  /* the grant's: the endpoint outlives the key */
         slot_hold(s); /* the grant's */
@@ -1093,9 +1097,9 @@ static void request_go(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc
     /* Read dead with an RMW (release): pairs with conn_fail's exchange, see
      * there; a plain load could miss it while the scan misses our slot. */
     if (!rc)
-        rc = __atomic_fetch_or(&c->dead, 0, __ATOMIC_ACQ_REL) ? -ENOTCONN : 0;
+        rc = vrpc_conn_dead_rmw(&c->b) ? -ENOTCONN : 0;
     if (!rc)
-        rc = vrpc_rpc_send(c->ep, b, flen, may_wait);
+        rc = vrpc_rpc_send(c->b.ep, b, flen, may_wait);
     else
         vrpc_pool_put(b);
     if (rc) {
@@ -1381,7 +1385,7 @@ static void pump(void *arg)
         struct vrpc_conn *c;
         pthread_mutex_lock(&ch->conn_lock);
         c = ch->conn;
-        if (c && !__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE) && !__atomic_load_n(&c->goaway, __ATOMIC_ACQUIRE))
+        if (c && !__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE) && !__atomic_load_n(&c->b.goaway, __ATOMIC_ACQUIRE))
             conn_ref(c);
         else
             c = NULL;
@@ -1393,7 +1397,7 @@ static void pump(void *arg)
             queued_fail(e, VRPC_UNAVAILABLE, "connection lost while the call waited for a slot");
             continue;
         }
-        if (e->mdsz + e->plen > c->max_payload) { /* a new connection with a lower limit */
+        if (e->mdsz + e->plen > c->b.max_payload) { /* a new connection with a lower limit */
             queued_unlink_locked(ch, e, Q_FAILING);
             pthread_mutex_unlock(&ch->qlock);
             conn_unref(c);
@@ -1507,14 +1511,14 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
         return rc == -EINVAL ? VRPC_INVALID_ARGUMENT : VRPC_UNAVAILABLE;
     }
     size_t need = vrpc_pb_packed_size(req) + (size_t)mdsz;
-    if (need > c->max_payload) {
-        if (c->max_payload == c->peer_max)
+    if (need > c->b.max_payload) {
+        if (c->b.max_payload == c->b.peer_max)
             vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED, "request of %zu bytes exceeds the server's limit of %u bytes",
-                            need, c->max_payload);
+                            need, c->b.max_payload);
         else
             vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED,
                             "request of %zu bytes exceeds %u bytes, the most one frame carries on this "
-                            "connection (no large-message support on one side)", need, c->max_payload);
+                            "connection (no large-message support on one side)", need, c->b.max_payload);
         conn_unref(c);
         return VRPC_RESOURCE_EXHAUSTED;
     }
@@ -1525,12 +1529,12 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
     struct vrpc_pb_gather gat;
     gat.nsegs = 0;
     gat.nrefs = 0;
-    if (VRPC_WIRE_HDR_LEN + need > vrpc_ep_eager_size(c->ep)) {
+    if (VRPC_WIRE_HDR_LEN + need > vrpc_ep_eager_size(c->b.ep)) {
         char why[VRPC_STATUS_MSG_MAX];
-        if (VRPC_WIRE_HDR_LEN + (size_t)mdsz + VRPC_WIRE_DESC_LEN > vrpc_ep_eager_size(c->ep)) {
+        if (VRPC_WIRE_HDR_LEN + (size_t)mdsz + VRPC_WIRE_DESC_LEN > vrpc_ep_eager_size(c->b.ep)) {
             vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED, "metadata of %ld bytes does not fit one frame "
                             "with a large message (at most %u bytes)", mdsz,
-                            vrpc_ep_eager_size(c->ep) - VRPC_WIRE_HDR_LEN - VRPC_WIRE_DESC_LEN);
+                            vrpc_ep_eager_size(c->b.ep) - VRPC_WIRE_HDR_LEN - VRPC_WIRE_DESC_LEN);
             conn_unref(c);
             return VRPC_RESOURCE_EXHAUSTED;
         }
@@ -1925,7 +1929,7 @@ void vrpc_channel_destroy(struct vrpc_channel *ch)
     struct vrpc_conn *c = ch->conn;
     ch->conn = NULL;
     for (struct vrpc_conn *l = ch->live.next; l != &ch->live; l = l->next)
-        vrpc_ep_close(l->ep); /* each one's DISCONNECTED follows */
+        vrpc_ep_close(l->b.ep); /* each one's DISCONNECTED follows */
     pthread_mutex_unlock(&ch->conn_lock);
     pthread_mutex_unlock(&ch->connect_mu);
     conn_unref(c);

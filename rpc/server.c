@@ -13,6 +13,7 @@
 #include <verbrpc/sched.h>
 #include <verbrpc/transport.h>
 #include "rpc/builtins.h"
+#include "rpc/conn.h"
 #include "rpc/futex.h"
 #include "rpc/internal.h"
 #include "rpc/metrics.h"
@@ -109,21 +110,17 @@ struct poller {
 };
 
 struct sconn {
+    struct vrpc_conn_base b; /* first (rpc/conn.h). refs: the endpoint (until
+                                DISCONNECTED) + each busy call; max_payload:
+                                md + message bytes we may send back; peer_max:
+                                the client's max_msg_size; gone: DISCONNECTED
+                                seen (under s->lock): no new grant */
     struct vrpc_server *s;
-    struct vrpc_ep *ep;
     struct poller *poller;
-    uint32_t refs;    /* atomic: the endpoint (until DISCONNECTED) + each busy call */
-    uint32_t dead;    /* atomic */
-    uint32_t goaway;  /* atomic */
-    bool hello_done;  /* poller only */
-    uint32_t client_max_payload; /* md + message bytes we may send back */
-    uint32_t client_max;         /* the client's max_msg_size */
-    bool large;                  /* both sides offer VRPC_FEAT_LARGE (poller only) */
     uint32_t ncalls;
     struct vrpc_server_call **calls; /* slot table: written by the poller only */
     struct vrpc_rndv_out *rsp; /* ncalls: large responses until the client's DONE
                                   (by slot; state moves as in rpc/rndv.h) */
-    bool gone;                 /* DISCONNECTED seen (under s->lock): no new grant */
     /* Send quota (see conn_buf): frames handed to the transport on this
      * connection whose SEND completion has not come (atomic), and the last
      * sign of progress while more than half the quota is out (atomic; read
@@ -298,7 +295,7 @@ static struct vrpc_server_call *call_new(struct vrpc_server *s, struct sconn *c)
     call->state = ST_WORD(1, 0);
     /* decoded messages are rarely more than twice their encoding; the first
      * block fits an eager request, large ones grow it */
-    vrpc_arena_init(&call->arena, (size_t)vrpc_ep_eager_size(c->ep) * 2 + 4096, (size_t)s->max_payload * 8 + 65536);
+    vrpc_arena_init(&call->arena, (size_t)vrpc_ep_eager_size(c->b.ep) * 2 + 4096, (size_t)s->max_payload * 8 + 65536);
     return call;
 }
 
@@ -319,10 +316,10 @@ static void call_unref(struct vrpc_server_call *call)
 
 static void sconn_unref(struct sconn *c)
 {
-    if (!c || __atomic_sub_fetch(&c->refs, 1, __ATOMIC_ACQ_REL) != 0)
+    if (!c || !vrpc_conn_unref_last(&c->b))
         return;
     struct vrpc_server *s = c->s;
-    vrpc_ep_destroy(c->ep);
+    vrpc_ep_destroy(c->b.ep);
     for (uint32_t i = 0; i < c->ncalls; i++)
         call_unref(c->calls[i]); /* the slot table's reference */
     free(c->calls);
@@ -335,12 +332,12 @@ static void sconn_unref(struct sconn *c)
 static void conn_protocol_error(struct sconn *c, const char *what, int rc)
 {
     char peer[VRPC_URI_MAX] = "?";
-    if (__atomic_exchange_n(&c->dead, 1, __ATOMIC_ACQ_REL))
+    if (!vrpc_conn_kill(&c->b))
         return;
-    vrpc_ep_peer_uri(c->ep, peer, sizeof(peer));
+    vrpc_ep_peer_uri(c->b.ep, peer, sizeof(peer));
     vrpc_rpc_log("protocol error from client %s: %s (%s); closing the connection", peer, what,
                  rc == -EPROTONOSUPPORT ? "unsupported version" : "malformed");
-    vrpc_ep_close(c->ep);
+    vrpc_ep_close(c->b.ep);
 }
 
 /* Fail c for a reason of its own making (it does not read, a transfer is too
@@ -352,15 +349,15 @@ static void conn_fail(struct sconn *c, const char *fmt, ...) __attribute__((form
 static void conn_fail(struct sconn *c, const char *fmt, ...)
 {
     char peer[VRPC_URI_MAX] = "?", why[256];
-    if (__atomic_exchange_n(&c->dead, 1, __ATOMIC_ACQ_REL))
+    if (!vrpc_conn_kill(&c->b))
         return;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(why, sizeof(why), fmt, ap);
     va_end(ap);
-    vrpc_ep_peer_uri(c->ep, peer, sizeof(peer));
+    vrpc_ep_peer_uri(c->b.ep, peer, sizeof(peer));
     vrpc_rpc_log("client %s: %s; aborting the connection", peer, why);
-    vrpc_ep_abort(c->ep, -ECONNABORTED);
+    vrpc_ep_abort(c->b.ep, -ECONNABORTED);
 }
 
 /* ---- sending: the per-connection send quota ----------------------------------
@@ -419,7 +416,7 @@ static void conn_sent(struct sconn *c)
  * client is stuck (see above) and fails c. On error b goes back. */
 static int conn_send(struct sconn *c, struct vrpc_buf *b, uint32_t len)
 {
-    int rc = vrpc_ep_send(c->ep, b, len, 0, 0, 0);
+    int rc = vrpc_ep_send(c->b.ep, b, len, 0, 0, 0);
     if (rc) {
         vrpc_pool_put(b);
         __atomic_sub_fetch(&c->sends, 1, __ATOMIC_RELAXED);
@@ -459,7 +456,7 @@ static void refuse(struct sconn *c, uint64_t id, enum vrpc_code code, const char
     struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
                               .status = (uint32_t)code, .request_id = id};
     if (conn_send_simple(c, &h, msg, (uint32_t)n, false) == -ENOBUFS &&
-        !__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
+        !__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE))
         vrpc_rpc_log("no send buffer to answer %s to a request; answer dropped", vrpc_code_name(code));
 }
 
@@ -566,12 +563,12 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
     }
     bool rndv = h->flags & VRPC_FF_RNDV;
     struct vrpc_wire_desc desc = {0};
-    if (rndv && ((uint64_t)VRPC_WIRE_HDR_LEN + h->md_len + h->payload_len <= vrpc_ep_eager_size(c->ep) ||
+    if (rndv && ((uint64_t)VRPC_WIRE_HDR_LEN + h->md_len + h->payload_len <= vrpc_ep_eager_size(c->b.ep) ||
                  vrpc_wire_desc_decode(body + h->md_len, h->payload_len, &desc))) {
         conn_protocol_error(c, "bad rendezvous request (fits a frame, zero key or range overflow)", -EPROTO);
         return;
     }
-    if (__atomic_load_n(&c->goaway, __ATOMIC_ACQUIRE)) {
+    if (__atomic_load_n(&c->b.goaway, __ATOMIC_ACQUIRE)) {
         refuse(c, h->request_id, VRPC_UNAVAILABLE, "server is shutting down");
         return;
     }
@@ -597,7 +594,7 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
     uint32_t inline_len = rndv ? h->md_len : (uint32_t)size; /* bytes in this frame */
     if (!call->buf || inline_len > call->cap) {
         /* sized once for the largest eager request: no regrowth later */
-        uint32_t fit = vrpc_ep_eager_size(c->ep) - VRPC_WIRE_HDR_LEN;
+        uint32_t fit = vrpc_ep_eager_size(c->b.ep) - VRPC_WIRE_HDR_LEN;
         uint32_t want = inline_len > fit ? inline_len : fit;
         uint8_t *nb = realloc(call->buf, want);
         if (!nb) {
@@ -632,7 +629,7 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
             refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "%s", why);
             return;
         }
-        call->in.ep = c->ep;
+        call->in.ep = c->b.ep;
         call->in.addr = desc.addr;
         call->in.rkey = desc.rkey;
         call->in.len = h->payload_len;
@@ -656,7 +653,7 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
     uint32_t gen = ST_GEN(st) + 1 ? ST_GEN(st) + 1 : 1;
     __atomic_store_n(&call->cancelled, 0, __ATOMIC_RELAXED);
     __atomic_add_fetch(&call->refs, 1, __ATOMIC_RELAXED); /* until the handler answers */
-    __atomic_add_fetch(&c->refs, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&c->b.refs, 1, __ATOMIC_RELAXED);
     __atomic_add_fetch(&s->inflight, 1, __ATOMIC_RELAXED);
     /* release: the fields above are visible to whoever sees RUN */
     __atomic_store_n(&call->state, ST_WORD(gen, CALL_RUN), __ATOMIC_RELEASE);
@@ -724,10 +721,10 @@ static void request_read_done(struct poller *pl, struct vrpc_rndv_in *in, int st
         return;
     }
     call->req_lb = lb;
-    if (!__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE)) {
+    if (!__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE)) {
         struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_DONE, .request_id = in->id};
         int rc = conn_send_simple(c, &h, NULL, 0, false);
-        if (rc && rc != -ENOTCONN && !__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
+        if (rc && rc != -ENOTCONN && !__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE))
             conn_protocol_error(c, "no send buffer or credit for DONE (closing rather than holding the client)", rc);
     }
     call_submit(pl, call, ST_GEN(__atomic_load_n(&call->state, __ATOMIC_ACQUIRE)));
@@ -769,7 +766,7 @@ static void response_released(struct sconn *c, struct vrpc_rndv_out *o, bool rev
     if (revoked)
         vrpc_rndv_revoked(o);
     else
-        done = vrpc_rndv_drop(o, c->ep);
+        done = vrpc_rndv_drop(o, c->b.ep);
     pthread_mutex_unlock(&s->lock);
     if (done)
         sconn_unref(c);
@@ -790,7 +787,7 @@ static void hold_fired(void *ctx, uint64_t arg)
             /* the grant's reference on c is dropped only under s->lock (response_released) */
             if (__atomic_load_n(&o->state, __ATOMIC_ACQUIRE) == VRPC_RNDV_GRANTED &&
                 vrpc_now_ns() - o->sent_ns >= (int64_t)s->o.hold_timeout_ms * 1000000) {
-                __atomic_add_fetch(&c->refs, 1, __ATOMIC_RELAXED);
+                __atomic_add_fetch(&c->b.refs, 1, __ATOMIC_RELAXED);
                 found = c;
                 len = o->len;
                 id = o->id;
@@ -802,11 +799,11 @@ static void hold_fired(void *ctx, uint64_t arg)
     if (!found)
         return;
     char peer[VRPC_URI_MAX] = "?";
-    vrpc_ep_peer_uri(found->ep, peer, sizeof(peer));
+    vrpc_ep_peer_uri(found->b.ep, peer, sizeof(peer));
     vrpc_rpc_log("client %s held the %u-byte response of call %#llx for %u ms without reading it (no DONE); "
                  "aborting the connection", peer, len, (unsigned long long)id, s->o.hold_timeout_ms);
-    __atomic_store_n(&found->dead, 1, __ATOMIC_RELEASE);
-    vrpc_ep_abort(found->ep, -ECONNABORTED);
+    __atomic_store_n(&found->b.dead, 1, __ATOMIC_RELEASE);
+    vrpc_ep_abort(found->b.ep, -ECONNABORTED);
     sconn_unref(found);
 }
 
@@ -830,10 +827,7 @@ static void on_hello(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8
         conn_protocol_error(c, "malformed HELLO", -EPROTO);
         return;
     }
-    uint32_t eager = vrpc_ep_eager_size(c->ep);
-    c->client_max = hs.max_msg_size;
-    c->client_max_payload = vrpc_rndv_send_limit(hs.max_msg_size, hs.features, eager);
-    c->large = (hs.features & vrpc_rndv_features & VRPC_FEAT_LARGE) != 0;
+    vrpc_conn_hello_apply(&c->b, &hs);
     c->calls = calloc(s->o.max_concurrent, sizeof(*c->calls));
     c->rsp = calloc(s->o.max_concurrent, sizeof(*c->rsp));
     if (!c->calls || !c->rsp) {
@@ -846,7 +840,7 @@ static void on_hello(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8
             return;
         }
     }
-    c->hello_done = true;
+    vrpc_conn_hello_end(&c->b, VRPC_CONN_HELLO_OK);
     struct vrpc_wire_hdr a = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_HELLO_ACK};
     uint8_t p[VRPC_WIRE_HELLO_LEN];
     struct vrpc_wire_hello ack = {.max_msg_size = s->max_payload, .max_concurrent = c->ncalls,
@@ -856,52 +850,63 @@ static void on_hello(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8
         conn_protocol_error(c, "cannot send HELLO_ACK", -ENOBUFS);
 }
 
-static void on_recv(struct sconn *c, const uint8_t *f, uint32_t len)
-{
-    struct vrpc_wire_hdr h;
-    int rc;
+/* ---- the server's frame table (rpc/conn.h): poller thread --------------- */
 
-    if (__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
-        return;
-    if ((rc = vrpc_wire_hdr_decode(f, len, &h))) {
-        conn_protocol_error(c, "bad frame header", rc);
-        return;
-    }
-    const uint8_t *body = f + VRPC_WIRE_HDR_LEN;
-    if (!c->hello_done) {
-        if (h.type != VRPC_FT_HELLO) {
-            conn_protocol_error(c, "first frame is not HELLO", -EPROTO);
-        } else {
-            __atomic_store_n(&c->hello_seen, 1, __ATOMIC_RELEASE);
-            on_hello(c, &h, body);
-        }
-        return;
-    }
-    switch (h.type) {
-    case VRPC_FT_REQUEST:
-        /* (one writer, the poller: the sweep only compares it) */
-        __atomic_store_n(&c->calls_seen, c->calls_seen + 1, __ATOMIC_RELAXED);
-        if ((h.flags & VRPC_FF_RNDV) && !c->large) {
-            conn_protocol_error(c, "large-message request on a connection without large messages", -EPROTO);
-            break;
-        }
-        on_request(c, &h, body);
-        break;
-    case VRPC_FT_DONE:
-        on_done(c, &h);
-        break;
-    case VRPC_FT_CANCEL:
-        on_cancel(c, h.request_id);
-        break;
-    default:
-        conn_protocol_error(c, "frame type a client must not send", -EPROTO);
-    }
+static struct sconn *server_conn(struct vrpc_conn_base *b) { return container_of(b, struct sconn, b); }
+
+static void server_protocol_error(struct vrpc_conn_base *b, const char *what, int rc)
+{
+    conn_protocol_error(server_conn(b), what, rc);
 }
+
+static void server_on_hello(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h, const uint8_t *body)
+{
+    struct sconn *c = server_conn(b);
+    __atomic_store_n(&c->hello_seen, 1, __ATOMIC_RELEASE);
+    on_hello(c, h, body);
+}
+
+static void server_on_request(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h, const uint8_t *body)
+{
+    struct sconn *c = server_conn(b);
+    /* (one writer, the poller: the sweep only compares it) */
+    __atomic_store_n(&c->calls_seen, c->calls_seen + 1, __ATOMIC_RELAXED);
+    if ((h->flags & VRPC_FF_RNDV) && !c->b.large) {
+        conn_protocol_error(c, "large-message request on a connection without large messages", -EPROTO);
+        return;
+    }
+    on_request(c, h, body);
+}
+
+static void server_on_done(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h, const uint8_t *body)
+{
+    (void)body;
+    on_done(server_conn(b), h);
+}
+
+static void server_on_cancel(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h, const uint8_t *body)
+{
+    (void)body;
+    on_cancel(server_conn(b), h->request_id);
+}
+
+static const struct vrpc_conn_role server_role = {
+    .hello_type = VRPC_FT_HELLO,
+    .before_hello = "first frame is not HELLO",
+    .bad_type = "frame type a client must not send",
+    .on_hello = server_on_hello,
+    .protocol_error = server_protocol_error,
+    .on_frame = {
+        [VRPC_FT_REQUEST] = server_on_request,
+        [VRPC_FT_DONE] = server_on_done,
+        [VRPC_FT_CANCEL] = server_on_cancel,
+    },
+};
 
 static void on_disconnected(struct sconn *c)
 {
     struct vrpc_server *s = c->s;
-    __atomic_store_n(&c->dead, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&c->b.dead, 1, __ATOMIC_RELEASE);
     /* Nobody can be answered any more: detach every call still in flight, so
      * that the connection (and a server being destroyed) need not wait for
      * handlers that answer late or never. Their later answer returns
@@ -918,12 +923,12 @@ static void on_disconnected(struct sconn *c)
     pthread_mutex_lock(&s->lock);
     c->prev->next = c->next;
     c->next->prev = c->prev;
-    c->gone = true; /* no grant starts on it from here on (respond_large) */
+    c->b.gone = true; /* no grant starts on it from here on (respond_large) */
     pthread_mutex_unlock(&s->lock);
     c->poller->nconns--;
     /* Its keys died with it: reads waiting to start fail, grants not
      * revoked give their buffers back. */
-    vrpc_rndv_retry_forget(&c->poller->retry, c->ep, request_read_failed, c->poller);
+    vrpc_rndv_retry_forget(&c->poller->retry, c->b.ep, request_read_failed, c->poller);
     for (uint32_t i = 0; c->rsp && i < c->ncalls; i++) {
         if (__atomic_load_n(&c->rsp[i].state, __ATOMIC_ACQUIRE) == VRPC_RNDV_GRANTED) {
             vrpc_timer_cancel(s->wheel, &c->rsp[i].hold_timer);
@@ -988,9 +993,9 @@ static void on_accepted(struct poller *pl, struct vrpc_ep *ep)
     pl->nconns++;
     recv_grow(pl);
     c->s = s;
-    c->ep = ep;
+    c->b.ep = ep;
     c->poller = pl;
-    c->refs = 1;
+    c->b.refs = 1;
     c->accepted_ns = c->sweep_ns = vrpc_now_ns();
     vrpc_ep_set_user(ep, c);
     __atomic_add_fetch(&s->nconns, 1, __ATOMIC_RELAXED);
@@ -1003,7 +1008,7 @@ static void on_accepted(struct poller *pl, struct vrpc_ep *ep)
     bool shutting = __atomic_load_n(&s->shutting, __ATOMIC_ACQUIRE);
     pthread_mutex_unlock(&s->lock);
     if (shutting) {
-        __atomic_store_n(&c->dead, 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&c->b.dead, 1, __ATOMIC_RELEASE);
         vrpc_ep_close(ep);
     }
 }
@@ -1016,7 +1021,8 @@ static void server_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned 
         switch (w->opcode) {
         case VRPC_WC_RECV:
             if (w->status == 0 && w->ep)
-                on_recv(vrpc_ep_user(w->ep), w->buf->data, w->byte_len);
+                vrpc_conn_recv(&server_role, &((struct sconn *)vrpc_ep_user(w->ep))->b, w->buf->data,
+                               w->byte_len);
             if (w->status == -ECANCELED || vrpc_cq_post_recv(cq, &w->buf, NULL, 1))
                 vrpc_pool_put(w->buf);
             break;
@@ -1074,29 +1080,29 @@ static void conn_sweep(void *ctx, uint64_t arg)
     unsigned nhello = 0, nidle = 0; /* one log line each per sweep, naming the first */
     pthread_mutex_lock(&s->lock);
     for (struct sconn *c = s->conns.next; c != &s->conns; c = c->next) {
-        if (__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
+        if (__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE))
             continue;
         if (!__atomic_load_n(&c->hello_seen, __ATOMIC_ACQUIRE)) {
-            if (now - c->accepted_ns <= hello || __atomic_exchange_n(&c->dead, 1, __ATOMIC_ACQ_REL))
+            if (now - c->accepted_ns <= hello || __atomic_exchange_n(&c->b.dead, 1, __ATOMIC_ACQ_REL))
                 continue;
             if (!nhello++)
-                vrpc_ep_peer_uri(c->ep, peer[0], sizeof(peer[0]));
-            vrpc_ep_abort(c->ep, -ECONNABORTED); /* it holds its reservation, nothing to finish */
+                vrpc_ep_peer_uri(c->b.ep, peer[0], sizeof(peer[0]));
+            vrpc_ep_abort(c->b.ep, -ECONNABORTED); /* it holds its reservation, nothing to finish */
             continue;
         }
         uint32_t calls = __atomic_load_n(&c->calls_seen, __ATOMIC_RELAXED);
-        if (!idle || __atomic_load_n(&c->refs, __ATOMIC_ACQUIRE) > 1 || calls != c->sweep_calls) {
+        if (!idle || __atomic_load_n(&c->b.refs, __ATOMIC_ACQUIRE) > 1 || calls != c->sweep_calls) {
             c->sweep_calls = calls;
             c->sweep_ns = now;
             continue;
         }
-        if (now - c->sweep_ns <= idle || __atomic_exchange_n(&c->goaway, 1, __ATOMIC_ACQ_REL))
+        if (now - c->sweep_ns <= idle || __atomic_exchange_n(&c->b.goaway, 1, __ATOMIC_ACQ_REL))
             continue;
         if (!nidle++)
-            vrpc_ep_peer_uri(c->ep, peer[1], sizeof(peer[1]));
-        vrpc_rpc_send_simple(c->ep, s->send_pool, &g, why, sizeof(why) - 1, false);
-        __atomic_store_n(&c->dead, 1, __ATOMIC_RELEASE);
-        vrpc_ep_close(c->ep);
+            vrpc_ep_peer_uri(c->b.ep, peer[1], sizeof(peer[1]));
+        vrpc_rpc_send_simple(c->b.ep, s->send_pool, &g, why, sizeof(why) - 1, false);
+        __atomic_store_n(&c->b.dead, 1, __ATOMIC_RELEASE);
+        vrpc_ep_close(c->b.ep);
     }
     pthread_mutex_unlock(&s->lock);
     if (nhello)
@@ -1177,7 +1183,7 @@ static int answer_status(struct vrpc_server_call *call, enum vrpc_code code, con
     uint64_t id = call->req_id;
     struct sconn *c = finish_call(call, code);
     int rc = -ECONNRESET;
-    if (!__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE)) {
+    if (!__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE)) {
         struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
                                   .status = (uint32_t)code, .request_id = id};
         rc = conn_send_simple(c, &h, msg, msg ? (uint32_t)strlen(msg) : 0, true);
@@ -1198,7 +1204,7 @@ static void deadline_fired(void *ctx, uint64_t gen)
     uint64_t id;
     struct sconn *c = call_detach(call, (uint32_t)gen, VRPC_DEADLINE_EXCEEDED, -ETIMEDOUT, true, &id);
     if (c) {
-        if (!__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE)) {
+        if (!__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE)) {
             static const char msg[] = "deadline exceeded while the handler ran";
             struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
                                       .status = VRPC_DEADLINE_EXCEEDED, .request_id = id};
@@ -1238,7 +1244,7 @@ static void transfer_expired(void *ctx, uint64_t gen)
                      "%u B/s, transfer_floor_ms %u)", len, ms, c->s->o.min_transfer_rate, c->s->o.transfer_floor_ms);
         struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
                                   .status = (uint32_t)code, .request_id = id};
-        if (!__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
+        if (!__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE))
             conn_send_simple(c, &h, msg, (uint32_t)strlen(msg), false);
         conn_fail(c, "large transfer too slow: %u bytes in %lld ms%s", len, ms,
                   late ? " (the call's deadline passed)" : "");
@@ -1319,13 +1325,13 @@ out:
 static int grant_response_locked(struct vrpc_server *s, struct vrpc_rndv_out *o)
 {
     struct sconn *c = o->p_conn;
-    if (c->gone || __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
+    if (c->b.gone || __atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE))
         return -ENOTCONN;
     if (__atomic_load_n(&o->state, __ATOMIC_ACQUIRE) != VRPC_RNDV_IDLE)
         return -ENOSPC;
-    int rc = vrpc_rndv_grant(o, c->ep, o->p_lb, o->p_len, o->p_id);
+    int rc = vrpc_rndv_grant(o, c->b.ep, o->p_lb, o->p_len, o->p_id);
     if (rc == 0) {
-        __atomic_add_fetch(&c->refs, 1, __ATOMIC_RELAXED); /* the grant's */
+        __atomic_add_fetch(&c->b.refs, 1, __ATOMIC_RELAXED); /* the grant's */
         vrpc_timer_arm(s->wheel, &o->hold_timer, vrpc_now_ns() + (int64_t)s->o.hold_timeout_ms * 1000000,
                        hold_fired, s, (uint64_t)(uintptr_t)o);
     }
@@ -1347,7 +1353,7 @@ static int response_offer_done(struct vrpc_rndv_out *o, bool may_wait)
         vrpc_lbuf_put(o->p_lb);
         vrpc_pool_put(o->p_frame);
         __atomic_sub_fetch(&c->sends, 1, __ATOMIC_RELAXED); /* the frame's quota */
-        if (rc != -ENOTCONN && !__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE)) {
+        if (rc != -ENOTCONN && !__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE)) {
             static const char msg[] = "a large response could not be offered";
             struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
                                       .status = VRPC_UNAVAILABLE, .request_id = o->p_id};
@@ -1454,11 +1460,11 @@ int vrpc_server_call_respond(struct vrpc_server_call *call, const ProtobufCMessa
         return -EINVAL;
     }
     struct sconn *c = call->conn;
-    uint32_t limit = c->client_max_payload;
+    uint32_t limit = c->b.max_payload;
     size_t size = vrpc_pb_packed_size(resp);
     if (size > limit) {
         char msg[VRPC_STATUS_MSG_MAX];
-        if (limit == c->client_max)
+        if (limit == c->b.peer_max)
             snprintf(msg, sizeof(msg), "response of %zu bytes exceeds the client's limit of %u bytes", size, limit);
         else
             snprintf(msg, sizeof(msg), "response of %zu bytes exceeds %u bytes, the most one frame carries on "
@@ -1466,11 +1472,11 @@ int vrpc_server_call_respond(struct vrpc_server_call *call, const ProtobufCMessa
         answer_status(call, VRPC_RESOURCE_EXHAUSTED, msg);
         return -EMSGSIZE;
     }
-    if (__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE)) {
+    if (__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE)) {
         answer_status(call, VRPC_UNAVAILABLE, NULL);
         return -ECONNRESET;
     }
-    if (VRPC_WIRE_HDR_LEN + size > vrpc_ep_eager_size(c->ep))
+    if (VRPC_WIRE_HDR_LEN + size > vrpc_ep_eager_size(c->b.ep))
         return respond_large(call, resp, size);
     struct vrpc_buf *b = conn_buf(c, true);
     if (!b) { /* c does not read (and is failed), or no buffer came back in time */
@@ -1744,8 +1750,8 @@ int vrpc_server_shutdown(struct vrpc_server *s, int timeout_ms)
     struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_GOAWAY};
     pthread_mutex_lock(&s->lock);
     for (struct sconn *c = s->conns.next; c != &s->conns; c = c->next) {
-        __atomic_store_n(&c->goaway, 1, __ATOMIC_RELEASE);
-        if (!__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
+        __atomic_store_n(&c->b.goaway, 1, __ATOMIC_RELEASE);
+        if (!__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE))
             conn_send_simple(c, &h, "server shutting down", 20, false);
     }
     pthread_mutex_unlock(&s->lock);
@@ -1765,8 +1771,8 @@ int vrpc_server_shutdown(struct vrpc_server *s, int timeout_ms)
     for (struct sconn *c = s->conns.next; c != &s->conns; c = c->next) {
         /* dead first: an answer given while the close is under way is
          * dropped (-ECONNRESET), as rpc.h promises, not sent behind it */
-        __atomic_store_n(&c->dead, 1, __ATOMIC_RELEASE);
-        vrpc_ep_close(c->ep);
+        __atomic_store_n(&c->b.dead, 1, __ATOMIC_RELEASE);
+        vrpc_ep_close(c->b.ep);
     }
     s->shut_done = true;
     s->shut_rc = rc;
