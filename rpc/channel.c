@@ -17,6 +17,7 @@
 #include "rpc/futex.h"
 #include "rpc/internal.h"
 #include "rpc/metrics.h"
+#include "rpc/offer.h"
 #include "rpc/pbutil.h"
 #include "rpc/pending.h"
 #include "rpc/rndv.h"
@@ -106,8 +107,7 @@ struct vrpc_channel {
     struct vrpc_conn live; /* list head of those endpoints' conns (under conn_lock) */
     uint32_t posted;   /* receive buffers posted, for destroy */
     struct vrpc_rndv_retry retry; /* reads/revokes to retry (poller only) */
-    struct vrpc_rndv_out *parked; /* request offers waiting for a grant (under conn_lock) */
-    uint32_t nparked;             /* their count (atomic: the poller looks without the lock) */
+    struct vrpc_offer_q offers;   /* request offers waiting for a grant (lock: conn_lock) */
     struct vrpc_method_table *mt; /* per-method call metrics (rpc/metrics.h) */
 };
 
@@ -425,8 +425,6 @@ static void protocol_error(struct vrpc_conn *c, const char *what, int rc)
 
 /* ---- large messages: the client's side of the rendezvous ------------------ */
 
-static void request_offers_run(struct vrpc_channel *ch, bool on_poller);
-
 /* DONE for a RNDV response. From the poller, never waiting; without a buffer
  * or credit the server would hold its payload until its hold timeout, so the
  * connection is closed instead. */
@@ -458,12 +456,7 @@ static enum vrpc_code gave_up_code(const struct vrpc_pending_slot *s)
  * came. The buffer goes back on the REVOKE completion. */
 static void request_revoke(struct vrpc_channel *ch, struct vrpc_pending_slot *s)
 {
-    int rc = vrpc_rndv_revoke(&s->out);
-    if (rc == -ENOSPC)
-        vrpc_rndv_revoke_later(&ch->retry, &s->out);
-    else if (rc && rc != -EALREADY)
-        vrpc_rpc_log("revoking a large request's key failed (%s); released with the connection",
-                     strerror(-rc));
+    vrpc_offer_revoke(&ch->retry, &s->out, "request");
 }
 
 /* Poller: the REVOKE completion of the call's grant: buffer back, the
@@ -473,11 +466,8 @@ static void request_revoked(struct vrpc_channel *ch, struct vrpc_pending_slot *s
     struct vrpc_rndv_out *o = &s->out;
     struct vrpc_conn *c = vrpc_ep_user(o->ep);
     uint32_t gen = vrpc_wire_id_gen(o->id);
-    vrpc_timer_cancel(ch->wheel, &s->out.hold_timer);
     /* under conn_lock: hold_fired takes its own reference only while GRANTED */
-    pthread_mutex_lock(&ch->conn_lock);
-    vrpc_rndv_revoked(o);
-    pthread_mutex_unlock(&ch->conn_lock);
+    vrpc_offer_revoked(&ch->offers, ch->wheel, o);
     zc_release(ch, s, true);
     conn_unref(c);
     slot_drop(s, gen);
@@ -495,7 +485,7 @@ static void hold_fired(void *ctx, uint64_t id)
     struct vrpc_conn *c = NULL;
     uint32_t len = 0;
     pthread_mutex_lock(&ch->conn_lock);
-    if (__atomic_load_n(&o->state, __ATOMIC_ACQUIRE) == VRPC_RNDV_GRANTED && o->id == id) {
+    if (vrpc_offer_granted(o, id)) {
         c = vrpc_ep_user(o->ep);
         len = o->len;
         conn_ref(c); /* safe: the grant holds one until it goes IDLE under this lock */
@@ -683,7 +673,7 @@ static void on_response(struct vrpc_channel *ch, struct vrpc_conn *c, const stru
     }
     uint32_t gen = vrpc_wire_id_gen(h->request_id);
     /* a RESPONSE also ends the grant of a request payload the server did not read */
-    if (__atomic_load_n(&s->out.state, __ATOMIC_ACQUIRE) == VRPC_RNDV_GRANTED && s->out.id == h->request_id)
+    if (vrpc_offer_granted(&s->out, h->request_id))
         request_revoke(ch, s);
     if (h->flags & VRPC_FF_RNDV) {
         on_large_response(ch, c, s, h, payload);
@@ -726,7 +716,7 @@ static void on_done(struct vrpc_channel *ch, struct vrpc_conn *c, const struct v
 {
     struct vrpc_pending_slot *s = vrpc_pending_lookup(ch->pend, h->request_id);
     if (!s || __atomic_load_n((struct vrpc_conn **)&s->conn, __ATOMIC_ACQUIRE) != c ||
-        __atomic_load_n(&s->out.state, __ATOMIC_ACQUIRE) != VRPC_RNDV_GRANTED || s->out.id != h->request_id) {
+        !vrpc_offer_granted(&s->out, h->request_id)) {
         protocol_error(c, "DONE for a request with no payload outstanding", -EPROTO);
         return;
     }
@@ -747,10 +737,9 @@ static void release_transfers(struct vrpc_channel *ch, struct vrpc_ep *ep)
         if ((st != VRPC_RNDV_GRANTED && st != VRPC_RNDV_REVOKING) || s->out.ep != ep)
             continue;
         struct vrpc_conn *c = vrpc_ep_user(ep);
-        pthread_mutex_lock(&ch->conn_lock);
-        uint32_t gen = vrpc_wire_id_gen(s->out.id);
-        bool dropped = vrpc_rndv_drop(&s->out, ep);
-        pthread_mutex_unlock(&ch->conn_lock);
+        uint64_t id;
+        bool dropped = vrpc_offer_drop(&ch->offers, &s->out, ep, &id);
+        uint32_t gen = vrpc_wire_id_gen(id);
         if (dropped) {
             vrpc_timer_cancel(ch->wheel, &s->out.hold_timer);
             zc_release(ch, s, true);
@@ -878,8 +867,8 @@ static void channel_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned
     }
     if (ch->retry.reads || ch->retry.revokes)
         vrpc_rndv_retry_run(&ch->retry, response_read_failed, ch);
-    if (__atomic_load_n(&ch->nparked, __ATOMIC_ACQUIRE))
-        request_offers_run(ch, true);
+    if (vrpc_offer_any_parked(&ch->offers))
+        vrpc_offer_run(&ch->offers, true);
 }
 
 /* ---- connecting ---------------------------------------------------------- */
@@ -1068,18 +1057,20 @@ static int64_t call_deadline(const struct vrpc_channel *ch, const struct vrpc_ca
     return vrpc_now_ns() + t * 1000;
 }
 
-/* Grant the server the packed request payload parked in s->out (p_*):
- * under conn_lock, against the endpoint's DISCONNECTED (release_transfers):
- * either it sees the grant, or we see `gone` and grant nothing. */
-static int grant_request_locked(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s)
+/* The offer machine's grant of a request payload (rpc/offer.h): under
+ * conn_lock, against the endpoint's DISCONNECTED (release_transfers): either
+ * it sees the grant, or we see `gone` and grant nothing. A parked offer
+ * whose call was decided meanwhile (deadline, cancel) is not granted at all:
+ * -ECANCELED. */
+static int request_grant_locked(struct vrpc_offer_q *q, struct vrpc_rndv_out *o, bool retry)
 {
-    struct vrpc_rndv_out *o = &s->out;
-    if (c->b.gone || __atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE))
-        return -ENOTCONN;
-    int rc = o->p_nsegs ? vrpc_rndv_grant_segs(o, c->b.ep, o->p_lb, o->p_segs, o->p_nsegs, o->p_len, o->p_id)
-                        : vrpc_rndv_grant(o, c->b.ep, o->p_lb, o->p_len, o->p_id);
+    struct vrpc_channel *ch = container_of(q, struct vrpc_channel, offers);
+    struct vrpc_pending_slot *s = container_of(o, struct vrpc_pending_slot, out);
+    struct vrpc_conn *c = o->p_conn;
+    if (retry && ((uint32_t)__atomic_load_n(&s->word, __ATOMIC_ACQUIRE) & VRPC_PEND_DECIDED))
+        return -ECANCELED;
+    int rc = vrpc_offer_grant_locked(&c->b, o);
     if (rc == 0) {
-        conn_ref(c);  /* the grant's: the endpoint outlives the key */
         slot_hold(s); /* the grant's */
         vrpc_timer_arm(ch->wheel, &o->hold_timer, vrpc_now_ns() + (int64_t)ch->o.hold_timeout_ms * 1000000,
                        hold_fired, ch, o->p_id);
@@ -1126,9 +1117,10 @@ static void request_go(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc
 /* A request offer off the parked list (or never parked): its descriptor
  * goes out if it got its grant. A call decided while its offer was parked
  * (deadline, cancel) is not sent at all. Drops the offer's reference of c. */
-static void request_offer_done(struct vrpc_channel *ch, struct vrpc_pending_slot *s, bool may_wait, bool on_poller)
+static int request_offer_done(struct vrpc_offer_q *q, struct vrpc_rndv_out *o, bool may_wait, bool on_poller)
 {
-    struct vrpc_rndv_out *o = &s->out;
+    struct vrpc_channel *ch = container_of(q, struct vrpc_channel, offers);
+    struct vrpc_pending_slot *s = container_of(o, struct vrpc_pending_slot, out);
     struct vrpc_conn *c = o->p_conn;
     uint32_t gen = vrpc_wire_id_gen(o->p_id);
     bool async = s->cb != NULL;
@@ -1148,62 +1140,22 @@ static void request_offer_done(struct vrpc_channel *ch, struct vrpc_pending_slot
         request_go(ch, c, s, gen, o->p_frame, o->p_frame_len, o->p_rc, async, may_wait, on_poller);
     }
     conn_unref(c);
+    return 0;
 }
 
-/* Try the parked request offers again, oldest first (after a completion
- * batch, or by a parker). Any thread; never waits. */
-static void request_offers_run(struct vrpc_channel *ch, bool on_poller)
-{
-    struct vrpc_rndv_out *done = NULL, **tail = &done;
-    pthread_mutex_lock(&ch->conn_lock);
-    for (struct vrpc_rndv_out **pp = &ch->parked; *pp;) {
-        struct vrpc_rndv_out *o = *pp;
-        struct vrpc_pending_slot *s = container_of(o, struct vrpc_pending_slot, out);
-        int rc = ((uint32_t)__atomic_load_n(&s->word, __ATOMIC_ACQUIRE) & VRPC_PEND_DECIDED)
-                     ? -ECANCELED
-                     : grant_request_locked(ch, o->p_conn, s);
-        if (rc == -ENOSPC) {
-            pp = &o->p_next;
-            continue;
-        }
-        *pp = o->p_next;
-        o->p_rc = rc;
-        o->p_next = NULL;
-        __atomic_store_n(&o->parked, 0, __ATOMIC_RELAXED);
-        *tail = o;
-        tail = &o->p_next;
-        __atomic_sub_fetch(&ch->nparked, 1, __ATOMIC_RELAXED);
-    }
-    pthread_mutex_unlock(&ch->conn_lock);
-    while (done) {
-        struct vrpc_rndv_out *o = done;
-        done = o->p_next;
-        request_offer_done(ch, container_of(o, struct vrpc_pending_slot, out), false, on_poller);
-    }
-}
+static const struct vrpc_offer_ops request_offer_ops = {
+    .grant_locked = request_grant_locked,
+    .done = request_offer_done,
+};
 
 /* Offer the packed request payload (s->out.p_*, frame b with its header
  * written) to the server (caller's thread): grant and send, or park the
  * offer when the transport has no grant left for now. */
 static void offer_request(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s, bool may_wait)
 {
-    struct vrpc_rndv_out *o = &s->out;
     conn_ref(c); /* the offer's */
-    o->p_conn = c;
-    pthread_mutex_lock(&ch->conn_lock);
-    int rc = grant_request_locked(ch, c, s);
-    if (rc == -ENOSPC) {
-        vrpc_rndv_park(&ch->parked, o);
-        __atomic_add_fetch(&ch->nparked, 1, __ATOMIC_RELEASE);
-    }
-    pthread_mutex_unlock(&ch->conn_lock);
-    if (rc == -ENOSPC) {
-        /* what freed a grant before we parked announced nothing to us */
-        request_offers_run(ch, false);
-        return;
-    }
-    o->p_rc = rc;
-    request_offer_done(ch, s, may_wait, false);
+    s->out.p_conn = c;
+    vrpc_offer_start(&ch->offers, &s->out, may_wait);
 }
 
 /* Publish a reserved slot whose call fields the owner has written: arm its
@@ -1780,6 +1732,7 @@ int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *opts, s
     if (!ch)
         return -ENOMEM;
     pthread_mutex_init(&ch->conn_lock, NULL);
+    vrpc_offer_q_init(&ch->offers, &request_offer_ops, &ch->conn_lock);
     pthread_mutex_init(&ch->connect_mu, NULL);
     pthread_mutex_init(&ch->qlock, NULL);
     ch->qhead.next = ch->qhead.prev = &ch->qhead;

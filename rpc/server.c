@@ -17,6 +17,7 @@
 #include "rpc/futex.h"
 #include "rpc/internal.h"
 #include "rpc/metrics.h"
+#include "rpc/offer.h"
 #include "rpc/pbutil.h"
 #include "rpc/rndv.h"
 #include "rpc/status.h"
@@ -99,9 +100,8 @@ struct poller {
     struct vrpc_cq *cq;
     struct vrpc_sched_producer *prod; /* this poller thread's ring */
     struct vrpc_rndv_retry retry;     /* reads/revokes to retry (this poller only) */
-    struct vrpc_rndv_out *parked;     /* response offers of its connections waiting
-                                         for a grant (under s->lock) */
-    uint32_t nparked;                 /* their count (atomic: looked at without the lock) */
+    struct vrpc_offer_q offers;       /* response offers of its connections waiting
+                                         for a grant (lock: s->lock) */
     /* Receive buffers beyond SERVER_RECV_BUFS (poller only): */
     uint32_t nconns;                  /* connections of this poller, accepted and not gone */
     uint32_t extra;                   /* buffers posted for them (never unposted) */
@@ -462,7 +462,6 @@ static void refuse(struct sconn *c, uint64_t id, enum vrpc_code code, const char
 
 static void call_task(struct vrpc_task *t);
 static void request_read_done(struct poller *pl, struct vrpc_rndv_in *in, int status);
-static void response_offers_run(struct poller *pl);
 static void deadline_fired(void *ctx, uint64_t gen);
 static void transfer_expired(void *ctx, uint64_t gen);
 static void answered(struct sconn *c);
@@ -735,41 +734,17 @@ static void request_read_failed(struct vrpc_rndv_in *in, int rc, void *arg)
     request_read_done(arg, in, rc);
 }
 
-static void response_revoke(struct poller *pl, struct vrpc_rndv_out *o)
-{
-    int rc = vrpc_rndv_revoke(o);
-    if (rc == -ENOSPC)
-        vrpc_rndv_revoke_later(&pl->retry, o);
-    else if (rc && rc != -EALREADY)
-        vrpc_rpc_log("revoking a large response's key failed (%s); released with the connection", strerror(-rc));
-}
 
 /* DONE from the client: it has read (or given up on) our response payload. */
 static void on_done(struct sconn *c, const struct vrpc_wire_hdr *h)
 {
     uint32_t slot = vrpc_wire_id_slot(h->request_id);
     struct vrpc_rndv_out *o = slot < c->ncalls ? &c->rsp[slot] : NULL;
-    if (!o || __atomic_load_n(&o->state, __ATOMIC_ACQUIRE) != VRPC_RNDV_GRANTED || o->id != h->request_id) {
+    if (!o || !vrpc_offer_granted(o, h->request_id)) {
         conn_protocol_error(c, "DONE for a response with no payload outstanding", -EPROTO);
         return;
     }
-    response_revoke(c->poller, o);
-}
-
-/* Poller: a response grant is over: buffer back, the grant's reference on
- * the connection dropped. Under s->lock: hold_fired looks grants up there. */
-static void response_released(struct sconn *c, struct vrpc_rndv_out *o, bool revoked)
-{
-    struct vrpc_server *s = c->s;
-    bool done = true;
-    pthread_mutex_lock(&s->lock);
-    if (revoked)
-        vrpc_rndv_revoked(o);
-    else
-        done = vrpc_rndv_drop(o, c->b.ep);
-    pthread_mutex_unlock(&s->lock);
-    if (done)
-        sconn_unref(c);
+    vrpc_offer_revoke(&c->poller->retry, o, "response");
 }
 
 /* The wheel's thread: the record's client has not sent DONE within the hold
@@ -932,7 +907,8 @@ static void on_disconnected(struct sconn *c)
     for (uint32_t i = 0; c->rsp && i < c->ncalls; i++) {
         if (__atomic_load_n(&c->rsp[i].state, __ATOMIC_ACQUIRE) == VRPC_RNDV_GRANTED) {
             vrpc_timer_cancel(s->wheel, &c->rsp[i].hold_timer);
-            response_released(c, &c->rsp[i], false);
+            if (vrpc_offer_drop(&c->poller->offers, &c->rsp[i], c->b.ep, NULL))
+                sconn_unref(c); /* the grant's reference */
         }
     }
     sconn_unref(c); /* the endpoint's reference */
@@ -1037,8 +1013,9 @@ static void server_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned 
         case VRPC_WC_REVOKE: {
             struct vrpc_rndv_out *o = (struct vrpc_rndv_out *)(uintptr_t)w->wr_id;
             struct sconn *c = vrpc_ep_user(o->ep);
-            vrpc_timer_cancel(c->s->wheel, &o->hold_timer);
-            response_released(c, o, true);
+            /* under s->lock: hold_fired looks grants up there */
+            vrpc_offer_revoked(&pl->offers, c->s->wheel, o);
+            sconn_unref(c); /* the grant's reference */
             break;
         }
         case VRPC_WC_ACCEPTED:
@@ -1053,8 +1030,8 @@ static void server_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned 
     }
     if (pl->retry.reads || pl->retry.revokes)
         vrpc_rndv_retry_run(&pl->retry, request_read_failed, pl);
-    if (__atomic_load_n(&pl->nparked, __ATOMIC_ACQUIRE))
-        response_offers_run(pl);
+    if (vrpc_offer_any_parked(&pl->offers))
+        vrpc_offer_run(&pl->offers, true);
 }
 
 /* ---- connection lifecycle: HELLO and idle timeouts --------------------------- */
@@ -1318,33 +1295,33 @@ out:
         vrpc_futex_wake_all(&s->tasks);
 }
 
-/* Grant the client the response payload parked in o (p_*). Under s->lock,
- * against on_disconnected: it sees the grant or we see `gone`. -ENOSPC also
- * while o still revokes the slot's previous payload (the client may reuse
- * a slot once it has sent DONE). */
-static int grant_response_locked(struct vrpc_server *s, struct vrpc_rndv_out *o)
+/* The offer machine's grant of a response payload (rpc/offer.h). Under
+ * s->lock, against on_disconnected: it sees the grant or we see `gone`.
+ * -ENOSPC also while o still revokes the slot's previous payload (the
+ * client may reuse a slot once it has sent DONE). */
+static int response_grant_locked(struct vrpc_offer_q *q, struct vrpc_rndv_out *o, bool retry)
 {
+    struct vrpc_server *s = container_of(q, struct poller, offers)->s;
     struct sconn *c = o->p_conn;
-    if (c->b.gone || __atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE))
-        return -ENOTCONN;
-    if (__atomic_load_n(&o->state, __ATOMIC_ACQUIRE) != VRPC_RNDV_IDLE)
+    (void)retry;
+    if (!c->b.gone && !vrpc_conn_is_dead(&c->b) && __atomic_load_n(&o->state, __ATOMIC_ACQUIRE) != VRPC_RNDV_IDLE)
         return -ENOSPC;
-    int rc = vrpc_rndv_grant(o, c->b.ep, o->p_lb, o->p_len, o->p_id);
-    if (rc == 0) {
-        __atomic_add_fetch(&c->b.refs, 1, __ATOMIC_RELAXED); /* the grant's */
+    int rc = vrpc_offer_grant_locked(&c->b, o); /* -ENOTCONN when gone or dead */
+    if (rc == 0)
         vrpc_timer_arm(s->wheel, &o->hold_timer, vrpc_now_ns() + (int64_t)s->o.hold_timeout_ms * 1000000,
                        hold_fired, s, (uint64_t)(uintptr_t)o);
-    }
     return rc;
 }
 
 /* A response offer off the parked list (or never parked): its descriptor
  * goes out if it got its grant; if not, and the connection still stands,
  * the client is answered UNAVAILABLE. Ends the call's hold on c. */
-static int response_offer_done(struct vrpc_rndv_out *o, bool may_wait)
+static int response_offer_done(struct vrpc_offer_q *q, struct vrpc_rndv_out *o, bool may_wait, bool on_poller)
 {
     struct sconn *c = o->p_conn;
     int rc = o->p_rc;
+    (void)q;
+    (void)on_poller;
     if (rc == 0) {
         vrpc_rndv_offer_desc(o);
         /* a failed send leaves the grant to the endpoint's DISCONNECTED */
@@ -1365,37 +1342,10 @@ static int response_offer_done(struct vrpc_rndv_out *o, bool may_wait)
     return rc;
 }
 
-/* Try the poller's parked response offers again, oldest first (after a
- * completion batch, or by a parker). Any thread; never waits. */
-static void response_offers_run(struct poller *pl)
-{
-    struct vrpc_server *s = pl->s;
-    struct vrpc_rndv_out *done = NULL, **tail = &done;
-    pthread_mutex_lock(&s->lock);
-    for (struct vrpc_rndv_out **pp = &pl->parked; *pp;) {
-        struct vrpc_rndv_out *o = *pp;
-        int rc = grant_response_locked(s, o);
-        if (rc == -ENOSPC) {
-            pp = &o->p_next;
-            continue;
-        }
-        *pp = o->p_next;
-        o->p_rc = rc;
-        o->p_next = NULL;
-        *tail = o;
-        tail = &o->p_next;
-        __atomic_sub_fetch(&pl->nparked, 1, __ATOMIC_RELAXED);
-    }
-    pthread_mutex_unlock(&s->lock);
-    while (done) {
-        struct vrpc_rndv_out *o = done;
-        done = o->p_next;
-        /* (cleared only now: until its descriptor is out no request may
-         * come on its slot) */
-        __atomic_store_n(&o->parked, 0, __ATOMIC_RELEASE);
-        response_offer_done(o, false);
-    }
-}
+static const struct vrpc_offer_ops response_offer_ops = {
+    .grant_locked = response_grant_locked,
+    .done = response_offer_done,
+};
 
 /* A response above the eager size: pack straight into a large buffer and
  * offer it to the client (grant + descriptor); the record then waits for
@@ -1431,21 +1381,7 @@ static int respond_large(struct vrpc_server_call *call, const ProtobufCMessage *
     o->p_id = id;
     o->p_conn = c;
     finish_call(call, VRPC_OK); /* the call's hold on c goes with the offer (answered) */
-    struct poller *pl = c->poller;
-    pthread_mutex_lock(&s->lock);
-    int rc = grant_response_locked(s, o);
-    if (rc == -ENOSPC) {
-        vrpc_rndv_park(&pl->parked, o);
-        __atomic_add_fetch(&pl->nparked, 1, __ATOMIC_RELEASE);
-    }
-    pthread_mutex_unlock(&s->lock);
-    if (rc == -ENOSPC) {
-        /* what freed a grant before we parked announced nothing to us */
-        response_offers_run(pl);
-        return 0;
-    }
-    o->p_rc = rc;
-    return response_offer_done(o, true);
+    return vrpc_offer_start(&c->poller->offers, o, true); /* 0 when parked */
 }
 
 int vrpc_server_call_respond(struct vrpc_server_call *call, const ProtobufCMessage *resp)
@@ -1686,6 +1622,7 @@ int vrpc_server_start(struct vrpc_server *s, const char *uri)
         struct poller *pl = &s->pollers[i];
         struct vrpc_cq_attr ca;
         pl->s = s;
+        vrpc_offer_q_init(&pl->offers, &response_offer_ops, &s->lock);
         if ((rc = vrpc_sched_producer_create(s->sched, &pl->prod)))
             return rc;
         vrpc_cq_attr_init(&ca);
