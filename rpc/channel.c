@@ -868,7 +868,7 @@ static void channel_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned
     if (ch->retry.reads || ch->retry.revokes)
         vrpc_rndv_retry_run(&ch->retry, response_read_failed, ch);
     if (vrpc_offer_any_parked(&ch->offers))
-        vrpc_offer_run(&ch->offers, true);
+        vrpc_offer_run(&ch->offers, VRPC_SEND_POLLER);
 }
 
 /* ---- connecting ---------------------------------------------------------- */
@@ -1080,17 +1080,20 @@ static int request_grant_locked(struct vrpc_offer_q *q, struct vrpc_rndv_out *o,
 
 /* The end of sending a request (start_call's, a parked offer's or a queued
  * call's): send the frame b unless rc already says why not, fail the call if
- * it could not go, end the owner's set-up hold. Drops the async call's own
- * reference of c (see start_call). */
+ * it could not go, end the owner's set-up hold. Drops an async call's own
+ * reference of c (see start_call). ctx: the thread (an async call's never
+ * waits for credits). */
 static void request_go(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s, uint32_t gen,
-                       struct vrpc_buf *b, uint32_t flen, int rc, bool async, bool may_wait, bool on_poller)
+                       struct vrpc_buf *b, uint32_t flen, int rc, enum vrpc_send_ctx ctx)
 {
+    /* (s->cb is the owner's until the set-up hold is dropped, below) */
+    bool async = s->cb != NULL, on_poller = ctx == VRPC_SEND_POLLER;
     /* Read dead with an RMW (release): pairs with conn_fail's exchange, see
      * there; a plain load could miss it while the scan misses our slot. */
     if (!rc)
         rc = vrpc_conn_dead_rmw(&c->b) ? -ENOTCONN : 0;
     if (!rc)
-        rc = vrpc_rpc_send(c->b.ep, b, flen, may_wait);
+        rc = vrpc_rpc_send(c->b.ep, b, flen, ctx == VRPC_SEND_WAIT);
     else
         vrpc_pool_put(b);
     if (rc) {
@@ -1117,7 +1120,7 @@ static void request_go(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc
 /* A request offer off the parked list (or never parked): its descriptor
  * goes out if it got its grant. A call decided while its offer was parked
  * (deadline, cancel) is not sent at all. Drops the offer's reference of c. */
-static int request_offer_done(struct vrpc_offer_q *q, struct vrpc_rndv_out *o, bool may_wait, bool on_poller)
+static int request_offer_done(struct vrpc_offer_q *q, struct vrpc_rndv_out *o, enum vrpc_send_ctx ctx)
 {
     struct vrpc_channel *ch = container_of(q, struct vrpc_channel, offers);
     struct vrpc_pending_slot *s = container_of(o, struct vrpc_pending_slot, out);
@@ -1128,7 +1131,7 @@ static int request_offer_done(struct vrpc_offer_q *q, struct vrpc_rndv_out *o, b
         vrpc_rndv_offer_desc(o);
     } else {
         vrpc_lbuf_put(o->p_lb);
-        zc_release(ch, s, on_poller); /* never granted */
+        zc_release(ch, s, ctx == VRPC_SEND_POLLER); /* never granted */
     }
     if (o->p_rc == -ECANCELED) { /* the server never hears of it */
         vrpc_pool_put(o->p_frame);
@@ -1137,7 +1140,7 @@ static int request_offer_done(struct vrpc_offer_q *q, struct vrpc_rndv_out *o, b
         if (async)
             conn_unref(c);
     } else {
-        request_go(ch, c, s, gen, o->p_frame, o->p_frame_len, o->p_rc, async, may_wait, on_poller);
+        request_go(ch, c, s, gen, o->p_frame, o->p_frame_len, o->p_rc, ctx);
     }
     conn_unref(c);
     return 0;
@@ -1151,11 +1154,12 @@ static const struct vrpc_offer_ops request_offer_ops = {
 /* Offer the packed request payload (s->out.p_*, frame b with its header
  * written) to the server (caller's thread): grant and send, or park the
  * offer when the transport has no grant left for now. */
-static void offer_request(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s, bool may_wait)
+static void offer_request(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s,
+                          enum vrpc_send_ctx ctx)
 {
     conn_ref(c); /* the offer's */
     s->out.p_conn = c;
-    vrpc_offer_start(&ch->offers, &s->out, may_wait);
+    vrpc_offer_start(&ch->offers, &s->out, ctx);
 }
 
 /* Publish a reserved slot whose call fields the owner has written: arm its
@@ -1219,7 +1223,7 @@ static void launch_queued(struct vrpc_channel *ch, struct vrpc_conn *c, struct v
     }
     vrpc_wire_hdr_encode(b->data, &h);
     /* a queued call is async: drops launch_open_locked's reference of c */
-    request_go(ch, c, s, gen, b, VRPC_WIRE_HDR_LEN + mdsz + plen, 0, true, false, false);
+    request_go(ch, c, s, gen, b, VRPC_WIRE_HDR_LEN + mdsz + plen, 0, VRPC_SEND_NOWAIT);
 }
 
 /* ---- the async backlog ---------------------------------------------------- */
@@ -1425,6 +1429,243 @@ static bool backlog_empty(struct vrpc_channel *ch)
     return __atomic_load_n(&ch->qlen, __ATOMIC_ACQUIRE) == 0;
 }
 
+/* A call being started: start_call's arguments and what its steps work
+ * out (only the fields named are set before a step reads them). */
+struct call_start {
+    const struct vrpc_method_desc *m;
+    const ProtobufCMessage *req;
+    const struct vrpc_call_opts *o;
+    vrpc_call_cb cb; /* NULL: synchronous */
+    void *arg;
+    int64_t deadline;
+    long mdsz;               /* metadata bytes */
+    size_t plen;             /* message bytes */
+    struct vrpc_buf *lb;     /* a large request packed for rendezvous, else NULL */
+    struct vrpc_pb_gather gat; /* gat.nsegs > 0: lb holds the copied pieces of a gathered window */
+};
+
+/* get_conn's failure as the call's status; returns its code. */
+static int conn_refused(struct vrpc_channel *ch, int rc, struct vrpc_status *st)
+{
+    if (rc == -ESHUTDOWN)
+        vrpc_status_set(st, VRPC_UNAVAILABLE, "channel is shutting down");
+    else if (rc == -EAGAIN && __atomic_load_n(&ch->last_err, __ATOMIC_RELAXED) == -ENXIO)
+        vrpc_status_set(st, VRPC_UNAVAILABLE, "channel in back-off after: cannot resolve the host name of %s",
+                        ch->turi);
+    else if (rc == -EAGAIN)
+        vrpc_status_set(st, VRPC_UNAVAILABLE, "channel in back-off after: %s", strerror(-__atomic_load_n(&ch->last_err, __ATOMIC_RELAXED)));
+    else if (rc == -ENXIO)
+        vrpc_status_set(st, VRPC_UNAVAILABLE, "connect failed: cannot resolve the host name of %s", ch->turi);
+    else if (rc == -EINVAL)
+        vrpc_status_set(st, VRPC_INVALID_ARGUMENT, "connect to %s failed: invalid argument", ch->turi);
+    else
+        vrpc_status_set(st, VRPC_UNAVAILABLE, "connect failed: %s", strerror(-rc));
+    return rc == -EINVAL ? VRPC_INVALID_ARGUMENT : VRPC_UNAVAILABLE;
+}
+
+/* A request of need bytes above what c may send: its status and code. */
+static int request_too_big(const struct vrpc_conn *c, size_t need, struct vrpc_status *st)
+{
+    if (c->b.max_payload == c->b.peer_max)
+        vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED, "request of %zu bytes exceeds the server's limit of %u bytes",
+                        need, c->b.max_payload);
+    else
+        vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED,
+                        "request of %zu bytes exceeds %u bytes, the most one frame carries on this "
+                        "connection (no large-message support on one side)", need, c->b.max_payload);
+    return VRPC_RESOURCE_EXHAUSTED;
+}
+
+/* A request above the eager size: pack it straight into a large buffer
+ * (cs->lb), offered to the server by rendezvous (the descriptor goes in
+ * place of the payload); gathered (cs->gat) when the request stays valid
+ * and unchanged until the call ends for its owner (synchronous, or
+ * REQ_HELD) and c can gather: big bytes values are then sent from where
+ * they are (zero-copy requests, above). 0, or the status code with st
+ * filled and nothing held. */
+static int pack_large(struct vrpc_channel *ch, const struct vrpc_conn *c, struct call_start *cs,
+                      struct vrpc_status *st)
+{
+    char why[VRPC_STATUS_MSG_MAX];
+    if (VRPC_WIRE_HDR_LEN + (size_t)cs->mdsz + VRPC_WIRE_DESC_LEN > vrpc_ep_eager_size(c->b.ep)) {
+        vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED, "metadata of %ld bytes does not fit one frame "
+                        "with a large message (at most %u bytes)", cs->mdsz,
+                        vrpc_ep_eager_size(c->b.ep) - VRPC_WIRE_HDR_LEN - VRPC_WIRE_DESC_LEN);
+        return VRPC_RESOURCE_EXHAUSTED;
+    }
+    bool held = !cs->cb || (cs->o && (cs->o->flags & VRPC_CALL_REQ_HELD));
+    struct vrpc_pb_gather *gat = &cs->gat;
+    if (held && c->gather) {
+        vrpc_pb_pack_gather(cs->req, VRPC_PB_GATHER_MIN, NULL, 0, gat); /* measure */
+        if (gat->nrefs == 0)
+            gat->nsegs = 0; /* nothing to reference: pack as usual */
+    }
+    if (vrpc_rndv_buf(ch->tp, ch->o.max_pinned, gat->nsegs ? gat->copied : cs->plen, &cs->lb, why, sizeof(why))) {
+        vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED, "%s", why);
+        return VRPC_RESOURCE_EXHAUSTED;
+    }
+    if (gat->nsegs) {
+        size_t copied = gat->copied;
+        if (vrpc_pb_pack_gather(cs->req, VRPC_PB_GATHER_MIN, cs->lb->data, copied, gat) || gat->copied != copied ||
+            gat->total != cs->plen) {
+            vrpc_lbuf_put(cs->lb);
+            cs->lb = NULL;
+            vrpc_status_set(st, VRPC_INTERNAL, "request changed while it was being packed");
+            return VRPC_INTERNAL;
+        }
+    } else {
+        cs->plen = vrpc_pb_pack_sized(cs->req, cs->lb->data);
+    }
+    return 0;
+}
+
+/* An async call without a slot (or behind calls already queued, to keep
+ * their order): queue it packed in a send buffer. A large request is not
+ * queued (its grant would pin memory while it waits): refused. Drops our
+ * reference of c. start_call's result (0: queued). */
+static int start_queued(struct vrpc_channel *ch, struct vrpc_conn *c, struct call_start *cs, struct vrpc_status *st)
+{
+    const struct vrpc_call_opts *o = cs->o;
+    struct vrpc_buf *qb = cs->lb ? NULL : vrpc_pool_get(ch->send_pool);
+    conn_unref(c);
+    if (!qb) {
+        vrpc_lbuf_put(cs->lb);
+        return -EAGAIN;
+    }
+    if (cs->mdsz)
+        vrpc_wire_md_encode((uint8_t *)qb->data + VRPC_WIRE_HDR_LEN, o->md, o->md_count);
+    size_t plen = vrpc_pb_pack_sized(cs->req, (uint8_t *)qb->data + VRPC_WIRE_HDR_LEN + cs->mdsz);
+    int rc = enqueue(ch, qb, (uint32_t)cs->mdsz, (uint32_t)plen, cs->m, o, cs->cb, cs->arg, cs->deadline);
+    if (rc == 0)
+        return 0;
+    vrpc_pool_put(qb);
+    if (rc == -EAGAIN)
+        return -EAGAIN;
+    vrpc_status_set(st, VRPC_UNAVAILABLE, "channel is shutting down");
+    return VRPC_UNAVAILABLE;
+}
+
+/* The call's slot: *sp set and 0, or start_call's result with c's
+ * reference and cs->lb dropped (*sp NULL and 0: queued). A synchronous call
+ * waits for a slot until its deadline; an async one does not. */
+static int call_slot(struct vrpc_channel *ch, struct vrpc_conn *c, struct call_start *cs, struct vrpc_status *st,
+                     struct vrpc_pending_slot **sp)
+{
+    int rc;
+    if (cs->cb) {
+        rc = backlog_empty(ch) ? vrpc_pending_try_alloc(ch->pend, c, sp) : -EAGAIN;
+        if (rc == -EAGAIN)
+            return start_queued(ch, c, cs, st);
+    } else {
+        rc = vrpc_pending_alloc(ch->pend, cs->deadline, c, sp);
+    }
+    if (rc) {
+        vrpc_lbuf_put(cs->lb);
+        conn_unref(c);
+        if (rc == -ETIMEDOUT) {
+            vrpc_status_set(st, VRPC_DEADLINE_EXCEEDED, "deadline exceeded waiting for a call credit");
+            return VRPC_DEADLINE_EXCEEDED;
+        }
+        vrpc_status_set(st, VRPC_UNAVAILABLE, "channel is shutting down");
+        return VRPC_UNAVAILABLE;
+    }
+    return 0;
+}
+
+/* Write the call's fields into its reserved slot s and publish it
+ * (open_call). From open on, an async call can be completed by another
+ * thread (loss scan, cancel) whose callback task drops the call's reference
+ * of c before we have sent: keep one of our own until we are done with c
+ * (request_go drops it). A synchronous call completes on this thread, after
+ * start_call returns. */
+static void call_open(struct vrpc_channel *ch, struct vrpc_conn *c, const struct call_start *cs,
+                      struct vrpc_pending_slot *s, uint64_t id)
+{
+    s->method = cs->m;
+    s->cb = cs->cb;
+    s->cb_arg = cs->arg;
+    s->cb_ch = ch;
+    s->deadline_ns = cs->deadline;
+    s->start_ns = vrpc_metrics_now_ns();
+    s->out.zc = cs->gat.nsegs ? ZC_BUSY : 0; /* before open: complete() looks at it */
+    if (cs->cb)
+        conn_ref(c);
+    s->qent = NULL;
+    open_call(ch, s, id);
+    check_expired(ch, cs->deadline, id);
+}
+
+/* No send buffer for the open call's request: it fails UNAVAILABLE. */
+static void call_no_buf(struct vrpc_channel *ch, struct vrpc_conn *c, const struct call_start *cs,
+                        struct vrpc_pending_slot *s, uint32_t gen)
+{
+    vrpc_lbuf_put(cs->lb);
+    zc_release(ch, s, false); /* never granted */
+    if (vrpc_pending_decide(s, gen)) {
+        vrpc_status_set(&s->st, VRPC_UNAVAILABLE, "no send buffer free");
+        complete(ch, s, gen, false);
+    }
+    slot_seen(s, gen);
+    slot_drop(s, gen);
+    if (cs->cb)
+        conn_unref(c);
+}
+
+/* The REQUEST frame of the open call into b: header, metadata, and the
+ * message (eager) or room for the descriptor (large). Its length. */
+static uint32_t request_frame(const struct call_start *cs, struct vrpc_buf *b, uint64_t id)
+{
+    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST,
+                              .method_id = cs->m->id, .request_id = id, .md_len = (uint32_t)cs->mdsz};
+    if (cs->deadline != VRPC_NO_DEADLINE) {
+        int64_t left = cs->deadline - vrpc_now_ns();
+        h.flags = VRPC_FF_DEADLINE;
+        h.budget_us = left > 0 ? (uint64_t)(left / 1000) : 0;
+    }
+    uint8_t *p = b->data;
+    if (cs->mdsz)
+        vrpc_wire_md_encode(p + VRPC_WIRE_HDR_LEN, cs->o->md, cs->o->md_count);
+    uint32_t flen = VRPC_WIRE_HDR_LEN + (uint32_t)cs->mdsz;
+    size_t plen = cs->plen;
+    if (cs->lb) {
+        /* the descriptor goes in once granted (offer_request) */
+        flen += VRPC_WIRE_DESC_LEN;
+        h.flags |= VRPC_FF_RNDV;
+    } else {
+        /* need <= eager - header = room in b: checked by start_call */
+        plen = vrpc_pb_pack_sized(cs->req, p + flen);
+        flen += (uint32_t)plen;
+    }
+    h.payload_len = (uint32_t)plen;
+    vrpc_wire_hdr_encode(p, &h);
+    return flen;
+}
+
+/* Send the open call's request (frame b): offered by rendezvous when large,
+ * else straight out. */
+static void call_send(struct vrpc_channel *ch, struct vrpc_conn *c, struct call_start *cs,
+                      struct vrpc_pending_slot *s, struct vrpc_buf *b, uint64_t id, uint32_t gen)
+{
+    uint32_t flen = request_frame(cs, b, id);
+    enum vrpc_send_ctx ctx = cs->cb ? VRPC_SEND_NOWAIT : VRPC_SEND_WAIT; /* async: never waits for credits */
+    if (cs->o && cs->o->call_id)
+        __atomic_store_n(cs->o->call_id, id, __ATOMIC_RELEASE);
+    if (!cs->lb) {
+        request_go(ch, c, s, gen, b, flen, 0, ctx);
+        return;
+    }
+    struct vrpc_rndv_out *out = &s->out;
+    out->p_nsegs = cs->gat.nsegs;
+    if (cs->gat.nsegs)
+        memcpy(out->p_segs, cs->gat.segs, cs->gat.nsegs * sizeof(cs->gat.segs[0]));
+    out->p_lb = cs->lb;
+    out->p_frame = b;
+    out->p_len = (uint32_t)cs->plen;
+    out->p_frame_len = flen;
+    out->p_id = id;
+    offer_request(ch, c, s, ctx);
+}
+
 /* Start a call: connect, take a slot, pack and send. Returns 0 with *out set
  * (the slot's outcome will be decided by someone), 0 with *out NULL for an
  * async call queued for lack of a slot, -EAGAIN for an async call refused
@@ -1435,202 +1676,55 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
                       const ProtobufCMessage *req, const struct vrpc_call_opts *o, vrpc_call_cb cb,
                       void *arg, struct vrpc_status *st, struct vrpc_pending_slot **out)
 {
-    int64_t deadline = call_deadline(ch, o);
+    struct call_start cs;
     struct vrpc_conn *c;
-    struct vrpc_pending_slot *s;
-    long mdsz = 0;
+    struct vrpc_pending_slot *s = NULL;
     int rc;
 
-    if (o && o->md_count && (mdsz = vrpc_wire_md_size(o->md, o->md_count)) < 0) {
+    cs.m = m;
+    cs.req = req;
+    cs.o = o;
+    cs.cb = cb;
+    cs.arg = arg;
+    cs.deadline = call_deadline(ch, o);
+    cs.mdsz = 0;
+    cs.lb = NULL;
+    cs.gat.nsegs = 0;
+    cs.gat.nrefs = 0;
+    if (o && o->md_count && (cs.mdsz = vrpc_wire_md_size(o->md, o->md_count)) < 0) {
         vrpc_status_set(st, VRPC_INVALID_ARGUMENT, "invalid metadata");
         return VRPC_INVALID_ARGUMENT;
     }
-    rc = get_conn(ch, deadline, false, &c);
-    if (rc) {
-        if (rc == -ESHUTDOWN)
-            vrpc_status_set(st, VRPC_UNAVAILABLE, "channel is shutting down");
-        else if (rc == -EAGAIN && __atomic_load_n(&ch->last_err, __ATOMIC_RELAXED) == -ENXIO)
-            vrpc_status_set(st, VRPC_UNAVAILABLE, "channel in back-off after: cannot resolve the host name of %s",
-                            ch->turi);
-        else if (rc == -EAGAIN)
-            vrpc_status_set(st, VRPC_UNAVAILABLE, "channel in back-off after: %s", strerror(-__atomic_load_n(&ch->last_err, __ATOMIC_RELAXED)));
-        else if (rc == -ENXIO)
-            vrpc_status_set(st, VRPC_UNAVAILABLE, "connect failed: cannot resolve the host name of %s", ch->turi);
-        else if (rc == -EINVAL)
-            vrpc_status_set(st, VRPC_INVALID_ARGUMENT, "connect to %s failed: invalid argument", ch->turi);
-        else
-            vrpc_status_set(st, VRPC_UNAVAILABLE, "connect failed: %s", strerror(-rc));
-        return rc == -EINVAL ? VRPC_INVALID_ARGUMENT : VRPC_UNAVAILABLE;
-    }
-    size_t need = vrpc_pb_packed_size(req) + (size_t)mdsz;
+    rc = get_conn(ch, cs.deadline, false, &c);
+    if (rc)
+        return conn_refused(ch, rc, st);
+    size_t need = vrpc_pb_packed_size(req) + (size_t)cs.mdsz;
     if (need > c->b.max_payload) {
-        if (c->b.max_payload == c->b.peer_max)
-            vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED, "request of %zu bytes exceeds the server's limit of %u bytes",
-                            need, c->b.max_payload);
-        else
-            vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED,
-                            "request of %zu bytes exceeds %u bytes, the most one frame carries on this "
-                            "connection (no large-message support on one side)", need, c->b.max_payload);
+        rc = request_too_big(c, need, st);
         conn_unref(c);
-        return VRPC_RESOURCE_EXHAUSTED;
+        return rc;
     }
-    /* Above the eager size: pack straight into a large buffer, offered to the
-     * server by rendezvous (the descriptor goes in place of the payload). */
-    size_t plen = need - (size_t)mdsz;
-    struct vrpc_buf *lb = NULL;
-    struct vrpc_pb_gather gat;
-    gat.nsegs = 0;
-    gat.nrefs = 0;
-    if (VRPC_WIRE_HDR_LEN + need > vrpc_ep_eager_size(c->b.ep)) {
-        char why[VRPC_STATUS_MSG_MAX];
-        if (VRPC_WIRE_HDR_LEN + (size_t)mdsz + VRPC_WIRE_DESC_LEN > vrpc_ep_eager_size(c->b.ep)) {
-            vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED, "metadata of %ld bytes does not fit one frame "
-                            "with a large message (at most %u bytes)", mdsz,
-                            vrpc_ep_eager_size(c->b.ep) - VRPC_WIRE_HDR_LEN - VRPC_WIRE_DESC_LEN);
-            conn_unref(c);
-            return VRPC_RESOURCE_EXHAUSTED;
-        }
-        /* The request stays valid and unchanged until the call ends for its
-         * owner (synchronous, or REQ_HELD): big bytes values can be sent
-         * from where they are (zero-copy requests, above). */
-        bool held = !cb || (o && (o->flags & VRPC_CALL_REQ_HELD));
-        if (held && c->gather) {
-            vrpc_pb_pack_gather(req, VRPC_PB_GATHER_MIN, NULL, 0, &gat); /* measure */
-            if (gat.nrefs == 0)
-                gat.nsegs = 0; /* nothing to reference: pack as usual */
-        }
-        if (vrpc_rndv_buf(ch->tp, ch->o.max_pinned, gat.nsegs ? gat.copied : plen, &lb, why, sizeof(why))) {
-            vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED, "%s", why);
-            conn_unref(c);
-            return VRPC_RESOURCE_EXHAUSTED;
-        }
-        if (gat.nsegs) {
-            size_t copied = gat.copied;
-            if (vrpc_pb_pack_gather(req, VRPC_PB_GATHER_MIN, lb->data, copied, &gat) || gat.copied != copied ||
-                gat.total != plen) {
-                vrpc_lbuf_put(lb);
-                vrpc_status_set(st, VRPC_INTERNAL, "request changed while it was being packed");
-                conn_unref(c);
-                return VRPC_INTERNAL;
-            }
-        } else {
-            plen = vrpc_pb_pack_sized(req, lb->data);
-        }
-    }
-    if (cb) {
-        /* behind calls already queued, to keep their order */
-        rc = backlog_empty(ch) ? vrpc_pending_try_alloc(ch->pend, c, &s) : -EAGAIN;
-        if (rc == -EAGAIN) {
-            /* Queue it packed in a send buffer. A large request is not
-             * queued (its grant would pin memory while it waits): refused. */
-            struct vrpc_buf *qb = lb ? NULL : vrpc_pool_get(ch->send_pool);
-            conn_unref(c);
-            if (!qb) {
-                vrpc_lbuf_put(lb);
-                return -EAGAIN;
-            }
-            if (mdsz)
-                vrpc_wire_md_encode((uint8_t *)qb->data + VRPC_WIRE_HDR_LEN, o->md, o->md_count);
-            plen = vrpc_pb_pack_sized(req, (uint8_t *)qb->data + VRPC_WIRE_HDR_LEN + mdsz);
-            rc = enqueue(ch, qb, (uint32_t)mdsz, (uint32_t)plen, m, o, cb, arg, deadline);
-            if (rc == 0) {
-                *out = NULL;
-                return 0;
-            }
-            vrpc_pool_put(qb);
-            if (rc == -EAGAIN)
-                return -EAGAIN;
-            vrpc_status_set(st, VRPC_UNAVAILABLE, "channel is shutting down");
-            return VRPC_UNAVAILABLE;
-        }
-    } else {
-        rc = vrpc_pending_alloc(ch->pend, deadline, c, &s);
-    }
-    if (rc) {
-        vrpc_lbuf_put(lb);
+    cs.plen = need - (size_t)cs.mdsz;
+    if (VRPC_WIRE_HDR_LEN + need > vrpc_ep_eager_size(c->b.ep) && (rc = pack_large(ch, c, &cs, st))) {
         conn_unref(c);
-        if (rc == -ETIMEDOUT) {
-            vrpc_status_set(st, VRPC_DEADLINE_EXCEEDED, "deadline exceeded waiting for a call credit");
-            return VRPC_DEADLINE_EXCEEDED;
-        }
-        vrpc_status_set(st, VRPC_UNAVAILABLE, "channel is shutting down");
-        return VRPC_UNAVAILABLE;
+        return rc;
+    }
+    if ((rc = call_slot(ch, c, &cs, st, &s)) || !s) {
+        if (!rc)
+            *out = NULL; /* queued */
+        return rc;
     }
     uint32_t gen = vrpc_pending_gen(s);
     uint64_t id = vrpc_wire_make_id(s->index, gen);
-    s->method = m;
-    s->cb = cb;
-    s->cb_arg = arg;
-    s->cb_ch = ch;
-    s->deadline_ns = deadline;
-    s->start_ns = vrpc_metrics_now_ns();
-    s->out.zc = gat.nsegs ? ZC_BUSY : 0; /* before open: complete() looks at it */
-    /* From open on, an async call can be completed by another thread (loss
-     * scan, cancel) whose callback task drops the call's reference of c
-     * before we have sent: keep one of our own until we are done with c. A
-     * synchronous call completes on this thread, after we return. */
-    if (cb)
-        conn_ref(c);
-    s->qent = NULL;
-    open_call(ch, s, id);
-    check_expired(ch, deadline, id);
-
+    call_open(ch, c, &cs, s, id);
     /* async: the pool holds max_outstanding + max_queued + spare buffers, so
      * it is empty only while many cancels are being sent: the call then
      * fails UNAVAILABLE through its callback rather than wait */
     struct vrpc_buf *b = vrpc_rpc_buf_get(ch->send_pool, cb == NULL);
-    if (!b) {
-        vrpc_lbuf_put(lb);
-        zc_release(ch, s, false); /* never granted */
-        if (vrpc_pending_decide(s, gen)) {
-            vrpc_status_set(&s->st, VRPC_UNAVAILABLE, "no send buffer free");
-            complete(ch, s, gen, false);
-        }
-        slot_seen(s, gen);
-        slot_drop(s, gen);
-        if (cb)
-            conn_unref(c);
-        *out = s;
-        return 0;
-    }
-    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST,
-                              .method_id = m->id, .request_id = id, .md_len = (uint32_t)mdsz};
-    if (deadline != VRPC_NO_DEADLINE) {
-        int64_t left = deadline - vrpc_now_ns();
-        h.flags = VRPC_FF_DEADLINE;
-        h.budget_us = left > 0 ? (uint64_t)(left / 1000) : 0;
-    }
-    uint8_t *p = b->data;
-    if (mdsz)
-        vrpc_wire_md_encode(p + VRPC_WIRE_HDR_LEN, o->md, o->md_count);
-    uint32_t flen = VRPC_WIRE_HDR_LEN + (uint32_t)mdsz;
-    if (lb) {
-        /* the descriptor goes in once granted (offer_request) */
-        flen += VRPC_WIRE_DESC_LEN;
-        h.flags |= VRPC_FF_RNDV;
-    } else {
-        /* need <= eager - header = room in b: checked above */
-        plen = vrpc_pb_pack_sized(req, p + flen);
-        flen += (uint32_t)plen;
-    }
-    h.payload_len = (uint32_t)plen;
-    vrpc_wire_hdr_encode(p, &h);
-
-    if (o && o->call_id)
-        __atomic_store_n(o->call_id, id, __ATOMIC_RELEASE);
-    if (lb) {
-        s->out.p_nsegs = gat.nsegs;
-        if (gat.nsegs)
-            memcpy(s->out.p_segs, gat.segs, gat.nsegs * sizeof(gat.segs[0]));
-        s->out.p_lb = lb;
-        s->out.p_frame = b;
-        s->out.p_len = (uint32_t)plen;
-        s->out.p_frame_len = flen;
-        s->out.p_id = id;
-        offer_request(ch, c, s, cb == NULL);
-    } else {
-        request_go(ch, c, s, gen, b, flen, 0, cb != NULL, cb == NULL, false); /* async: never waits for credits */
-    }
+    if (!b)
+        call_no_buf(ch, c, &cs, s, gen);
+    else
+        call_send(ch, c, &cs, s, b, id, gen);
     *out = s;
     return 0;
 }

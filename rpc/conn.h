@@ -34,6 +34,13 @@ struct vrpc_conn_base {
                                (under the role's grant lock) */
 };
 
+/* The thread a send (or an offer's end) runs on, which says what it may do. */
+enum vrpc_send_ctx {
+    VRPC_SEND_WAIT,   /* the caller's thread: may wait for a send buffer or credit */
+    VRPC_SEND_NOWAIT, /* the caller's or another thread, not the poller: never waits */
+    VRPC_SEND_POLLER, /* the owner's CQ poller: never waits */
+};
+
 /* A frame handler: poller thread, h decoded, body right after the header
  * (metadata first, h->md_len bytes, then the payload). */
 typedef void (*vrpc_conn_frame_fn)(struct vrpc_conn_base *c, const struct vrpc_wire_hdr *h, const uint8_t *body);

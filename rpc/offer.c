@@ -13,7 +13,7 @@ void vrpc_offer_q_init(struct vrpc_offer_q *q, const struct vrpc_offer_ops *ops,
     q->nparked = 0;
 }
 
-int vrpc_offer_start(struct vrpc_offer_q *q, struct vrpc_rndv_out *o, bool may_wait)
+int vrpc_offer_start(struct vrpc_offer_q *q, struct vrpc_rndv_out *o, enum vrpc_send_ctx ctx)
 {
     pthread_mutex_lock(q->lock);
     int rc = q->ops->grant_locked(q, o, false);
@@ -24,14 +24,14 @@ int vrpc_offer_start(struct vrpc_offer_q *q, struct vrpc_rndv_out *o, bool may_w
     pthread_mutex_unlock(q->lock);
     if (rc == -ENOSPC) {
         /* what freed a grant before we parked announced nothing to us */
-        vrpc_offer_run(q, false);
+        vrpc_offer_run(q, VRPC_SEND_NOWAIT);
         return 0;
     }
     o->p_rc = rc;
-    return q->ops->done(q, o, may_wait, false);
+    return q->ops->done(q, o, ctx);
 }
 
-void vrpc_offer_run(struct vrpc_offer_q *q, bool on_poller)
+void vrpc_offer_run(struct vrpc_offer_q *q, enum vrpc_send_ctx ctx)
 {
     struct vrpc_rndv_out *done = NULL, **tail = &done;
     pthread_mutex_lock(q->lock);
@@ -56,7 +56,7 @@ void vrpc_offer_run(struct vrpc_offer_q *q, bool on_poller)
         /* (cleared only now: until its descriptor is out no request may
          * come on a server's slot) */
         __atomic_store_n(&o->parked, 0, __ATOMIC_RELEASE);
-        q->ops->done(q, o, false, on_poller);
+        q->ops->done(q, o, ctx);
     }
 }
 

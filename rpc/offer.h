@@ -27,10 +27,10 @@ struct vrpc_offer_ops {
      * anything else: the offer fails with it (o->p_rc). */
     int (*grant_locked)(struct vrpc_offer_q *q, struct vrpc_rndv_out *o, bool retry);
     /* No lock held: o is off the list (or never was on it) with the grant's
-     * outcome in o->p_rc: send the descriptor or fail the offer. may_wait:
-     * the thread may wait for a send buffer or credit; on_poller: it is the
-     * owner's CQ poller. Returns the role's outcome (vrpc_offer_start). */
-    int (*done)(struct vrpc_offer_q *q, struct vrpc_rndv_out *o, bool may_wait, bool on_poller);
+     * outcome in o->p_rc: send the descriptor or fail the offer; ctx says
+     * which thread this is (rpc/conn.h). Returns the role's outcome
+     * (vrpc_offer_start). */
+    int (*done)(struct vrpc_offer_q *q, struct vrpc_rndv_out *o, enum vrpc_send_ctx ctx);
 };
 
 /* One owner's parked offers (the channel's; each server poller's). */
@@ -43,15 +43,17 @@ struct vrpc_offer_q {
 
 void vrpc_offer_q_init(struct vrpc_offer_q *q, const struct vrpc_offer_ops *ops, pthread_mutex_t *lock);
 
-/* Offer o (p_* and p_conn written; no lock held, not the poller): grant and
+/* Offer o (p_* and p_conn written; no lock held; ctx VRPC_SEND_WAIT or
+ * VRPC_SEND_NOWAIT, for ops->done): grant and
  * hand it to ops->done, or park it and try the parked list once (what freed
  * a grant before we parked announced nothing to us). Returns 0 when parked,
  * else what ops->done returned. */
-int vrpc_offer_start(struct vrpc_offer_q *q, struct vrpc_rndv_out *o, bool may_wait);
+int vrpc_offer_start(struct vrpc_offer_q *q, struct vrpc_rndv_out *o, enum vrpc_send_ctx ctx);
 
 /* Try the parked offers again, oldest first; the ones that got a grant (or
- * failed for good) go to ops->done(may_wait false). Any thread; never waits. */
-void vrpc_offer_run(struct vrpc_offer_q *q, bool on_poller);
+ * failed for good) go to ops->done. Any thread (ctx VRPC_SEND_NOWAIT, or
+ * VRPC_SEND_POLLER on the poller); never waits. */
+void vrpc_offer_run(struct vrpc_offer_q *q, enum vrpc_send_ctx ctx);
 
 static inline bool vrpc_offer_any_parked(struct vrpc_offer_q *q)
 {

@@ -1031,7 +1031,7 @@ static void server_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned 
     if (pl->retry.reads || pl->retry.revokes)
         vrpc_rndv_retry_run(&pl->retry, request_read_failed, pl);
     if (vrpc_offer_any_parked(&pl->offers))
-        vrpc_offer_run(&pl->offers, true);
+        vrpc_offer_run(&pl->offers, VRPC_SEND_POLLER);
 }
 
 /* ---- connection lifecycle: HELLO and idle timeouts --------------------------- */
@@ -1316,12 +1316,11 @@ static int response_grant_locked(struct vrpc_offer_q *q, struct vrpc_rndv_out *o
 /* A response offer off the parked list (or never parked): its descriptor
  * goes out if it got its grant; if not, and the connection still stands,
  * the client is answered UNAVAILABLE. Ends the call's hold on c. */
-static int response_offer_done(struct vrpc_offer_q *q, struct vrpc_rndv_out *o, bool may_wait, bool on_poller)
+static int response_offer_done(struct vrpc_offer_q *q, struct vrpc_rndv_out *o, enum vrpc_send_ctx ctx)
 {
     struct sconn *c = o->p_conn;
     int rc = o->p_rc;
     (void)q;
-    (void)on_poller;
     if (rc == 0) {
         vrpc_rndv_offer_desc(o);
         /* a failed send leaves the grant to the endpoint's DISCONNECTED */
@@ -1334,7 +1333,7 @@ static int response_offer_done(struct vrpc_offer_q *q, struct vrpc_rndv_out *o, 
             static const char msg[] = "a large response could not be offered";
             struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
                                       .status = VRPC_UNAVAILABLE, .request_id = o->p_id};
-            conn_send_simple(c, &h, msg, sizeof(msg) - 1, may_wait);
+            conn_send_simple(c, &h, msg, sizeof(msg) - 1, ctx == VRPC_SEND_WAIT);
         }
         rc = -ECONNRESET;
     }
@@ -1381,7 +1380,7 @@ static int respond_large(struct vrpc_server_call *call, const ProtobufCMessage *
     o->p_id = id;
     o->p_conn = c;
     finish_call(call, VRPC_OK); /* the call's hold on c goes with the offer (answered) */
-    return vrpc_offer_start(&c->poller->offers, o, true); /* 0 when parked */
+    return vrpc_offer_start(&c->poller->offers, o, VRPC_SEND_WAIT); /* 0 when parked */
 }
 
 int vrpc_server_call_respond(struct vrpc_server_call *call, const ProtobufCMessage *resp)
