@@ -525,29 +525,30 @@ static void call_submit(struct poller *pl, struct vrpc_server_call *call, uint32
     }
 }
 
-static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8_t *body)
+/* The call object of the REQUEST's slot, ready for a new call: a fresh one
+ * if the client reused the id of a detached call whose handler still holds
+ * it. NULL when the request is refused (answered or the connection failed). */
+static struct vrpc_server_call *request_slot(struct sconn *c, const struct vrpc_wire_hdr *h, uint64_t *stp)
 {
-    struct vrpc_server *s = c->s;
     uint32_t slot = vrpc_wire_id_slot(h->request_id);
-
     if (slot >= c->ncalls) {
         conn_protocol_error(c, "request beyond the granted call credits", -EPROTO);
-        return;
+        return NULL;
     }
     struct vrpc_server_call *call = c->calls[slot];
     uint64_t st = __atomic_load_n(&call->state, __ATOMIC_ACQUIRE);
     if ((ST_FLAGS(st) & CALL_RUN) && !(ST_FLAGS(st) & CALL_DETACHED)) {
         conn_protocol_error(c, "request id reuses a call still in flight", -EPROTO);
-        return;
+        return NULL;
     }
     if (ST_FLAGS(st) & CALL_RUN) {
         /* The server answered this slot's last call early (its deadline
          * passed) and the client reused the id while the handler still holds
          * the call: the handler keeps that object, the slot gets a new one. */
-        struct vrpc_server_call *fresh = call_new(s, c);
+        struct vrpc_server_call *fresh = call_new(c->s, c);
         if (!fresh) {
             refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "server out of memory");
-            return;
+            return NULL;
         }
         c->calls[slot] = fresh;
         call_unref(call);
@@ -558,39 +559,58 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
         __atomic_load_n(&c->rsp[slot].parked, __ATOMIC_ACQUIRE)) {
         /* (a parked response has not been sent: the client cannot have it) */
         conn_protocol_error(c, "request on a slot whose large response has had no DONE", -EPROTO);
-        return;
+        return NULL;
     }
+    *stp = st;
+    return call;
+}
+
+/* The REQUEST's method, once the request is admitted (descriptor, shutdown,
+ * method, size, deadline); NULL when it was refused. */
+static struct method_entry *request_admit(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8_t *body,
+                                          struct vrpc_wire_desc *desc, int64_t *now)
+{
+    struct vrpc_server *s = c->s;
     bool rndv = h->flags & VRPC_FF_RNDV;
-    struct vrpc_wire_desc desc = {0};
     if (rndv && ((uint64_t)VRPC_WIRE_HDR_LEN + h->md_len + h->payload_len <= vrpc_ep_eager_size(c->b.ep) ||
-                 vrpc_wire_desc_decode(body + h->md_len, h->payload_len, &desc))) {
+                 vrpc_wire_desc_decode(body + h->md_len, h->payload_len, desc))) {
         conn_protocol_error(c, "bad rendezvous request (fits a frame, zero key or range overflow)", -EPROTO);
-        return;
+        return NULL;
     }
     if (__atomic_load_n(&c->b.goaway, __ATOMIC_ACQUIRE)) {
         refuse(c, h->request_id, VRPC_UNAVAILABLE, "server is shutting down");
-        return;
+        return NULL;
     }
     struct method_entry *me = lookup(s, h->method_id);
-    int64_t now = vrpc_now_ns();
+    *now = vrpc_now_ns();
     if (!me) {
         refuse(c, h->request_id, VRPC_UNIMPLEMENTED, "unknown method id 0x%08x (not registered on this server)",
                h->method_id);
-        return;
+        return NULL;
     }
     uint64_t size = (uint64_t)h->md_len + h->payload_len;
     if (size > s->max_payload) {
-        record(me, VRPC_RESOURCE_EXHAUSTED, now);
+        record(me, VRPC_RESOURCE_EXHAUSTED, *now);
         refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "request of %llu bytes exceeds the server's limit of %u bytes",
                (unsigned long long)size, s->max_payload);
-        return;
+        return NULL;
     }
     if ((h->flags & VRPC_FF_DEADLINE) && h->budget_us == 0) {
-        record(me, VRPC_DEADLINE_EXCEEDED, now);
+        record(me, VRPC_DEADLINE_EXCEEDED, *now);
         refuse(c, h->request_id, VRPC_DEADLINE_EXCEEDED, "deadline already passed on arrival");
-        return;
+        return NULL;
     }
-    uint32_t inline_len = rndv ? h->md_len : (uint32_t)size; /* bytes in this frame */
+    return me;
+}
+
+/* Copy the frame's bytes (metadata, and the message unless large) into the
+ * call and decode its metadata: the number of entries, or -1 when the
+ * request was refused. */
+static int request_copy(struct sconn *c, struct vrpc_server_call *call, const struct vrpc_wire_hdr *h,
+                        const uint8_t *body)
+{
+    uint64_t size = (uint64_t)h->md_len + h->payload_len;
+    uint32_t inline_len = (h->flags & VRPC_FF_RNDV) ? h->md_len : (uint32_t)size; /* bytes in this frame */
     if (!call->buf || inline_len > call->cap) {
         /* sized once for the largest eager request: no regrowth later */
         uint32_t fit = vrpc_ep_eager_size(c->b.ep) - VRPC_WIRE_HDR_LEN;
@@ -598,7 +618,7 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
         uint8_t *nb = realloc(call->buf, want);
         if (!nb) {
             refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "server out of memory");
-            return;
+            return -1;
         }
         call->buf = nb;
         call->cap = want;
@@ -606,37 +626,87 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
     memcpy(call->buf, body, inline_len);
     if (h->md_len && !call->md && !(call->md = malloc(VRPC_MD_MAX * sizeof(*call->md)))) {
         refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "server out of memory");
-        return;
+        return -1;
     }
     int nmd = h->md_len ? vrpc_wire_md_decode(call->buf, h->md_len, call->md, VRPC_MD_MAX) : 0;
     if (nmd < 0) {
         conn_protocol_error(c, "malformed metadata", nmd);
+        return -1;
+    }
+    return nmd;
+}
+
+/* A large request: take a large buffer for its payload and fill in the
+ * read (not started yet). false when refused. */
+static bool request_rndv_prepare(struct sconn *c, struct vrpc_server_call *call, const struct vrpc_wire_hdr *h,
+                                 const struct vrpc_wire_desc *desc, struct method_entry *me, int64_t now)
+{
+    struct vrpc_server *s = c->s;
+    char why[VRPC_STATUS_MSG_MAX];
+    if (c->rd_pinned + h->payload_len > s->o.max_pinned_per_conn) {
+        record(me, VRPC_RESOURCE_EXHAUSTED, now);
+        refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED,
+               "large requests of this connection being read: %.1f MiB of %.1f MiB allowed "
+               "(max_pinned_per_conn), %.1f MiB more asked", (double)c->rd_pinned / (1 << 20),
+               (double)s->o.max_pinned_per_conn / (1 << 20), (double)h->payload_len / (1 << 20));
+        return false;
+    }
+    if (vrpc_rndv_buf(s->tp, s->o.max_pinned, h->payload_len, &call->in.lb, why, sizeof(why))) {
+        record(me, VRPC_RESOURCE_EXHAUSTED, now);
+        refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "%s", why);
+        return false;
+    }
+    call->in.ep = c->b.ep;
+    call->in.addr = desc->addr;
+    call->in.rkey = desc->rkey;
+    call->in.len = h->payload_len;
+    call->in.id = h->request_id;
+    c->rd_pinned += h->payload_len;
+    return true;
+}
+
+/* Start reading the large request payload of the call just published (its
+ * handler starts from the READ completion). The read's limit counts from
+ * now, whatever trickles in: the call's deadline, and the size at
+ * min_transfer_rate plus the floor. */
+static void request_read_start(struct sconn *c, struct vrpc_server_call *call, uint32_t len, int64_t now,
+                               uint32_t gen)
+{
+    struct vrpc_server *s = c->s;
+    int64_t lim = now + ((int64_t)s->o.transfer_floor_ms + (int64_t)len * 1000 / s->o.min_transfer_rate) * 1000000;
+    int64_t dl = __atomic_load_n(&call->deadline_ns, __ATOMIC_RELAXED);
+    call->xfer_start_ns = now;
+    __atomic_store_n(&call->xfer, XFER_READING, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&call->refs, 1, __ATOMIC_RELAXED); /* the armed timer's */
+    vrpc_timer_arm(s->wheel, &call->xfer_timer, dl < lim ? dl : lim, transfer_expired, call, gen);
+    int rc = vrpc_rndv_read(&call->in);
+    if (rc == -ENOSPC)
+        vrpc_rndv_read_later(&c->poller->retry, &call->in);
+    else if (rc)
+        request_read_done(c->poller, &call->in, rc);
+}
+
+static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8_t *body)
+{
+    struct vrpc_server *s = c->s;
+    uint64_t st;
+    struct vrpc_wire_desc desc = {0};
+    int64_t now;
+
+    struct vrpc_server_call *call = request_slot(c, h, &st);
+    if (!call)
         return;
-    }
-    if (rndv) {
-        char why[VRPC_STATUS_MSG_MAX];
-        if (c->rd_pinned + h->payload_len > s->o.max_pinned_per_conn) {
-            record(me, VRPC_RESOURCE_EXHAUSTED, now);
-            refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED,
-                   "large requests of this connection being read: %.1f MiB of %.1f MiB allowed "
-                   "(max_pinned_per_conn), %.1f MiB more asked", (double)c->rd_pinned / (1 << 20),
-                   (double)s->o.max_pinned_per_conn / (1 << 20), (double)h->payload_len / (1 << 20));
-            return;
-        }
-        if (vrpc_rndv_buf(s->tp, s->o.max_pinned, h->payload_len, &call->in.lb, why, sizeof(why))) {
-            record(me, VRPC_RESOURCE_EXHAUSTED, now);
-            refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "%s", why);
-            return;
-        }
-        call->in.ep = c->b.ep;
-        call->in.addr = desc.addr;
-        call->in.rkey = desc.rkey;
-        call->in.len = h->payload_len;
-        call->in.id = h->request_id;
-        c->rd_pinned += h->payload_len;
-    }
+    bool rndv = h->flags & VRPC_FF_RNDV;
+    struct method_entry *me = request_admit(c, h, body, &desc, &now);
+    if (!me)
+        return;
+    int nmd = request_copy(c, call, h, body);
+    if (nmd < 0)
+        return;
+    if (rndv && !request_rndv_prepare(c, call, h, &desc, me, now))
+        return;
     call->nmd = (size_t)nmd;
-    call->len = (uint32_t)size;
+    call->len = h->md_len + h->payload_len; /* (within max_payload: request_admit) */
     call->md_len = h->md_len;
     call->method = me->m;
     /* atomic: call_detach may read these of an earlier call (see there) */
@@ -657,24 +727,10 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
     /* release: the fields above are visible to whoever sees RUN */
     __atomic_store_n(&call->state, ST_WORD(gen, CALL_RUN), __ATOMIC_RELEASE);
     vrpc_task_init(&call->task, call_task);
-    if (rndv) { /* the handler starts from the READ completion */
-        /* The read's limit counts from now, whatever trickles in: the call's
-         * deadline, and the size at min_transfer_rate plus the floor. */
-        int64_t lim = now + ((int64_t)s->o.transfer_floor_ms +
-                             (int64_t)h->payload_len * 1000 / s->o.min_transfer_rate) * 1000000;
-        int64_t dl = __atomic_load_n(&call->deadline_ns, __ATOMIC_RELAXED);
-        call->xfer_start_ns = now;
-        __atomic_store_n(&call->xfer, XFER_READING, __ATOMIC_RELAXED);
-        __atomic_add_fetch(&call->refs, 1, __ATOMIC_RELAXED); /* the armed timer's */
-        vrpc_timer_arm(s->wheel, &call->xfer_timer, dl < lim ? dl : lim, transfer_expired, call, gen);
-        int rc = vrpc_rndv_read(&call->in);
-        if (rc == -ENOSPC)
-            vrpc_rndv_read_later(&c->poller->retry, &call->in);
-        else if (rc)
-            request_read_done(c->poller, &call->in, rc);
-        return;
-    }
-    call_submit(c->poller, call, gen);
+    if (rndv)
+        request_read_start(c, call, h->payload_len, now, gen);
+    else
+        call_submit(c->poller, call, gen);
 }
 
 /* ---- large messages: the server's side of the rendezvous ------------------ */
