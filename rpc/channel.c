@@ -13,9 +13,11 @@
 #include <verbrpc/rpc.h>
 #include <verbrpc/sched.h>
 #include <verbrpc/transport.h>
+#include "rpc/conn.h"
 #include "rpc/futex.h"
 #include "rpc/internal.h"
 #include "rpc/metrics.h"
+#include "rpc/offer.h"
 #include "rpc/pbutil.h"
 #include "rpc/pending.h"
 #include "rpc/rndv.h"
@@ -24,26 +26,19 @@
 #include "rpc/wire.h"
 
 #define RECV_BUFS VRPC_CHANNEL_RECV_BUFS
-#define HELLO_WAIT 0u
-#define HELLO_OK 1u
-#define HELLO_FAILED 2u
+#define HELLO_WAIT VRPC_CONN_HELLO_WAIT
+#define HELLO_OK VRPC_CONN_HELLO_OK
+#define HELLO_FAILED VRPC_CONN_HELLO_FAILED
 
 struct vrpc_conn {
+    struct vrpc_conn_base b; /* first (rpc/conn.h). refs: the ep (until
+                                DISCONNECTED), the channel's current pointer,
+                                and each call using it; goaway: the server
+                                said GOAWAY; gone under conn_lock */
     struct vrpc_channel *ch;
-    struct vrpc_ep *ep;
-    uint32_t refs;        /* atomic; the ep (until DISCONNECTED), the channel's
-                             current pointer, and each call using it */
-    uint32_t dead;        /* atomic 0/1: lost, closing or protocol error */
-    uint32_t goaway;      /* atomic 0/1: server said GOAWAY */
-    uint32_t hello;       /* futex: HELLO_WAIT/OK/FAILED */
-    uint32_t max_payload; /* md + message bytes we may send (after HELLO_ACK) */
-    uint32_t peer_max;    /* the server's max_msg_size */
-    uint32_t peer_features; /* the server's VRPC_FEAT_* */
-    bool large;           /* both sides offer VRPC_FEAT_LARGE: rendezvous allowed */
     bool gather;          /* the transport grants gathered windows (vrpc_ep_grant_segs):
                              requests may be sent from the caller's memory */
     struct vrpc_conn *next, *prev; /* channel's list of live endpoints, under conn_lock */
-    bool gone;                     /* DISCONNECTED delivered (under conn_lock) */
 };
 
 /* An asynchronous call waiting for a slot: all max_outstanding are pending.
@@ -112,8 +107,7 @@ struct vrpc_channel {
     struct vrpc_conn live; /* list head of those endpoints' conns (under conn_lock) */
     uint32_t posted;   /* receive buffers posted, for destroy */
     struct vrpc_rndv_retry retry; /* reads/revokes to retry (poller only) */
-    struct vrpc_rndv_out *parked; /* request offers waiting for a grant (under conn_lock) */
-    uint32_t nparked;             /* their count (atomic: the poller looks without the lock) */
+    struct vrpc_offer_q offers;   /* request offers waiting for a grant (lock: conn_lock) */
     struct vrpc_method_table *mt; /* per-method call metrics (rpc/metrics.h) */
 };
 
@@ -157,13 +151,13 @@ static inline void call_metrics(struct vrpc_channel *ch, const struct vrpc_metho
  * be sending on it (the transport forbids any call after vrpc_ep_destroy). */
 static void conn_unref(struct vrpc_conn *c)
 {
-    if (c && __atomic_sub_fetch(&c->refs, 1, __ATOMIC_ACQ_REL) == 0) {
-        vrpc_ep_destroy(c->ep);
+    if (c && vrpc_conn_unref_last(&c->b)) {
+        vrpc_ep_destroy(c->b.ep);
         free(c);
     }
 }
 
-static void conn_ref(struct vrpc_conn *c) { __atomic_add_fetch(&c->refs, 1, __ATOMIC_RELAXED); }
+static void conn_ref(struct vrpc_conn *c) { vrpc_conn_ref(&c->b); }
 
 /* ---- a call's wire side and its transfers (see pending.h, xfer) ---------- */
 
@@ -329,12 +323,12 @@ static void complete(struct vrpc_channel *ch, struct vrpc_pending_slot *s, uint3
 
 static void send_cancel(struct vrpc_channel *ch, struct vrpc_conn *c, uint64_t id)
 {
-    if (!c || __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
+    if (!c || __atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE))
         return;
     struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_CANCEL, .request_id = id};
     /* Best effort and never blocking: without a buffer the server simply
      * finishes the call and its response is dropped. */
-    vrpc_rpc_send_simple(c->ep, ch->send_pool, &h, NULL, 0, false);
+    vrpc_rpc_send_simple(c->b.ep, ch->send_pool, &h, NULL, 0, false);
 }
 
 static void deadline_fired(void *ctx, uint64_t id)
@@ -399,12 +393,10 @@ static void conn_fail(struct vrpc_conn *c, const char *why, bool on_poller)
      * ordered, so either start_call's read sees 1, or it came first and this
      * exchange (acquire) sees everything before it, i.e. the slot it
      * published, in the scan below. */
-    if (__atomic_exchange_n(&c->dead, 1, __ATOMIC_ACQ_REL))
+    if (!vrpc_conn_kill(&c->b))
         return;
-    if (__atomic_load_n(&c->hello, __ATOMIC_ACQUIRE) == HELLO_WAIT) {
-        __atomic_store_n(&c->hello, HELLO_FAILED, __ATOMIC_RELEASE);
-        vrpc_futex_wake_all(&c->hello);
-    }
+    if (__atomic_load_n(&c->b.hello, __ATOMIC_ACQUIRE) == HELLO_WAIT)
+        vrpc_conn_hello_end(&c->b, HELLO_FAILED);
     fail_pending(c->ch, c, VRPC_UNAVAILABLE, why, on_poller);
     struct vrpc_channel *ch = c->ch;
     struct vrpc_conn *drop = NULL;
@@ -430,31 +422,29 @@ static void conn_fail(struct vrpc_conn *c, const char *why, bool on_poller)
 static void protocol_error(struct vrpc_conn *c, const char *what, int rc)
 {
     char peer[VRPC_URI_MAX] = "?";
-    vrpc_ep_peer_uri(c->ep, peer, sizeof(peer));
+    vrpc_ep_peer_uri(c->b.ep, peer, sizeof(peer));
     vrpc_rpc_log("protocol error from server %s: %s (%s); closing the connection", peer, what,
                  rc == -EPROTONOSUPPORT ? "unsupported version" : "malformed");
     conn_fail(c, "connection closed after a protocol error from the server", true);
-    vrpc_ep_close(c->ep);
+    vrpc_ep_close(c->b.ep);
 }
 
 /* ---- large messages: the client's side of the rendezvous ------------------ */
-
-static void request_offers_run(struct vrpc_channel *ch, bool on_poller);
 
 /* DONE for a RNDV response. From the poller, never waiting; without a buffer
  * or credit the server would hold its payload until its hold timeout, so the
  * connection is closed instead. */
 static void send_done(struct vrpc_channel *ch, struct vrpc_conn *c, uint64_t id, enum vrpc_code code)
 {
-    if (__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
+    if (__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE))
         return;
     struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_DONE, .request_id = id,
                               .status = (uint32_t)code};
-    int rc = vrpc_rpc_send_simple(c->ep, ch->send_pool, &h, NULL, 0, false);
+    int rc = vrpc_rpc_send_simple(c->b.ep, ch->send_pool, &h, NULL, 0, false);
     if (rc && rc != -ENOTCONN) {
         vrpc_rpc_log("cannot send DONE for a large response (%s); closing the connection", strerror(-rc));
         conn_fail(c, "connection closed: could not acknowledge a large response", true);
-        vrpc_ep_close(c->ep);
+        vrpc_ep_close(c->b.ep);
     }
 }
 
@@ -472,12 +462,7 @@ static enum vrpc_code gave_up_code(const struct vrpc_pending_slot *s)
  * came. The buffer goes back on the REVOKE completion. */
 static void request_revoke(struct vrpc_channel *ch, struct vrpc_pending_slot *s)
 {
-    int rc = vrpc_rndv_revoke(&s->out);
-    if (rc == -ENOSPC)
-        vrpc_rndv_revoke_later(&ch->retry, &s->out);
-    else if (rc && rc != -EALREADY)
-        vrpc_rpc_log("revoking a large request's key failed (%s); released with the connection",
-                     strerror(-rc));
+    vrpc_offer_revoke(&ch->retry, &s->out, "request");
 }
 
 /* Poller: the REVOKE completion of the call's grant: buffer back, the
@@ -487,11 +472,8 @@ static void request_revoked(struct vrpc_channel *ch, struct vrpc_pending_slot *s
     struct vrpc_rndv_out *o = &s->out;
     struct vrpc_conn *c = vrpc_ep_user(o->ep);
     uint32_t gen = vrpc_wire_id_gen(o->id);
-    vrpc_timer_cancel(ch->wheel, &s->out.hold_timer);
     /* under conn_lock: hold_fired takes its own reference only while GRANTED */
-    pthread_mutex_lock(&ch->conn_lock);
-    vrpc_rndv_revoked(o);
-    pthread_mutex_unlock(&ch->conn_lock);
+    vrpc_offer_revoked(&ch->offers, ch->wheel, o);
     zc_release(ch, s, true);
     conn_unref(c);
     slot_drop(s, gen);
@@ -509,7 +491,7 @@ static void hold_fired(void *ctx, uint64_t id)
     struct vrpc_conn *c = NULL;
     uint32_t len = 0;
     pthread_mutex_lock(&ch->conn_lock);
-    if (__atomic_load_n(&o->state, __ATOMIC_ACQUIRE) == VRPC_RNDV_GRANTED && o->id == id) {
+    if (vrpc_offer_granted(o, id)) {
         c = vrpc_ep_user(o->ep);
         len = o->len;
         conn_ref(c); /* safe: the grant holds one until it goes IDLE under this lock */
@@ -518,11 +500,11 @@ static void hold_fired(void *ctx, uint64_t id)
     if (!c)
         return;
     char peer[VRPC_URI_MAX] = "?";
-    vrpc_ep_peer_uri(c->ep, peer, sizeof(peer));
+    vrpc_ep_peer_uri(c->b.ep, peer, sizeof(peer));
     vrpc_rpc_log("server %s held the %u-byte payload of call %#llx for %u ms without reading it; "
                  "aborting the connection", peer, len, (unsigned long long)id, ch->o.hold_timeout_ms);
     conn_fail(c, "connection closed: the server did not read a large request in time", false);
-    vrpc_ep_abort(c->ep, -ECONNABORTED);
+    vrpc_ep_abort(c->b.ep, -ECONNABORTED);
     conn_unref(c);
 }
 
@@ -603,11 +585,11 @@ static void response_xfer_expired(void *ctx, uint64_t id)
         complete(ch, s, gen, false);
     }
     char peer[VRPC_URI_MAX] = "?";
-    vrpc_ep_peer_uri(c->ep, peer, sizeof(peer));
+    vrpc_ep_peer_uri(c->b.ep, peer, sizeof(peer));
     vrpc_rpc_log("server %s: large transfer too slow: %u-byte response of call %#llx not read in %lld ms; "
                  "aborting the connection", peer, len, (unsigned long long)id, ms);
     conn_fail(c, "connection aborted: a large response was too slow (min_transfer_rate)", false);
-    vrpc_ep_abort(c->ep, -ECONNABORTED);
+    vrpc_ep_abort(c->b.ep, -ECONNABORTED);
     __atomic_store_n(&s->rd_xfer, (uint64_t)gen << 32 | VRPC_RD_EXPIRED, __ATOMIC_RELEASE);
 }
 
@@ -625,7 +607,7 @@ static void on_large_response(struct vrpc_channel *ch, struct vrpc_conn *c, stru
     char why[VRPC_STATUS_MSG_MAX];
     struct vrpc_buf *lb;
 
-    if ((uint64_t)VRPC_WIRE_HDR_LEN + h->payload_len <= vrpc_ep_eager_size(c->ep)) {
+    if ((uint64_t)VRPC_WIRE_HDR_LEN + h->payload_len <= vrpc_ep_eager_size(c->b.ep)) {
         protocol_error(c, "rendezvous response for a payload that fits a frame", -EPROTO);
         return;
     }
@@ -654,7 +636,7 @@ static void on_large_response(struct vrpc_channel *ch, struct vrpc_conn *c, stru
     }
     struct vrpc_rndv_in *in = &s->in;
     in->lb = lb;
-    in->ep = c->ep;
+    in->ep = c->b.ep;
     in->addr = d.addr;
     in->rkey = d.rkey;
     in->len = h->payload_len;
@@ -697,7 +679,7 @@ static void on_response(struct vrpc_channel *ch, struct vrpc_conn *c, const stru
     }
     uint32_t gen = vrpc_wire_id_gen(h->request_id);
     /* a RESPONSE also ends the grant of a request payload the server did not read */
-    if (__atomic_load_n(&s->out.state, __ATOMIC_ACQUIRE) == VRPC_RNDV_GRANTED && s->out.id == h->request_id)
+    if (vrpc_offer_granted(&s->out, h->request_id))
         request_revoke(ch, s);
     if (h->flags & VRPC_FF_RNDV) {
         on_large_response(ch, c, s, h, payload);
@@ -708,7 +690,7 @@ static void on_response(struct vrpc_channel *ch, struct vrpc_conn *c, const stru
             if (!s->resp || h->payload_len > s->resp_cap) {
                 /* sized once for the largest eager response, so a slot never
                  * regrows in steady state (larger ones come by rendezvous) */
-                uint32_t fit = vrpc_ep_eager_size(c->ep) - VRPC_WIRE_HDR_LEN;
+                uint32_t fit = vrpc_ep_eager_size(c->b.ep) - VRPC_WIRE_HDR_LEN;
                 uint32_t want = h->payload_len > fit ? h->payload_len : fit;
                 uint8_t *nb = realloc(s->resp, want);
                 if (!nb) {
@@ -740,7 +722,7 @@ static void on_done(struct vrpc_channel *ch, struct vrpc_conn *c, const struct v
 {
     struct vrpc_pending_slot *s = vrpc_pending_lookup(ch->pend, h->request_id);
     if (!s || __atomic_load_n((struct vrpc_conn **)&s->conn, __ATOMIC_ACQUIRE) != c ||
-        __atomic_load_n(&s->out.state, __ATOMIC_ACQUIRE) != VRPC_RNDV_GRANTED || s->out.id != h->request_id) {
+        !vrpc_offer_granted(&s->out, h->request_id)) {
         protocol_error(c, "DONE for a request with no payload outstanding", -EPROTO);
         return;
     }
@@ -761,10 +743,9 @@ static void release_transfers(struct vrpc_channel *ch, struct vrpc_ep *ep)
         if ((st != VRPC_RNDV_GRANTED && st != VRPC_RNDV_REVOKING) || s->out.ep != ep)
             continue;
         struct vrpc_conn *c = vrpc_ep_user(ep);
-        pthread_mutex_lock(&ch->conn_lock);
-        uint32_t gen = vrpc_wire_id_gen(s->out.id);
-        bool dropped = vrpc_rndv_drop(&s->out, ep);
-        pthread_mutex_unlock(&ch->conn_lock);
+        uint64_t id;
+        bool dropped = vrpc_offer_drop(&ch->offers, &s->out, ep, &id);
+        uint32_t gen = vrpc_wire_id_gen(id);
         if (dropped) {
             vrpc_timer_cancel(ch->wheel, &s->out.hold_timer);
             zc_release(ch, s, true);
@@ -774,65 +755,76 @@ static void release_transfers(struct vrpc_channel *ch, struct vrpc_ep *ep)
     }
 }
 
-static void on_recv(struct vrpc_channel *ch, struct vrpc_conn *c, const uint8_t *f, uint32_t len)
-{
-    struct vrpc_wire_hdr h;
-    int rc;
+/* ---- the client's frame table (rpc/conn.h): poller thread --------------- */
 
-    if (__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
-        return;
-    if ((rc = vrpc_wire_hdr_decode(f, len, &h))) {
-        protocol_error(c, "bad frame header", rc);
-        return;
-    }
-    const uint8_t *payload = f + VRPC_WIRE_HDR_LEN + h.md_len;
-    uint32_t hello = __atomic_load_n(&c->hello, __ATOMIC_ACQUIRE);
-    if (h.type == VRPC_FT_HELLO_ACK) {
-        struct vrpc_wire_hello st;
-        if (hello != HELLO_WAIT || vrpc_wire_hello_decode(payload, h.payload_len, &st)) {
-            protocol_error(c, "unexpected or malformed HELLO_ACK", -EPROTO);
-            return;
-        }
-        c->peer_max = st.max_msg_size;
-        c->peer_features = st.features;
-        c->max_payload = vrpc_rndv_send_limit(st.max_msg_size, st.features, vrpc_ep_eager_size(c->ep));
-        c->large = (st.features & vrpc_rndv_features & VRPC_FEAT_LARGE) != 0;
-        vrpc_pending_set_limit(ch->pend, st.max_concurrent);
-        __atomic_store_n(&c->hello, HELLO_OK, __ATOMIC_RELEASE);
-        vrpc_futex_wake_all(&c->hello);
+static struct vrpc_conn *client_conn(struct vrpc_conn_base *b) { return container_of(b, struct vrpc_conn, b); }
+
+static void client_protocol_error(struct vrpc_conn_base *b, const char *what, int rc)
+{
+    protocol_error(client_conn(b), what, rc);
+}
+
+static void client_on_hello_ack(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h, const uint8_t *body)
+{
+    struct vrpc_conn *c = client_conn(b);
+    struct vrpc_wire_hello st;
+    if (__atomic_load_n(&c->b.hello, __ATOMIC_ACQUIRE) != HELLO_WAIT ||
+        vrpc_wire_hello_decode(body + h->md_len, h->payload_len, &st)) {
+        protocol_error(c, "unexpected or malformed HELLO_ACK", -EPROTO);
         return;
     }
-    if (hello != HELLO_OK) {
-        protocol_error(c, "frame before HELLO_ACK", -EPROTO);
+    vrpc_conn_hello_apply(&c->b, &st);
+    vrpc_pending_set_limit(c->ch->pend, st.max_concurrent);
+    vrpc_conn_hello_end(&c->b, HELLO_OK);
+}
+
+static void client_on_response(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h, const uint8_t *body)
+{
+    struct vrpc_conn *c = client_conn(b);
+    if ((h->flags & VRPC_FF_RNDV) && !c->b.large) {
+        protocol_error(c, "large-message response on a connection without large messages", -EPROTO);
         return;
     }
-    switch (h.type) {
-    case VRPC_FT_RESPONSE:
-        if ((h.flags & VRPC_FF_RNDV) && !c->large) {
-            protocol_error(c, "large-message response on a connection without large messages", -EPROTO);
-            break;
-        }
-        on_response(ch, c, &h, payload);
-        break;
-    case VRPC_FT_DONE:
-        on_done(ch, c, &h);
-        break;
-    case VRPC_FT_GOAWAY:
-        __atomic_store_n(&c->goaway, 1, __ATOMIC_RELEASE);
-        pthread_mutex_lock(&ch->conn_lock);
-        if (ch->conn == c) {
-            ch->conn = NULL;
-            set_state(ch, VRPC_CHANNEL_IDLE);
-            pthread_mutex_unlock(&ch->conn_lock);
-            conn_unref(c);
-        } else {
-            pthread_mutex_unlock(&ch->conn_lock);
-        }
-        break;
-    default:
-        protocol_error(c, "frame type a server must not send", -EPROTO);
+    on_response(c->ch, c, h, body + h->md_len);
+}
+
+static void client_on_done(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h, const uint8_t *body)
+{
+    (void)body;
+    on_done(client_conn(b)->ch, client_conn(b), h);
+}
+
+static void client_on_goaway(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h, const uint8_t *body)
+{
+    struct vrpc_conn *c = client_conn(b);
+    struct vrpc_channel *ch = c->ch;
+    (void)h;
+    (void)body;
+    __atomic_store_n(&c->b.goaway, 1, __ATOMIC_RELEASE);
+    pthread_mutex_lock(&ch->conn_lock);
+    if (ch->conn == c) {
+        ch->conn = NULL;
+        set_state(ch, VRPC_CHANNEL_IDLE);
+        pthread_mutex_unlock(&ch->conn_lock);
+        conn_unref(c);
+    } else {
+        pthread_mutex_unlock(&ch->conn_lock);
     }
 }
+
+static const struct vrpc_conn_role client_role = {
+    .hello_type = VRPC_FT_HELLO_ACK,
+    .before_hello = "frame before HELLO_ACK",
+    .bad_type = "frame type a server must not send",
+    .on_hello = client_on_hello_ack,
+    .protocol_error = client_protocol_error,
+    .on_frame = {
+        [VRPC_FT_HELLO_ACK] = client_on_hello_ack, /* a second one: refused there */
+        [VRPC_FT_RESPONSE] = client_on_response,
+        [VRPC_FT_DONE] = client_on_done,
+        [VRPC_FT_GOAWAY] = client_on_goaway,
+    },
+};
 
 static void channel_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, void *arg)
 {
@@ -842,7 +834,8 @@ static void channel_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned
         switch (w->opcode) {
         case VRPC_WC_RECV:
             if (w->status == 0 && w->ep)
-                on_recv(ch, vrpc_ep_user(w->ep), w->buf->data, w->byte_len);
+                vrpc_conn_recv(&client_role, &((struct vrpc_conn *)vrpc_ep_user(w->ep))->b, w->buf->data,
+                               w->byte_len);
             if (w->status == -ECANCELED || vrpc_cq_post_recv(cq, &w->buf, NULL, 1)) {
                 vrpc_pool_put(w->buf);
                 __atomic_sub_fetch(&ch->posted, 1, __ATOMIC_RELAXED);
@@ -862,7 +855,7 @@ static void channel_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned
             struct vrpc_conn *c = vrpc_ep_user(w->ep);
             conn_fail(c, w->status ? "connection lost" : "connection closed", true);
             pthread_mutex_lock(&ch->conn_lock);
-            c->gone = true; /* no grant starts on it from here on (start_call) */
+            c->b.gone = true; /* no grant starts on it from here on (start_call) */
             if (c->next) {
                 c->prev->next = c->next;
                 c->next->prev = c->prev;
@@ -880,8 +873,8 @@ static void channel_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned
     }
     if (ch->retry.reads || ch->retry.revokes)
         vrpc_rndv_retry_run(&ch->retry, response_read_failed, ch);
-    if (__atomic_load_n(&ch->nparked, __ATOMIC_ACQUIRE))
-        request_offers_run(ch, true);
+    if (vrpc_offer_any_parked(&ch->offers))
+        vrpc_offer_run(&ch->offers, VRPC_SEND_POLLER);
 }
 
 /* ---- connecting ---------------------------------------------------------- */
@@ -896,7 +889,7 @@ static int connect_once(struct vrpc_channel *ch, int64_t deadline_ns)
     if (!c)
         return -ENOMEM;
     c->ch = ch;
-    c->refs = 2; /* ours (handed to ch->conn on success) and the endpoint's
+    c->b.refs = 2; /* ours (handed to ch->conn on success) and the endpoint's
                     (dropped when its DISCONNECTED arrives) */
     set_state(ch, VRPC_CHANNEL_CONNECTING);
     int64_t now = vrpc_now_ns();
@@ -911,7 +904,7 @@ static int connect_once(struct vrpc_channel *ch, int64_t deadline_ns)
     ea.timeout_ms = (uint32_t)budget_ms;
     ea.src_addr = ch->src_addr[0] ? ch->src_addr : NULL;
     __atomic_add_fetch(&ch->live_eps, 1, __ATOMIC_RELAXED);
-    rc = vrpc_connect(ch->tp, ch->turi, &ea, &c->ep);
+    rc = vrpc_connect(ch->tp, ch->turi, &ea, &c->b.ep);
     if (rc) {
         __atomic_sub_fetch(&ch->live_eps, 1, __ATOMIC_RELAXED);
         free(c);
@@ -920,9 +913,9 @@ static int connect_once(struct vrpc_channel *ch, int64_t deadline_ns)
     uint32_t probe;
     /* -ENOSYS: no gathered grants. VRPC_NO_GATHER=1 (diagnosis, A/B runs):
      * large requests are always copied into a large buffer. */
-    c->gather = vrpc_ep_grant_segs(c->ep, NULL, 0, &probe) == -EINVAL && !vrpc_env_flag(VRPC_ENV_NO_GATHER);
+    c->gather = vrpc_ep_grant_segs(c->b.ep, NULL, 0, &probe) == -EINVAL && !vrpc_env_flag(VRPC_ENV_NO_GATHER);
     pthread_mutex_lock(&ch->conn_lock);
-    if (!c->gone) { /* its DISCONNECTED may already have come and gone */
+    if (!c->b.gone) { /* its DISCONNECTED may already have come and gone */
         c->next = ch->live.next;
         c->prev = &ch->live;
         ch->live.next->prev = c;
@@ -935,22 +928,22 @@ static int connect_once(struct vrpc_channel *ch, int64_t deadline_ns)
                                  .features = vrpc_rndv_features};
     vrpc_wire_hello_encode(hp, &hs);
     h.payload_len = sizeof(hp);
-    rc = vrpc_rpc_send_simple(c->ep, ch->send_pool, &h, hp, sizeof(hp), true);
+    rc = vrpc_rpc_send_simple(c->b.ep, ch->send_pool, &h, hp, sizeof(hp), true);
     int64_t end = now + budget_ms * 1000000;
     uint32_t hv;
-    while (!rc && (hv = __atomic_load_n(&c->hello, __ATOMIC_ACQUIRE)) == HELLO_WAIT) {
+    while (!rc && (hv = __atomic_load_n(&c->b.hello, __ATOMIC_ACQUIRE)) == HELLO_WAIT) {
         int64_t left = end - vrpc_now_ns();
         if (left <= 0) {
             rc = -ETIMEDOUT;
             break;
         }
-        vrpc_rpc_futex_wait_ns(&c->hello, HELLO_WAIT, left);
+        vrpc_rpc_futex_wait_ns(&c->b.hello, HELLO_WAIT, left);
     }
-    if (!rc && __atomic_load_n(&c->hello, __ATOMIC_ACQUIRE) != HELLO_OK)
+    if (!rc && __atomic_load_n(&c->b.hello, __ATOMIC_ACQUIRE) != HELLO_OK)
         rc = -ECONNRESET;
     if (rc) {
         conn_fail(c, "handshake failed", false);
-        vrpc_ep_close(c->ep);
+        vrpc_ep_close(c->b.ep);
         conn_unref(c);
         return rc;
     }
@@ -972,7 +965,7 @@ static int get_conn(struct vrpc_channel *ch, int64_t deadline_ns, bool force, st
 
     pthread_mutex_lock(&ch->conn_lock);
     c = ch->conn;
-    if (c && !__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE) && !__atomic_load_n(&c->goaway, __ATOMIC_ACQUIRE)) {
+    if (c && !__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE) && !__atomic_load_n(&c->b.goaway, __ATOMIC_ACQUIRE)) {
         conn_ref(c);
         pthread_mutex_unlock(&ch->conn_lock);
         *out = c;
@@ -988,7 +981,7 @@ static int get_conn(struct vrpc_channel *ch, int64_t deadline_ns, bool force, st
         }
         pthread_mutex_lock(&ch->conn_lock);
         c = ch->conn; /* another thread may have connected meanwhile */
-        if (c && !__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE) && !__atomic_load_n(&c->goaway, __ATOMIC_ACQUIRE)) {
+        if (c && !__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE) && !__atomic_load_n(&c->b.goaway, __ATOMIC_ACQUIRE)) {
             conn_ref(c);
             pthread_mutex_unlock(&ch->conn_lock);
             *out = c;
@@ -1069,18 +1062,20 @@ static int64_t call_deadline(const struct vrpc_channel *ch, const struct vrpc_ca
     return vrpc_now_ns() + t * 1000;
 }
 
-/* Grant the server the packed request payload parked in s->out (p_*):
- * under conn_lock, against the endpoint's DISCONNECTED (release_transfers):
- * either it sees the grant, or we see `gone` and grant nothing. */
-static int grant_request_locked(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s)
+/* The offer machine's grant of a request payload (rpc/offer.h): under
+ * conn_lock, against the endpoint's DISCONNECTED (release_transfers): either
+ * it sees the grant, or we see `gone` and grant nothing. A parked offer
+ * whose call was decided meanwhile (deadline, cancel) is not granted at all:
+ * -ECANCELED. */
+static int request_grant_locked(struct vrpc_offer_q *q, struct vrpc_rndv_out *o, bool retry)
 {
-    struct vrpc_rndv_out *o = &s->out;
-    if (c->gone || __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
-        return -ENOTCONN;
-    int rc = o->p_nsegs ? vrpc_rndv_grant_segs(o, c->ep, o->p_lb, o->p_segs, o->p_nsegs, o->p_len, o->p_id)
-                        : vrpc_rndv_grant(o, c->ep, o->p_lb, o->p_len, o->p_id);
+    struct vrpc_channel *ch = container_of(q, struct vrpc_channel, offers);
+    struct vrpc_pending_slot *s = container_of(o, struct vrpc_pending_slot, out);
+    struct vrpc_conn *c = o->p_conn;
+    if (retry && ((uint32_t)__atomic_load_n(&s->word, __ATOMIC_ACQUIRE) & VRPC_PEND_DECIDED))
+        return -ECANCELED;
+    int rc = vrpc_offer_grant_locked(&c->b, o);
     if (rc == 0) {
-        conn_ref(c);  /* the grant's: the endpoint outlives the key */
         slot_hold(s); /* the grant's */
         vrpc_timer_arm(ch->wheel, &o->hold_timer, vrpc_now_ns() + (int64_t)ch->o.hold_timeout_ms * 1000000,
                        hold_fired, ch, o->p_id);
@@ -1090,17 +1085,20 @@ static int grant_request_locked(struct vrpc_channel *ch, struct vrpc_conn *c, st
 
 /* The end of sending a request (start_call's, a parked offer's or a queued
  * call's): send the frame b unless rc already says why not, fail the call if
- * it could not go, end the owner's set-up hold. Drops the async call's own
- * reference of c (see start_call). */
+ * it could not go, end the owner's set-up hold. Drops an async call's own
+ * reference of c (see start_call). ctx: the thread (an async call's never
+ * waits for credits). */
 static void request_go(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s, uint32_t gen,
-                       struct vrpc_buf *b, uint32_t flen, int rc, bool async, bool may_wait, bool on_poller)
+                       struct vrpc_buf *b, uint32_t flen, int rc, enum vrpc_send_ctx ctx)
 {
+    /* (s->cb is the owner's until the set-up hold is dropped, below) */
+    bool async = s->cb != NULL, on_poller = ctx == VRPC_SEND_POLLER;
     /* Read dead with an RMW (release): pairs with conn_fail's exchange, see
      * there; a plain load could miss it while the scan misses our slot. */
     if (!rc)
-        rc = __atomic_fetch_or(&c->dead, 0, __ATOMIC_ACQ_REL) ? -ENOTCONN : 0;
+        rc = vrpc_conn_dead_rmw(&c->b) ? -ENOTCONN : 0;
     if (!rc)
-        rc = vrpc_rpc_send(c->ep, b, flen, may_wait);
+        rc = vrpc_rpc_send(c->b.ep, b, flen, ctx == VRPC_SEND_WAIT);
     else
         vrpc_pool_put(b);
     if (rc) {
@@ -1127,9 +1125,10 @@ static void request_go(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc
 /* A request offer off the parked list (or never parked): its descriptor
  * goes out if it got its grant. A call decided while its offer was parked
  * (deadline, cancel) is not sent at all. Drops the offer's reference of c. */
-static void request_offer_done(struct vrpc_channel *ch, struct vrpc_pending_slot *s, bool may_wait, bool on_poller)
+static int request_offer_done(struct vrpc_offer_q *q, struct vrpc_rndv_out *o, enum vrpc_send_ctx ctx)
 {
-    struct vrpc_rndv_out *o = &s->out;
+    struct vrpc_channel *ch = container_of(q, struct vrpc_channel, offers);
+    struct vrpc_pending_slot *s = container_of(o, struct vrpc_pending_slot, out);
     struct vrpc_conn *c = o->p_conn;
     uint32_t gen = vrpc_wire_id_gen(o->p_id);
     bool async = s->cb != NULL;
@@ -1137,7 +1136,7 @@ static void request_offer_done(struct vrpc_channel *ch, struct vrpc_pending_slot
         vrpc_rndv_offer_desc(o);
     } else {
         vrpc_lbuf_put(o->p_lb);
-        zc_release(ch, s, on_poller); /* never granted */
+        zc_release(ch, s, ctx == VRPC_SEND_POLLER); /* never granted */
     }
     if (o->p_rc == -ECANCELED) { /* the server never hears of it */
         vrpc_pool_put(o->p_frame);
@@ -1146,65 +1145,26 @@ static void request_offer_done(struct vrpc_channel *ch, struct vrpc_pending_slot
         if (async)
             conn_unref(c);
     } else {
-        request_go(ch, c, s, gen, o->p_frame, o->p_frame_len, o->p_rc, async, may_wait, on_poller);
+        request_go(ch, c, s, gen, o->p_frame, o->p_frame_len, o->p_rc, ctx);
     }
     conn_unref(c);
+    return 0;
 }
 
-/* Try the parked request offers again, oldest first (after a completion
- * batch, or by a parker). Any thread; never waits. */
-static void request_offers_run(struct vrpc_channel *ch, bool on_poller)
-{
-    struct vrpc_rndv_out *done = NULL, **tail = &done;
-    pthread_mutex_lock(&ch->conn_lock);
-    for (struct vrpc_rndv_out **pp = &ch->parked; *pp;) {
-        struct vrpc_rndv_out *o = *pp;
-        struct vrpc_pending_slot *s = container_of(o, struct vrpc_pending_slot, out);
-        int rc = ((uint32_t)__atomic_load_n(&s->word, __ATOMIC_ACQUIRE) & VRPC_PEND_DECIDED)
-                     ? -ECANCELED
-                     : grant_request_locked(ch, o->p_conn, s);
-        if (rc == -ENOSPC) {
-            pp = &o->p_next;
-            continue;
-        }
-        *pp = o->p_next;
-        o->p_rc = rc;
-        o->p_next = NULL;
-        __atomic_store_n(&o->parked, 0, __ATOMIC_RELAXED);
-        *tail = o;
-        tail = &o->p_next;
-        __atomic_sub_fetch(&ch->nparked, 1, __ATOMIC_RELAXED);
-    }
-    pthread_mutex_unlock(&ch->conn_lock);
-    while (done) {
-        struct vrpc_rndv_out *o = done;
-        done = o->p_next;
-        request_offer_done(ch, container_of(o, struct vrpc_pending_slot, out), false, on_poller);
-    }
-}
+static const struct vrpc_offer_ops request_offer_ops = {
+    .grant_locked = request_grant_locked,
+    .done = request_offer_done,
+};
 
 /* Offer the packed request payload (s->out.p_*, frame b with its header
  * written) to the server (caller's thread): grant and send, or park the
  * offer when the transport has no grant left for now. */
-static void offer_request(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s, bool may_wait)
+static void offer_request(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s,
+                          enum vrpc_send_ctx ctx)
 {
-    struct vrpc_rndv_out *o = &s->out;
     conn_ref(c); /* the offer's */
-    o->p_conn = c;
-    pthread_mutex_lock(&ch->conn_lock);
-    int rc = grant_request_locked(ch, c, s);
-    if (rc == -ENOSPC) {
-        vrpc_rndv_park(&ch->parked, o);
-        __atomic_add_fetch(&ch->nparked, 1, __ATOMIC_RELEASE);
-    }
-    pthread_mutex_unlock(&ch->conn_lock);
-    if (rc == -ENOSPC) {
-        /* what freed a grant before we parked announced nothing to us */
-        request_offers_run(ch, false);
-        return;
-    }
-    o->p_rc = rc;
-    request_offer_done(ch, s, may_wait, false);
+    s->out.p_conn = c;
+    vrpc_offer_start(&ch->offers, &s->out, ctx);
 }
 
 /* Publish a reserved slot whose call fields the owner has written: arm its
@@ -1268,7 +1228,7 @@ static void launch_queued(struct vrpc_channel *ch, struct vrpc_conn *c, struct v
     }
     vrpc_wire_hdr_encode(b->data, &h);
     /* a queued call is async: drops launch_open_locked's reference of c */
-    request_go(ch, c, s, gen, b, VRPC_WIRE_HDR_LEN + mdsz + plen, 0, true, false, false);
+    request_go(ch, c, s, gen, b, VRPC_WIRE_HDR_LEN + mdsz + plen, 0, VRPC_SEND_NOWAIT);
 }
 
 /* ---- the async backlog ---------------------------------------------------- */
@@ -1386,7 +1346,7 @@ static void pump(void *arg)
         struct vrpc_conn *c;
         pthread_mutex_lock(&ch->conn_lock);
         c = ch->conn;
-        if (c && !__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE) && !__atomic_load_n(&c->goaway, __ATOMIC_ACQUIRE))
+        if (c && !__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE) && !__atomic_load_n(&c->b.goaway, __ATOMIC_ACQUIRE))
             conn_ref(c);
         else
             c = NULL;
@@ -1398,7 +1358,7 @@ static void pump(void *arg)
             queued_fail(e, VRPC_UNAVAILABLE, "connection lost while the call waited for a slot");
             continue;
         }
-        if (e->mdsz + e->plen > c->max_payload) { /* a new connection with a lower limit */
+        if (e->mdsz + e->plen > c->b.max_payload) { /* a new connection with a lower limit */
             queued_unlink_locked(ch, e, Q_FAILING);
             pthread_mutex_unlock(&ch->qlock);
             conn_unref(c);
@@ -1474,6 +1434,243 @@ static bool backlog_empty(struct vrpc_channel *ch)
     return __atomic_load_n(&ch->qlen, __ATOMIC_ACQUIRE) == 0;
 }
 
+/* A call being started: start_call's arguments and what its steps work
+ * out (only the fields named are set before a step reads them). */
+struct call_start {
+    const struct vrpc_method_desc *m;
+    const ProtobufCMessage *req;
+    const struct vrpc_call_opts *o;
+    vrpc_call_cb cb; /* NULL: synchronous */
+    void *arg;
+    int64_t deadline;
+    long mdsz;               /* metadata bytes */
+    size_t plen;             /* message bytes */
+    struct vrpc_buf *lb;     /* a large request packed for rendezvous, else NULL */
+    struct vrpc_pb_gather gat; /* gat.nsegs > 0: lb holds the copied pieces of a gathered window */
+};
+
+/* get_conn's failure as the call's status; returns its code. */
+static int conn_refused(struct vrpc_channel *ch, int rc, struct vrpc_status *st)
+{
+    if (rc == -ESHUTDOWN)
+        vrpc_status_set(st, VRPC_UNAVAILABLE, "channel is shutting down");
+    else if (rc == -EAGAIN && __atomic_load_n(&ch->last_err, __ATOMIC_RELAXED) == -ENXIO)
+        vrpc_status_set(st, VRPC_UNAVAILABLE, "channel in back-off after: cannot resolve the host name of %s",
+                        ch->turi);
+    else if (rc == -EAGAIN)
+        vrpc_status_set(st, VRPC_UNAVAILABLE, "channel in back-off after: %s", strerror(-__atomic_load_n(&ch->last_err, __ATOMIC_RELAXED)));
+    else if (rc == -ENXIO)
+        vrpc_status_set(st, VRPC_UNAVAILABLE, "connect failed: cannot resolve the host name of %s", ch->turi);
+    else if (rc == -EINVAL)
+        vrpc_status_set(st, VRPC_INVALID_ARGUMENT, "connect to %s failed: invalid argument", ch->turi);
+    else
+        vrpc_status_set(st, VRPC_UNAVAILABLE, "connect failed: %s", strerror(-rc));
+    return rc == -EINVAL ? VRPC_INVALID_ARGUMENT : VRPC_UNAVAILABLE;
+}
+
+/* A request of need bytes above what c may send: its status and code. */
+static int request_too_big(const struct vrpc_conn *c, size_t need, struct vrpc_status *st)
+{
+    if (c->b.max_payload == c->b.peer_max)
+        vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED, "request of %zu bytes exceeds the server's limit of %u bytes",
+                        need, c->b.max_payload);
+    else
+        vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED,
+                        "request of %zu bytes exceeds %u bytes, the most one frame carries on this "
+                        "connection (no large-message support on one side)", need, c->b.max_payload);
+    return VRPC_RESOURCE_EXHAUSTED;
+}
+
+/* A request above the eager size: pack it straight into a large buffer
+ * (cs->lb), offered to the server by rendezvous (the descriptor goes in
+ * place of the payload); gathered (cs->gat) when the request stays valid
+ * and unchanged until the call ends for its owner (synchronous, or
+ * REQ_HELD) and c can gather: big bytes values are then sent from where
+ * they are (zero-copy requests, above). 0, or the status code with st
+ * filled and nothing held. */
+static int pack_large(struct vrpc_channel *ch, const struct vrpc_conn *c, struct call_start *cs,
+                      struct vrpc_status *st)
+{
+    char why[VRPC_STATUS_MSG_MAX];
+    if (VRPC_WIRE_HDR_LEN + (size_t)cs->mdsz + VRPC_WIRE_DESC_LEN > vrpc_ep_eager_size(c->b.ep)) {
+        vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED, "metadata of %ld bytes does not fit one frame "
+                        "with a large message (at most %u bytes)", cs->mdsz,
+                        vrpc_ep_eager_size(c->b.ep) - VRPC_WIRE_HDR_LEN - VRPC_WIRE_DESC_LEN);
+        return VRPC_RESOURCE_EXHAUSTED;
+    }
+    bool held = !cs->cb || (cs->o && (cs->o->flags & VRPC_CALL_REQ_HELD));
+    struct vrpc_pb_gather *gat = &cs->gat;
+    if (held && c->gather) {
+        vrpc_pb_pack_gather(cs->req, VRPC_PB_GATHER_MIN, NULL, 0, gat); /* measure */
+        if (gat->nrefs == 0)
+            gat->nsegs = 0; /* nothing to reference: pack as usual */
+    }
+    if (vrpc_rndv_buf(ch->tp, ch->o.max_pinned, gat->nsegs ? gat->copied : cs->plen, &cs->lb, why, sizeof(why))) {
+        vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED, "%s", why);
+        return VRPC_RESOURCE_EXHAUSTED;
+    }
+    if (gat->nsegs) {
+        size_t copied = gat->copied;
+        if (vrpc_pb_pack_gather(cs->req, VRPC_PB_GATHER_MIN, cs->lb->data, copied, gat) || gat->copied != copied ||
+            gat->total != cs->plen) {
+            vrpc_lbuf_put(cs->lb);
+            cs->lb = NULL;
+            vrpc_status_set(st, VRPC_INTERNAL, "request changed while it was being packed");
+            return VRPC_INTERNAL;
+        }
+    } else {
+        cs->plen = vrpc_pb_pack_sized(cs->req, cs->lb->data);
+    }
+    return 0;
+}
+
+/* An async call without a slot (or behind calls already queued, to keep
+ * their order): queue it packed in a send buffer. A large request is not
+ * queued (its grant would pin memory while it waits): refused. Drops our
+ * reference of c. start_call's result (0: queued). */
+static int start_queued(struct vrpc_channel *ch, struct vrpc_conn *c, struct call_start *cs, struct vrpc_status *st)
+{
+    const struct vrpc_call_opts *o = cs->o;
+    struct vrpc_buf *qb = cs->lb ? NULL : vrpc_pool_get(ch->send_pool);
+    conn_unref(c);
+    if (!qb) {
+        vrpc_lbuf_put(cs->lb);
+        return -EAGAIN;
+    }
+    if (cs->mdsz)
+        vrpc_wire_md_encode((uint8_t *)qb->data + VRPC_WIRE_HDR_LEN, o->md, o->md_count);
+    size_t plen = vrpc_pb_pack_sized(cs->req, (uint8_t *)qb->data + VRPC_WIRE_HDR_LEN + cs->mdsz);
+    int rc = enqueue(ch, qb, (uint32_t)cs->mdsz, (uint32_t)plen, cs->m, o, cs->cb, cs->arg, cs->deadline);
+    if (rc == 0)
+        return 0;
+    vrpc_pool_put(qb);
+    if (rc == -EAGAIN)
+        return -EAGAIN;
+    vrpc_status_set(st, VRPC_UNAVAILABLE, "channel is shutting down");
+    return VRPC_UNAVAILABLE;
+}
+
+/* The call's slot: *sp set and 0, or start_call's result with c's
+ * reference and cs->lb dropped (*sp NULL and 0: queued). A synchronous call
+ * waits for a slot until its deadline; an async one does not. */
+static int call_slot(struct vrpc_channel *ch, struct vrpc_conn *c, struct call_start *cs, struct vrpc_status *st,
+                     struct vrpc_pending_slot **sp)
+{
+    int rc;
+    if (cs->cb) {
+        rc = backlog_empty(ch) ? vrpc_pending_try_alloc(ch->pend, c, sp) : -EAGAIN;
+        if (rc == -EAGAIN)
+            return start_queued(ch, c, cs, st);
+    } else {
+        rc = vrpc_pending_alloc(ch->pend, cs->deadline, c, sp);
+    }
+    if (rc) {
+        vrpc_lbuf_put(cs->lb);
+        conn_unref(c);
+        if (rc == -ETIMEDOUT) {
+            vrpc_status_set(st, VRPC_DEADLINE_EXCEEDED, "deadline exceeded waiting for a call credit");
+            return VRPC_DEADLINE_EXCEEDED;
+        }
+        vrpc_status_set(st, VRPC_UNAVAILABLE, "channel is shutting down");
+        return VRPC_UNAVAILABLE;
+    }
+    return 0;
+}
+
+/* Write the call's fields into its reserved slot s and publish it
+ * (open_call). From open on, an async call can be completed by another
+ * thread (loss scan, cancel) whose callback task drops the call's reference
+ * of c before we have sent: keep one of our own until we are done with c
+ * (request_go drops it). A synchronous call completes on this thread, after
+ * start_call returns. */
+static void call_open(struct vrpc_channel *ch, struct vrpc_conn *c, const struct call_start *cs,
+                      struct vrpc_pending_slot *s, uint64_t id)
+{
+    s->method = cs->m;
+    s->cb = cs->cb;
+    s->cb_arg = cs->arg;
+    s->cb_ch = ch;
+    s->deadline_ns = cs->deadline;
+    s->start_ns = vrpc_metrics_now_ns();
+    s->out.zc = cs->gat.nsegs ? ZC_BUSY : 0; /* before open: complete() looks at it */
+    if (cs->cb)
+        conn_ref(c);
+    s->qent = NULL;
+    open_call(ch, s, id);
+    check_expired(ch, cs->deadline, id);
+}
+
+/* No send buffer for the open call's request: it fails UNAVAILABLE. */
+static void call_no_buf(struct vrpc_channel *ch, struct vrpc_conn *c, const struct call_start *cs,
+                        struct vrpc_pending_slot *s, uint32_t gen)
+{
+    vrpc_lbuf_put(cs->lb);
+    zc_release(ch, s, false); /* never granted */
+    if (vrpc_pending_decide(s, gen)) {
+        vrpc_status_set(&s->st, VRPC_UNAVAILABLE, "no send buffer free");
+        complete(ch, s, gen, false);
+    }
+    slot_seen(s, gen);
+    slot_drop(s, gen);
+    if (cs->cb)
+        conn_unref(c);
+}
+
+/* The REQUEST frame of the open call into b: header, metadata, and the
+ * message (eager) or room for the descriptor (large). Its length. */
+static uint32_t request_frame(const struct call_start *cs, struct vrpc_buf *b, uint64_t id)
+{
+    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST,
+                              .method_id = cs->m->id, .request_id = id, .md_len = (uint32_t)cs->mdsz};
+    if (cs->deadline != VRPC_NO_DEADLINE) {
+        int64_t left = cs->deadline - vrpc_now_ns();
+        h.flags = VRPC_FF_DEADLINE;
+        h.budget_us = left > 0 ? (uint64_t)(left / 1000) : 0;
+    }
+    uint8_t *p = b->data;
+    if (cs->mdsz)
+        vrpc_wire_md_encode(p + VRPC_WIRE_HDR_LEN, cs->o->md, cs->o->md_count);
+    uint32_t flen = VRPC_WIRE_HDR_LEN + (uint32_t)cs->mdsz;
+    size_t plen = cs->plen;
+    if (cs->lb) {
+        /* the descriptor goes in once granted (offer_request) */
+        flen += VRPC_WIRE_DESC_LEN;
+        h.flags |= VRPC_FF_RNDV;
+    } else {
+        /* need <= eager - header = room in b: checked by start_call */
+        plen = vrpc_pb_pack_sized(cs->req, p + flen);
+        flen += (uint32_t)plen;
+    }
+    h.payload_len = (uint32_t)plen;
+    vrpc_wire_hdr_encode(p, &h);
+    return flen;
+}
+
+/* Send the open call's request (frame b): offered by rendezvous when large,
+ * else straight out. */
+static void call_send(struct vrpc_channel *ch, struct vrpc_conn *c, struct call_start *cs,
+                      struct vrpc_pending_slot *s, struct vrpc_buf *b, uint64_t id, uint32_t gen)
+{
+    uint32_t flen = request_frame(cs, b, id);
+    enum vrpc_send_ctx ctx = cs->cb ? VRPC_SEND_NOWAIT : VRPC_SEND_WAIT; /* async: never waits for credits */
+    if (cs->o && cs->o->call_id)
+        __atomic_store_n(cs->o->call_id, id, __ATOMIC_RELEASE);
+    if (!cs->lb) {
+        request_go(ch, c, s, gen, b, flen, 0, ctx);
+        return;
+    }
+    struct vrpc_rndv_out *out = &s->out;
+    out->p_nsegs = cs->gat.nsegs;
+    if (cs->gat.nsegs)
+        memcpy(out->p_segs, cs->gat.segs, cs->gat.nsegs * sizeof(cs->gat.segs[0]));
+    out->p_lb = cs->lb;
+    out->p_frame = b;
+    out->p_len = (uint32_t)cs->plen;
+    out->p_frame_len = flen;
+    out->p_id = id;
+    offer_request(ch, c, s, ctx);
+}
+
 /* Start a call: connect, take a slot, pack and send. Returns 0 with *out set
  * (the slot's outcome will be decided by someone), 0 with *out NULL for an
  * async call queued for lack of a slot, -EAGAIN for an async call refused
@@ -1484,202 +1681,55 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
                       const ProtobufCMessage *req, const struct vrpc_call_opts *o, vrpc_call_cb cb,
                       void *arg, struct vrpc_status *st, struct vrpc_pending_slot **out)
 {
-    int64_t deadline = call_deadline(ch, o);
+    struct call_start cs;
     struct vrpc_conn *c;
-    struct vrpc_pending_slot *s;
-    long mdsz = 0;
+    struct vrpc_pending_slot *s = NULL;
     int rc;
 
-    if (o && o->md_count && (mdsz = vrpc_wire_md_size(o->md, o->md_count)) < 0) {
+    cs.m = m;
+    cs.req = req;
+    cs.o = o;
+    cs.cb = cb;
+    cs.arg = arg;
+    cs.deadline = call_deadline(ch, o);
+    cs.mdsz = 0;
+    cs.lb = NULL;
+    cs.gat.nsegs = 0;
+    cs.gat.nrefs = 0;
+    if (o && o->md_count && (cs.mdsz = vrpc_wire_md_size(o->md, o->md_count)) < 0) {
         vrpc_status_set(st, VRPC_INVALID_ARGUMENT, "invalid metadata");
         return VRPC_INVALID_ARGUMENT;
     }
-    rc = get_conn(ch, deadline, false, &c);
-    if (rc) {
-        if (rc == -ESHUTDOWN)
-            vrpc_status_set(st, VRPC_UNAVAILABLE, "channel is shutting down");
-        else if (rc == -EAGAIN && __atomic_load_n(&ch->last_err, __ATOMIC_RELAXED) == -ENXIO)
-            vrpc_status_set(st, VRPC_UNAVAILABLE, "channel in back-off after: cannot resolve the host name of %s",
-                            ch->turi);
-        else if (rc == -EAGAIN)
-            vrpc_status_set(st, VRPC_UNAVAILABLE, "channel in back-off after: %s", strerror(-__atomic_load_n(&ch->last_err, __ATOMIC_RELAXED)));
-        else if (rc == -ENXIO)
-            vrpc_status_set(st, VRPC_UNAVAILABLE, "connect failed: cannot resolve the host name of %s", ch->turi);
-        else if (rc == -EINVAL)
-            vrpc_status_set(st, VRPC_INVALID_ARGUMENT, "connect to %s failed: invalid argument", ch->turi);
-        else
-            vrpc_status_set(st, VRPC_UNAVAILABLE, "connect failed: %s", strerror(-rc));
-        return rc == -EINVAL ? VRPC_INVALID_ARGUMENT : VRPC_UNAVAILABLE;
-    }
-    size_t need = vrpc_pb_packed_size(req) + (size_t)mdsz;
-    if (need > c->max_payload) {
-        if (c->max_payload == c->peer_max)
-            vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED, "request of %zu bytes exceeds the server's limit of %u bytes",
-                            need, c->max_payload);
-        else
-            vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED,
-                            "request of %zu bytes exceeds %u bytes, the most one frame carries on this "
-                            "connection (no large-message support on one side)", need, c->max_payload);
+    rc = get_conn(ch, cs.deadline, false, &c);
+    if (rc)
+        return conn_refused(ch, rc, st);
+    size_t need = vrpc_pb_packed_size(req) + (size_t)cs.mdsz;
+    if (need > c->b.max_payload) {
+        rc = request_too_big(c, need, st);
         conn_unref(c);
-        return VRPC_RESOURCE_EXHAUSTED;
+        return rc;
     }
-    /* Above the eager size: pack straight into a large buffer, offered to the
-     * server by rendezvous (the descriptor goes in place of the payload). */
-    size_t plen = need - (size_t)mdsz;
-    struct vrpc_buf *lb = NULL;
-    struct vrpc_pb_gather gat;
-    gat.nsegs = 0;
-    gat.nrefs = 0;
-    if (VRPC_WIRE_HDR_LEN + need > vrpc_ep_eager_size(c->ep)) {
-        char why[VRPC_STATUS_MSG_MAX];
-        if (VRPC_WIRE_HDR_LEN + (size_t)mdsz + VRPC_WIRE_DESC_LEN > vrpc_ep_eager_size(c->ep)) {
-            vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED, "metadata of %ld bytes does not fit one frame "
-                            "with a large message (at most %u bytes)", mdsz,
-                            vrpc_ep_eager_size(c->ep) - VRPC_WIRE_HDR_LEN - VRPC_WIRE_DESC_LEN);
-            conn_unref(c);
-            return VRPC_RESOURCE_EXHAUSTED;
-        }
-        /* The request stays valid and unchanged until the call ends for its
-         * owner (synchronous, or REQ_HELD): big bytes values can be sent
-         * from where they are (zero-copy requests, above). */
-        bool held = !cb || (o && (o->flags & VRPC_CALL_REQ_HELD));
-        if (held && c->gather) {
-            vrpc_pb_pack_gather(req, VRPC_PB_GATHER_MIN, NULL, 0, &gat); /* measure */
-            if (gat.nrefs == 0)
-                gat.nsegs = 0; /* nothing to reference: pack as usual */
-        }
-        if (vrpc_rndv_buf(ch->tp, ch->o.max_pinned, gat.nsegs ? gat.copied : plen, &lb, why, sizeof(why))) {
-            vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED, "%s", why);
-            conn_unref(c);
-            return VRPC_RESOURCE_EXHAUSTED;
-        }
-        if (gat.nsegs) {
-            size_t copied = gat.copied;
-            if (vrpc_pb_pack_gather(req, VRPC_PB_GATHER_MIN, lb->data, copied, &gat) || gat.copied != copied ||
-                gat.total != plen) {
-                vrpc_lbuf_put(lb);
-                vrpc_status_set(st, VRPC_INTERNAL, "request changed while it was being packed");
-                conn_unref(c);
-                return VRPC_INTERNAL;
-            }
-        } else {
-            plen = vrpc_pb_pack_sized(req, lb->data);
-        }
-    }
-    if (cb) {
-        /* behind calls already queued, to keep their order */
-        rc = backlog_empty(ch) ? vrpc_pending_try_alloc(ch->pend, c, &s) : -EAGAIN;
-        if (rc == -EAGAIN) {
-            /* Queue it packed in a send buffer. A large request is not
-             * queued (its grant would pin memory while it waits): refused. */
-            struct vrpc_buf *qb = lb ? NULL : vrpc_pool_get(ch->send_pool);
-            conn_unref(c);
-            if (!qb) {
-                vrpc_lbuf_put(lb);
-                return -EAGAIN;
-            }
-            if (mdsz)
-                vrpc_wire_md_encode((uint8_t *)qb->data + VRPC_WIRE_HDR_LEN, o->md, o->md_count);
-            plen = vrpc_pb_pack_sized(req, (uint8_t *)qb->data + VRPC_WIRE_HDR_LEN + mdsz);
-            rc = enqueue(ch, qb, (uint32_t)mdsz, (uint32_t)plen, m, o, cb, arg, deadline);
-            if (rc == 0) {
-                *out = NULL;
-                return 0;
-            }
-            vrpc_pool_put(qb);
-            if (rc == -EAGAIN)
-                return -EAGAIN;
-            vrpc_status_set(st, VRPC_UNAVAILABLE, "channel is shutting down");
-            return VRPC_UNAVAILABLE;
-        }
-    } else {
-        rc = vrpc_pending_alloc(ch->pend, deadline, c, &s);
-    }
-    if (rc) {
-        vrpc_lbuf_put(lb);
+    cs.plen = need - (size_t)cs.mdsz;
+    if (VRPC_WIRE_HDR_LEN + need > vrpc_ep_eager_size(c->b.ep) && (rc = pack_large(ch, c, &cs, st))) {
         conn_unref(c);
-        if (rc == -ETIMEDOUT) {
-            vrpc_status_set(st, VRPC_DEADLINE_EXCEEDED, "deadline exceeded waiting for a call credit");
-            return VRPC_DEADLINE_EXCEEDED;
-        }
-        vrpc_status_set(st, VRPC_UNAVAILABLE, "channel is shutting down");
-        return VRPC_UNAVAILABLE;
+        return rc;
+    }
+    if ((rc = call_slot(ch, c, &cs, st, &s)) || !s) {
+        if (!rc)
+            *out = NULL; /* queued */
+        return rc;
     }
     uint32_t gen = vrpc_pending_gen(s);
     uint64_t id = vrpc_wire_make_id(s->index, gen);
-    s->method = m;
-    s->cb = cb;
-    s->cb_arg = arg;
-    s->cb_ch = ch;
-    s->deadline_ns = deadline;
-    s->start_ns = vrpc_metrics_now_ns();
-    s->out.zc = gat.nsegs ? ZC_BUSY : 0; /* before open: complete() looks at it */
-    /* From open on, an async call can be completed by another thread (loss
-     * scan, cancel) whose callback task drops the call's reference of c
-     * before we have sent: keep one of our own until we are done with c. A
-     * synchronous call completes on this thread, after we return. */
-    if (cb)
-        conn_ref(c);
-    s->qent = NULL;
-    open_call(ch, s, id);
-    check_expired(ch, deadline, id);
-
+    call_open(ch, c, &cs, s, id);
     /* async: the pool holds max_outstanding + max_queued + spare buffers, so
      * it is empty only while many cancels are being sent: the call then
      * fails UNAVAILABLE through its callback rather than wait */
     struct vrpc_buf *b = vrpc_rpc_buf_get(ch->send_pool, cb == NULL);
-    if (!b) {
-        vrpc_lbuf_put(lb);
-        zc_release(ch, s, false); /* never granted */
-        if (vrpc_pending_decide(s, gen)) {
-            vrpc_status_set(&s->st, VRPC_UNAVAILABLE, "no send buffer free");
-            complete(ch, s, gen, false);
-        }
-        slot_seen(s, gen);
-        slot_drop(s, gen);
-        if (cb)
-            conn_unref(c);
-        *out = s;
-        return 0;
-    }
-    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST,
-                              .method_id = m->id, .request_id = id, .md_len = (uint32_t)mdsz};
-    if (deadline != VRPC_NO_DEADLINE) {
-        int64_t left = deadline - vrpc_now_ns();
-        h.flags = VRPC_FF_DEADLINE;
-        h.budget_us = left > 0 ? (uint64_t)(left / 1000) : 0;
-    }
-    uint8_t *p = b->data;
-    if (mdsz)
-        vrpc_wire_md_encode(p + VRPC_WIRE_HDR_LEN, o->md, o->md_count);
-    uint32_t flen = VRPC_WIRE_HDR_LEN + (uint32_t)mdsz;
-    if (lb) {
-        /* the descriptor goes in once granted (offer_request) */
-        flen += VRPC_WIRE_DESC_LEN;
-        h.flags |= VRPC_FF_RNDV;
-    } else {
-        /* need <= eager - header = room in b: checked above */
-        plen = vrpc_pb_pack_sized(req, p + flen);
-        flen += (uint32_t)plen;
-    }
-    h.payload_len = (uint32_t)plen;
-    vrpc_wire_hdr_encode(p, &h);
-
-    if (o && o->call_id)
-        __atomic_store_n(o->call_id, id, __ATOMIC_RELEASE);
-    if (lb) {
-        s->out.p_nsegs = gat.nsegs;
-        if (gat.nsegs)
-            memcpy(s->out.p_segs, gat.segs, gat.nsegs * sizeof(gat.segs[0]));
-        s->out.p_lb = lb;
-        s->out.p_frame = b;
-        s->out.p_len = (uint32_t)plen;
-        s->out.p_frame_len = flen;
-        s->out.p_id = id;
-        offer_request(ch, c, s, cb == NULL);
-    } else {
-        request_go(ch, c, s, gen, b, flen, 0, cb != NULL, cb == NULL, false); /* async: never waits for credits */
-    }
+    if (!b)
+        call_no_buf(ch, c, &cs, s, gen);
+    else
+        call_send(ch, c, &cs, s, b, id, gen);
     *out = s;
     return 0;
 }
@@ -1781,6 +1831,7 @@ int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *opts, s
     if (!ch)
         return -ENOMEM;
     pthread_mutex_init(&ch->conn_lock, NULL);
+    vrpc_offer_q_init(&ch->offers, &request_offer_ops, &ch->conn_lock);
     pthread_mutex_init(&ch->connect_mu, NULL);
     pthread_mutex_init(&ch->qlock, NULL);
     ch->qhead.next = ch->qhead.prev = &ch->qhead;
@@ -1930,7 +1981,7 @@ void vrpc_channel_destroy(struct vrpc_channel *ch)
     struct vrpc_conn *c = ch->conn;
     ch->conn = NULL;
     for (struct vrpc_conn *l = ch->live.next; l != &ch->live; l = l->next)
-        vrpc_ep_close(l->ep); /* each one's DISCONNECTED follows */
+        vrpc_ep_close(l->b.ep); /* each one's DISCONNECTED follows */
     pthread_mutex_unlock(&ch->conn_lock);
     pthread_mutex_unlock(&ch->connect_mu);
     conn_unref(c);

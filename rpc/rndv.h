@@ -60,7 +60,8 @@ struct vrpc_rndv_out {
     struct vrpc_ep *ep;
     struct vrpc_rndv_out *next; /* the poller's list of revokes to retry */
     struct vrpc_timer hold_timer; /* the owner's hold timeout */
-    /* An offer parked for this record, waiting for its grant: vrpc_ep_grant
+    /* An offer for this record (the machine is rpc/offer.h), parked while it
+     * waits for its grant: vrpc_ep_grant
      * said -ENOSPC (no send-queue slot or grant left), or (server) the
      * record is still revoking its previous payload. Nobody spins: the
      * offer waits on its owner's list (under the owner's lock) and is tried

@@ -12,9 +12,11 @@
 #include <verbrpc/rpc.h>
 #include <verbrpc/sched.h>
 #include <verbrpc/transport.h>
+#include "rpc/conn.h"
 #include "rpc/futex.h"
 #include "rpc/internal.h"
 #include "rpc/metrics.h"
+#include "rpc/offer.h"
 #include "rpc/pbutil.h"
 #include "rpc/rndv.h"
 #include "rpc/server_core.h"
@@ -98,9 +100,8 @@ struct poller {
     struct vrpc_cq *cq;
     struct vrpc_sched_producer *prod; /* this poller thread's ring */
     struct vrpc_rndv_retry retry;     /* reads/revokes to retry (this poller only) */
-    struct vrpc_rndv_out *parked;     /* response offers of its connections waiting
-                                         for a grant (under s->lock) */
-    uint32_t nparked;                 /* their count (atomic: looked at without the lock) */
+    struct vrpc_offer_q offers;       /* response offers of its connections waiting
+                                         for a grant (lock: s->lock) */
     /* Receive buffers beyond SERVER_RECV_BUFS (poller only): */
     uint32_t nconns;                  /* connections of this poller, accepted and not gone */
     uint32_t extra;                   /* buffers posted for them (never unposted) */
@@ -109,21 +110,17 @@ struct poller {
 };
 
 struct sconn {
+    struct vrpc_conn_base b; /* first (rpc/conn.h). refs: the endpoint (until
+                                DISCONNECTED) + each busy call; max_payload:
+                                md + message bytes we may send back; peer_max:
+                                the client's max_msg_size; gone: DISCONNECTED
+                                seen (under s->lock): no new grant */
     struct vrpc_server *s;
-    struct vrpc_ep *ep;
     struct poller *poller;
-    uint32_t refs;    /* atomic: the endpoint (until DISCONNECTED) + each busy call */
-    uint32_t dead;    /* atomic */
-    uint32_t goaway;  /* atomic */
-    bool hello_done;  /* poller only */
-    uint32_t client_max_payload; /* md + message bytes we may send back */
-    uint32_t client_max;         /* the client's max_msg_size */
-    bool large;                  /* both sides offer VRPC_FEAT_LARGE (poller only) */
     uint32_t ncalls;
     struct vrpc_server_call **calls; /* slot table: written by the poller only */
     struct vrpc_rndv_out *rsp; /* ncalls: large responses until the client's DONE
                                   (by slot; state moves as in rpc/rndv.h) */
-    bool gone;                 /* DISCONNECTED seen (under s->lock): no new grant */
     /* Send quota (see conn_buf): frames handed to the transport on this
      * connection whose SEND completion has not come (atomic), and the last
      * sign of progress while more than half the quota is out (atomic; read
@@ -320,7 +317,7 @@ static struct vrpc_server_call *call_new(struct vrpc_server *s, struct sconn *c)
     call->state = ST_WORD(1, 0);
     /* decoded messages are rarely more than twice their encoding; the first
      * block fits an eager request, large ones grow it */
-    vrpc_arena_init(&call->arena, (size_t)vrpc_ep_eager_size(c->ep) * 2 + 4096, (size_t)s->max_payload * 8 + 65536);
+    vrpc_arena_init(&call->arena, (size_t)vrpc_ep_eager_size(c->b.ep) * 2 + 4096, (size_t)s->max_payload * 8 + 65536);
     return call;
 }
 
@@ -341,10 +338,10 @@ static void call_unref(struct vrpc_server_call *call)
 
 static void sconn_unref(struct sconn *c)
 {
-    if (!c || __atomic_sub_fetch(&c->refs, 1, __ATOMIC_ACQ_REL) != 0)
+    if (!c || !vrpc_conn_unref_last(&c->b))
         return;
     struct vrpc_server *s = c->s;
-    vrpc_ep_destroy(c->ep);
+    vrpc_ep_destroy(c->b.ep);
     for (uint32_t i = 0; i < c->ncalls; i++)
         call_unref(c->calls[i]); /* the slot table's reference */
     free(c->calls);
@@ -357,12 +354,12 @@ static void sconn_unref(struct sconn *c)
 static void conn_protocol_error(struct sconn *c, const char *what, int rc)
 {
     char peer[VRPC_URI_MAX] = "?";
-    if (__atomic_exchange_n(&c->dead, 1, __ATOMIC_ACQ_REL))
+    if (!vrpc_conn_kill(&c->b))
         return;
-    vrpc_ep_peer_uri(c->ep, peer, sizeof(peer));
+    vrpc_ep_peer_uri(c->b.ep, peer, sizeof(peer));
     vrpc_rpc_log("protocol error from client %s: %s (%s); closing the connection", peer, what,
                  rc == -EPROTONOSUPPORT ? "unsupported version" : "malformed");
-    vrpc_ep_close(c->ep);
+    vrpc_ep_close(c->b.ep);
 }
 
 /* Fail c for a reason of its own making (it does not read, a transfer is too
@@ -374,15 +371,15 @@ static void conn_fail(struct sconn *c, const char *fmt, ...) __attribute__((form
 static void conn_fail(struct sconn *c, const char *fmt, ...)
 {
     char peer[VRPC_URI_MAX] = "?", why[256];
-    if (__atomic_exchange_n(&c->dead, 1, __ATOMIC_ACQ_REL))
+    if (!vrpc_conn_kill(&c->b))
         return;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(why, sizeof(why), fmt, ap);
     va_end(ap);
-    vrpc_ep_peer_uri(c->ep, peer, sizeof(peer));
+    vrpc_ep_peer_uri(c->b.ep, peer, sizeof(peer));
     vrpc_rpc_log("client %s: %s; aborting the connection", peer, why);
-    vrpc_ep_abort(c->ep, -ECONNABORTED);
+    vrpc_ep_abort(c->b.ep, -ECONNABORTED);
 }
 
 /* ---- sending: the per-connection send quota ----------------------------------
@@ -441,7 +438,7 @@ static void conn_sent(struct sconn *c)
  * client is stuck (see above) and fails c. On error b goes back. */
 static int conn_send(struct sconn *c, struct vrpc_buf *b, uint32_t len)
 {
-    int rc = vrpc_ep_send(c->ep, b, len, 0, 0, 0);
+    int rc = vrpc_ep_send(c->b.ep, b, len, 0, 0, 0);
     if (rc) {
         vrpc_pool_put(b);
         __atomic_sub_fetch(&c->sends, 1, __ATOMIC_RELAXED);
@@ -481,13 +478,12 @@ static void refuse(struct sconn *c, uint64_t id, enum vrpc_code code, const char
     struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
                               .status = (uint32_t)code, .request_id = id};
     if (conn_send_simple(c, &h, msg, (uint32_t)n, false) == -ENOBUFS &&
-        !__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
+        !__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE))
         vrpc_rpc_log("no send buffer to answer %s to a request; answer dropped", vrpc_code_name(code));
 }
 
 static void call_task(struct vrpc_task *t);
 static void request_read_done(struct poller *pl, struct vrpc_rndv_in *in, int status);
-static void response_offers_run(struct poller *pl);
 static void deadline_fired(void *ctx, uint64_t gen);
 static void transfer_expired(void *ctx, uint64_t gen);
 static void answered(struct sconn *c);
@@ -551,29 +547,30 @@ static void call_submit(struct poller *pl, struct vrpc_server_call *call, uint32
     }
 }
 
-static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8_t *body)
+/* The call object of the REQUEST's slot, ready for a new call: a fresh one
+ * if the client reused the id of a detached call whose handler still holds
+ * it. NULL when the request is refused (answered or the connection failed). */
+static struct vrpc_server_call *request_slot(struct sconn *c, const struct vrpc_wire_hdr *h, uint64_t *stp)
 {
-    struct vrpc_server *s = c->s;
     uint32_t slot = vrpc_wire_id_slot(h->request_id);
-
     if (slot >= c->ncalls) {
         conn_protocol_error(c, "request beyond the granted call credits", -EPROTO);
-        return;
+        return NULL;
     }
     struct vrpc_server_call *call = c->calls[slot];
     uint64_t st = __atomic_load_n(&call->state, __ATOMIC_ACQUIRE);
     if ((ST_FLAGS(st) & CALL_RUN) && !(ST_FLAGS(st) & CALL_DETACHED)) {
         conn_protocol_error(c, "request id reuses a call still in flight", -EPROTO);
-        return;
+        return NULL;
     }
     if (ST_FLAGS(st) & CALL_RUN) {
         /* The server answered this slot's last call early (its deadline
          * passed) and the client reused the id while the handler still holds
          * the call: the handler keeps that object, the slot gets a new one. */
-        struct vrpc_server_call *fresh = call_new(s, c);
+        struct vrpc_server_call *fresh = call_new(c->s, c);
         if (!fresh) {
             refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "server out of memory");
-            return;
+            return NULL;
         }
         c->calls[slot] = fresh;
         call_unref(call);
@@ -584,47 +581,66 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
         __atomic_load_n(&c->rsp[slot].parked, __ATOMIC_ACQUIRE)) {
         /* (a parked response has not been sent: the client cannot have it) */
         conn_protocol_error(c, "request on a slot whose large response has had no DONE", -EPROTO);
-        return;
+        return NULL;
     }
+    *stp = st;
+    return call;
+}
+
+/* The REQUEST's method, once the request is admitted (descriptor, shutdown,
+ * method, size, deadline); NULL when it was refused. */
+static struct method_entry *request_admit(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8_t *body,
+                                          struct vrpc_wire_desc *desc, int64_t *now)
+{
+    struct vrpc_server *s = c->s;
     bool rndv = h->flags & VRPC_FF_RNDV;
-    struct vrpc_wire_desc desc = {0};
-    if (rndv && ((uint64_t)VRPC_WIRE_HDR_LEN + h->md_len + h->payload_len <= vrpc_ep_eager_size(c->ep) ||
-                 vrpc_wire_desc_decode(body + h->md_len, h->payload_len, &desc))) {
+    if (rndv && ((uint64_t)VRPC_WIRE_HDR_LEN + h->md_len + h->payload_len <= vrpc_ep_eager_size(c->b.ep) ||
+                 vrpc_wire_desc_decode(body + h->md_len, h->payload_len, desc))) {
         conn_protocol_error(c, "bad rendezvous request (fits a frame, zero key or range overflow)", -EPROTO);
-        return;
+        return NULL;
     }
-    if (__atomic_load_n(&c->goaway, __ATOMIC_ACQUIRE)) {
+    if (__atomic_load_n(&c->b.goaway, __ATOMIC_ACQUIRE)) {
         refuse(c, h->request_id, VRPC_UNAVAILABLE, "server is shutting down");
-        return;
+        return NULL;
     }
     struct method_entry *me = lookup(s, h->method_id);
-    int64_t now = vrpc_now_ns();
+    *now = vrpc_now_ns();
     if (!me) {
         refuse(c, h->request_id, VRPC_UNIMPLEMENTED, "unknown method id 0x%08x (not registered on this server)",
                h->method_id);
-        return;
+        return NULL;
     }
     uint64_t size = (uint64_t)h->md_len + h->payload_len;
     if (size > s->max_payload) {
-        record(me, VRPC_RESOURCE_EXHAUSTED, now);
+        record(me, VRPC_RESOURCE_EXHAUSTED, *now);
         refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "request of %llu bytes exceeds the server's limit of %u bytes",
                (unsigned long long)size, s->max_payload);
-        return;
+        return NULL;
     }
     if ((h->flags & VRPC_FF_DEADLINE) && h->budget_us == 0) {
-        record(me, VRPC_DEADLINE_EXCEEDED, now);
+        record(me, VRPC_DEADLINE_EXCEEDED, *now);
         refuse(c, h->request_id, VRPC_DEADLINE_EXCEEDED, "deadline already passed on arrival");
-        return;
+        return NULL;
     }
-    uint32_t inline_len = rndv ? h->md_len : (uint32_t)size; /* bytes in this frame */
+    return me;
+}
+
+/* Copy the frame's bytes (metadata, and the message unless large) into the
+ * call and decode its metadata: the number of entries, or -1 when the
+ * request was refused. */
+static int request_copy(struct sconn *c, struct vrpc_server_call *call, const struct vrpc_wire_hdr *h,
+                        const uint8_t *body)
+{
+    uint64_t size = (uint64_t)h->md_len + h->payload_len;
+    uint32_t inline_len = (h->flags & VRPC_FF_RNDV) ? h->md_len : (uint32_t)size; /* bytes in this frame */
     if (!call->buf || inline_len > call->cap) {
         /* sized once for the largest eager request: no regrowth later */
-        uint32_t fit = vrpc_ep_eager_size(c->ep) - VRPC_WIRE_HDR_LEN;
+        uint32_t fit = vrpc_ep_eager_size(c->b.ep) - VRPC_WIRE_HDR_LEN;
         uint32_t want = inline_len > fit ? inline_len : fit;
         uint8_t *nb = realloc(call->buf, want);
         if (!nb) {
             refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "server out of memory");
-            return;
+            return -1;
         }
         call->buf = nb;
         call->cap = want;
@@ -632,37 +648,87 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
     memcpy(call->buf, body, inline_len);
     if (h->md_len && !call->md && !(call->md = malloc(VRPC_MD_MAX * sizeof(*call->md)))) {
         refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "server out of memory");
-        return;
+        return -1;
     }
     int nmd = h->md_len ? vrpc_wire_md_decode(call->buf, h->md_len, call->md, VRPC_MD_MAX) : 0;
     if (nmd < 0) {
         conn_protocol_error(c, "malformed metadata", nmd);
+        return -1;
+    }
+    return nmd;
+}
+
+/* A large request: take a large buffer for its payload and fill in the
+ * read (not started yet). false when refused. */
+static bool request_rndv_prepare(struct sconn *c, struct vrpc_server_call *call, const struct vrpc_wire_hdr *h,
+                                 const struct vrpc_wire_desc *desc, struct method_entry *me, int64_t now)
+{
+    struct vrpc_server *s = c->s;
+    char why[VRPC_STATUS_MSG_MAX];
+    if (c->rd_pinned + h->payload_len > s->o.max_pinned_per_conn) {
+        record(me, VRPC_RESOURCE_EXHAUSTED, now);
+        refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED,
+               "large requests of this connection being read: %.1f MiB of %.1f MiB allowed "
+               "(max_pinned_per_conn), %.1f MiB more asked", (double)c->rd_pinned / (1 << 20),
+               (double)s->o.max_pinned_per_conn / (1 << 20), (double)h->payload_len / (1 << 20));
+        return false;
+    }
+    if (vrpc_rndv_buf(s->tp, s->o.max_pinned, h->payload_len, &call->in.lb, why, sizeof(why))) {
+        record(me, VRPC_RESOURCE_EXHAUSTED, now);
+        refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "%s", why);
+        return false;
+    }
+    call->in.ep = c->b.ep;
+    call->in.addr = desc->addr;
+    call->in.rkey = desc->rkey;
+    call->in.len = h->payload_len;
+    call->in.id = h->request_id;
+    c->rd_pinned += h->payload_len;
+    return true;
+}
+
+/* Start reading the large request payload of the call just published (its
+ * handler starts from the READ completion). The read's limit counts from
+ * now, whatever trickles in: the call's deadline, and the size at
+ * min_transfer_rate plus the floor. */
+static void request_read_start(struct sconn *c, struct vrpc_server_call *call, uint32_t len, int64_t now,
+                               uint32_t gen)
+{
+    struct vrpc_server *s = c->s;
+    int64_t lim = now + ((int64_t)s->o.transfer_floor_ms + (int64_t)len * 1000 / s->o.min_transfer_rate) * 1000000;
+    int64_t dl = __atomic_load_n(&call->deadline_ns, __ATOMIC_RELAXED);
+    call->xfer_start_ns = now;
+    __atomic_store_n(&call->xfer, XFER_READING, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&call->refs, 1, __ATOMIC_RELAXED); /* the armed timer's */
+    vrpc_timer_arm(s->wheel, &call->xfer_timer, dl < lim ? dl : lim, transfer_expired, call, gen);
+    int rc = vrpc_rndv_read(&call->in);
+    if (rc == -ENOSPC)
+        vrpc_rndv_read_later(&c->poller->retry, &call->in);
+    else if (rc)
+        request_read_done(c->poller, &call->in, rc);
+}
+
+static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8_t *body)
+{
+    struct vrpc_server *s = c->s;
+    uint64_t st;
+    struct vrpc_wire_desc desc = {0};
+    int64_t now;
+
+    struct vrpc_server_call *call = request_slot(c, h, &st);
+    if (!call)
         return;
-    }
-    if (rndv) {
-        char why[VRPC_STATUS_MSG_MAX];
-        if (c->rd_pinned + h->payload_len > s->o.max_pinned_per_conn) {
-            record(me, VRPC_RESOURCE_EXHAUSTED, now);
-            refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED,
-                   "large requests of this connection being read: %.1f MiB of %.1f MiB allowed "
-                   "(max_pinned_per_conn), %.1f MiB more asked", (double)c->rd_pinned / (1 << 20),
-                   (double)s->o.max_pinned_per_conn / (1 << 20), (double)h->payload_len / (1 << 20));
-            return;
-        }
-        if (vrpc_rndv_buf(s->tp, s->o.max_pinned, h->payload_len, &call->in.lb, why, sizeof(why))) {
-            record(me, VRPC_RESOURCE_EXHAUSTED, now);
-            refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "%s", why);
-            return;
-        }
-        call->in.ep = c->ep;
-        call->in.addr = desc.addr;
-        call->in.rkey = desc.rkey;
-        call->in.len = h->payload_len;
-        call->in.id = h->request_id;
-        c->rd_pinned += h->payload_len;
-    }
+    bool rndv = h->flags & VRPC_FF_RNDV;
+    struct method_entry *me = request_admit(c, h, body, &desc, &now);
+    if (!me)
+        return;
+    int nmd = request_copy(c, call, h, body);
+    if (nmd < 0)
+        return;
+    if (rndv && !request_rndv_prepare(c, call, h, &desc, me, now))
+        return;
     call->nmd = (size_t)nmd;
-    call->len = (uint32_t)size;
+    call->len = h->md_len + h->payload_len; /* (within max_payload: request_admit) */
     call->md_len = h->md_len;
     call->method = me->m;
     /* atomic: call_detach may read these of an earlier call (see there) */
@@ -678,29 +744,15 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
     uint32_t gen = ST_GEN(st) + 1 ? ST_GEN(st) + 1 : 1;
     __atomic_store_n(&call->cancelled, 0, __ATOMIC_RELAXED);
     __atomic_add_fetch(&call->refs, 1, __ATOMIC_RELAXED); /* until the handler answers */
-    __atomic_add_fetch(&c->refs, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&c->b.refs, 1, __ATOMIC_RELAXED);
     __atomic_add_fetch(&s->inflight, 1, __ATOMIC_RELAXED);
     /* release: the fields above are visible to whoever sees RUN */
     __atomic_store_n(&call->state, ST_WORD(gen, CALL_RUN), __ATOMIC_RELEASE);
     vrpc_task_init(&call->task, call_task);
-    if (rndv) { /* the handler starts from the READ completion */
-        /* The read's limit counts from now, whatever trickles in: the call's
-         * deadline, and the size at min_transfer_rate plus the floor. */
-        int64_t lim = now + ((int64_t)s->o.transfer_floor_ms +
-                             (int64_t)h->payload_len * 1000 / s->o.min_transfer_rate) * 1000000;
-        int64_t dl = __atomic_load_n(&call->deadline_ns, __ATOMIC_RELAXED);
-        call->xfer_start_ns = now;
-        __atomic_store_n(&call->xfer, XFER_READING, __ATOMIC_RELAXED);
-        __atomic_add_fetch(&call->refs, 1, __ATOMIC_RELAXED); /* the armed timer's */
-        vrpc_timer_arm(s->wheel, &call->xfer_timer, dl < lim ? dl : lim, transfer_expired, call, gen);
-        int rc = vrpc_rndv_read(&call->in);
-        if (rc == -ENOSPC)
-            vrpc_rndv_read_later(&c->poller->retry, &call->in);
-        else if (rc)
-            request_read_done(c->poller, &call->in, rc);
-        return;
-    }
-    call_submit(c->poller, call, gen);
+    if (rndv)
+        request_read_start(c, call, h->payload_len, now, gen);
+    else
+        call_submit(c->poller, call, gen);
 }
 
 /* ---- large messages: the server's side of the rendezvous ------------------ */
@@ -746,10 +798,10 @@ static void request_read_done(struct poller *pl, struct vrpc_rndv_in *in, int st
         return;
     }
     call->req_lb = lb;
-    if (!__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE)) {
+    if (!__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE)) {
         struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_DONE, .request_id = in->id};
         int rc = conn_send_simple(c, &h, NULL, 0, false);
-        if (rc && rc != -ENOTCONN && !__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
+        if (rc && rc != -ENOTCONN && !__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE))
             conn_protocol_error(c, "no send buffer or credit for DONE (closing rather than holding the client)", rc);
     }
     call_submit(pl, call, ST_GEN(__atomic_load_n(&call->state, __ATOMIC_ACQUIRE)));
@@ -760,41 +812,17 @@ static void request_read_failed(struct vrpc_rndv_in *in, int rc, void *arg)
     request_read_done(arg, in, rc);
 }
 
-static void response_revoke(struct poller *pl, struct vrpc_rndv_out *o)
-{
-    int rc = vrpc_rndv_revoke(o);
-    if (rc == -ENOSPC)
-        vrpc_rndv_revoke_later(&pl->retry, o);
-    else if (rc && rc != -EALREADY)
-        vrpc_rpc_log("revoking a large response's key failed (%s); released with the connection", strerror(-rc));
-}
 
 /* DONE from the client: it has read (or given up on) our response payload. */
 static void on_done(struct sconn *c, const struct vrpc_wire_hdr *h)
 {
     uint32_t slot = vrpc_wire_id_slot(h->request_id);
     struct vrpc_rndv_out *o = slot < c->ncalls ? &c->rsp[slot] : NULL;
-    if (!o || __atomic_load_n(&o->state, __ATOMIC_ACQUIRE) != VRPC_RNDV_GRANTED || o->id != h->request_id) {
+    if (!o || !vrpc_offer_granted(o, h->request_id)) {
         conn_protocol_error(c, "DONE for a response with no payload outstanding", -EPROTO);
         return;
     }
-    response_revoke(c->poller, o);
-}
-
-/* Poller: a response grant is over: buffer back, the grant's reference on
- * the connection dropped. Under s->lock: hold_fired looks grants up there. */
-static void response_released(struct sconn *c, struct vrpc_rndv_out *o, bool revoked)
-{
-    struct vrpc_server *s = c->s;
-    bool done = true;
-    pthread_mutex_lock(&s->lock);
-    if (revoked)
-        vrpc_rndv_revoked(o);
-    else
-        done = vrpc_rndv_drop(o, c->ep);
-    pthread_mutex_unlock(&s->lock);
-    if (done)
-        sconn_unref(c);
+    vrpc_offer_revoke(&c->poller->retry, o, "response");
 }
 
 /* The wheel's thread: the record's client has not sent DONE within the hold
@@ -812,7 +840,7 @@ static void hold_fired(void *ctx, uint64_t arg)
             /* the grant's reference on c is dropped only under s->lock (response_released) */
             if (__atomic_load_n(&o->state, __ATOMIC_ACQUIRE) == VRPC_RNDV_GRANTED &&
                 vrpc_now_ns() - o->sent_ns >= (int64_t)s->o.hold_timeout_ms * 1000000) {
-                __atomic_add_fetch(&c->refs, 1, __ATOMIC_RELAXED);
+                __atomic_add_fetch(&c->b.refs, 1, __ATOMIC_RELAXED);
                 found = c;
                 len = o->len;
                 id = o->id;
@@ -824,11 +852,11 @@ static void hold_fired(void *ctx, uint64_t arg)
     if (!found)
         return;
     char peer[VRPC_URI_MAX] = "?";
-    vrpc_ep_peer_uri(found->ep, peer, sizeof(peer));
+    vrpc_ep_peer_uri(found->b.ep, peer, sizeof(peer));
     vrpc_rpc_log("client %s held the %u-byte response of call %#llx for %u ms without reading it (no DONE); "
                  "aborting the connection", peer, len, (unsigned long long)id, s->o.hold_timeout_ms);
-    __atomic_store_n(&found->dead, 1, __ATOMIC_RELEASE);
-    vrpc_ep_abort(found->ep, -ECONNABORTED);
+    __atomic_store_n(&found->b.dead, 1, __ATOMIC_RELEASE);
+    vrpc_ep_abort(found->b.ep, -ECONNABORTED);
     sconn_unref(found);
 }
 
@@ -852,10 +880,7 @@ static void on_hello(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8
         conn_protocol_error(c, "malformed HELLO", -EPROTO);
         return;
     }
-    uint32_t eager = vrpc_ep_eager_size(c->ep);
-    c->client_max = hs.max_msg_size;
-    c->client_max_payload = vrpc_rndv_send_limit(hs.max_msg_size, hs.features, eager);
-    c->large = (hs.features & vrpc_rndv_features & VRPC_FEAT_LARGE) != 0;
+    vrpc_conn_hello_apply(&c->b, &hs);
     c->calls = calloc(s->o.max_concurrent, sizeof(*c->calls));
     c->rsp = calloc(s->o.max_concurrent, sizeof(*c->rsp));
     if (!c->calls || !c->rsp) {
@@ -868,7 +893,7 @@ static void on_hello(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8
             return;
         }
     }
-    c->hello_done = true;
+    vrpc_conn_hello_end(&c->b, VRPC_CONN_HELLO_OK);
     struct vrpc_wire_hdr a = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_HELLO_ACK};
     uint8_t p[VRPC_WIRE_HELLO_LEN];
     struct vrpc_wire_hello ack = {.max_msg_size = s->max_payload, .max_concurrent = c->ncalls,
@@ -878,52 +903,63 @@ static void on_hello(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8
         conn_protocol_error(c, "cannot send HELLO_ACK", -ENOBUFS);
 }
 
-static void on_recv(struct sconn *c, const uint8_t *f, uint32_t len)
-{
-    struct vrpc_wire_hdr h;
-    int rc;
+/* ---- the server's frame table (rpc/conn.h): poller thread --------------- */
 
-    if (__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
-        return;
-    if ((rc = vrpc_wire_hdr_decode(f, len, &h))) {
-        conn_protocol_error(c, "bad frame header", rc);
-        return;
-    }
-    const uint8_t *body = f + VRPC_WIRE_HDR_LEN;
-    if (!c->hello_done) {
-        if (h.type != VRPC_FT_HELLO) {
-            conn_protocol_error(c, "first frame is not HELLO", -EPROTO);
-        } else {
-            __atomic_store_n(&c->hello_seen, 1, __ATOMIC_RELEASE);
-            on_hello(c, &h, body);
-        }
-        return;
-    }
-    switch (h.type) {
-    case VRPC_FT_REQUEST:
-        /* (one writer, the poller: the sweep only compares it) */
-        __atomic_store_n(&c->calls_seen, c->calls_seen + 1, __ATOMIC_RELAXED);
-        if ((h.flags & VRPC_FF_RNDV) && !c->large) {
-            conn_protocol_error(c, "large-message request on a connection without large messages", -EPROTO);
-            break;
-        }
-        on_request(c, &h, body);
-        break;
-    case VRPC_FT_DONE:
-        on_done(c, &h);
-        break;
-    case VRPC_FT_CANCEL:
-        on_cancel(c, h.request_id);
-        break;
-    default:
-        conn_protocol_error(c, "frame type a client must not send", -EPROTO);
-    }
+static struct sconn *server_conn(struct vrpc_conn_base *b) { return container_of(b, struct sconn, b); }
+
+static void server_protocol_error(struct vrpc_conn_base *b, const char *what, int rc)
+{
+    conn_protocol_error(server_conn(b), what, rc);
 }
+
+static void server_on_hello(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h, const uint8_t *body)
+{
+    struct sconn *c = server_conn(b);
+    __atomic_store_n(&c->hello_seen, 1, __ATOMIC_RELEASE);
+    on_hello(c, h, body);
+}
+
+static void server_on_request(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h, const uint8_t *body)
+{
+    struct sconn *c = server_conn(b);
+    /* (one writer, the poller: the sweep only compares it) */
+    __atomic_store_n(&c->calls_seen, c->calls_seen + 1, __ATOMIC_RELAXED);
+    if ((h->flags & VRPC_FF_RNDV) && !c->b.large) {
+        conn_protocol_error(c, "large-message request on a connection without large messages", -EPROTO);
+        return;
+    }
+    on_request(c, h, body);
+}
+
+static void server_on_done(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h, const uint8_t *body)
+{
+    (void)body;
+    on_done(server_conn(b), h);
+}
+
+static void server_on_cancel(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h, const uint8_t *body)
+{
+    (void)body;
+    on_cancel(server_conn(b), h->request_id);
+}
+
+static const struct vrpc_conn_role server_role = {
+    .hello_type = VRPC_FT_HELLO,
+    .before_hello = "first frame is not HELLO",
+    .bad_type = "frame type a client must not send",
+    .on_hello = server_on_hello,
+    .protocol_error = server_protocol_error,
+    .on_frame = {
+        [VRPC_FT_REQUEST] = server_on_request,
+        [VRPC_FT_DONE] = server_on_done,
+        [VRPC_FT_CANCEL] = server_on_cancel,
+    },
+};
 
 static void on_disconnected(struct sconn *c)
 {
     struct vrpc_server *s = c->s;
-    __atomic_store_n(&c->dead, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&c->b.dead, 1, __ATOMIC_RELEASE);
     /* Nobody can be answered any more: detach every call still in flight, so
      * that the connection (and a server being destroyed) need not wait for
      * handlers that answer late or never. Their later answer returns
@@ -940,16 +976,17 @@ static void on_disconnected(struct sconn *c)
     pthread_mutex_lock(&s->lock);
     c->prev->next = c->next;
     c->next->prev = c->prev;
-    c->gone = true; /* no grant starts on it from here on (respond_large) */
+    c->b.gone = true; /* no grant starts on it from here on (respond_large) */
     pthread_mutex_unlock(&s->lock);
     c->poller->nconns--;
     /* Its keys died with it: reads waiting to start fail, grants not
      * revoked give their buffers back. */
-    vrpc_rndv_retry_forget(&c->poller->retry, c->ep, request_read_failed, c->poller);
+    vrpc_rndv_retry_forget(&c->poller->retry, c->b.ep, request_read_failed, c->poller);
     for (uint32_t i = 0; c->rsp && i < c->ncalls; i++) {
         if (__atomic_load_n(&c->rsp[i].state, __ATOMIC_ACQUIRE) == VRPC_RNDV_GRANTED) {
             vrpc_timer_cancel(s->wheel, &c->rsp[i].hold_timer);
-            response_released(c, &c->rsp[i], false);
+            if (vrpc_offer_drop(&c->poller->offers, &c->rsp[i], c->b.ep, NULL))
+                sconn_unref(c); /* the grant's reference */
         }
     }
     sconn_unref(c); /* the endpoint's reference */
@@ -1010,9 +1047,9 @@ static void on_accepted(struct poller *pl, struct vrpc_ep *ep)
     pl->nconns++;
     recv_grow(pl);
     c->s = s;
-    c->ep = ep;
+    c->b.ep = ep;
     c->poller = pl;
-    c->refs = 1;
+    c->b.refs = 1;
     c->accepted_ns = c->sweep_ns = vrpc_now_ns();
     vrpc_ep_set_user(ep, c);
     __atomic_add_fetch(&s->nconns, 1, __ATOMIC_RELAXED);
@@ -1025,7 +1062,7 @@ static void on_accepted(struct poller *pl, struct vrpc_ep *ep)
     bool shutting = __atomic_load_n(&s->shutting, __ATOMIC_ACQUIRE);
     pthread_mutex_unlock(&s->lock);
     if (shutting) {
-        __atomic_store_n(&c->dead, 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&c->b.dead, 1, __ATOMIC_RELEASE);
         vrpc_ep_close(ep);
     }
 }
@@ -1038,7 +1075,8 @@ static void server_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned 
         switch (w->opcode) {
         case VRPC_WC_RECV:
             if (w->status == 0 && w->ep)
-                on_recv(vrpc_ep_user(w->ep), w->buf->data, w->byte_len);
+                vrpc_conn_recv(&server_role, &((struct sconn *)vrpc_ep_user(w->ep))->b, w->buf->data,
+                               w->byte_len);
             if (w->status == -ECANCELED || vrpc_cq_post_recv(cq, &w->buf, NULL, 1))
                 vrpc_pool_put(w->buf);
             break;
@@ -1053,8 +1091,9 @@ static void server_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned 
         case VRPC_WC_REVOKE: {
             struct vrpc_rndv_out *o = (struct vrpc_rndv_out *)(uintptr_t)w->wr_id;
             struct sconn *c = vrpc_ep_user(o->ep);
-            vrpc_timer_cancel(c->s->wheel, &o->hold_timer);
-            response_released(c, o, true);
+            /* under s->lock: hold_fired looks grants up there */
+            vrpc_offer_revoked(&pl->offers, c->s->wheel, o);
+            sconn_unref(c); /* the grant's reference */
             break;
         }
         case VRPC_WC_ACCEPTED:
@@ -1069,8 +1108,8 @@ static void server_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned 
     }
     if (pl->retry.reads || pl->retry.revokes)
         vrpc_rndv_retry_run(&pl->retry, request_read_failed, pl);
-    if (__atomic_load_n(&pl->nparked, __ATOMIC_ACQUIRE))
-        response_offers_run(pl);
+    if (vrpc_offer_any_parked(&pl->offers))
+        vrpc_offer_run(&pl->offers, VRPC_SEND_POLLER);
 }
 
 /* ---- connection lifecycle: HELLO and idle timeouts --------------------------- */
@@ -1096,29 +1135,29 @@ static void conn_sweep(void *ctx, uint64_t arg)
     unsigned nhello = 0, nidle = 0; /* one log line each per sweep, naming the first */
     pthread_mutex_lock(&s->lock);
     for (struct sconn *c = s->conns.next; c != &s->conns; c = c->next) {
-        if (__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
+        if (__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE))
             continue;
         if (!__atomic_load_n(&c->hello_seen, __ATOMIC_ACQUIRE)) {
-            if (now - c->accepted_ns <= hello || __atomic_exchange_n(&c->dead, 1, __ATOMIC_ACQ_REL))
+            if (now - c->accepted_ns <= hello || __atomic_exchange_n(&c->b.dead, 1, __ATOMIC_ACQ_REL))
                 continue;
             if (!nhello++)
-                vrpc_ep_peer_uri(c->ep, peer[0], sizeof(peer[0]));
-            vrpc_ep_abort(c->ep, -ECONNABORTED); /* it holds its reservation, nothing to finish */
+                vrpc_ep_peer_uri(c->b.ep, peer[0], sizeof(peer[0]));
+            vrpc_ep_abort(c->b.ep, -ECONNABORTED); /* it holds its reservation, nothing to finish */
             continue;
         }
         uint32_t calls = __atomic_load_n(&c->calls_seen, __ATOMIC_RELAXED);
-        if (!idle || __atomic_load_n(&c->refs, __ATOMIC_ACQUIRE) > 1 || calls != c->sweep_calls) {
+        if (!idle || __atomic_load_n(&c->b.refs, __ATOMIC_ACQUIRE) > 1 || calls != c->sweep_calls) {
             c->sweep_calls = calls;
             c->sweep_ns = now;
             continue;
         }
-        if (now - c->sweep_ns <= idle || __atomic_exchange_n(&c->goaway, 1, __ATOMIC_ACQ_REL))
+        if (now - c->sweep_ns <= idle || __atomic_exchange_n(&c->b.goaway, 1, __ATOMIC_ACQ_REL))
             continue;
         if (!nidle++)
-            vrpc_ep_peer_uri(c->ep, peer[1], sizeof(peer[1]));
-        vrpc_rpc_send_simple(c->ep, s->send_pool, &g, why, sizeof(why) - 1, false);
-        __atomic_store_n(&c->dead, 1, __ATOMIC_RELEASE);
-        vrpc_ep_close(c->ep);
+            vrpc_ep_peer_uri(c->b.ep, peer[1], sizeof(peer[1]));
+        vrpc_rpc_send_simple(c->b.ep, s->send_pool, &g, why, sizeof(why) - 1, false);
+        __atomic_store_n(&c->b.dead, 1, __ATOMIC_RELEASE);
+        vrpc_ep_close(c->b.ep);
     }
     pthread_mutex_unlock(&s->lock);
     if (nhello)
@@ -1199,7 +1238,7 @@ static int answer_status(struct vrpc_server_call *call, enum vrpc_code code, con
     uint64_t id = call->req_id;
     struct sconn *c = finish_call(call, code);
     int rc = -ECONNRESET;
-    if (!__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE)) {
+    if (!__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE)) {
         struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
                                   .status = (uint32_t)code, .request_id = id};
         rc = conn_send_simple(c, &h, msg, msg ? (uint32_t)strlen(msg) : 0, true);
@@ -1220,7 +1259,7 @@ static void deadline_fired(void *ctx, uint64_t gen)
     uint64_t id;
     struct sconn *c = call_detach(call, (uint32_t)gen, VRPC_DEADLINE_EXCEEDED, -ETIMEDOUT, true, &id);
     if (c) {
-        if (!__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE)) {
+        if (!__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE)) {
             static const char msg[] = "deadline exceeded while the handler ran";
             struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
                                       .status = VRPC_DEADLINE_EXCEEDED, .request_id = id};
@@ -1260,7 +1299,7 @@ static void transfer_expired(void *ctx, uint64_t gen)
                      "%u B/s, transfer_floor_ms %u)", len, ms, c->s->o.min_transfer_rate, c->s->o.transfer_floor_ms);
         struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
                                   .status = (uint32_t)code, .request_id = id};
-        if (!__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
+        if (!__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE))
             conn_send_simple(c, &h, msg, (uint32_t)strlen(msg), false);
         conn_fail(c, "large transfer too slow: %u bytes in %lld ms%s", len, ms,
                   late ? " (the call's deadline passed)" : "");
@@ -1334,33 +1373,32 @@ out:
         vrpc_futex_wake_all(&s->tasks);
 }
 
-/* Grant the client the response payload parked in o (p_*). Under s->lock,
- * against on_disconnected: it sees the grant or we see `gone`. -ENOSPC also
- * while o still revokes the slot's previous payload (the client may reuse
- * a slot once it has sent DONE). */
-static int grant_response_locked(struct vrpc_server *s, struct vrpc_rndv_out *o)
+/* The offer machine's grant of a response payload (rpc/offer.h). Under
+ * s->lock, against on_disconnected: it sees the grant or we see `gone`.
+ * -ENOSPC also while o still revokes the slot's previous payload (the
+ * client may reuse a slot once it has sent DONE). */
+static int response_grant_locked(struct vrpc_offer_q *q, struct vrpc_rndv_out *o, bool retry)
 {
+    struct vrpc_server *s = container_of(q, struct poller, offers)->s;
     struct sconn *c = o->p_conn;
-    if (c->gone || __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
-        return -ENOTCONN;
-    if (__atomic_load_n(&o->state, __ATOMIC_ACQUIRE) != VRPC_RNDV_IDLE)
+    (void)retry;
+    if (!c->b.gone && !vrpc_conn_is_dead(&c->b) && __atomic_load_n(&o->state, __ATOMIC_ACQUIRE) != VRPC_RNDV_IDLE)
         return -ENOSPC;
-    int rc = vrpc_rndv_grant(o, c->ep, o->p_lb, o->p_len, o->p_id);
-    if (rc == 0) {
-        __atomic_add_fetch(&c->refs, 1, __ATOMIC_RELAXED); /* the grant's */
+    int rc = vrpc_offer_grant_locked(&c->b, o); /* -ENOTCONN when gone or dead */
+    if (rc == 0)
         vrpc_timer_arm(s->wheel, &o->hold_timer, vrpc_now_ns() + (int64_t)s->o.hold_timeout_ms * 1000000,
                        hold_fired, s, (uint64_t)(uintptr_t)o);
-    }
     return rc;
 }
 
 /* A response offer off the parked list (or never parked): its descriptor
  * goes out if it got its grant; if not, and the connection still stands,
  * the client is answered UNAVAILABLE. Ends the call's hold on c. */
-static int response_offer_done(struct vrpc_rndv_out *o, bool may_wait)
+static int response_offer_done(struct vrpc_offer_q *q, struct vrpc_rndv_out *o, enum vrpc_send_ctx ctx)
 {
     struct sconn *c = o->p_conn;
     int rc = o->p_rc;
+    (void)q;
     if (rc == 0) {
         vrpc_rndv_offer_desc(o);
         /* a failed send leaves the grant to the endpoint's DISCONNECTED */
@@ -1369,11 +1407,11 @@ static int response_offer_done(struct vrpc_rndv_out *o, bool may_wait)
         vrpc_lbuf_put(o->p_lb);
         vrpc_pool_put(o->p_frame);
         __atomic_sub_fetch(&c->sends, 1, __ATOMIC_RELAXED); /* the frame's quota */
-        if (rc != -ENOTCONN && !__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE)) {
+        if (rc != -ENOTCONN && !__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE)) {
             static const char msg[] = "a large response could not be offered";
             struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
                                       .status = VRPC_UNAVAILABLE, .request_id = o->p_id};
-            conn_send_simple(c, &h, msg, sizeof(msg) - 1, may_wait);
+            conn_send_simple(c, &h, msg, sizeof(msg) - 1, ctx == VRPC_SEND_WAIT);
         }
         rc = -ECONNRESET;
     }
@@ -1381,37 +1419,10 @@ static int response_offer_done(struct vrpc_rndv_out *o, bool may_wait)
     return rc;
 }
 
-/* Try the poller's parked response offers again, oldest first (after a
- * completion batch, or by a parker). Any thread; never waits. */
-static void response_offers_run(struct poller *pl)
-{
-    struct vrpc_server *s = pl->s;
-    struct vrpc_rndv_out *done = NULL, **tail = &done;
-    pthread_mutex_lock(&s->lock);
-    for (struct vrpc_rndv_out **pp = &pl->parked; *pp;) {
-        struct vrpc_rndv_out *o = *pp;
-        int rc = grant_response_locked(s, o);
-        if (rc == -ENOSPC) {
-            pp = &o->p_next;
-            continue;
-        }
-        *pp = o->p_next;
-        o->p_rc = rc;
-        o->p_next = NULL;
-        *tail = o;
-        tail = &o->p_next;
-        __atomic_sub_fetch(&pl->nparked, 1, __ATOMIC_RELAXED);
-    }
-    pthread_mutex_unlock(&s->lock);
-    while (done) {
-        struct vrpc_rndv_out *o = done;
-        done = o->p_next;
-        /* (cleared only now: until its descriptor is out no request may
-         * come on its slot) */
-        __atomic_store_n(&o->parked, 0, __ATOMIC_RELEASE);
-        response_offer_done(o, false);
-    }
-}
+static const struct vrpc_offer_ops response_offer_ops = {
+    .grant_locked = response_grant_locked,
+    .done = response_offer_done,
+};
 
 /* A response above the eager size: pack straight into a large buffer and
  * offer it to the client (grant + descriptor); the record then waits for
@@ -1447,21 +1458,7 @@ static int respond_large(struct vrpc_server_call *call, const ProtobufCMessage *
     o->p_id = id;
     o->p_conn = c;
     finish_call(call, VRPC_OK); /* the call's hold on c goes with the offer (answered) */
-    struct poller *pl = c->poller;
-    pthread_mutex_lock(&s->lock);
-    int rc = grant_response_locked(s, o);
-    if (rc == -ENOSPC) {
-        vrpc_rndv_park(&pl->parked, o);
-        __atomic_add_fetch(&pl->nparked, 1, __ATOMIC_RELEASE);
-    }
-    pthread_mutex_unlock(&s->lock);
-    if (rc == -ENOSPC) {
-        /* what freed a grant before we parked announced nothing to us */
-        response_offers_run(pl);
-        return 0;
-    }
-    o->p_rc = rc;
-    return response_offer_done(o, true);
+    return vrpc_offer_start(&c->poller->offers, o, VRPC_SEND_WAIT); /* 0 when parked */
 }
 
 int vrpc_server_call_respond(struct vrpc_server_call *call, const ProtobufCMessage *resp)
@@ -1476,11 +1473,11 @@ int vrpc_server_call_respond(struct vrpc_server_call *call, const ProtobufCMessa
         return -EINVAL;
     }
     struct sconn *c = call->conn;
-    uint32_t limit = c->client_max_payload;
+    uint32_t limit = c->b.max_payload;
     size_t size = vrpc_pb_packed_size(resp);
     if (size > limit) {
         char msg[VRPC_STATUS_MSG_MAX];
-        if (limit == c->client_max)
+        if (limit == c->b.peer_max)
             snprintf(msg, sizeof(msg), "response of %zu bytes exceeds the client's limit of %u bytes", size, limit);
         else
             snprintf(msg, sizeof(msg), "response of %zu bytes exceeds %u bytes, the most one frame carries on "
@@ -1488,11 +1485,11 @@ int vrpc_server_call_respond(struct vrpc_server_call *call, const ProtobufCMessa
         answer_status(call, VRPC_RESOURCE_EXHAUSTED, msg);
         return -EMSGSIZE;
     }
-    if (__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE)) {
+    if (__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE)) {
         answer_status(call, VRPC_UNAVAILABLE, NULL);
         return -ECONNRESET;
     }
-    if (VRPC_WIRE_HDR_LEN + size > vrpc_ep_eager_size(c->ep))
+    if (VRPC_WIRE_HDR_LEN + size > vrpc_ep_eager_size(c->b.ep))
         return respond_large(call, resp, size);
     struct vrpc_buf *b = conn_buf(c, true);
     if (!b) { /* c does not read (and is failed), or no buffer came back in time */
@@ -1696,6 +1693,7 @@ int vrpc_server_start(struct vrpc_server *s, const char *uri)
         struct poller *pl = &s->pollers[i];
         struct vrpc_cq_attr ca;
         pl->s = s;
+        vrpc_offer_q_init(&pl->offers, &response_offer_ops, &s->lock);
         if ((rc = vrpc_sched_producer_create(s->sched, &pl->prod)))
             return rc;
         vrpc_cq_attr_init(&ca);
@@ -1760,8 +1758,8 @@ int vrpc_server_shutdown(struct vrpc_server *s, int timeout_ms)
     struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_GOAWAY};
     pthread_mutex_lock(&s->lock);
     for (struct sconn *c = s->conns.next; c != &s->conns; c = c->next) {
-        __atomic_store_n(&c->goaway, 1, __ATOMIC_RELEASE);
-        if (!__atomic_load_n(&c->dead, __ATOMIC_ACQUIRE))
+        __atomic_store_n(&c->b.goaway, 1, __ATOMIC_RELEASE);
+        if (!__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE))
             conn_send_simple(c, &h, "server shutting down", 20, false);
     }
     pthread_mutex_unlock(&s->lock);
@@ -1781,8 +1779,8 @@ int vrpc_server_shutdown(struct vrpc_server *s, int timeout_ms)
     for (struct sconn *c = s->conns.next; c != &s->conns; c = c->next) {
         /* dead first: an answer given while the close is under way is
          * dropped (-ECONNRESET), as rpc.h promises, not sent behind it */
-        __atomic_store_n(&c->dead, 1, __ATOMIC_RELEASE);
-        vrpc_ep_close(c->ep);
+        __atomic_store_n(&c->b.dead, 1, __ATOMIC_RELEASE);
+        vrpc_ep_close(c->b.ep);
     }
     s->shut_done = true;
     s->shut_rc = rc;
