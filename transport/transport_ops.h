@@ -115,7 +115,8 @@ struct vrpc_transport_ops {
      * cannot be opened and "auto" skips it. Members past ep_free are
      * optional: the core reads one that lies beyond `size` as NULL, so a
      * table compiled before a member was added has it absent. New members
-     * go at the end, optional. */
+     * go at the end, optional. The members up to ep_free are never NULL
+     * (but in the table of a backend left out of the build, see tp_create). */
     uint32_t abi, size;
     const char *name; /* "tcp", "verbs": also the URI scheme. The one place
                          a backend's name is spelled */
@@ -146,6 +147,7 @@ struct vrpc_transport_ops {
     int (*mr_reg)(struct vrpc_transport *tp, void *addr, size_t len, unsigned access,
                   struct vrpc_mr **out);
     void (*mr_dereg)(struct vrpc_mr *mr);
+
     /* Allocate the backend CQ (base first, base.tp/attr set by the core after).
      * The core then starts the poller thread which calls only cq_poll, cq_arm,
      * cq_wait and, at stop, cq_flush. */
