@@ -910,10 +910,9 @@ static int connect_once(struct vrpc_channel *ch, int64_t deadline_ns)
         free(c);
         return rc;
     }
-    uint32_t probe;
-    /* -ENOSYS: no gathered grants. VRPC_NO_GATHER=1 (diagnosis, A/B runs):
+    /* Gathered grants where the backend has them. VRPC_NO_GATHER=1 (diagnosis, A/B runs):
      * large requests are always copied into a large buffer. */
-    c->gather = vrpc_ep_grant_segs(c->b.ep, NULL, 0, &probe) == -EINVAL && !vrpc_env_flag(VRPC_ENV_NO_GATHER);
+    c->gather = (vrpc_transport_caps(ch->tp) & VRPC_TP_CAP_GATHER) && !vrpc_env_flag(VRPC_ENV_NO_GATHER);
     pthread_mutex_lock(&ch->conn_lock);
     if (!c->b.gone) { /* its DISCONNECTED may already have come and gone */
         c->next = ch->live.next;

@@ -92,10 +92,9 @@ int vrpc_rpc_parse_uri(const char *uri, char *name, size_t name_len, char *turi,
             return -EINVAL;
         memcpy(name, uri, sl);
         name[sl] = 0;
-        /* "fault+tcp" etc.: the fault-injecting layer (test machinery) */
-        const char *b = strncmp(name, "fault+", 6) ? name : name + 6;
-        if (strcmp(b, "tcp") && strcmp(b, "verbs") && strcmp(b, "auto")) {
-            vrpc_rpc_log("bad URI '%s': unknown scheme '%s' (want tcp://, verbs:// or auto://)", uri, name);
+        /* a backend, "auto", or layer+backend ("fault+tcp": test machinery) */
+        if (vrpc_transport_scheme_check(name)) {
+            vrpc_rpc_log("bad URI '%s': unknown scheme '%s' (no backend of that name)", uri, name);
             return -EINVAL;
         }
         n = snprintf(turi, turi_len, "%s", uri);

@@ -322,10 +322,10 @@ int vrpc_lbuf_cache_create(struct vrpc_transport *tp, struct vrpc_lbuf_cache **o
     c->tp = tp;
     pthread_mutex_init(&c->mu, NULL);
     atomic_init(&c->zeroed, 0);
-    /* Registration locks memory on verbs: a bound above RLIMIT_MEMLOCK would
-     * turn into registration failures instead of a clean -ENOBUFS (also
-     * under a layer: "fault+verbs"). */
-    if (!strcmp((tp->lower ? tp->lower : tp)->ops->name, "verbs") && !getrlimit(RLIMIT_MEMLOCK, &rl) && rl.rlim_cur != RLIM_INFINITY &&
+    /* Registration locks memory (verbs): a bound above RLIMIT_MEMLOCK would
+     * turn into registration failures instead of a clean -ENOBUFS (a layer
+     * has the caps of the backend below it). */
+    if ((tp->caps & VRPC_TP_CAP_PINS_MEMORY) && !getrlimit(RLIMIT_MEMLOCK, &rl) && rl.rlim_cur != RLIM_INFINITY &&
         tp->attr.max_pinned > rl.rlim_cur) {
         vrpc_tp_log("lbuf: max_pinned lowered from %llu to RLIMIT_MEMLOCK, %llu bytes (raise `ulimit -l`)",
                     (unsigned long long)tp->attr.max_pinned, (unsigned long long)rl.rlim_cur);

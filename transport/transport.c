@@ -14,50 +14,16 @@
 #include "transport/lbuf.h"
 #include "transport/transport_ops.h"
 
-/* Every backend compiled in, in "auto" preference order (layers, which
- * "auto" never picks, last). */
+/* Every backend, in "auto" preference order (layers, which "auto" never
+ * picks, last); verbs also when the build leaves it out (its table then has
+ * only a name: verbs/verbs_absent.c). */
 static const struct vrpc_transport_ops *const backends[] = {
-#ifdef VRPC_BACKEND_VERBS
     &vrpc_verbs_ops,
-#endif
     &vrpc_tcp_ops,
 #ifdef VRPC_BACKEND_FAULT
     &vrpc_fault_ops,
 #endif
 };
-
-int vrpc_enosys_mr_reg(struct vrpc_transport *tp, void *addr, size_t len, unsigned access,
-                       struct vrpc_mr **out)
-{
-    return -ENOSYS;
-}
-
-int vrpc_enosys_read(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t off, uint32_t len, uint64_t raddr,
-                     uint32_t rkey, uint64_t wr_id)
-{
-    return -ENOSYS;
-}
-
-int vrpc_enosys_probe(void)
-{
-    return -ENOSYS;
-}
-
-int vrpc_enosys_grant(struct vrpc_ep *ep, struct vrpc_mr *mr, const void *addr, uint32_t len, uint32_t *rkey)
-{
-    return -ENOSYS;
-}
-
-int vrpc_enosys_revoke(struct vrpc_ep *ep, uint32_t rkey, uint64_t wr_id)
-{
-    return -ENOSYS;
-}
-
-int vrpc_enosys_grant_segs(struct vrpc_ep *ep, const struct vrpc_seg *segs, unsigned n, uint32_t len,
-                           uint32_t *rkey)
-{
-    return -ENOSYS;
-}
 
 /* ---- transport ------------------------------------------------------------ */
 
@@ -90,13 +56,44 @@ static void apply_defaults(struct vrpc_transport_attr *a, const struct vrpc_tran
     if (!a->credit_timeout_ms) a->credit_timeout_ms = a->idle_timeout_ms;
 }
 
-/* The backend (or layer) whose name is the first len bytes of name. */
+/* The backend (or layer) whose name is the first len bytes of name; a
+ * table of another layout version is not searched (its name may be elsewhere). */
 static const struct vrpc_transport_ops *find_backend(const char *name, size_t len)
 {
     for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++)
-        if (strlen(backends[i]->name) == len && !strncmp(name, backends[i]->name, len))
+        if (backends[i]->abi == VRPC_TP_OPS_ABI && strlen(backends[i]->name) == len &&
+            !strncmp(name, backends[i]->name, len))
             return backends[i];
     return NULL;
+}
+
+/* A table that can be opened (transport_ops.h, abi and size): compiled in,
+ * every required member inside its size, and each capability that needs an
+ * optional operation with that operation. */
+static bool ops_usable(const struct vrpc_transport_ops *ops)
+{
+    if (ops->abi != VRPC_TP_OPS_ABI || !ops->tp_create ||
+        ops->size < offsetof(struct vrpc_transport_ops, ep_free) + sizeof ops->ep_free)
+        return false;
+    return !(ops->caps & VRPC_TP_CAP_GATHER) || VRPC_TP_OP(ops, grant_segs);
+}
+
+int vrpc_transport_scheme_check(const char *scheme)
+{
+    const char *plus;
+    const struct vrpc_transport_ops *ops, *low;
+    if (!scheme)
+        return -ENOENT;
+    if (!strcmp(scheme, "auto"))
+        return 0;
+    plus = strchr(scheme, '+');
+    ops = find_backend(scheme, plus ? (size_t)(plus - scheme) : strlen(scheme));
+    if (!ops || ops->layer != (plus != NULL)) /* a layer only as layer+backend */
+        return -ENOENT;
+    if (!plus || !strcmp(plus + 1, "auto"))
+        return 0;
+    low = find_backend(plus + 1, strlen(plus + 1));
+    return low && !low->layer ? 0 : -ENOENT;
 }
 
 int vrpc_transport_create(const char *name, const struct vrpc_transport_attr *attr,
@@ -117,7 +114,7 @@ int vrpc_transport_create(const char *name, const struct vrpc_transport_attr *at
     plus = strchr(name, '+');
     if (!strcmp(name, "auto")) {
         for (i = 0; i < sizeof backends / sizeof backends[0]; i++)
-            if (!backends[i]->layer && backends[i]->probe() == 0) {
+            if (!backends[i]->layer && ops_usable(backends[i]) && backends[i]->probe() == 0) {
                 ops = backends[i];
                 break;
             }
@@ -126,7 +123,9 @@ int vrpc_transport_create(const char *name, const struct vrpc_transport_attr *at
     } else {
         ops = find_backend(name, plus ? (size_t)(plus - name) : strlen(name));
         if (!ops || (plus && !ops->layer))
-            return strcmp(name, "verbs") ? -ENOENT : -ENOTSUP;
+            return -ENOENT;
+        if (!ops_usable(ops)) /* left out of this build, or a table of another layout */
+            return -ENOTSUP;
     }
     if (ops->layer) {
         /* "fault+tcp": the transport below first; the layer owns it then */
@@ -145,6 +144,7 @@ int vrpc_transport_create(const char *name, const struct vrpc_transport_attr *at
     tp->ops = ops;
     tp->attr = a;
     tp->lower = lower;
+    tp->caps = lower ? ops->caps & lower->caps : ops->caps;
     /* "fault+verbs" is the longest name: every one fits */
     size_t nl = strlen(ops->name);
     memcpy(tp->name, ops->name, nl + 1);
@@ -181,6 +181,11 @@ const char *vrpc_transport_name(const struct vrpc_transport *tp)
     return tp->name;
 }
 
+uint32_t vrpc_transport_caps(const struct vrpc_transport *tp)
+{
+    return tp->caps;
+}
+
 uint32_t vrpc_transport_headroom(const struct vrpc_transport *tp)
 {
     return tp->headroom;
@@ -197,6 +202,8 @@ int vrpc_mr_reg(struct vrpc_transport *tp, void *addr, size_t len, unsigned acce
 {
     if (!tp || !addr || !len || !out)
         return -EINVAL;
+    if ((access & VRPC_ACCESS_REMOTE_READ) && !(tp->caps & VRPC_TP_CAP_REMOTE_READ))
+        return -ENOSYS;
     return tp->ops->mr_reg(tp, addr, len, access, out);
 }
 
@@ -456,9 +463,9 @@ static int check_scheme(struct vrpc_transport *tp, const struct vrpc_addr *a)
     const struct vrpc_transport_ops *ops;
     if (!strcmp(a->scheme, "auto") || !strcmp(a->scheme, tp->name))
         return 0;
-    /* a scheme of another backend (or layer+backend) compiled in, or verbs */
+    /* a scheme of another backend (also one left out of the build) or layer+backend */
     ops = find_backend(a->scheme, plus ? (size_t)(plus - a->scheme) : strlen(a->scheme));
-    if ((ops && (!plus || ops->layer)) || !strcmp(a->scheme, "verbs"))
+    if (ops && (!plus || ops->layer))
         return -EPROTONOSUPPORT;
     return -EINVAL;
 }
@@ -569,9 +576,8 @@ int vrpc_ep_grant_segs(struct vrpc_ep *ep, const struct vrpc_seg *segs, unsigned
     uint64_t len = 0;
     if (!ep)
         return -EINVAL;
-    for (const struct vrpc_transport *t = ep->tp; t; t = t->lower) /* a layer gathers if below does */
-        if (t->ops->grant_segs == vrpc_enosys_grant_segs)
-            return -ENOSYS;
+    if (!(ep->tp->caps & VRPC_TP_CAP_GATHER)) /* a layer's: of the one below too */
+        return -ENOSYS;
     if (!segs || !rkey || n == 0 || n > VRPC_GRANT_SEGS_MAX)
         return -EINVAL;
     for (unsigned i = 0; i < n; i++) {

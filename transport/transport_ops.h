@@ -52,6 +52,8 @@ struct vrpc_transport {
     const struct vrpc_transport_ops *ops;
     char name[16];                   /* ops->name, or "layer+lower" ("fault+tcp");
                                         also the URI scheme. Set by the core */
+    uint32_t caps;                   /* ops->caps; a layer's: & lower->caps.
+                                        Set by the core */
     struct vrpc_transport *lower;    /* a layer's transport below it, else NULL */
     struct vrpc_transport_attr attr; /* defaults applied */
     uint32_t headroom;               /* bytes before vrpc_buf.data in pool buffers */
@@ -99,10 +101,30 @@ struct vrpc_mr {
     uint32_t lkey, rkey; /* 0 on TCP */
 };
 
-/* ---- the ops table: never NULL members (use the vrpc_enosys_* stubs) ---- */
+/* ---- the ops table -------------------------------------------------------- */
+
+/* The table's layout version. Raise it when a member changes meaning or
+ * moves; a member added at the end does not raise it (see `size`). */
+#define VRPC_TP_OPS_ABI 1
+/* How each table starts: the layout version and size it was compiled with. */
+#define VRPC_TP_OPS_HEAD .abi = VRPC_TP_OPS_ABI, .size = sizeof(struct vrpc_transport_ops)
 
 struct vrpc_transport_ops {
-    const char *name; /* "tcp", "verbs": also the URI scheme */
+    /* VRPC_TP_OPS_HEAD. The core refuses a table of another abi, or whose
+     * size stops before ep_free (the last required member): such a backend
+     * cannot be opened and "auto" skips it. Members past ep_free are
+     * optional: the core reads one that lies beyond `size` as NULL, so a
+     * table compiled before a member was added has it absent. New members
+     * go at the end, optional. The members up to ep_free are never NULL
+     * (but in the table of a backend left out of the build, see tp_create). */
+    uint32_t abi, size;
+    const char *name; /* "tcp", "verbs": also the URI scheme. The one place
+                         a backend's name is spelled */
+    /* What the backend can do, enum vrpc_tp_cap bits (transport.h). A layer:
+     * the capabilities it forwards; the transport has those its lower one has
+     * (vrpc_transport_caps). An operation a capability covers may be NULL when
+     * the capability is absent: the core returns -ENOSYS for it. */
+    uint32_t caps;
     /* A layer wraps another backend (libfabric's hooking providers): opened
      * as "name+lower" ("fault+tcp"; "fault" alone is "fault+auto"), never by
      * "auto". The core creates the lower transport first and hands it to the
@@ -113,11 +135,15 @@ struct vrpc_transport_ops {
     int (*probe)(void);
     /* Allocate the backend's transport (embedding struct vrpc_transport
      * first) and set base.headroom; attr has defaults applied. The core sets
-     * base.ops, base.attr, base.name and base.lower afterwards. (A layer: see
-     * `layer`.) */
+     * base.ops, base.attr, base.name, base.caps and base.lower afterwards. (A
+     * layer: see `layer`.) NULL (with every other operation) in the table of
+     * a backend this build leaves out (verbs/verbs_absent.c): its name is
+     * known, opening it fails with -ENOTSUP. */
     int (*tp_create)(const struct vrpc_transport_attr *attr, struct vrpc_transport **out);
     void (*tp_destroy)(struct vrpc_transport *tp);
 
+    /* access has VRPC_ACCESS_REMOTE_READ only with VRPC_TP_CAP_REMOTE_READ
+     * (the core checks). */
     int (*mr_reg)(struct vrpc_transport *tp, void *addr, size_t len, unsigned access,
                   struct vrpc_mr **out);
     void (*mr_dereg)(struct vrpc_mr *mr);
@@ -156,8 +182,6 @@ struct vrpc_transport_ops {
                 uint32_t rkey, uint64_t wr_id);
     /* vrpc_ep_grant / vrpc_ep_revoke (contracts in transport.h). */
     int (*grant)(struct vrpc_ep *ep, struct vrpc_mr *mr, const void *addr, uint32_t len, uint32_t *rkey);
-    /* vrpc_ep_grant_segs: arguments checked by the core (n >= 1). */
-    int (*grant_segs)(struct vrpc_ep *ep, const struct vrpc_seg *segs, unsigned n, uint32_t len, uint32_t *rkey);
     int (*revoke)(struct vrpc_ep *ep, uint32_t rkey, uint64_t wr_id);
     int (*close)(struct vrpc_ep *ep);
     /* vrpc_ep_abort: status checked by the core (negative). */
@@ -165,18 +189,17 @@ struct vrpc_transport_ops {
     /* Free the endpoint's memory: both references are gone (the user's, and
      * the transport's, which the core drops after delivering DISCONNECTED). */
     void (*ep_free)(struct vrpc_ep *ep);
+
+    /* ---- optional (absent: NULL, or beyond `size`) ---- */
+
+    /* vrpc_ep_grant_segs, with VRPC_TP_CAP_GATHER: arguments checked by the
+     * core (n >= 1). */
+    int (*grant_segs)(struct vrpc_ep *ep, const struct vrpc_seg *segs, unsigned n, uint32_t len, uint32_t *rkey);
 };
 
-/* Shared stubs for operations a backend lacks (libfabric's ofi_enosys idea). */
-int vrpc_enosys_mr_reg(struct vrpc_transport *tp, void *addr, size_t len, unsigned access,
-                       struct vrpc_mr **out);
-int vrpc_enosys_read(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t off, uint32_t len, uint64_t raddr,
-                     uint32_t rkey, uint64_t wr_id);
-int vrpc_enosys_probe(void);
-int vrpc_enosys_grant(struct vrpc_ep *ep, struct vrpc_mr *mr, const void *addr, uint32_t len, uint32_t *rkey);
-int vrpc_enosys_revoke(struct vrpc_ep *ep, uint32_t rkey, uint64_t wr_id);
-int vrpc_enosys_grant_segs(struct vrpc_ep *ep, const struct vrpc_seg *segs, unsigned n, uint32_t len,
-                           uint32_t *rkey);
+/* The table's optional member m, or NULL when absent (beyond ops->size). */
+#define VRPC_TP_OP(ops, m)                                                                                   \
+    ((ops)->size >= offsetof(struct vrpc_transport_ops, m) + sizeof((ops)->m) ? (ops)->m : NULL)
 
 /* Drop one reference (e.g. the transport's, from a backend error path of an
  * endpoint never handed out); frees through ops->ep_free at zero. */
@@ -196,9 +219,8 @@ static inline uint64_t vrpc_tp_now_ns(void) { return (uint64_t)vrpc_clock_mono_n
  * "transport". For protocol errors and the like; never on the hot path of
  * healthy traffic. */
 
-#ifdef VRPC_BACKEND_VERBS
+/* verbs_ops.c, or verbs/verbs_absent.c in a build without verbs. */
 extern const struct vrpc_transport_ops vrpc_verbs_ops;
-#endif
 extern const struct vrpc_transport_ops vrpc_tcp_ops;
 #ifdef VRPC_BACKEND_FAULT
 extern const struct vrpc_transport_ops vrpc_fault_ops;

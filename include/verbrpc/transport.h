@@ -251,6 +251,29 @@ VRPC_API int vrpc_transport_create(const char *name, const struct vrpc_transport
 VRPC_API void vrpc_transport_destroy(struct vrpc_transport *tp);
 /* "tcp" or "verbs" (what "auto" resolved to). */
 VRPC_API const char *vrpc_transport_name(const struct vrpc_transport *tp);
+/* What a backend can do beyond the verbs model every backend has (send,
+ * receive, vrpc_ep_read of a vrpc_ep_grant, revoke, abort). Ask with
+ * vrpc_transport_caps instead of calling an operation to see whether it fails:
+ * an operation whose capability is absent returns -ENOSYS. */
+enum vrpc_tp_cap {
+    /* vrpc_ep_grant_segs works (TCP: read responses are written from the
+     * segments; verbs: absent, grant one registered buffer instead). */
+    VRPC_TP_CAP_GATHER = 1 << 0,
+    /* vrpc_mr_reg accepts VRPC_ACCESS_REMOTE_READ: long-lived rkeys a peer
+     * reads with vrpc_ep_read (verbs). */
+    VRPC_TP_CAP_REMOTE_READ = 1 << 1,
+    /* Registration locks memory (verbs): RLIMIT_MEMLOCK bounds what can be
+     * registered, so the large-buffer cache lowers max_pinned to it. */
+    VRPC_TP_CAP_PINS_MEMORY = 1 << 2,
+};
+/* enum vrpc_tp_cap bits of tp's backend (of the backend below a layer such as
+ * "fault+tcp"). Fixed for the transport's life; any thread. */
+VRPC_API uint32_t vrpc_transport_caps(const struct vrpc_transport *tp);
+/* 0 when scheme (NUL-terminated, as in a URI before "://") names what
+ * vrpc_transport_create can be asked for: "auto", a backend's name, or
+ * layer+backend ("fault+tcp", "fault+auto"), compiled in or not (opening a
+ * backend left out of the build then fails with -ENOTSUP); else -ENOENT. */
+VRPC_API int vrpc_transport_scheme_check(const char *scheme);
 /* Bytes the transport keeps before vrpc_buf.data in pool buffers. */
 VRPC_API uint32_t vrpc_transport_headroom(const struct vrpc_transport *tp);
 /* The eager size from attr (after defaults). */
@@ -261,7 +284,8 @@ VRPC_API uint32_t vrpc_transport_eager_size(const struct vrpc_transport *tp);
 enum vrpc_access {
     VRPC_ACCESS_LOCAL = 0,            /* send from / receive into it */
     VRPC_ACCESS_REMOTE_READ = 1 << 0, /* a peer may vrpc_ep_read() it with its
-                                         long-lived rkey (verbs only; -ENOSYS on TCP) */
+                                         long-lived rkey (VRPC_TP_CAP_REMOTE_READ:
+                                         verbs; else -ENOSYS) */
     VRPC_ACCESS_GRANT = 1 << 1,       /* no remote access of its own, but parts of
                                          it may be lent to one peer for one
                                          transfer with vrpc_ep_grant() (verbs:
@@ -270,8 +294,8 @@ enum vrpc_access {
 
 /* Register [addr, addr+len) (the caller keeps owning the memory and frees it
  * after vrpc_mr_dereg). access: enum vrpc_access bits. Errors: -ENOMEM, and on
- * verbs -ENOMEM naming `ulimit -l` when locking fails; -ENOSYS when a backend
- * lacks remote access. */
+ * verbs -ENOMEM naming `ulimit -l` when locking fails; -ENOSYS for
+ * VRPC_ACCESS_REMOTE_READ without VRPC_TP_CAP_REMOTE_READ. */
 VRPC_API int vrpc_mr_reg(struct vrpc_transport *tp, void *addr, size_t len, unsigned access,
                          struct vrpc_mr **out);
 /* Deregister; nothing of it may be in flight. Safe on NULL. */
@@ -455,10 +479,10 @@ struct vrpc_seg {
  * key). The array is copied; the memory must stay valid and unchanged until
  * the REVOKE completion (or the endpoint's DISCONNECTED), and no byte of it is
  * read by the transport after that. TCP: read responses are written from
- * the segments with sendmsg (no copy of ours). verbs: -ENOSYS (grant one
- * registered buffer instead). The -ENOSYS check comes first, so a call with
- * n == 0 is a probe: -ENOSYS, or -EINVAL where gathered grants work. Other
- * errors as vrpc_ep_grant. */
+ * the segments with sendmsg (no copy of ours). -ENOSYS without
+ * VRPC_TP_CAP_GATHER (verbs: grant one registered buffer instead; ask
+ * vrpc_transport_caps first), checked before the arguments. Other errors as
+ * vrpc_ep_grant. */
 VRPC_API int vrpc_ep_grant_segs(struct vrpc_ep *ep, const struct vrpc_seg *segs, unsigned n, uint32_t *rkey);
 /* End a grant of ep. Exactly one VRPC_WC_REVOKE completion (wr_id, ep) follows,
  * after which no read of the peer can touch the memory any more (verbs: the

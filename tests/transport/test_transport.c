@@ -63,6 +63,52 @@ static void t_connect_accept(void **state)
     echo_stop(&e);
 }
 
+/* Capabilities (vrpc_transport_caps): what each backend declares, the same
+ * under the fault layer as without it, and the operations they cover agree:
+ * vrpc_ep_grant_segs is -ENOSYS exactly without VRPC_TP_CAP_GATHER (checked
+ * before its arguments), vrpc_mr_reg with VRPC_ACCESS_REMOTE_READ exactly
+ * without VRPC_TP_CAP_REMOTE_READ. vrpc_transport_scheme_check knows every
+ * backend name, compiled in or not, and a layer only as layer+backend. */
+static void t_caps(void **state)
+{
+    struct echo e;
+    struct echo_cfg ec = { .ncq = 1, .nbufs = 64 };
+    struct client c;
+    struct vrpc_ep *ep;
+    struct vrpc_mr *mr = NULL;
+    static char region[4096];
+    uint32_t key, caps;
+    const char *b = strncmp(g_opt.backend, "fault+", 6) ? g_opt.backend : g_opt.backend + 6;
+
+    assert_int_equal(echo_start(&e, &ec), 0);
+    assert_int_equal(client_start(&c, NULL, 16, 8, 0, NULL, NULL), 0);
+    assert_int_equal(client_connect(&c, e.uri, &ep), 0);
+    caps = vrpc_transport_caps(c.tp);
+    if (!strcmp(b, "tcp"))
+        assert_int_equal(caps, VRPC_TP_CAP_GATHER);
+    else
+        assert_int_equal(caps, VRPC_TP_CAP_REMOTE_READ | VRPC_TP_CAP_PINS_MEMORY);
+    assert_int_equal(vrpc_ep_grant_segs(ep, NULL, 0, &key), (caps & VRPC_TP_CAP_GATHER) ? -EINVAL : -ENOSYS);
+    int rc = vrpc_mr_reg(c.tp, region, sizeof region, VRPC_ACCESS_REMOTE_READ, &mr);
+    if (caps & VRPC_TP_CAP_REMOTE_READ) {
+        assert_int_equal(rc, 0);
+        vrpc_mr_dereg(mr);
+    } else {
+        assert_int_equal(rc, -ENOSYS);
+    }
+    vrpc_ep_destroy(ep);
+    client_stop(&c);
+    echo_stop(&e);
+
+    const char *known[] = { "auto", "tcp", "verbs", "fault+tcp", "fault+verbs", "fault+auto" };
+    const char *unknown[] = { "", "foo", "fault", "fault+fault", "tcp+tcp", "fault+", "tcpx", NULL };
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (strncmp(known[i], "fault+", 6) || !strncmp(g_opt.backend, "fault+", 6))
+            assert_int_equal(vrpc_transport_scheme_check(known[i]), 0);
+    for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++)
+        assert_int_equal(vrpc_transport_scheme_check(unknown[i]), -ENOENT);
+}
+
 /* A port where nothing listens gives -ECONNREFUSED, quickly, with no endpoint. */
 static void t_connect_refused(void **state)
 {
@@ -273,6 +319,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(t_connect_accept),
         cmocka_unit_test(t_connect_refused),
+        cmocka_unit_test(t_caps),
         cmocka_unit_test(t_ipv6_uri),
         cmocka_unit_test(t_pingpong_sizes),
         CONFORMANCE_CASES

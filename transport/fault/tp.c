@@ -147,7 +147,10 @@ void fault_mr_dereg(struct vrpc_mr *mr)
 }
 
 const struct vrpc_transport_ops vrpc_fault_ops = {
+    VRPC_TP_OPS_HEAD,
     .name = "fault",
+    /* all it forwards: the transport has those of the one below (transport_ops.h) */
+    .caps = VRPC_TP_CAP_GATHER | VRPC_TP_CAP_REMOTE_READ | VRPC_TP_CAP_PINS_MEMORY,
     .layer = true,
     .probe = fault_probe,
     .tp_create = fault_tp_create,

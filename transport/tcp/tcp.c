@@ -2482,7 +2482,9 @@ static int tcp_probe(void)
 }
 
 const struct vrpc_transport_ops vrpc_tcp_ops = {
+    VRPC_TP_OPS_HEAD,
     .name = "tcp",
+    .caps = VRPC_TP_CAP_GATHER,
     .probe = tcp_probe,
     .tp_create = tcp_tp_create,
     .tp_destroy = tcp_tp_destroy,

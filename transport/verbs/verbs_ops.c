@@ -3111,7 +3111,9 @@ static int verbs_probe(void)
 }
 
 const struct vrpc_transport_ops vrpc_verbs_ops = {
+	VRPC_TP_OPS_HEAD,
 	.name = "verbs",
+	.caps = VRPC_TP_CAP_REMOTE_READ | VRPC_TP_CAP_PINS_MEMORY,
 	.probe = verbs_probe,
 	.tp_create = verbs_tp_create,
 	.tp_destroy = verbs_tp_destroy,
@@ -3132,7 +3134,6 @@ const struct vrpc_transport_ops vrpc_verbs_ops = {
 	.read = verbs_read,
 	.grant = verbs_grant,
 	.revoke = verbs_revoke,
-	.grant_segs = vrpc_enosys_grant_segs,
 	.close = verbs_close,
 	.abort = verbs_abort,
 	.ep_free = verbs_ep_free,
