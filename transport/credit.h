@@ -30,11 +30,13 @@ struct vrpc_credit_pool {
      * data credits it starts with (min_resv; the least a peer's handshake
      * may grant, the backend's handshake checks it) plus the receives kept
      * for its peer's credit-only messages (ctl_resv). Per backend, passed
-     * to vrpc_credit_pool_init: TCP 2 + 0 (a credit-only frame uses no
-     * receive buffer, and 2 keeps a connection able to pipeline one
-     * message while the credit for the next is on its way); verbs 1 + 1
-     * (a credit-only message consumes a receive, so each connection has
-     * one posted for it beside its data credit). */
+     * to vrpc_credit_pool_init. Both take the 2 posted receives per
+     * connection of credit rule 2 (transport.h); they split them
+     * differently. TCP 2 + 0: a credit-only frame uses no receive buffer,
+     * so both are data credits (and a TCP handshake granting fewer than 2
+     * is refused, so the value is part of the TCP handshake). Verbs 1 + 1:
+     * a credit-only message consumes a receive, so one of the two is kept
+     * for those and the handshake promises 1 data credit. */
     uint32_t min_resv, ctl_resv;
     struct vrpc_credit_ep *hungry_head, *hungry_tail; /* owed credits, oldest first */
 };
@@ -166,6 +168,16 @@ static inline void vrpc_credit_distribute(struct vrpc_credit_pool *p, void (*sen
         if (cr >= (e->resv / 2 ? e->resv / 2 : 1) || cr >= e->granted)
             send(e);
     }
+}
+
+/* Credit rule 6 (the credit watchdog): a send that has waited for credits
+ * since wait_ns (0: none waits; reset whenever credits arrive) with none
+ * arriving for limit_ns (credit_timeout_ms) fails its endpoint with
+ * -ETIMEDOUT. True when that time has come at now; a wait_ns taken after now
+ * is not late. Any thread. */
+static inline bool vrpc_credit_wait_expired(uint64_t wait_ns, uint64_t now, uint64_t limit_ns)
+{
+    return wait_ns && now > wait_ns + limit_ns;
 }
 
 #endif

@@ -1749,7 +1749,7 @@ static void scan_timeouts(struct tcp_cq *cq, uint64_t now)
     uint64_t idle = (uint64_t)a->idle_timeout_ms * 1000000u, hs = (uint64_t)a->connect_timeout_ms * 1000000u;
     uint64_t ctmo = (uint64_t)a->credit_timeout_ms * 1000000u;
     for (ep = cq->eps; ep; ep = n) {
-        uint64_t c = atomic_load(&ep->close_ns), w;
+        uint64_t c = atomic_load(&ep->close_ns);
         n = ep->next;
         /* (times taken after now are not late: compare as now > t + limit) */
         if (atomic_load(&ep->state) == S_HANDSHAKE && now > ep->frame_ns + hs)
@@ -1760,7 +1760,7 @@ static void scan_timeouts(struct tcp_cq *cq, uint64_t now)
             teardown(cq, ep, -ETIMEDOUT, "peer did not finish the close");
         else if (atomic_load(&ep->nreads) && now > atomic_load(&ep->read_ns) + idle)
             teardown(cq, ep, -ETIMEDOUT, "our read got no data within the idle timeout (slow or stuck peer)");
-        else if ((w = atomic_load_explicit(&ep->wait_ns, memory_order_relaxed)) && now > w + ctmo) {
+        else if (vrpc_credit_wait_expired(atomic_load_explicit(&ep->wait_ns, memory_order_relaxed), now, ctmo)) {
             snprintf(ep->why, sizeof ep->why, "peer returned no credits for %u ms", a->credit_timeout_ms);
             teardown(cq, ep, -ETIMEDOUT, ep->why);
         }

@@ -1858,7 +1858,7 @@ static void credit_watchdog(struct vcq *cq)
 	pthread_mutex_lock(&cq->lock);
 	for (uint32_t i = 0; i <= cq->map_mask && n < 16; i++) {
 		uint64_t w = cq->map[i] ? atomic_load(&cq->map[i]->wait_ns) : 0;
-		if (w && now > w + lim)
+		if (vrpc_credit_wait_expired(w, now, lim))
 			late[n++] = cq->map[i];
 	}
 	pthread_mutex_unlock(&cq->lock);
