@@ -30,6 +30,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "transport/credit.h"
+#include "transport/disconnect.h"
 #include "transport/tcp/tcp_wire.h"
 #include "transport/transport_ops.h"
 
@@ -145,7 +147,6 @@ struct tcp_ep {
     bool ctrl_queued;
     struct vrpc_buf ctrl;  /* the one pending credit-only frame */
     char ctrl_space[HDR_LEN];
-    atomic_uint credit_ret; /* credits to return to the peer (any frame takes them) */
     _Atomic uint64_t close_ns; /* when vrpc_ep_close was called, 0 if not */
     int abort_status;          /* vrpc_ep_abort's status (under lock, set once) */
     struct tcp_ep *xnext;      /* abort list (MPSC) */
@@ -192,13 +193,9 @@ struct tcp_ep {
     uint32_t rgot, rlen, rimm;
     char why[160];         /* a formatted reason for teardown's log line */
     uint64_t frame_ns;     /* when the current partial frame (or handshake) began; 0: idle */
-    uint32_t granted;      /* credits the peer holds or will get (promised buffers) */
-    uint32_t resv;         /* reservation: granted + consumed, not yet paid back */
-    uint32_t target;       /* the most resv may grow to (credits attribute) */
-    bool hungry;
+    struct vrpc_credit_ep cr; /* credits (the core's, credit.h; poller, credit_ret any thread) */
     bool reported;         /* the user knows it (connect returned / ACCEPTED) */
     int disc_status;
-    struct tcp_ep *hnext;          /* hungry list */
     struct tcp_ep *prev, *next;    /* all endpoints of the CQ */
     struct tcp_ep *anext;          /* adopt list (MPSC) */
     struct tcp_ep *dnext;          /* dead list / free list */
@@ -216,15 +213,13 @@ struct tcp_cq {
     _Atomic(struct vrpc_buf *) posted_in; /* MPSC: newly posted receives (LIFO) */
     _Atomic(struct tcp_ep *) adopt;   /* MPSC: new endpoints for this poller */
     _Atomic(struct tcp_ep *) aborts;  /* MPSC: aborted endpoints, each holding a reference */
-    atomic_int avail;                 /* posted receives not promised to any peer */
-    atomic_int posted;                /* posted receives not consumed (<= max_recv) */
+    struct vrpc_credit_pool cr;       /* receive accounting, hungry list (credit.h) */
 
     /* Poller only. */
     struct vrpc_buf *free;            /* posted receive buffers at hand (stack) */
     struct fifo out;                  /* staged completions */
     struct tcp_ep *eps;               /* every adopted endpoint */
     unsigned neps;
-    struct tcp_ep *hungry_head, *hungry_tail;
     struct tcp_ep *dead;              /* torn down this pass: DISCONNECTED after the drain */
     struct tcp_ep *reap;              /* never reported: free after this pass */
     struct tcp_ep *pumpq;             /* got read requests this pass: pump them (empty between passes) */
@@ -323,11 +318,6 @@ static void build_hdr(void *at, uint32_t type, uint32_t len, uint32_t imm, uint3
 {
     struct vrpc_tcp_hdr h = vrpc_tcp_hdr_make((uint8_t)type, len, imm, (uint16_t)credits);
     memcpy(at, &h, sizeof h);
-}
-
-static uint32_t take_credit_ret(struct tcp_ep *ep)
-{
-    return atomic_exchange_explicit(&ep->credit_ret, 0, memory_order_relaxed);
 }
 
 static void set_pollout_locked(struct tcp_ep *ep, bool on)
@@ -505,7 +495,7 @@ static void tx_locked(struct tcp_ep *ep)
 static void admit_locked(struct tcp_ep *ep, struct vrpc_buf *b)
 {
     ep->send_credits--;
-    build_hdr((char *)b->data - HDR_LEN, F_DATA, b->len, (uint32_t)b->priv[P_IMM], take_credit_ret(ep));
+    build_hdr((char *)b->data - HDR_LEN, F_DATA, b->len, (uint32_t)b->priv[P_IMM], vrpc_credit_take_ret(&ep->cr));
     fifo_push(&ep->wq, b);
 }
 
@@ -532,7 +522,7 @@ static void send_credit_locked(struct tcp_ep *ep)
     uint32_t c;
     if (ep->ctrl_queued || ep->fd < 0 || ep->shut_wr)
         return;
-    c = take_credit_ret(ep);
+    c = vrpc_credit_take_ret(&ep->cr);
     if (!c)
         return;
     build_hdr(ep->ctrl_space, F_CREDIT, 0, 0, c);
@@ -937,7 +927,7 @@ static int tcp_read(struct vrpc_ep *base, struct vrpc_buf *buf, uint32_t off, ui
     atomic_fetch_add(&ep->nreads, 1);
     memcpy(s->req_space + HDR_LEN, &r, sizeof r);
     build_hdr(s->req_space, F_READ_REQ, sizeof r, (uint32_t)s->gen << 16 | (uint32_t)(s - ep->rslots),
-              take_credit_ret(ep));
+              vrpc_credit_take_ret(&ep->cr));
     s->req.len = sizeof r;
     s->queued = true;
     idle = !ep->wq.head;
@@ -1040,7 +1030,7 @@ static void pump(struct tcp_cq *cq, struct tcp_ep *ep)
         ep->cur = j;
         ep->cur_len = j->left < chunk ? j->left : chunk;
         ep->cur_off = 0;
-        build_hdr(ep->cur_hdr, F_READ_RESP, ep->cur_len, j->tag, take_credit_ret(ep));
+        build_hdr(ep->cur_hdr, F_READ_RESP, ep->cur_len, j->tag, vrpc_credit_take_ret(&ep->cr));
     }
     ep->pumping = false;
     /* Stopped with chunks left (budget spent; a full socket armed EPOLLOUT
@@ -1122,100 +1112,18 @@ static int handle_read_req(struct tcp_ep *ep, const char **why)
 
 /* ---- CQ bookkeeping (poller) ------------------------------------------------ */
 
-/* Take exactly want credits from the CQ's unpromised receives, or none. */
-static uint32_t take_avail_exact(struct tcp_cq *cq, uint32_t want)
-{
-    int a = atomic_load(&cq->avail);
-    do {
-        if (a < (int)want)
-            return 0;
-    } while (!atomic_compare_exchange_weak(&cq->avail, &a, a - (int)want));
-    return want;
-}
-
-/* Take up to want credits from the CQ's unpromised receives. */
-static uint32_t take_avail(struct tcp_cq *cq, uint32_t want)
-{
-    int a = atomic_load(&cq->avail), t;
-    do {
-        if (a <= 0)
-            return 0;
-        t = a < (int)want ? a : (int)want;
-    } while (!atomic_compare_exchange_weak(&cq->avail, &a, a - t));
-    return (uint32_t)t;
-}
-
 /* Every connection keeps a reservation of at least MIN_RESV promised
- * receives; a CQ that cannot reserve that many refuses the connection. */
+ * receives; a CQ that cannot reserve that many refuses the connection
+ * (the credit core's min_resv for TCP, credit.h). */
 #define MIN_RESV 2u
 
-static uint32_t reserve_credits(struct tcp_cq *cq)
+/* vrpc_credit_distribute's hook: a credit-only frame for e's endpoint. */
+static void credit_send(struct vrpc_credit_ep *e)
 {
-    return take_avail_exact(cq, MIN_RESV);
-}
-
-static void hungry_add(struct tcp_cq *cq, struct tcp_ep *ep)
-{
-    if (ep->hungry)
-        return;
-    ep->hungry = true;
-    ep->hnext = NULL;
-    if (cq->hungry_tail)
-        cq->hungry_tail->hnext = ep;
-    else
-        cq->hungry_head = ep;
-    cq->hungry_tail = ep;
-}
-
-static void hungry_remove(struct tcp_cq *cq, struct tcp_ep *ep)
-{
-    struct tcp_ep **pp, *prev = NULL;
-    if (!ep->hungry)
-        return;
-    for (pp = &cq->hungry_head; *pp; prev = *pp, pp = &(*pp)->hnext)
-        if (*pp == ep) {
-            *pp = ep->hnext;
-            if (cq->hungry_tail == ep)
-                cq->hungry_tail = prev;
-            break;
-        }
-    ep->hungry = false;
-}
-
-/* Pay reposted receives back to the endpoints that consumed them (below their
- * reservation), oldest first. While the CQ has spare receives (more than a
- * quarter of those posted stay unpromised, kept for new connections), a
- * paid-back endpoint's reservation grows by one, up to the credits attribute:
- * busy connections get deep pipelines, idle ones keep what they had. */
-static void distribute_credits(struct tcp_cq *cq)
-{
-    while (cq->hungry_head && atomic_load(&cq->avail) > 0) {
-        struct tcp_ep *ep = cq->hungry_head;
-        uint32_t got = take_avail(cq, ep->resv - ep->granted), cr;
-        if (!got)
-            break;
-        ep->granted += got;
-        if (ep->granted >= ep->resv) {
-            cq->hungry_head = ep->hnext;
-            if (!cq->hungry_head)
-                cq->hungry_tail = NULL;
-            ep->hungry = false;
-            if (ep->resv < ep->target && atomic_load(&cq->avail) > atomic_load(&cq->posted) / 4 &&
-                take_avail_exact(cq, 1)) {
-                ep->resv++;
-                ep->granted++;
-                got++;
-            }
-        }
-        cr = atomic_fetch_add(&ep->credit_ret, got) + got;
-        /* Explicit update once half the reservation piled up, or when the
-         * peer holds nothing at all (everything promised is still unsent). */
-        if (cr >= (ep->resv / 2 ? ep->resv / 2 : 1) || cr >= ep->granted) {
-            pthread_mutex_lock(&ep->lock);
-            send_credit_locked(ep);
-            pthread_mutex_unlock(&ep->lock);
-        }
-    }
+    struct tcp_ep *ep = container_of(e, struct tcp_ep, cr);
+    pthread_mutex_lock(&ep->lock);
+    send_credit_locked(ep);
+    pthread_mutex_unlock(&ep->lock);
 }
 
 static void take_posted(struct tcp_cq *cq)
@@ -1292,16 +1200,16 @@ static void teardown(struct tcp_cq *cq, struct tcp_ep *ep, int status, const cha
     if (ep->rbuf) { /* a posted receive again, promised to no one */
         put_posted(cq, ep->rbuf);
         ep->rbuf = NULL;
-        atomic_fetch_add(&cq->posted, 1);
-        atomic_fetch_add(&cq->avail, 1);
+        atomic_fetch_add(&cq->cr.posted, 1);
+        atomic_fetch_add(&cq->cr.avail, 1);
     }
     ep->rdst = NULL;
     ep->rkind = K_NONE;
     ep->rslot = NULL;
     flush_reads(cq, ep);
-    hungry_remove(cq, ep);
-    atomic_fetch_add(&cq->avail, (int)ep->granted);
-    ep->granted = 0;
+    vrpc_credit_hungry_remove(&cq->cr, &ep->cr);
+    vrpc_credit_ep_release(&cq->cr, &ep->cr);
+    ep->cr.granted = 0;
     ep_list_remove(cq, ep);
     if (ep->lst) {
         listener_unref(ep->lst);
@@ -1327,10 +1235,8 @@ static void teardown(struct tcp_cq *cq, struct tcp_ep *ep, int status, const cha
  * the peer died or gave up, and the connection was lost (transport.h). */
 static void teardown_eof(struct tcp_cq *cq, struct tcp_ep *ep)
 {
-    if (atomic_load(&ep->nreads))
-        teardown(cq, ep, -ECONNRESET, "peer closed with a read of ours unanswered");
-    else
-        teardown(cq, ep, 0, NULL);
+    int st = vrpc_tp_disc_status(0, true, 0, atomic_load(&ep->nreads) != 0);
+    teardown(cq, ep, st, st ? "peer closed with a read of ours unanswered" : NULL);
 }
 
 /* ---- receive side (poller) -------------------------------------------------- */
@@ -1386,12 +1292,12 @@ static int handle_hello(struct tcp_cq *cq, struct tcp_ep *ep, const struct vrpc_
     if (eager < ep->base.eager)
         ep->base.eager = eager;
     ep->send_credits = le16toh(h->credits);
-    grant = reserve_credits(cq);
+    grant = vrpc_credit_reserve(&cq->cr);
     *why = "refused: no receive buffers left on the CQ to reserve for it (post more receives)";
     if (!grant)
         return -ENOBUFS;
     *why = "cannot send HELLO_ACK";
-    ep->resv = ep->granted = grant;
+    ep->cr.resv = ep->cr.granted = grant;
     build_hdr(ack, F_HELLO_ACK, 0, ep->base.eager, grant);
     w = send(ep->fd, ack, HDR_LEN, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (w != HDR_LEN)
@@ -1507,7 +1413,7 @@ static int handle_hdr(struct tcp_cq *cq, struct tcp_ep *ep, struct vrpc_buf **sp
         *why = "frame larger than the negotiated eager size";
         return -EMSGSIZE;
     }
-    if (!ep->granted) {
+    if (!ep->cr.granted) {
         *why = "peer sent without credits";
         return -EPROTO;
     }
@@ -1521,9 +1427,8 @@ static int handle_hdr(struct tcp_cq *cq, struct tcp_ep *ep, struct vrpc_buf **sp
         *why = "no receive buffer for a credited message";
         return -ENOBUFS;
     }
-    ep->granted--;
-    hungry_add(cq, ep);
-    atomic_fetch_sub(&cq->posted, 1);
+    vrpc_credit_consumed(&cq->cr, &ep->cr);
+    atomic_fetch_sub(&cq->cr.posted, 1);
     b->len = len;
     if (!len) {
         stage_fill(b, VRPC_WC_RECV, 0, ep, le32toh(h.imm));
@@ -1728,7 +1633,7 @@ static void rx(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
         } else {
             /* (not while our reads are out: their chunks go straight
              * into the reader's buffer, not through a posted one) */
-            if (ep->granted && atomic_load(&ep->state) != S_HANDSHAKE && !atomic_load(&ep->nreads)) {
+            if (ep->cr.granted && atomic_load(&ep->state) != S_HANDSHAKE && !atomic_load(&ep->nreads)) {
                 rx_spec(cq, ep, now);
                 return;
             }
@@ -1832,8 +1737,8 @@ static void adopt(struct tcp_cq *cq)
         }
         if (atomic_load(&ep->state) == S_HANDSHAKE)
             ep->frame_ns = vrpc_tp_now_ns();
-        else if (ep->granted < ep->resv)
-            hungry_add(cq, ep);
+        else if (ep->cr.granted < ep->cr.resv)
+            vrpc_credit_hungry_add(&cq->cr, &ep->cr);
     }
 }
 
@@ -1844,7 +1749,7 @@ static void scan_timeouts(struct tcp_cq *cq, uint64_t now)
     uint64_t idle = (uint64_t)a->idle_timeout_ms * 1000000u, hs = (uint64_t)a->connect_timeout_ms * 1000000u;
     uint64_t ctmo = (uint64_t)a->credit_timeout_ms * 1000000u;
     for (ep = cq->eps; ep; ep = n) {
-        uint64_t c = atomic_load(&ep->close_ns), w;
+        uint64_t c = atomic_load(&ep->close_ns);
         n = ep->next;
         /* (times taken after now are not late: compare as now > t + limit) */
         if (atomic_load(&ep->state) == S_HANDSHAKE && now > ep->frame_ns + hs)
@@ -1855,7 +1760,7 @@ static void scan_timeouts(struct tcp_cq *cq, uint64_t now)
             teardown(cq, ep, -ETIMEDOUT, "peer did not finish the close");
         else if (atomic_load(&ep->nreads) && now > atomic_load(&ep->read_ns) + idle)
             teardown(cq, ep, -ETIMEDOUT, "our read got no data within the idle timeout (slow or stuck peer)");
-        else if ((w = atomic_load_explicit(&ep->wait_ns, memory_order_relaxed)) && now > w + ctmo) {
+        else if (vrpc_credit_wait_expired(atomic_load_explicit(&ep->wait_ns, memory_order_relaxed), now, ctmo)) {
             snprintf(ep->why, sizeof ep->why, "peer returned no credits for %u ms", a->credit_timeout_ms);
             teardown(cq, ep, -ETIMEDOUT, ep->why);
         }
@@ -1963,7 +1868,7 @@ static void progress(struct tcp_cq *cq)
         cq->next_scan = now + SCAN_NS;
         scan_timeouts(cq, now);
     }
-    distribute_credits(cq);
+    vrpc_credit_distribute(&cq->cr, credit_send);
     finish_dead(cq);
 }
 
@@ -2063,8 +1968,8 @@ static void tcp_cq_flush(struct vrpc_cq *base)
         stage_fill(b, VRPC_WC_RECV, -ECANCELED, NULL, 0);
         stage(cq, b);
     }
-    atomic_store(&cq->posted, 0);
-    atomic_store(&cq->avail, 0);
+    atomic_store(&cq->cr.posted, 0);
+    atomic_store(&cq->cr.avail, 0);
 }
 
 static int tcp_post_recv(struct vrpc_cq *base, struct vrpc_buf *const *bufs, const uint64_t *wr_ids, unsigned n)
@@ -2073,8 +1978,8 @@ static int tcp_post_recv(struct vrpc_cq *base, struct vrpc_buf *const *bufs, con
     unsigned i;
     if (atomic_load_explicit(&base->stopping, memory_order_acquire))
         return -ESHUTDOWN;
-    if (atomic_fetch_add(&cq->posted, (int)n) + (int)n > (int)base->attr.max_recv) {
-        atomic_fetch_sub(&cq->posted, (int)n);
+    if (atomic_fetch_add(&cq->cr.posted, (int)n) + (int)n > (int)base->attr.max_recv) {
+        atomic_fetch_sub(&cq->cr.posted, (int)n);
         return -ENOSPC;
     }
     for (i = 0; i < n; i++) {
@@ -2082,7 +1987,7 @@ static int tcp_post_recv(struct vrpc_cq *base, struct vrpc_buf *const *bufs, con
         bufs[i]->next = i + 1 < n ? bufs[i + 1] : NULL;
     }
     mpsc_push(&cq->posted_in, bufs[0], bufs[n - 1]);
-    atomic_fetch_add(&cq->avail, (int)n);
+    atomic_fetch_add(&cq->cr.avail, (int)n);
     kick(cq);
     return 0;
 }
@@ -2104,6 +2009,7 @@ static int tcp_cq_create(struct vrpc_transport *tp, const struct vrpc_cq_attr *a
     int rc;
     if (!cq)
         return -ENOMEM;
+    vrpc_credit_pool_init(&cq->cr, MIN_RESV, 0); /* a credit-only frame uses no receive */
     cq->epfd = epoll_create1(EPOLL_CLOEXEC);
     cq->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (cq->epfd < 0 || cq->evfd < 0 || epoll_ctl(cq->epfd, EPOLL_CTL_ADD, cq->evfd, &e)) {
@@ -2127,7 +2033,7 @@ static struct tcp_ep *ep_alloc(struct vrpc_transport *tp, struct tcp_cq *cq, int
     ep->fd = fd;
     pthread_mutex_init(&ep->lock, NULL);
     ep->max_queued = tp->attr.max_queued;
-    ep->target = tp->attr.credits;
+    ep->cr.target = tp->attr.credits;
     ep->ctrl.data = ep->ctrl_space + HDR_LEN;
     ep->errf.data = ep->err_space + HDR_LEN;
     atomic_init(&ep->nreads, 0);
@@ -2234,7 +2140,7 @@ static int tcp_connect(struct vrpc_transport *tp, const struct vrpc_addr *dst, c
         goto err_fd;
     }
     set_sock_opts(fd);
-    grant = reserve_credits(cq);
+    grant = vrpc_credit_reserve(&cq->cr);
     if (!grant) {
         vrpc_tp_log("tcp: connect: no receive buffer left on the CQ to reserve for the peer: post more");
         rc = -ENOBUFS;
@@ -2266,7 +2172,7 @@ static int tcp_connect(struct vrpc_transport *tp, const struct vrpc_addr *dst, c
         ep->max_queued = attr->max_queued;
     ep->base.eager = le32toh(m.h.imm);
     ep->send_credits = le16toh(m.h.credits);
-    ep->resv = ep->granted = grant;
+    ep->cr.resv = ep->cr.granted = grant;
     ep->reported = true;
     atomic_store(&ep->state, S_OPEN);
     vrpc_addr_format("tcp", (const struct sockaddr *)&dst->ss, ep->base.peer_uri, sizeof ep->base.peer_uri);
@@ -2274,7 +2180,7 @@ static int tcp_connect(struct vrpc_transport *tp, const struct vrpc_addr *dst, c
     *out = &ep->base;
     return 0;
 err_grant:
-    atomic_fetch_add(&cq->avail, (int)grant);
+    atomic_fetch_add(&cq->cr.avail, (int)grant);
     kick(cq);
     if (rc == -ECONNRESET)
         rc = -ECONNREFUSED; /* the listener went away during the handshake */

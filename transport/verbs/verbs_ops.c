@@ -24,6 +24,8 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "transport/credit.h"
+#include "transport/disconnect.h"
 #include "transport/transport_ops.h"
 #include "transport/verbs/verbs_diag.h"
 
@@ -246,12 +248,12 @@ struct vep {
 	uint32_t nwait, max_queued;
 	_Atomic uint64_t wait_ns; /* sends wait for credits since (the last credits
 				     that arrived); 0: none waits (see credit_watchdog) */
-	atomic_uint credit_ret; /* credits to return (any message carries them) */
+	struct vrpc_credit_ep cr; /* credits (the core's, credit.h; poller only, except
+				     cr.credit_ret: credits to return, any message carries them) */
 
 	/* poller only */
-	uint32_t granted, resv, target;
 	uint32_t pending_ctl_min; /* credit_ret that still wants a credit-only message; 0: none */
-	bool hungry, reported, torn, in_todo, counted, reaping, disc_sent;
+	bool reported, torn, in_todo, counted, reaping, disc_sent;
 	/* how the connection really ended (poller only, read when DISCONNECTED
 	 * is staged, after every completion of ep was polled): */
 	int wc_err;       /* first error completion (not a flush) of ep */
@@ -259,7 +261,7 @@ struct vep {
 	uint32_t ctl_sent, peer_ctl_seen; /* ep->lock */
 	bool cm_up; /* ep->lock: rdma_cm has the connection established */
 	atomic_uint ctl_rcvd;
-	struct vep *hnext, *tnext, *wnext;
+	struct vep *tnext, *wnext;
 	struct vep *anext; /* CM thread lists */
 	struct vep *dnext, *xnext; /* deadline watch (tp->lock), expired (CM thread) */
 	uint64_t deadline_ns;      /* tp->lock */
@@ -294,7 +296,7 @@ struct vcq {
 	struct ibv_srq *srq;
 	atomic_bool bound;
 	unsigned unacked;
-	atomic_int posted, avail; /* posted receives; of which unpromised */
+	struct vrpc_credit_pool cr; /* posted receives; of which unpromised; hungry list (credit.h) */
 	uint32_t max_recv;
 
 	pthread_mutex_t lock;
@@ -309,7 +311,6 @@ struct vcq {
 	/* poller only */
 	struct vrpc_wc *stage;
 	unsigned st_head, st_tail, st_cap;
-	struct vep *hungry_head, *hungry_tail;
 	struct vep *reap_wait; /* drained; torn down once the CQ was seen empty */
 	atomic_int reading;    /* endpoints with a read deadline set */
 	uint64_t rd_scan_ns;   /* next read watchdog scan */
@@ -628,87 +629,18 @@ static void stage(struct vcq *cq, uint32_t op, struct vep *ep, struct vrpc_buf *
 	w->imm = status ? 0 : imm;
 }
 
-/* ---- credits (poller only, except credit_ret) ------------------------------------ */
-
-static bool take_avail_exact(struct vcq *cq, int want)
-{
-	int a = atomic_load(&cq->avail);
-	do {
-		if (a < want)
-			return false;
-	} while (!atomic_compare_exchange_weak(&cq->avail, &a, a - want));
-	return true;
-}
-
-static uint32_t take_avail(struct vcq *cq, uint32_t want)
-{
-	int a = atomic_load(&cq->avail), t;
-	do {
-		if (a <= 0)
-			return 0;
-		t = a < (int)want ? a : (int)want;
-	} while (!atomic_compare_exchange_weak(&cq->avail, &a, a - t));
-	return (uint32_t)t;
-}
-
-static void hungry_add(struct vcq *cq, struct vep *ep)
-{
-	if (ep->hungry)
-		return;
-	ep->hungry = true;
-	ep->hnext = NULL;
-	if (cq->hungry_tail)
-		cq->hungry_tail->hnext = ep;
-	else
-		cq->hungry_head = ep;
-	cq->hungry_tail = ep;
-}
-
-static void hungry_remove(struct vcq *cq, struct vep *ep)
-{
-	struct vep **pp, *prev = NULL;
-	if (!ep->hungry)
-		return;
-	for (pp = &cq->hungry_head; *pp; prev = *pp, pp = &(*pp)->hnext)
-		if (*pp == ep) {
-			*pp = ep->hnext;
-			if (cq->hungry_tail == ep)
-				cq->hungry_tail = prev;
-			break;
-		}
-	ep->hungry = false;
-}
+/* ---- credits (the core's, credit.h; poller only, except credit_ret) ---------------- */
 
 static void send_credit_locked(struct vep *ep);
 
-static void distribute(struct vcq *cq)
+/* vrpc_credit_distribute's hook: a credit-only message for e's endpoint. */
+static void credit_send(struct vrpc_credit_ep *e)
 {
-	while (cq->hungry_head && atomic_load(&cq->avail) > 0) {
-		struct vep *ep = cq->hungry_head;
-		uint32_t got = take_avail(cq, ep->resv - ep->granted), cr;
-		if (!got)
-			break;
-		ep->granted += got;
-		if (ep->granted >= ep->resv) {
-			cq->hungry_head = ep->hnext;
-			if (!cq->hungry_head)
-				cq->hungry_tail = NULL;
-			ep->hungry = false;
-			if (ep->resv < ep->target && atomic_load(&cq->avail) > atomic_load(&cq->posted) / 4 &&
-			    take_avail_exact(cq, 1)) {
-				ep->resv++;
-				ep->granted++;
-				got++;
-			}
-		}
-		cr = atomic_fetch_add(&ep->credit_ret, got) + got;
-		if (cr >= (ep->resv / 2 ? ep->resv / 2 : 1) || cr >= ep->granted) {
-			pthread_mutex_lock(&ep->lock);
-			ep->pending_ctl_min = 1;
-			send_credit_locked(ep);
-			pthread_mutex_unlock(&ep->lock);
-		}
-	}
+	struct vep *ep = container_of(e, struct vep, cr);
+	pthread_mutex_lock(&ep->lock);
+	ep->pending_ctl_min = 1;
+	send_credit_locked(ep);
+	pthread_mutex_unlock(&ep->lock);
 }
 
 /* ---- sending (ep->lock) ------------------------------------------------------------ */
@@ -728,7 +660,7 @@ static int post_locked(struct vep *ep, struct vrpc_buf *buf, uint32_t len, uint3
 	struct ibv_sge sge;
 	struct hdr ctl, *h = buf ? (struct hdr *)((char *)buf->data - HDR_LEN) : &ctl;
 	int rc;
-	h->credits = htons((uint16_t)atomic_exchange(&ep->credit_ret, 0));
+	h->credits = htons((uint16_t)atomic_exchange(&ep->cr.credit_ret, 0));
 	h->flags = htons(buf ? 0 : HDR_CREDIT_ONLY);
 	h->ctl_seen = htonl(atomic_load(&ep->ctl_rcvd));
 	memset(&wr, 0, sizeof(wr));
@@ -755,7 +687,7 @@ static int post_locked(struct vep *ep, struct vrpc_buf *buf, uint32_t len, uint3
 	TRACE("verbs: post qpn %u len %u credits %u ret %u ctl %d rc %d", ep->qpn, len, ep->credits, ntohs(h->credits),
 	      !buf, rc);
 	if (rc) {
-		atomic_fetch_add(&ep->credit_ret, ntohs(h->credits));
+		atomic_fetch_add(&ep->cr.credit_ret, ntohs(h->credits));
 		return err_pos(rc);
 	}
 	ep->ring[ep->tail & ep->ring_mask] = (struct sent){ .buf = buf, .wr_id = wr_id };
@@ -822,10 +754,10 @@ static void pump_locked(struct vep *ep)
 /* A credit-only message, on the last credit if need be. */
 static void send_credit_locked(struct vep *ep)
 {
-	if ((ep->state != S_OPEN && ep->state != S_CLOSING) || !atomic_load(&ep->credit_ret))
+	if ((ep->state != S_OPEN && ep->state != S_CLOSING) || !atomic_load(&ep->cr.credit_ret))
 		return;
 	pump_locked(ep); /* queued data carries the credits if it can go */
-	if (!atomic_load(&ep->credit_ret) || ep->ctl_sent - ep->peer_ctl_seen >= CTL_RESV ||
+	if (!atomic_load(&ep->cr.credit_ret) || ep->ctl_sent - ep->peer_ctl_seen >= CTL_RESV ||
 	    ring_used(ep) >= ep->ring_mask)
 		return;
 	if (post_locked(ep, NULL, 0, 0, 0, false))
@@ -1445,9 +1377,7 @@ static struct vep *ep_new(struct vtp *tp, struct vcq *cq, void *user, uint32_t m
 	ep->ring_mask = pow2(2 * tp->base.attr.credits + 8) - 1;
 	ep->ring = calloc(ep->ring_mask + 1, sizeof(*ep->ring));
 	ep->max_queued = max_queued ? max_queued : tp->base.attr.max_queued;
-	ep->target = tp->base.attr.credits;
-	ep->resv = ep->granted = MIN_RESV;
-	atomic_init(&ep->credit_ret, 0);
+	vrpc_credit_ep_init(&ep->cr, MIN_RESV, tp->base.attr.credits);
 	nj = 2 * tp->base.attr.credits < 8 ? 8 : 2 * tp->base.attr.credits;
 	ep->rjobs = calloc(nj, sizeof(*ep->rjobs));
 	if (!ep->ring || !ep->rjobs) {
@@ -1532,21 +1462,19 @@ static void reap_request(struct vep *ep)
  * A local failure (timeouts, protocol errors, CQ destroyed) keeps its own. */
 static int final_status(struct vep *ep)
 {
-	if (!ep->by_cm)
-		return ep->status;
-	if (ep->wc_err && ep->wc_err != ep->status) {
+	int st = vrpc_tp_disc_status(ep->status, ep->by_cm, ep->wc_err, ep->flushed != 0);
+	if (st == ep->status)
+		return st;
+	if (st == ep->wc_err) {
 		snprintf(ep->why, sizeof(ep->why), "%s before the peer disconnected", strerror(-ep->wc_err));
 		if (ep->reported)
 			vrpc_tp_log("verbs: connection %s failed: %s", ep->base.peer_uri, ep->why);
-		return ep->wc_err;
-	}
-	if (!ep->status && ep->flushed) {
+	} else {
 		snprintf(ep->why, sizeof(ep->why), "peer disconnected while our operations were in flight");
 		if (ep->reported)
 			vrpc_tp_log("verbs: connection %s lost: %s", ep->base.peer_uri, ep->why);
-		return -ECONNRESET;
 	}
-	return ep->status;
+	return st;
 }
 
 /* A completion's error, for final_status (poller). */
@@ -1579,7 +1507,7 @@ static void service_ep(struct vcq *cq, struct vep *ep)
 		}
 		if (ep->counted) {
 			/* promised buffers nobody can consume any more */
-			atomic_fetch_add(&cq->avail, (int)(ep->granted + CTL_RESV));
+			vrpc_credit_ep_release(&cq->cr, &ep->cr);
 			ep->counted = false;
 		}
 		if (ep->nconns) {
@@ -1593,7 +1521,7 @@ static void service_ep(struct vcq *cq, struct vep *ep)
 			atomic_fetch_sub(&cq->waiting, 1);
 		}
 		pthread_mutex_unlock(&ep->lock);
-		hungry_remove(cq, ep);
+		vrpc_credit_hungry_remove(&cq->cr, &ep->cr);
 		if (ep->reported) {
 			stage(cq, VRPC_WC_DISCONNECTED, ep, NULL, 0, final_status(ep), 0, 0);
 		} else {
@@ -1713,7 +1641,7 @@ static void on_recv(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
 	pthread_mutex_lock(&cq->lock);
 	posted_unlink(cq, b);
 	pthread_mutex_unlock(&cq->lock);
-	atomic_fetch_sub(&cq->posted, 1);
+	atomic_fetch_sub(&cq->cr.posted, 1);
 	if (wc->status != IBV_WC_SUCCESS || !ep || ep->torn || wc->byte_len < HDR_LEN) {
 		if (ep && wc->status == IBV_WC_SUCCESS) {
 			ep_fail(ep, -EPROTO, "runt message");
@@ -1722,8 +1650,8 @@ static void on_recv(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
 			note_wc(ep, wc->status, wc_status(wc->status));
 			ep_fail(ep, wc_status(wc->status), "receive failed: %s", ibv_wc_status_str(wc->status));
 		}
-		if (ep && ep->counted && ep->granted)
-			ep->granted--; /* its promise was used */
+		if (ep && ep->counted && ep->cr.granted)
+			ep->cr.granted--; /* its promise was used */
 		b->len = 0;
 		stage(cq, VRPC_WC_RECV, NULL, b, b->priv[0], -ECANCELED, 0, 0);
 		return;
@@ -1739,7 +1667,7 @@ static void on_recv(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
 		b->next = NULL;
 		pthread_mutex_lock(&cq->lock);
 		if (post_srq(cq, b) == 0)
-			atomic_fetch_add(&cq->posted, 1);
+			atomic_fetch_add(&cq->cr.posted, 1);
 		pthread_mutex_unlock(&cq->lock);
 		atomic_fetch_add(&ep->ctl_rcvd, 1);
 	}
@@ -1759,12 +1687,11 @@ static void on_recv(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
 	pthread_mutex_unlock(&ep->lock);
 	if (ntohs(h->flags) & HDR_CREDIT_ONLY)
 		return;
-	ep->granted--;
-	hungry_add(cq, ep);
+	vrpc_credit_consumed(&cq->cr, &ep->cr);
 	b->len = wc->byte_len - HDR_LEN;
 	stage(cq, VRPC_WC_RECV, ep, b, b->priv[0], 0, b->len,
 	      (wc->wc_flags & IBV_WC_WITH_IMM) ? ntohl(wc->imm_data) : 0);
-	distribute(cq);
+	vrpc_credit_distribute(&cq->cr, credit_send);
 }
 
 /* A READ chunk completed: the job completes with its last chunk, carrying its
@@ -1918,7 +1845,7 @@ static void credit_watchdog(struct vcq *cq)
 	pthread_mutex_lock(&cq->lock);
 	for (uint32_t i = 0; i <= cq->map_mask && n < 16; i++) {
 		uint64_t w = cq->map[i] ? atomic_load(&cq->map[i]->wait_ns) : 0;
-		if (w && now > w + lim)
+		if (vrpc_credit_wait_expired(w, now, lim))
 			late[n++] = cq->map[i];
 	}
 	pthread_mutex_unlock(&cq->lock);
@@ -1960,7 +1887,7 @@ static int verbs_cq_poll(struct vrpc_cq *base, struct vrpc_wc *wc, unsigned max)
 		} else {
 			reap_waiting(cq);
 		}
-		distribute(cq);
+		vrpc_credit_distribute(&cq->cr, credit_send);
 		read_watchdog(cq);
 		credit_watchdog(cq);
 	}
@@ -2100,6 +2027,8 @@ static int verbs_cq_create(struct vrpc_transport *tbase, const struct vrpc_cq_at
 	if (!cq)
 		return -ENOMEM;
 	cq->tp = tp;
+	/* a credit-only message consumes a receive: one kept per connection */
+	vrpc_credit_pool_init(&cq->cr, MIN_RESV, CTL_RESV);
 	cq->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	cq->max_recv = attr->max_recv;
 	cq->map_mask = 8191;
@@ -2133,7 +2062,7 @@ static int verbs_post_recv(struct vrpc_cq *base, struct vrpc_buf *const *bufs, c
 	struct vcq *cq = container_of(base, struct vcq, base);
 	struct vrpc_buf *list = NULL;
 	int rc = 0;
-	if (atomic_load(&cq->posted) + (int)n > (int)cq->max_recv)
+	if (atomic_load(&cq->cr.posted) + (int)n > (int)cq->max_recv)
 		return -ENOSPC;
 	for (unsigned i = n; i-- > 0;) {
 		bufs[i]->priv[0] = wr_ids ? wr_ids[i] : 0;
@@ -2153,11 +2082,11 @@ static int verbs_post_recv(struct vrpc_cq *base, struct vrpc_buf *const *bufs, c
 	pthread_mutex_unlock(&cq->lock);
 	if (rc)
 		return rc;
-	atomic_fetch_add(&cq->posted, (int)n);
-	atomic_fetch_add(&cq->avail, (int)n);
+	atomic_fetch_add(&cq->cr.posted, (int)n);
+	atomic_fetch_add(&cq->cr.avail, (int)n);
 	/* the poller pays debts back; before the device is bound no endpoint
 	 * can owe any, and its own callback needs no wake-up */
-	if (atomic_load(&cq->bound) && tl_poller_of != cq && (cq->hungry_head || atomic_load(&cq->sleeping)))
+	if (atomic_load(&cq->bound) && tl_poller_of != cq && (cq->cr.hungry_head || atomic_load(&cq->sleeping)))
 		wake(cq->evfd);
 	return 0;
 }
@@ -2200,7 +2129,7 @@ static void on_connect_request(struct vtp_listener *l, struct rdma_cm_event *ev)
 	} else if (!rc && !l->nconns->max) {
 		atomic_fetch_add(&l->nconns->n, 1);
 	}
-	if (!rc && !take_avail_exact(cq, MIN_RESV + CTL_RESV)) {
+	if (!rc && !vrpc_credit_reserve(&cq->cr)) {
 		snprintf(why, sizeof(why), "no receive buffers to reserve");
 		atomic_fetch_sub(&l->nconns->n, 1);
 		rc = -ENOBUFS;
@@ -2213,7 +2142,7 @@ static void on_connect_request(struct vtp_listener *l, struct rdma_cm_event *ev)
 	}
 	ep = ep_new(tp, cq, NULL, 0);
 	if (!ep) {
-		atomic_fetch_add(&cq->avail, MIN_RESV + CTL_RESV);
+		atomic_fetch_add(&cq->cr.avail, MIN_RESV + CTL_RESV);
 		atomic_fetch_sub(&l->nconns->n, 1);
 		send_reject(id, tp, -ENOMEM, "server out of memory");
 		id->context = NULL;
@@ -2276,7 +2205,7 @@ static void on_ep_event(struct vep *ep, struct rdma_cm_event *ev)
 	case RDMA_CM_EVENT_ROUTE_RESOLVED:
 		/* without a reservation the connect still goes out, so that a
 		 * refusal is reported as such; an accept is then rejected here */
-		ep->counted = take_avail_exact(ep->cq, MIN_RESV + CTL_RESV);
+		ep->counted = vrpc_credit_reserve(&ep->cq->cr);
 		rc = ep_setup_qp(ep, false);
 		if (!rc) {
 			conn_param(ep, &p, &h);
@@ -2496,7 +2425,7 @@ static void on_async_event(struct ibv_context *ctx, const struct ibv_async_event
 		cq = ev->element.srq->srq_context;
 		vrpc_tp_log("verbs: fewer than %u receive buffers left posted on a completion queue (%d now; %s): "
 			    "post more, or the peers wait for credits",
-			    cq->tp->cfg.srq_limit, atomic_load(&cq->posted), name);
+			    cq->tp->cfg.srq_limit, atomic_load(&cq->cr.posted), name);
 		break;
 	case IBV_EVENT_DEVICE_FATAL:
 		vrpc_tp_log("verbs: device %s reports a fatal error: every connection on it fails", dev);
