@@ -71,7 +71,7 @@ struct vrpc_pending_slot {
     uint32_t resp_len, resp_cap;
     struct vrpc_buf *resp_lb; /* instead of resp: a large response read into a
                                  large buffer; the owner unpacks it and puts it back */
-    /* Large messages (rpc/channel.c). The wire side of a call ends (WIRE_DONE)
+    /* Large messages (rpc/call_large.c). The wire side of a call ends (WIRE_DONE)
      * only when the server can send nothing more for it AND none of its
      * transfers is active: xfer = VRPC_PEND_XFER_SEEN (response arrived or
      * connection died) | count of holds (the owner's while it sets the call
@@ -82,7 +82,7 @@ struct vrpc_pending_slot {
                              fails instead of marking the slot's next call */
     struct vrpc_rndv_out out;  /* the request payload, granted to the server */
     struct vrpc_rndv_in in;    /* the response payload, being read */
-    /* The read's time limit (rpc/channel.c, response_xfer_expired): rd_xfer
+    /* The read's time limit (rpc/call_large.c, response_xfer_expired): rd_xfer
      * is gen << 32 | VRPC_RD_READING from the announcement until the read is
      * over (poller: CAS to VRPC_RD_NONE) or the limit passed (the wheel's
      * thread: CAS to VRPC_RD_EXPIRING, then VRPC_RD_EXPIRED once it has

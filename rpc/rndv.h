@@ -75,13 +75,13 @@ struct vrpc_rndv_out {
     struct vrpc_buf *p_frame; /* its descriptor frame, header written; the
                                  descriptor goes in its last 16 bytes */
     uint32_t p_len, p_frame_len;
-    /* A gathered offer (TCP; rpc/channel.c): p_nsegs > 0 and the window is
+    /* A gathered offer (TCP; rpc/call_large.c): p_nsegs > 0 and the window is
      * p_segs (pieces copied into p_lb, and the caller's own big values),
      * granted with vrpc_ep_grant_segs. */
     struct vrpc_seg p_segs[VRPC_GRANT_SEGS_MAX];
     uint32_t p_nsegs;
     /* The caller's memory is in the window: VRPC_ZC_* bits (atomic),
-     * see rpc/channel.c "zero-copy requests". 0 when not. */
+     * see rpc/channel_internal.h "zero-copy requests". 0 when not. */
     uint32_t zc;
     uint64_t p_id;
     void *p_conn;             /* the owner's connection (holds a reference) */

@@ -1,4 +1,4 @@
-/* The RPC channel's decoding of every frame a server sends (rpc/channel.c):
+/* The RPC channel's decoding of every frame a server sends (rpc/channel_conn.c, rpc/call.c, rpc/call_large.c):
  * HELLO_ACK (settings, credits, features), RESPONSE (status, message,
  * rendezvous descriptor of a large response: size, key, address), GOAWAY,
  * DONE, in any order and state, over a real TCP connection. A raw server
