@@ -75,7 +75,7 @@ static inline bool vrpc_conn_is_dead(const struct vrpc_conn_base *c)
     return __atomic_load_n(&c->dead, __ATOMIC_ACQUIRE) != 0;
 }
 /* Mark c dead; true for the one caller that did it first. An RMW: all RMWs
- * of dead are totally ordered (see the channel's conn_fail). Any thread. */
+ * of dead are totally ordered (see the channel's vrpc_ch_conn_fail). Any thread. */
 static inline bool vrpc_conn_kill(struct vrpc_conn_base *c)
 {
     return __atomic_exchange_n(&c->dead, 1, __ATOMIC_ACQ_REL) == 0;
@@ -83,7 +83,7 @@ static inline bool vrpc_conn_kill(struct vrpc_conn_base *c)
 /* Mark c dead without caring who was first (the endpoint is ending anyway). */
 static inline void vrpc_conn_mark_dead(struct vrpc_conn_base *c) { __atomic_store_n(&c->dead, 1, __ATOMIC_RELEASE); }
 /* Read dead with an RMW (acq_rel): ordered against vrpc_conn_kill, which a
- * plain load is not (the channel's request_go). */
+ * plain load is not (the channel's vrpc_ch_request_go). */
 static inline bool vrpc_conn_dead_rmw(struct vrpc_conn_base *c)
 {
     return __atomic_fetch_or(&c->dead, 0, __ATOMIC_ACQ_REL) != 0;
