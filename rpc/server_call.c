@@ -47,7 +47,7 @@ void vrpc_srv_call_unref(struct vrpc_server_call *call)
  * request id. NULL: lost. by_timer: called by the call's own deadline timer
  * (otherwise an armed timer is cancelled here). */
 struct sconn *vrpc_srv_call_detach(struct vrpc_server_call *call, uint32_t gen, enum vrpc_code code, int rc,
-                                 bool by_timer, uint64_t *id)
+                                   bool by_timer, uint64_t *id)
 {
     uint64_t w = ST_WORD(gen, CALL_RUN);
     /* Read before the CAS: once it publishes the detach, the handler may let

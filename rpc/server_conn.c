@@ -97,7 +97,7 @@ int vrpc_srv_conn_send(struct sconn *c, struct vrpc_buf *b, uint32_t len)
 
 /* A header-only frame (plus a short payload) on c through its quota. */
 int vrpc_srv_conn_send_simple(struct sconn *c, const struct vrpc_wire_hdr *h, const void *payload,
-                            uint32_t payload_len, bool wait)
+                              uint32_t payload_len, bool wait)
 {
     struct vrpc_buf *b = vrpc_srv_conn_buf(c, wait);
     if (!b)
