@@ -116,7 +116,7 @@ void vrpc_method_table_done(struct vrpc_method_table *t, const struct vrpc_metho
 /* The text of vrpc_server_metrics_text / vrpc_channel_metrics_text: labels
  * backend="<tp's name>" (if tp) and target="<target>" (if target), then
  * vrpc_prom_calls over v[n] and vrpc_prom_transport over tp's counters (if
- * tp), every family named prefix*. The caller (server.c, channel.c) passes
+ * tp), every family named prefix*. The caller (server_stats.c, channel.c) passes
  * what it has: metrics.c never reads a server or a channel. *out as for
  * vrpc_prom_close. 0 or -ENOMEM. */
 int vrpc_metrics_text(const char *prefix, struct vrpc_transport *tp, const char *target,

@@ -1,4 +1,4 @@
-/* The RPC server's decoding of every frame a client sends (rpc/server.c):
+/* The RPC server's decoding of every frame a client sends (rpc/dispatch.c):
  * HELLO (settings, slots, features), REQUEST (ids, method, deadline,
  * metadata, the message through the protobuf guard, a rendezvous announce:
  * size, key, address), CANCEL and DONE, in any order and state, over a real
