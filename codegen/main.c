@@ -134,109 +134,149 @@ fail:
     return NULL;
 }
 
-int main(int argc, char **argv)
+/* Run from a shell (any argument): --version, --help, or the usage on
+ * stderr. The exit status. */
+static int command_line(int argc, char **argv)
 {
-    Response resp = GOOGLE__PROTOBUF__COMPILER__CODE_GENERATOR_RESPONSE__INIT;
-    struct gen_output out = { 0 };
-    struct gen_options opt = { 0 };
-    Response *c_resp = NULL;
-    char *protoc_c = NULL, *err = NULL;
-    uint8_t *data, *packed;
-    size_t len, n_packed;
-    Request *req;
-    ResponseFile *files = NULL, **file_ptrs = NULL;
-    size_t n_files = 0;
-    int rc;
-
-    if (argc > 1) {
-        bool help = !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h");
-        if (argc == 2 && !strcmp(argv[1], "--version")) {
-            printf("protoc-gen-verbrpc %s\n", VRPC_VERSION_STRING);
-            return 0;
-        }
-        fprintf(help && argc == 2 ? stdout : stderr,
-                "usage: protoc --plugin=protoc-gen-verbrpc=%s --verbrpc_out=[OPTIONS:]DIR FILE.proto...\n"
-                "  a protoc plugin (it reads protoc's request on stdin); OPTIONS: protoc_c=PATH\n"
-                "  (also run protoc-c's plugin), export_macro=NAME (put NAME before generated\n"
-                "  declarations). The framework's own .proto files are in\n"
-                "  PREFIX/share/verbrpc/proto (-I there, import \"verbrpc/health.proto\").\n"
-                "  %s --version prints the version, --help this text.\n",
-                argv[0], argv[0]);
-        return help && argc == 2 ? 0 : 2;
+    bool help = !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h");
+    if (argc == 2 && !strcmp(argv[1], "--version")) {
+        printf("protoc-gen-verbrpc %s\n", VRPC_VERSION_STRING);
+        return 0;
     }
-    rc = read_all(0, &data, &len);
+    fprintf(help && argc == 2 ? stdout : stderr,
+            "usage: protoc --plugin=protoc-gen-verbrpc=%s --verbrpc_out=[OPTIONS:]DIR FILE.proto...\n"
+            "  a protoc plugin (it reads protoc's request on stdin); OPTIONS: protoc_c=PATH\n"
+            "  (also run protoc-c's plugin), export_macro=NAME (put NAME before generated\n"
+            "  declarations). The framework's own .proto files are in\n"
+            "  PREFIX/share/verbrpc/proto (-I there, import \"verbrpc/health.proto\").\n"
+            "  %s --version prints the version, --help this text.\n",
+            argv[0], argv[0]);
+    return help && argc == 2 ? 0 : 2;
+}
+
+/* protoc's request from stdin; NULL (said on stderr) if there is none. */
+static Request *read_request(void)
+{
+    uint8_t *data;
+    size_t len;
+    Request *req;
+    int rc = read_all(0, &data, &len);
+
     if (rc != 0) {
         fprintf(stderr, "protoc-gen-verbrpc: reading stdin: %s\n", strerror(-rc));
-        return 1;
+        return NULL;
     }
     req = google__protobuf__compiler__code_generator_request__unpack(NULL, len, data);
     free(data);
-    if (!req) {
+    if (!req)
         fprintf(stderr, "protoc-gen-verbrpc: stdin is not a CodeGeneratorRequest (run me from protoc)\n");
-        return 1;
-    }
+    return req;
+}
 
-    /* We accept proto3 `optional` at protoc's level so that the check below,
-     * not protoc, explains why such files cannot be used with protoc-c. */
-    resp.has_supported_features = 1;
-    resp.supported_features = GOOGLE__PROTOBUF__COMPILER__CODE_GENERATOR_RESPONSE__FEATURE__FEATURE_PROTO3_OPTIONAL;
+/* What the response points at, freed once it is written. */
+struct run {
+    struct gen_output out;
+    struct gen_options opt;
+    Response *c_resp;
+    char *protoc_c, *err;
+    ResponseFile *files, **file_ptrs;
+};
 
-    if (!gen_parse_parameter(req->parameter, &opt, &protoc_c, &err)) {
-        resp.error = err;
-        goto respond;
+/* The response's files: ours, then protoc-c's. */
+static void attach_files(struct run *r, Response *resp)
+{
+    size_t n_files = r->out.n_files + (r->c_resp ? r->c_resp->n_file : 0);
+
+    r->files = xmalloc((n_files ? n_files : 1) * sizeof(*r->files));
+    r->file_ptrs = xmalloc((n_files ? n_files : 1) * sizeof(*r->file_ptrs));
+    for (size_t i = 0; i < r->out.n_files; i++) {
+        google__protobuf__compiler__code_generator_response__file__init(&r->files[i]);
+        r->files[i].name = r->out.files[i].name;
+        r->files[i].content = r->out.files[i].content;
+        r->file_ptrs[i] = &r->files[i];
     }
-    gen_run(req, &opt, &out);
-    if (out.errors.len) {
+    for (size_t i = 0; r->c_resp && i < r->c_resp->n_file; i++)
+        r->file_ptrs[r->out.n_files + i] = r->c_resp->file[i];
+    resp->n_file = n_files;
+    resp->file = r->file_ptrs;
+}
+
+/* Fills resp for req: the generated files (and protoc-c's), or the error. */
+static void generate(Request *req, struct run *r, Response *resp)
+{
+    if (!gen_parse_parameter(req->parameter, &r->opt, &r->protoc_c, &r->err)) {
+        resp->error = r->err;
+        return;
+    }
+    gen_run(req, &r->opt, &r->out);
+    if (r->out.errors.len) {
         /* protoc prints it after "--verbrpc_out: "; drop the final newline. */
-        out.errors.data[--out.errors.len] = '\0';
-        resp.error = out.errors.data;
-        goto respond;
+        r->out.errors.data[--r->out.errors.len] = '\0';
+        resp->error = r->out.errors.data;
+        return;
     }
-    if (protoc_c) {
+    if (r->protoc_c) {
         gen_escape_for_protoc_c(req);
         free(req->parameter); /* our options mean nothing to protoc-c */
         req->parameter = NULL;
-        c_resp = run_protoc_c(protoc_c, req, &err);
-        if (!c_resp) {
-            resp.error = err;
-            goto respond;
+        r->c_resp = run_protoc_c(r->protoc_c, req, &r->err);
+        if (!r->c_resp) {
+            resp->error = r->err;
+            return;
         }
-        if (c_resp->error) {
-            resp.error = c_resp->error;
-            goto respond;
+        if (r->c_resp->error) {
+            resp->error = r->c_resp->error;
+            return;
         }
     }
+    attach_files(r, resp);
+}
 
-    n_files = out.n_files + (c_resp ? c_resp->n_file : 0);
-    files = xmalloc((n_files ? n_files : 1) * sizeof(*files));
-    file_ptrs = xmalloc((n_files ? n_files : 1) * sizeof(*file_ptrs));
-    for (size_t i = 0; i < out.n_files; i++) {
-        google__protobuf__compiler__code_generator_response__file__init(&files[i]);
-        files[i].name = out.files[i].name;
-        files[i].content = out.files[i].content;
-        file_ptrs[i] = &files[i];
-    }
-    for (size_t i = 0; c_resp && i < c_resp->n_file; i++)
-        file_ptrs[out.n_files + i] = c_resp->file[i];
-    resp.n_file = n_files;
-    resp.file = file_ptrs;
+/* Writes resp to stdout: 0 or a negative errno (said on stderr). */
+static int respond(const Response *resp)
+{
+    size_t n_packed = google__protobuf__compiler__code_generator_response__get_packed_size(resp);
+    uint8_t *packed = xmalloc(n_packed);
+    int rc;
 
-respond:
-    n_packed = google__protobuf__compiler__code_generator_response__get_packed_size(&resp);
-    packed = xmalloc(n_packed);
-    google__protobuf__compiler__code_generator_response__pack(&resp, packed);
+    google__protobuf__compiler__code_generator_response__pack(resp, packed);
     rc = write_all(1, packed, n_packed);
     if (rc != 0)
         fprintf(stderr, "protoc-gen-verbrpc: writing stdout: %s\n", strerror(-rc));
     free(packed);
-    free(files);
-    free(file_ptrs);
-    free(err);
-    free(protoc_c);
-    free((char *)opt.export_macro);
-    if (c_resp)
-        google__protobuf__compiler__code_generator_response__free_unpacked(c_resp, NULL);
-    gen_output_free(&out);
+    return rc;
+}
+
+static void run_free(struct run *r)
+{
+    free(r->files);
+    free(r->file_ptrs);
+    free(r->err);
+    free(r->protoc_c);
+    free((char *)r->opt.export_macro);
+    if (r->c_resp)
+        google__protobuf__compiler__code_generator_response__free_unpacked(r->c_resp, NULL);
+    gen_output_free(&r->out);
+}
+
+int main(int argc, char **argv)
+{
+    Response resp = GOOGLE__PROTOBUF__COMPILER__CODE_GENERATOR_RESPONSE__INIT;
+    struct run r = { 0 };
+    Request *req;
+    int rc;
+
+    if (argc > 1)
+        return command_line(argc, argv);
+    if (!(req = read_request()))
+        return 1;
+    /* We accept proto3 `optional` at protoc's level so that the check below,
+     * not protoc, explains why such files cannot be used with protoc-c. */
+    resp.has_supported_features = 1;
+    resp.supported_features = GOOGLE__PROTOBUF__COMPILER__CODE_GENERATOR_RESPONSE__FEATURE__FEATURE_PROTO3_OPTIONAL;
+    generate(req, &r, &resp);
+    rc = respond(&resp);
+    run_free(&r);
     google__protobuf__compiler__code_generator_request__free_unpacked(req, NULL);
     return rc == 0 ? 0 : 1;
 }

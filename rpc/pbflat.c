@@ -406,13 +406,147 @@ static inline bool get_varint(const uint8_t *p, size_t len, size_t *off, unsigne
     return false;
 }
 
+/* The index in p->f of field number id, or -1. */
+static inline int field_index(const struct plan *p, uint64_t id)
+{
+    int idx = -1;
+    if (id < 64)
+        return p->by_id[id];
+    for (unsigned i = 0; i < p->n; i++)
+        if (p->f[i].id == id)
+            idx = (int)i;
+    return idx;
+}
+
+/* A string or bytes value at buf[*off..len) into m: 0, -ENOMEM, or
+ * VRPC_PBFLAT_FALLBACK if truncated. Bytes of at least ref_min (when not 0)
+ * point into buf instead of being copied. */
+static inline NO_JUMP_TABLES int unpack_len(const struct fop *op, char *m, const uint8_t *buf, size_t len,
+                                            size_t *off, size_t ref_min, struct vrpc_arena *a)
+{
+    uint64_t v;
+    bool nz;
+    if (!get_varint(buf, len, off, 5, &v, &nz) || v > len - *off)
+        return VRPC_PBFLAT_FALLBACK;
+    if (op->kind == K_STR) {
+        char *s = vrpc_arena_alloc(a, (size_t)v + 1);
+        if (!s)
+            return -ENOMEM;
+        memcpy(s, buf + *off, (size_t)v);
+        s[v] = 0;
+        *(char **)m = s;
+    } else {
+        ProtobufCBinaryData *bd = (ProtobufCBinaryData *)m;
+        bd->len = (size_t)v;
+        if (!v) {
+            bd->data = NULL;
+        } else if (ref_min && v >= ref_min) {
+            bd->data = (uint8_t *)buf + *off;
+        } else {
+            if (!(bd->data = vrpc_arena_alloc(a, (size_t)v)))
+                return -ENOMEM;
+            memcpy(bd->data, buf + *off, (size_t)v);
+        }
+    }
+    *off += (size_t)v;
+    return 0;
+}
+
+/* A varint-encoded value at buf[*off..len) into m, as its kind stores it;
+ * false if over-long or truncated. */
+static inline NO_JUMP_TABLES bool unpack_varint(const struct fop *op, char *m, const uint8_t *buf, size_t len,
+                                                size_t *off)
+{
+    uint64_t v;
+    bool nz;
+    if (!get_varint(buf, len, off, 10, &v, &nz))
+        return false;
+    switch (op->kind) {
+    case K_S32: {
+        uint32_t u = (uint32_t)v;
+        *(int32_t *)m = (int32_t)((u >> 1) ^ (0u - (u & 1)));
+        break;
+    }
+    case K_S64:
+        *(int64_t *)m = (int64_t)((v >> 1) ^ (0ull - (v & 1)));
+        break;
+    case K_64:
+        *(uint64_t *)m = v;
+        break;
+    case K_BOOL:
+        *(protobuf_c_boolean *)m = nz;
+        break;
+    default: /* int32, uint32, enum: the low 32 bits */
+        *(uint32_t *)m = (uint32_t)v;
+        break;
+    }
+    return true;
+}
+
+/* One field's value (its tag read, its wire type checked) into m: 0,
+ * -ENOMEM, or VRPC_PBFLAT_FALLBACK. */
+static inline NO_JUMP_TABLES int unpack_value(const struct fop *op, char *m, const uint8_t *buf, size_t len,
+                                              size_t *off, size_t ref_min, struct vrpc_arena *a)
+{
+    switch (op->kind) {
+    case K_F32:
+        if (len - *off < 4)
+            return VRPC_PBFLAT_FALLBACK;
+        memcpy(m, buf + *off, 4);
+        *off += 4;
+        return 0;
+    case K_F64:
+        if (len - *off < 8)
+            return VRPC_PBFLAT_FALLBACK;
+        memcpy(m, buf + *off, 8);
+        *off += 8;
+        return 0;
+    case K_STR:
+    case K_BYTES:
+        return unpack_len(op, m, buf, len, off, ref_min, a);
+    default: /* varints */
+        return unpack_varint(op, m, buf, len, off) ? 0 : VRPC_PBFLAT_FALLBACK;
+    }
+}
+
+/* The fields of buf into msg (initialised): 0, -ENOMEM, or
+ * VRPC_PBFLAT_FALLBACK for what protobuf-c must decide. */
+static inline NO_JUMP_TABLES int unpack_fields(const struct plan *p, ProtobufCMessage *msg, const uint8_t *buf,
+                                               size_t len, size_t ref_min, struct vrpc_arena *a)
+{
+    size_t off = 0;
+    uint32_t seen = 0;
+    while (off < len) {
+        uint64_t t;
+        bool nz;
+        if (buf[off] < 0x80)
+            t = buf[off++];
+        else if (!get_varint(buf, len, &off, 5, &t, &nz))
+            return VRPC_PBFLAT_FALLBACK;
+        uint64_t id = t >> 3;
+        int idx = field_index(p, id);
+        if (idx < 0 || id == 0)
+            return VRPC_PBFLAT_FALLBACK; /* unknown: protobuf-c keeps it */
+        const struct fop *op = &p->f[idx];
+        if (op->kind == K_OTHER || (t & 7) != op->wt)
+            return VRPC_PBFLAT_FALLBACK;
+        int rc = unpack_value(op, (char *)msg + op->off, buf, len, &off, ref_min, a);
+        if (rc)
+            return rc;
+        if (op->qoff)
+            *(protobuf_c_boolean *)((char *)msg + op->qoff) = 1;
+        seen |= 1u << idx;
+    }
+    if ((seen & p->req_mask) != p->req_mask)
+        return VRPC_PBFLAT_FALLBACK; /* protobuf-c refuses it */
+    return 0;
+}
+
 NO_JUMP_TABLES int vrpc_pbflat_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len,
                                       size_t ref_min, struct vrpc_arena *a, ProtobufCMessage **out)
 {
     const struct plan *p = plan_get(d);
     struct vrpc_arena_mark mark = vrpc_arena_mark(a);
-    size_t off = 0;
-    uint32_t seen = 0;
     ProtobufCMessage *msg;
 
     if (!p)
@@ -425,100 +559,13 @@ NO_JUMP_TABLES int vrpc_pbflat_unpack(const ProtobufCMessageDescriptor *d, const
     } else {
         init_defaults(d, msg);
     }
-    while (off < len) {
-        uint64_t t, v;
-        bool nz;
-        if (buf[off] < 0x80)
-            t = buf[off++];
-        else if (!get_varint(buf, len, &off, 5, &t, &nz))
-            goto fallback;
-        uint64_t id = t >> 3;
-        int idx = -1;
-        if (id < 64) {
-            idx = p->by_id[id];
-        } else {
-            for (unsigned i = 0; i < p->n; i++)
-                if (p->f[i].id == id)
-                    idx = (int)i;
-        }
-        if (idx < 0 || id == 0)
-            goto fallback; /* unknown: protobuf-c keeps it */
-        const struct fop *op = &p->f[idx];
-        char *m = (char *)msg + op->off;
-        if (op->kind == K_OTHER || (t & 7) != op->wt)
-            goto fallback;
-        switch (op->kind) {
-        case K_F32:
-            if (len - off < 4)
-                goto fallback;
-            memcpy(m, buf + off, 4);
-            off += 4;
-            break;
-        case K_F64:
-            if (len - off < 8)
-                goto fallback;
-            memcpy(m, buf + off, 8);
-            off += 8;
-            break;
-        case K_STR:
-        case K_BYTES:
-            if (!get_varint(buf, len, &off, 5, &v, &nz) || v > len - off)
-                goto fallback;
-            if (op->kind == K_STR) {
-                char *s = vrpc_arena_alloc(a, (size_t)v + 1);
-                if (!s)
-                    return -ENOMEM;
-                memcpy(s, buf + off, (size_t)v);
-                s[v] = 0;
-                *(char **)m = s;
-            } else {
-                ProtobufCBinaryData *bd = (ProtobufCBinaryData *)m;
-                bd->len = (size_t)v;
-                if (!v) {
-                    bd->data = NULL;
-                } else if (ref_min && v >= ref_min) {
-                    bd->data = (uint8_t *)buf + off;
-                } else {
-                    if (!(bd->data = vrpc_arena_alloc(a, (size_t)v)))
-                        return -ENOMEM;
-                    memcpy(bd->data, buf + off, (size_t)v);
-                }
-            }
-            off += (size_t)v;
-            break;
-        default: /* varints */
-            if (!get_varint(buf, len, &off, 10, &v, &nz))
-                goto fallback;
-            switch (op->kind) {
-            case K_S32: {
-                uint32_t u = (uint32_t)v;
-                *(int32_t *)m = (int32_t)((u >> 1) ^ (0u - (u & 1)));
-                break;
-            }
-            case K_S64:
-                *(int64_t *)m = (int64_t)((v >> 1) ^ (0ull - (v & 1)));
-                break;
-            case K_64:
-                *(uint64_t *)m = v;
-                break;
-            case K_BOOL:
-                *(protobuf_c_boolean *)m = nz;
-                break;
-            default: /* int32, uint32, enum: the low 32 bits */
-                *(uint32_t *)m = (uint32_t)v;
-                break;
-            }
-            break;
-        }
-        if (op->qoff)
-            *(protobuf_c_boolean *)((char *)msg + op->qoff) = 1;
-        seen |= 1u << idx;
+    int rc = unpack_fields(p, msg, buf, len, ref_min, a);
+    if (rc == VRPC_PBFLAT_FALLBACK) {
+        vrpc_arena_rollback(a, mark); /* give the arena back what was taken */
+        return rc;
     }
-    if ((seen & p->req_mask) != p->req_mask)
-        goto fallback; /* protobuf-c refuses it */
+    if (rc)
+        return rc;
     *out = msg;
     return 0;
-fallback:
-    vrpc_arena_rollback(a, mark); /* give the arena back what was taken */
-    return VRPC_PBFLAT_FALLBACK;
 }

@@ -138,32 +138,26 @@ static bool referable(const ProtobufCFieldDescriptor *f)
            !(f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF);
 }
 
-int vrpc_pb_unpack_ref(const ProtobufCMessageDescriptor *d, uint8_t *buf, size_t len, unsigned max_depth,
-                       struct vrpc_arena *a, ProtobufCMessage **out)
+/* Finds the big values: one walk over the top level of buf. false if it is
+ * malformed (left to the plain unpack to refuse); else big[0..*nbig) and the
+ * bytes the compact copy saves, *cut. */
+static bool find_big(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len, struct big *big,
+                     unsigned *nbig, size_t *cut)
 {
-    struct big big[MAX_BIG];
-    unsigned nbig = 0;
-    size_t off = 0, cut = 0;
-    int frc;
-
-    if ((frc = vrpc_pbflat_unpack(d, buf, len, VRPC_PB_REF_MIN, a, out)) != VRPC_PBFLAT_FALLBACK)
-        return frc;
-
-    /* Find the big values: one walk over the top level. A malformed message
-     * is left to the plain unpack to refuse. */
+    size_t off = 0;
     while (off < len) {
         size_t tag = off;
         uint64_t t, v;
         if (read_varint(buf, len, &off, &t))
-            return vrpc_pb_unpack(d, buf, len, max_depth, a, out);
+            return false;
         uint32_t field = (uint32_t)(t >> 3);
-        for (unsigned i = 0; i < nbig; i++)
+        for (unsigned i = 0; i < *nbig; i++)
             if (big[i].f->id == field)
                 big[i].last = false;
         switch (t & 7) {
         case 0:
             if (read_varint(buf, len, &off, &v))
-                return vrpc_pb_unpack(d, buf, len, max_depth, a, out);
+                return false;
             break;
         case 1:
             off += 8;
@@ -174,29 +168,31 @@ int vrpc_pb_unpack_ref(const ProtobufCMessageDescriptor *d, uint8_t *buf, size_t
         case 2: {
             size_t lenpos = off;
             if (read_varint(buf, len, &off, &v) || v > len - off)
-                return vrpc_pb_unpack(d, buf, len, max_depth, a, out);
+                return false;
             const ProtobufCFieldDescriptor *f =
-                v >= VRPC_PB_REF_MIN && nbig < MAX_BIG && field > 0 && field <= 0x1fffffff
+                v >= VRPC_PB_REF_MIN && *nbig < MAX_BIG && field > 0 && field <= 0x1fffffff
                     ? protobuf_c_message_descriptor_get_field(d, field) : NULL;
             if (referable(f)) {
-                big[nbig++] = (struct big){.f = f, .tag = tag, .lenpos = lenpos, .data = off, .len = (size_t)v,
-                                           .last = true};
-                cut += off - lenpos + (size_t)v - 1; /* the value and its length become one 0 byte */
+                big[(*nbig)++] = (struct big){.f = f, .tag = tag, .lenpos = lenpos, .data = off, .len = (size_t)v,
+                                              .last = true};
+                *cut += off - lenpos + (size_t)v - 1; /* the value and its length become one 0 byte */
             }
             off += (size_t)v;
             break;
         }
         default:
-            return vrpc_pb_unpack(d, buf, len, max_depth, a, out);
+            return false;
         }
     }
-    if (off != len || !nbig)
-        return vrpc_pb_unpack(d, buf, len, max_depth, a, out);
-    int rc = may_nest(d) ? vrpc_pb_check_depth(d, buf, len, max_depth) : 0;
-    if (rc)
-        return rc;
-    /* The compact copy: everything but the big values, each now empty. */
-    size_t clen = len - cut, at = 0, from = 0;
+    return off == len;
+}
+
+/* Unpacks a compact copy of buf (everything but the big values, each now
+ * empty, clen bytes), then points the big values into buf. */
+static int unpack_compact(const ProtobufCMessageDescriptor *d, uint8_t *buf, size_t len, size_t clen,
+                          const struct big *big, unsigned nbig, struct vrpc_arena *a, ProtobufCMessage **out)
+{
+    size_t at = 0, from = 0;
     uint8_t *c = vrpc_arena_alloc(a, clen ? clen : 1);
     if (!c)
         return -ENOMEM;
@@ -219,6 +215,24 @@ int vrpc_pb_unpack_ref(const ProtobufCMessageDescriptor *d, uint8_t *buf, size_t
     }
     *out = m;
     return 0;
+}
+
+int vrpc_pb_unpack_ref(const ProtobufCMessageDescriptor *d, uint8_t *buf, size_t len, unsigned max_depth,
+                       struct vrpc_arena *a, ProtobufCMessage **out)
+{
+    struct big big[MAX_BIG];
+    unsigned nbig = 0;
+    size_t cut = 0;
+    int rc;
+
+    if ((rc = vrpc_pbflat_unpack(d, buf, len, VRPC_PB_REF_MIN, a, out)) != VRPC_PBFLAT_FALLBACK)
+        return rc;
+    if (!find_big(d, buf, len, big, &nbig, &cut) || !nbig)
+        return vrpc_pb_unpack(d, buf, len, max_depth, a, out);
+    rc = may_nest(d) ? vrpc_pb_check_depth(d, buf, len, max_depth) : 0;
+    if (rc)
+        return rc;
+    return unpack_compact(d, buf, len, len - cut, big, nbig, a, out);
 }
 
 size_t vrpc_pb_packed_size(const ProtobufCMessage *msg)

@@ -2,7 +2,7 @@
  * non-worker threads, parking on ck_ec event counts, and shutdown. The
  * contract is in include/verbrpc/sched.h; the lock-free queues it is built
  * from are in sched/deque.h and sched/ring.h. */
-#define _GNU_SOURCE /* sched_getaffinity, pthread_setaffinity_np, pthread_setname_np */
+#define _GNU_SOURCE /* pthread_setname_np */
 #include <verbrpc/log.h>
 #include <verbrpc/sched.h>
 
@@ -22,6 +22,7 @@
 
 #include "common/clock.h"
 #include "common/env.h"
+#include "sched/cpu.h"
 #include "sched/atomic.h"
 #include "sched/deque.h"
 #include "sched/ring.h"
@@ -489,34 +490,6 @@ static struct vrpc_task *idle_wait(struct vrpc_worker *w)
     return NULL;
 }
 
-/* Pin the calling worker to the (idx mod n)-th CPU of mask (0: of the CPUs
- * the process may run on). */
-static void pin_self(unsigned idx, uint64_t mask)
-{
-    cpu_set_t allowed, one;
-    int cnt, k;
-
-    if (mask) {
-        CPU_ZERO(&allowed);
-        for (int c = 0; c < 64; c++)
-            if (mask & (1ull << c))
-                CPU_SET(c, &allowed);
-    } else if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) {
-        return;
-    }
-    if ((cnt = CPU_COUNT(&allowed)) == 0)
-        return;
-    k = (int)(idx % (unsigned)cnt);
-    for (int cpu = 0; cpu < CPU_SETSIZE; cpu++) {
-        if (CPU_ISSET(cpu, &allowed) && k-- == 0) {
-            CPU_ZERO(&one);
-            CPU_SET(cpu, &one);
-            pthread_setaffinity_np(pthread_self(), sizeof(one), &one);
-            return;
-        }
-    }
-}
-
 static void *worker_main(void *arg)
 {
     struct vrpc_worker *w = arg;
@@ -526,7 +499,7 @@ static void *worker_main(void *arg)
     snprintf(name, sizeof(name), "vrpc-w%u", w->idx);
     pthread_setname_np(pthread_self(), name);
     if (s->cfg.pin_cpus || s->cfg.cpu_mask)
-        pin_self(w->idx, s->cfg.cpu_mask);
+        vrpc_sched_pin_self(w->idx, s->cfg.cpu_mask);
     tls_worker = w;
     if (s->cfg.worker_start)
         s->cfg.worker_start(w->idx, s->cfg.worker_start_arg);
@@ -548,17 +521,6 @@ void vrpc_sched_config_init(struct vrpc_sched_config *cfg)
     memset(cfg, 0, sizeof(*cfg));
     cfg->deque_size = 4096;
     cfg->spin_us = 50;
-}
-
-static unsigned online_cpus(void)
-{
-    cpu_set_t set;
-    long n;
-
-    if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0)
-        return (unsigned)CPU_COUNT(&set);
-    n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (unsigned)n : 1;
 }
 
 static void *zalloc_aligned(size_t size)
@@ -585,7 +547,7 @@ int vrpc_sched_create(const struct vrpc_sched_config *cfg, struct vrpc_sched **o
     else
         vrpc_sched_config_init(&s->cfg);
     if (s->cfg.nworkers == 0)
-        s->cfg.nworkers = online_cpus();
+        s->cfg.nworkers = vrpc_sched_online_cpus();
     if (s->cfg.deque_size == 0)
         s->cfg.deque_size = 4096;
     if (s->cfg.spin_us == 0)

@@ -141,6 +141,109 @@ int fault_post_recv(struct vrpc_cq *cq, struct vrpc_buf *const *bufs, const uint
     return rc;
 }
 
+/* Poller: a receive buffer that must not reach the layer above goes back
+ * below; false (swallow it) unless the CQ is going down, where it is handed
+ * up as flushed. */
+static bool repost(struct fault_cq *q, struct fault_tp *t, struct vrpc_wc *w)
+{
+    if (t->lower->ops->post_recv(q->lower, &w->buf, &w->wr_id, 1) == 0)
+        return false;
+    /* the CQ is going down: hand it up as flushed */
+    atomic_fetch_sub(&t->bufs_out, 1);
+    w->ep = NULL;
+    w->status = -ECANCELED;
+    w->byte_len = w->imm = 0;
+    return true;
+}
+
+/* Poller: an ACCEPTED from below: wrap the new endpoint x (or close it),
+ * and draw whether the accept is dropped. */
+static bool rewrite_accepted(struct fault_cq *q, struct fault_tp *t, struct vrpc_wc *w)
+{
+    struct vrpc_ep *x = w->ep;
+    struct fault_ep *e = fault_ep_new(t, &q->base, NULL);
+
+    if (!e) {
+        vrpc_tp_log("fault: out of memory for an accepted connection; closed");
+        vrpc_ep_set_user(x, NULL); /* its DISCONNECTED: user NULL, unref there */
+        vrpc_ep_destroy(x);
+        return false;
+    }
+    e->lower = x;
+    e->base.eager = vrpc_ep_eager_size(x);
+    fault_uri(e->base.peer_uri, x->peer_uri);
+    vrpc_ep_set_user(x, e);
+    if (fault_rng_hit(&e->rng_cpl, FAULT_P(t, accept))) {
+        e->hidden = true;
+        fault_count(t, VRPC_FAULT_ACCEPT_DROPPED);
+        fault_ep_kill(e, -ECONNRESET);
+        return false;
+    }
+    w->ep = &e->base;
+    return true;
+}
+
+/* Poller: a RECV of e: dropped (reposted) when e is hidden or dead, else
+ * handed up, with a loss drawn. */
+static bool rewrite_recv(struct fault_cq *q, struct fault_tp *t, struct fault_ep *e, struct vrpc_wc *w)
+{
+    if (e->hidden || atomic_load(&e->dead)) {
+        fault_count(t, VRPC_FAULT_RECV_DROPPED);
+        return repost(q, t, w);
+    }
+    atomic_fetch_sub(&t->bufs_out, 1);
+    if (fault_rng_hit(&e->rng_cpl, FAULT_P(t, loss))) {
+        fault_count(t, VRPC_FAULT_LOSS_RECV);
+        fault_ep_kill(e, -ECONNRESET);
+    }
+    return true;
+}
+
+/* Poller: a READ of e, failed when e died meanwhile or when an error is
+ * drawn. */
+static bool rewrite_read(struct fault_tp *t, struct fault_ep *e, struct vrpc_wc *w)
+{
+    atomic_fetch_sub(&t->bufs_out, 1);
+    atomic_fetch_sub(&e->inflight, 1);
+    if (!w->status && atomic_load(&e->dead)) {
+        w->status = -ECANCELED; /* cut off by the loss */
+    } else if (!w->status && fault_rng_hit(&e->rng_cpl, FAULT_P(t, read_err))) {
+        fault_count(t, VRPC_FAULT_READ_ERROR);
+        w->status = fault_rng_next(&e->rng_cpl) & 1 ? -EACCES : -ETIMEDOUT;
+        fault_ep_kill(e, w->status);
+    }
+    if (w->status)
+        w->byte_len = w->imm = 0;
+    return !e->hidden;
+}
+
+/* Poller: the DISCONNECTED of e (x below): checks nothing is in flight,
+ * gives the status of e's death, drops the lower reference, and frees a
+ * hidden e. */
+static bool rewrite_disconnected(struct fault_tp *t, struct fault_ep *e, struct vrpc_ep *x, struct vrpc_wc *w)
+{
+    int dead = atomic_load(&e->dead);
+    /* inflight counts operations once accepted below, and the poller
+     * runs their completions: above 0 here, one of them comes after the
+     * DISCONNECTED (below 0 for a moment is an acceptance not yet
+     * counted by its caller) */
+    if (atomic_load(&e->inflight) > 0) {
+        char what[96];
+        snprintf(what, sizeof what, "DISCONNECTED with %d operations in flight (below: %s)",
+                 atomic_load(&e->inflight), t->lower->name);
+        fault_check_failed(t, VRPC_FAULT_BAD_DISCONNECT, what);
+    }
+    if (dead)
+        w->status = dead;
+    vrpc_ep_unref(x); /* the lower transport's reference; ours stays with e */
+    if (e->hidden) {
+        vrpc_ep_unref(&e->base); /* the user's, as if destroyed */
+        vrpc_ep_unref(&e->base); /* the transport's: frees e, which destroys x */
+        return false;
+    }
+    return true;
+}
+
 /* Poller: one completion from below, rewritten in place for the layer above.
  * false: swallow it. */
 static bool rewrite(struct fault_cq *q, struct vrpc_wc *w)
@@ -153,48 +256,20 @@ static bool rewrite(struct fault_cq *q, struct vrpc_wc *w)
         atomic_fetch_sub(&t->bufs_out, 1);
         return true;
     }
-    if (w->opcode == VRPC_WC_ACCEPTED) {
-        e = fault_ep_new(t, &q->base, NULL);
-        if (!e) {
-            vrpc_tp_log("fault: out of memory for an accepted connection; closed");
-            vrpc_ep_set_user(x, NULL); /* its DISCONNECTED: user NULL, unref there */
-            vrpc_ep_destroy(x);
-            return false;
-        }
-        e->lower = x;
-        e->base.eager = vrpc_ep_eager_size(x);
-        fault_uri(e->base.peer_uri, x->peer_uri);
-        vrpc_ep_set_user(x, e);
-        if (fault_rng_hit(&e->rng_cpl, FAULT_P(t, accept))) {
-            e->hidden = true;
-            fault_count(t, VRPC_FAULT_ACCEPT_DROPPED);
-            fault_ep_kill(e, -ECONNRESET);
-            return false;
-        }
-        w->ep = &e->base;
-        return true;
-    }
+    if (w->opcode == VRPC_WC_ACCEPTED)
+        return rewrite_accepted(q, t, w);
     e = vrpc_ep_user(x);
     if (!e) { /* an accepted connection we could not wrap */
         if (w->opcode == VRPC_WC_DISCONNECTED)
             vrpc_ep_unref(x);
         else if (w->opcode == VRPC_WC_RECV)
-            goto repost;
+            return repost(q, t, w);
         return false;
     }
     w->ep = &e->base;
     switch (w->opcode) {
     case VRPC_WC_RECV:
-        if (e->hidden || atomic_load(&e->dead)) {
-            fault_count(t, VRPC_FAULT_RECV_DROPPED);
-            goto repost;
-        }
-        atomic_fetch_sub(&t->bufs_out, 1);
-        if (fault_rng_hit(&e->rng_cpl, FAULT_P(t, loss))) {
-            fault_count(t, VRPC_FAULT_LOSS_RECV);
-            fault_ep_kill(e, -ECONNRESET);
-        }
-        return true;
+        return rewrite_recv(q, t, e, w);
     case VRPC_WC_SEND:
         atomic_fetch_sub(&t->bufs_out, 1);
         atomic_fetch_sub(&e->inflight, 1);
@@ -205,55 +280,15 @@ static bool rewrite(struct fault_cq *q, struct vrpc_wc *w)
         }
         return !e->hidden;
     case VRPC_WC_READ:
-        atomic_fetch_sub(&t->bufs_out, 1);
-        atomic_fetch_sub(&e->inflight, 1);
-        if (!w->status && atomic_load(&e->dead)) {
-            w->status = -ECANCELED; /* cut off by the loss */
-        } else if (!w->status && fault_rng_hit(&e->rng_cpl, FAULT_P(t, read_err))) {
-            fault_count(t, VRPC_FAULT_READ_ERROR);
-            w->status = fault_rng_next(&e->rng_cpl) & 1 ? -EACCES : -ETIMEDOUT;
-            fault_ep_kill(e, w->status);
-        }
-        if (w->status)
-            w->byte_len = w->imm = 0;
-        return !e->hidden;
+        return rewrite_read(t, e, w);
     case VRPC_WC_REVOKE:
         atomic_fetch_sub(&e->inflight, 1);
         return !e->hidden;
-    case VRPC_WC_DISCONNECTED: {
-        int dead = atomic_load(&e->dead);
-        /* inflight counts operations once accepted below, and the poller
-         * runs their completions: above 0 here, one of them comes after the
-         * DISCONNECTED (below 0 for a moment is an acceptance not yet
-         * counted by its caller) */
-        if (atomic_load(&e->inflight) > 0) {
-            char what[96];
-            snprintf(what, sizeof what, "DISCONNECTED with %d operations in flight (below: %s)",
-                     atomic_load(&e->inflight), t->lower->name);
-            fault_check_failed(t, VRPC_FAULT_BAD_DISCONNECT, what);
-        }
-        if (dead)
-            w->status = dead;
-        vrpc_ep_unref(x); /* the lower transport's reference; ours stays with e */
-        if (e->hidden) {
-            vrpc_ep_unref(&e->base); /* the user's, as if destroyed */
-            vrpc_ep_unref(&e->base); /* the transport's: frees e, which destroys x */
-            return false;
-        }
-        return true;
-    }
+    case VRPC_WC_DISCONNECTED:
+        return rewrite_disconnected(t, e, x, w);
     default:
         return true;
     }
-repost:
-    if (t->lower->ops->post_recv(q->lower, &w->buf, &w->wr_id, 1) == 0)
-        return false;
-    /* the CQ is going down: hand it up as flushed */
-    atomic_fetch_sub(&t->bufs_out, 1);
-    w->ep = NULL;
-    w->status = -ECANCELED;
-    w->byte_len = w->imm = 0;
-    return true;
 }
 
 /* Poller: defer w (a rewritten completion of a reported endpoint) when it
