@@ -43,6 +43,7 @@
 
 #include "transport/credit.h"
 #include "transport/disconnect.h"
+#include "transport/grant.h"
 #include "transport/tcp/tcp_wire.h"
 #include "transport/transport_ops.h"
 
@@ -89,38 +90,9 @@ struct tcp_rslot {
     atomic_bool used;    /* from vrpc_ep_read until its completion is polled */
 };
 
-/* Grant table entry (transport-wide, under tcp_tp.gmu). Entries never move.
- * G_ORPHAN: its endpoint died while a job still streamed from it; freed when
- * the last job lets go (never reused while a reference may read segs). */
-enum { G_FREE, G_LIVE, G_REVOKING, G_DONE, G_ORPHAN };
-
-struct tcp_grant {
-    struct vrpc_buf cpl;   /* carries the REVOKE completion */
-    struct tcp_ep *ep;     /* the only endpoint whose peer may use the key */
-    const char *addr;      /* where the window starts for the peer (segs[0]) */
-    uint32_t len;          /* window length: the sum of the segments */
-    uint32_t nsegs;
-    struct vrpc_seg segs[VRPC_GRANT_SEGS_MAX]; /* set at grant, read by jobs holding a reference */
-    uint32_t refs;         /* read jobs streaming from it */
-    uint32_t idx;          /* its own index */
-    uint32_t next_free;    /* index + 1 of the next free entry, 0: none */
-    uint8_t gen;           /* key = index << 8 | gen, gen never 0 */
-    uint8_t state;
-    int status;            /* of the REVOKE completion, once revoked */
-    uint64_t wr_id;
-};
-
-#define GBLOCK 1024u
-#define GMAX_BLOCKS 1024u /* at most 1 Mi grants alive per transport */
-
 struct tcp_tp {
     struct vrpc_transport base;
-    pthread_mutex_t gmu;
-    struct tcp_grant *blocks[GMAX_BLOCKS];
-    uint32_t nblocks, hw; /* hw: entries ever used */
-    uint32_t free_head;   /* index + 1, 0: none */
-    uint32_t ep_grants;   /* most live grants per endpoint, 0: no limit (test
-                             only: VRPC_TCP_TEST_EP_GRANTS, forces -ENOSPC) */
+    struct vrpc_grant_table grants; /* the core's (grant.h); ep_grants: VRPC_TCP_TEST_EP_GRANTS */
     bool no_flow_busy;    /* VRPC_TCP_NO_FLOW_BUSY=1 (diagnostics, A/B runs):
                              pollers sleep after their busy window even while
                              a large transfer moves bytes (see tcp_cq_wait) */
@@ -129,7 +101,7 @@ struct tcp_tp {
 /* Owner side: one read request of the peer being served (under the endpoint
  * lock). A job holds a reference on its grant until it ends. */
 struct tcp_rjob {
-    struct tcp_grant *g;
+    struct vrpc_grant *g;
     uint32_t off;  /* next byte to send: offset in the grant's window */
     uint32_t left, tag;
     struct tcp_rjob *next;
@@ -174,8 +146,7 @@ struct tcp_ep {
     uint64_t chunk_bytes;   /* READ_RESP bytes written, ever (pump: did it move?) */
     char cur_hdr[HDR_LEN];
     bool err_queued;
-    bool granted_any;       /* under the grant table lock */
-    uint32_t ngrants;       /* grants not freed yet (under the grant table lock) */
+    struct vrpc_grant_ep gr; /* its grants (under the grant table lock) */
     bool pump_queued;       /* on cq->pumpq (poller) */
     bool pumping;           /* vrpc_tcp_rma_pump() is streaming (under lock): it arms
                                EPOLLOUT itself if it stops with jobs left */
@@ -302,7 +273,7 @@ int vrpc_tcp_cm_listen(struct vrpc_transport *tp, const struct vrpc_addr *addr, 
 
 /* grants and reads (tcp_rma.c): the grant table, READ_REQ/READ_RESP/READ_ERR on both sides */
 bool vrpc_tcp_rma_tx_chunk_locked(struct tcp_ep *ep);
-void vrpc_tcp_rma_grant_release(struct tcp_tp *t, struct tcp_grant *g);
+void vrpc_tcp_rma_grant_complete(struct vrpc_grant *g, int status);
 int vrpc_tcp_rma_grant(struct vrpc_ep *base, struct vrpc_mr *mr, const void *addr, uint32_t len, uint32_t *rkey);
 int vrpc_tcp_rma_grant_segs(struct vrpc_ep *base, const struct vrpc_seg *segs, unsigned n, uint32_t len,
                             uint32_t *rkey);

@@ -530,7 +530,8 @@ int vrpc_tcp_cq_poll(struct vrpc_cq *base, struct vrpc_wc *wc, unsigned max)
             atomic_store(&container_of(b, struct tcp_rslot, cpl)->used, false);
         } else if (op == VRPC_WC_REVOKE) {
             w->buf = NULL;
-            vrpc_tcp_rma_grant_release(container_of(cq->base.tp, struct tcp_tp, base), container_of(b, struct tcp_grant, cpl));
+            vrpc_grant_release(&container_of(cq->base.tp, struct tcp_tp, base)->grants,
+                               container_of(b, struct vrpc_grant, cpl));
         } else {
             w->buf = NULL;
         }

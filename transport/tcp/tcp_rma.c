@@ -8,12 +8,12 @@
 #define READ_CHUNK_DEFAULT (256u << 10)   /* bytes per READ_RESP frame */
 #define PUMP_CHUNKS 16                    /* chunks one EPOLLOUT event streams at most */
 
-static void grant_unref(struct tcp_ep *ep, struct tcp_grant *g);
+static void grant_unref(struct tcp_ep *ep, struct vrpc_grant *g);
 
 /* iovecs for bytes [off, off + len) of g's window (within it): one per
  * segment touched, at most VRPC_GRANT_SEGS_MAX. The caller holds a
  * reference on g, so its segments stay as granted. */
-static size_t grant_iov(const struct tcp_grant *g, uint32_t off, uint32_t len, struct iovec *iov)
+static size_t grant_iov(const struct vrpc_grant *g, uint32_t off, uint32_t len, struct iovec *iov)
 {
     return vrpc_tcp_segs_iov(g->segs, g->nsegs, off, len, iov);
 }
@@ -76,29 +76,13 @@ bool vrpc_tcp_rma_tx_chunk_locked(struct tcp_ep *ep)
     return true;
 }
 
-/* ---- grants (any thread; the table lock, taken after an endpoint lock) ---- */
+/* ---- grants (the core's table, transport/grant.h; its lock after an endpoint lock) ---- */
 
-static struct tcp_grant *grant_at(struct tcp_tp *t, uint32_t idx)
+/* The table's complete hook (its lock held): hand the REVOKE completion to
+ * the endpoint's poller. */
+void vrpc_tcp_rma_grant_complete(struct vrpc_grant *g, int status)
 {
-    return &t->blocks[idx / GBLOCK][idx % GBLOCK];
-}
-
-/* The live-or-not entry a key names, or NULL when the key names nothing. */
-static struct tcp_grant *grant_lookup(struct tcp_tp *t, uint32_t key)
-{
-    uint32_t idx = key >> 8;
-    struct tcp_grant *g;
-    if (!key || idx >= t->hw)
-        return NULL;
-    g = grant_at(t, idx);
-    return g->gen == (uint8_t)key ? g : NULL;
-}
-
-/* gmu held: hand the REVOKE completion to the endpoint's poller. */
-static void grant_complete(struct tcp_grant *g, int status)
-{
-    struct tcp_ep *ep = g->ep;
-    g->state = G_DONE;
+    struct tcp_ep *ep = container_of(g->ep, struct tcp_ep, gr);
     g->cpl.len = 0;
     g->cpl.priv[P_WRID] = g->wr_id;
     tcp_cq_stage_fill(&g->cpl, VRPC_WC_REVOKE, status, ep, 0);
@@ -106,91 +90,26 @@ static void grant_complete(struct tcp_grant *g, int status)
     tcp_cq_wake(ep->cq);
 }
 
-static void grant_free_locked(struct tcp_tp *t, struct tcp_grant *g);
-
-static void grant_unref(struct tcp_ep *ep, struct tcp_grant *g)
+static void grant_unref(struct tcp_ep *ep, struct vrpc_grant *g)
 {
-    struct tcp_tp *t = tcp_tp_of(ep);
-    pthread_mutex_lock(&t->gmu);
-    if (--g->refs == 0) {
-        if (g->state == G_REVOKING)
-            grant_complete(g, g->status);
-        else if (g->state == G_ORPHAN)
-            grant_free_locked(t, g);
-    }
-    pthread_mutex_unlock(&t->gmu);
-}
-
-/* gmu held: the entry is free; its key names nothing any more. */
-static void grant_free_locked(struct tcp_tp *t, struct tcp_grant *g)
-{
-    if (g->ep)
-        g->ep->ngrants--;
-    g->state = G_FREE;
-    g->ep = NULL;
-    g->addr = NULL;
-    if (++g->gen == 0)
-        g->gen = 1;
-    g->next_free = t->free_head;
-    t->free_head = g->idx + 1;
-}
-
-/* Poller, when the REVOKE completion has been taken. */
-void vrpc_tcp_rma_grant_release(struct tcp_tp *t, struct tcp_grant *g)
-{
-    pthread_mutex_lock(&t->gmu);
-    grant_free_locked(t, g);
-    pthread_mutex_unlock(&t->gmu);
+    vrpc_grant_unref(&tcp_tp_of(ep)->grants, g);
 }
 
 /* A grant of the window segs[0..n) (len bytes in all; checked by the core). */
 static int grant_new(struct tcp_ep *ep, const struct vrpc_seg *segs, unsigned n, uint32_t len, uint32_t *rkey)
 {
     struct tcp_tp *t = tcp_tp_of(ep);
-    struct tcp_grant *g;
-    uint32_t idx;
+    int rc;
 
-    pthread_mutex_lock(&t->gmu);
-    /* under gmu: a teardown marking this endpoint's grants dead either
-     * comes after (and sees this one) or made us see S_DEAD here */
-    if (atomic_load(&ep->state) != S_OPEN) {
-        pthread_mutex_unlock(&t->gmu);
-        return -ENOTCONN;
-    }
-    if (t->ep_grants && ep->ngrants >= t->ep_grants) {
-        pthread_mutex_unlock(&t->gmu);
-        return -ENOSPC;
-    }
-    if (t->free_head) {
-        idx = t->free_head - 1;
-        g = grant_at(t, idx);
-        t->free_head = g->next_free;
-    } else {
-        if (t->hw == t->nblocks * GBLOCK) {
-            if (t->nblocks == GMAX_BLOCKS || !(t->blocks[t->nblocks] = calloc(GBLOCK, sizeof(struct tcp_grant)))) {
-                pthread_mutex_unlock(&t->gmu);
-                return t->nblocks == GMAX_BLOCKS ? -ENOSPC : -ENOMEM;
-            }
-            t->nblocks++;
-        }
-        idx = t->hw++;
-        g = grant_at(t, idx);
-        g->idx = idx;
-        g->gen = 1;
-    }
-    g->ep = ep;
-    g->addr = segs[0].addr;
-    g->len = len;
-    g->nsegs = n;
-    memcpy(g->segs, segs, n * sizeof(*segs));
-    g->refs = 0;
-    g->state = G_LIVE;
-    g->status = 0;
-    ep->granted_any = true;
-    ep->ngrants++;
-    *rkey = idx << 8 | g->gen;
-    pthread_mutex_unlock(&t->gmu);
-    return 0;
+    pthread_mutex_lock(&t->grants.mu);
+    /* under the table lock: a teardown marking this endpoint's grants dead
+     * either comes after (and sees this one) or made us see S_DEAD here */
+    if (atomic_load(&ep->state) != S_OPEN)
+        rc = -ENOTCONN;
+    else
+        rc = vrpc_grant_new_locked(&t->grants, &ep->gr, segs, n, len, rkey);
+    pthread_mutex_unlock(&t->grants.mu);
+    return rc;
 }
 
 int vrpc_tcp_rma_grant(struct vrpc_ep *base, struct vrpc_mr *mr, const void *addr, uint32_t len, uint32_t *rkey)
@@ -202,7 +121,7 @@ int vrpc_tcp_rma_grant(struct vrpc_ep *base, struct vrpc_mr *mr, const void *add
 }
 
 int vrpc_tcp_rma_grant_segs(struct vrpc_ep *base, const struct vrpc_seg *segs, unsigned n, uint32_t len,
-                          uint32_t *rkey)
+                            uint32_t *rkey)
 {
     return grant_new(container_of(base, struct tcp_ep, base), segs, n, len, rkey);
 }
@@ -211,28 +130,18 @@ int vrpc_tcp_rma_revoke(struct vrpc_ep *base, uint32_t rkey, uint64_t wr_id)
 {
     struct tcp_ep *ep = container_of(base, struct tcp_ep, base);
     struct tcp_tp *t = tcp_tp_of(ep);
-    struct tcp_grant *g;
+    int rc;
 
-    pthread_mutex_lock(&t->gmu);
-    /* under gmu: teardown marks the endpoint dead before it takes gmu to
-     * free its grants, so a revoke that sees it alive completes before the
-     * DISCONNECTED, and one that comes later finds every key dead */
-    if (atomic_load(&ep->state) == S_DEAD) {
-        pthread_mutex_unlock(&t->gmu);
-        return -ENOTCONN;
-    }
-    g = grant_lookup(t, rkey);
-    if (!g || g->ep != ep || g->state != G_LIVE) {
-        pthread_mutex_unlock(&t->gmu);
-        return -EINVAL;
-    }
-    g->wr_id = wr_id;
-    if (!g->refs)
-        grant_complete(g, 0);
+    pthread_mutex_lock(&t->grants.mu);
+    /* under the table lock: teardown marks the endpoint dead before it takes
+     * the lock to free its grants, so a revoke that sees it alive completes
+     * before the DISCONNECTED, and one that comes later finds every key dead */
+    if (atomic_load(&ep->state) == S_DEAD)
+        rc = -ENOTCONN;
     else
-        g->state = G_REVOKING; /* completes when the job streaming it stops */
-    pthread_mutex_unlock(&t->gmu);
-    return 0;
+        rc = vrpc_grant_revoke_locked(&t->grants, &ep->gr, rkey, wr_id);
+    pthread_mutex_unlock(&t->grants.mu);
+    return rc;
 }
 
 /* Poller, at teardown (state already S_DEAD): the endpoint's grants die and
@@ -241,49 +150,14 @@ int vrpc_tcp_rma_revoke(struct vrpc_ep *base, uint32_t rkey, uint64_t wr_id)
  * before the DISCONNECTED. */
 void vrpc_tcp_rma_grants_ep_dead(struct tcp_ep *ep)
 {
-    struct tcp_tp *t = tcp_tp_of(ep);
-    uint32_t i;
-    pthread_mutex_lock(&t->gmu);
-    if (ep->granted_any)
-        for (i = 0; i < t->hw; i++) {
-            struct tcp_grant *g = grant_at(t, i);
-            if (g->ep != ep)
-                continue;
-            if (g->state == G_LIVE && g->refs)
-                g->state = G_ORPHAN; /* its job is dropped right after: then freed */
-            else if (g->state == G_LIVE)
-                grant_free_locked(t, g);
-            else if (g->state == G_REVOKING)
-                g->status = -ECANCELED;
-        }
-    pthread_mutex_unlock(&t->gmu);
+    vrpc_grant_ep_dead(&tcp_tp_of(ep)->grants, &ep->gr);
 }
 
 /* Owner, poller: validate a READ_REQ (section 7 of the design) and take a
  * reference on its grant. 0, or -EPROTO with *why set. */
-static int grant_ref(struct tcp_ep *ep, uint64_t raddr, uint32_t key, uint32_t length, struct tcp_grant **out)
+static int grant_ref(struct tcp_ep *ep, uint64_t raddr, uint32_t key, uint32_t length, struct vrpc_grant **out)
 {
-    struct tcp_tp *t = tcp_tp_of(ep);
-    const char *why = NULL;
-    struct tcp_grant *g;
-
-    pthread_mutex_lock(&t->gmu);
-    g = grant_lookup(t, key);
-    if (!g || (g->state != G_LIVE && g->state != G_REVOKING))
-        why = "unknown or revoked key";
-    else if (g->ep != ep)
-        why = "key granted on another connection";
-    else if (g->state != G_LIVE)
-        why = "revoked key";
-    else if (!length)
-        why = "zero length";
-    else if (!vrpc_tcp_read_in_grant((uint64_t)(uintptr_t)g->addr, g->len, raddr, length))
-        why = "range outside the grant";
-    if (!why) {
-        g->refs++;
-        *out = g;
-    }
-    pthread_mutex_unlock(&t->gmu);
+    const char *why = vrpc_grant_ref(&tcp_tp_of(ep)->grants, &ep->gr, raddr, key, length, out);
     if (why)
         snprintf(ep->why, sizeof ep->why, "bad read request (%s: key %#x, addr %#llx, length %u)", why, key,
                  (unsigned long long)raddr, length);
@@ -431,9 +305,7 @@ void vrpc_tcp_rma_pump(struct tcp_cq *cq, struct tcp_ep *ep)
         ep->jhead = j->next;
         if (!ep->jhead)
             ep->jtail = NULL;
-        pthread_mutex_lock(&t->gmu);
-        live = j->g->state == G_LIVE;
-        pthread_mutex_unlock(&t->gmu);
+        live = vrpc_grant_live(&t->grants, j->g);
         if (!live) {
             queue_read_err_locked(ep, j->tag);
             job_end_locked(ep, j);
@@ -466,7 +338,7 @@ int vrpc_tcp_rma_handle_read_req(struct tcp_ep *ep, const char **why)
 {
     uint64_t raddr = le64toh(ep->rreq.r.raddr);
     uint32_t key = le32toh(ep->rreq.r.rkey), length = le32toh(ep->rreq.r.length), tag = ep->rimm, i;
-    struct tcp_grant *g = NULL;
+    struct vrpc_grant *g = NULL;
     struct tcp_rjob *j;
     int rc = grant_ref(ep, raddr, key, length, &g);
 

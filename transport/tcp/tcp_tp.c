@@ -9,9 +9,9 @@ static int tcp_tp_create(const struct vrpc_transport_attr *attr, struct vrpc_tra
     struct tcp_tp *t = calloc(1, sizeof *t);
     if (!t)
         return -ENOMEM;
-    pthread_mutex_init(&t->gmu, NULL);
+    vrpc_grant_table_init(&t->grants, (uint32_t)vrpc_env_long(VRPC_ENV_TCP_TEST_EP_GRANTS),
+                          vrpc_tcp_rma_grant_complete);
     t->no_flow_busy = vrpc_env_flag(VRPC_ENV_TCP_NO_FLOW_BUSY);
-    t->ep_grants = (uint32_t)vrpc_env_long(VRPC_ENV_TCP_TEST_EP_GRANTS);
     t->base.headroom = HDR_LEN; /* the frame header is written in front of the payload */
     *out = &t->base;
     return 0;
@@ -20,10 +20,7 @@ static int tcp_tp_create(const struct vrpc_transport_attr *attr, struct vrpc_tra
 static void tcp_tp_destroy(struct vrpc_transport *tp)
 {
     struct tcp_tp *t = container_of(tp, struct tcp_tp, base);
-    uint32_t i;
-    for (i = 0; i < t->nblocks; i++)
-        free(t->blocks[i]);
-    pthread_mutex_destroy(&t->gmu);
+    vrpc_grant_table_destroy(&t->grants);
     free(t);
 }
 
