@@ -416,7 +416,8 @@ static inline void tcp_cq_stage(struct tcp_cq *cq, struct vrpc_buf *b)
 static inline void tcp_msg_admit_locked(struct tcp_ep *ep, struct vrpc_buf *b)
 {
     ep->send_credits--;
-    tcp_msg_build_hdr((char *)b->data - HDR_LEN, F_DATA, b->len, (uint32_t)b->priv[P_IMM], vrpc_credit_take_ret(&ep->cr));
+    tcp_msg_build_hdr((char *)b->data - HDR_LEN, F_DATA, b->len, (uint32_t)b->priv[P_IMM],
+                      vrpc_credit_take_ret(&ep->cr));
     tcp_fifo_push(&ep->wq, b);
 }
 

@@ -330,7 +330,7 @@ void vrpc_tcp_cm_listener_destroy(struct vrpc_listener *base)
 }
 
 int vrpc_tcp_cm_listen(struct vrpc_transport *tp, const struct vrpc_addr *addr, const struct vrpc_listen_attr *attr,
-                      struct vrpc_listener **out)
+                       struct vrpc_listener **out)
 {
     struct tcp_listener *l = calloc(1, sizeof *l);
     struct sockaddr_storage ss;

@@ -186,11 +186,13 @@ void vrpc_tcp_ep_scan_timeouts(struct tcp_cq *cq, uint64_t now)
         if (atomic_load(&ep->state) == S_HANDSHAKE && now > ep->frame_ns + hs)
             vrpc_tcp_ep_teardown(cq, ep, -ETIMEDOUT, "handshake timed out");
         else if (ep->frame_ns && now > ep->frame_ns + idle)
-            vrpc_tcp_ep_teardown(cq, ep, -ETIMEDOUT, "frame not completed within the idle timeout (slow or stuck peer)");
+            vrpc_tcp_ep_teardown(cq, ep, -ETIMEDOUT,
+                                 "frame not completed within the idle timeout (slow or stuck peer)");
         else if (c && now > c + idle)
             vrpc_tcp_ep_teardown(cq, ep, -ETIMEDOUT, "peer did not finish the close");
         else if (atomic_load(&ep->nreads) && now > atomic_load(&ep->read_ns) + idle)
-            vrpc_tcp_ep_teardown(cq, ep, -ETIMEDOUT, "our read got no data within the idle timeout (slow or stuck peer)");
+            vrpc_tcp_ep_teardown(cq, ep, -ETIMEDOUT,
+                                 "our read got no data within the idle timeout (slow or stuck peer)");
         else if (vrpc_credit_wait_expired(atomic_load_explicit(&ep->wait_ns, memory_order_relaxed), now, ctmo)) {
             snprintf(ep->why, sizeof ep->why, "peer returned no credits for %u ms", a->credit_timeout_ms);
             vrpc_tcp_ep_teardown(cq, ep, -ETIMEDOUT, ep->why);

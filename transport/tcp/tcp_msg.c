@@ -132,7 +132,7 @@ void vrpc_tcp_msg_credit_send(struct vrpc_credit_ep *e)
 }
 
 int vrpc_tcp_msg_send(struct vrpc_ep *base, struct vrpc_buf *b, uint32_t len, uint32_t imm, uint64_t wr_id,
-                    unsigned flags)
+                      unsigned flags)
 {
     struct tcp_ep *ep = container_of(base, struct tcp_ep, base);
     bool idle;

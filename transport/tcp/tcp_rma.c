@@ -167,7 +167,7 @@ static int grant_ref(struct tcp_ep *ep, uint64_t raddr, uint32_t key, uint32_t l
 /* ---- reads: reader side ------------------------------------------------------- */
 
 int vrpc_tcp_rma_read(struct vrpc_ep *base, struct vrpc_buf *buf, uint32_t off, uint32_t len, uint64_t raddr,
-                    uint32_t rkey, uint64_t wr_id)
+                      uint32_t rkey, uint64_t wr_id)
 {
     struct tcp_ep *ep = container_of(base, struct tcp_ep, base);
     struct vrpc_tcp_read_req r = { .raddr = htole64(raddr), .rkey = htole32(rkey), .length = htole32(len) };
@@ -400,7 +400,7 @@ int vrpc_tcp_rma_handle_read_req(struct tcp_ep *ep, const char **why)
  * straight into the read's buffer. ERR: that read completes -EACCES and the
  * connection fails (the peer closes it too). */
 int vrpc_tcp_rma_handle_read_hdr(struct tcp_cq *cq, struct tcp_ep *ep, uint8_t type, uint32_t len, uint32_t tag,
-                           const char **why)
+                                 const char **why)
 {
     uint32_t idx = tag & 0xffffu;
     struct tcp_rslot *r = NULL;
