@@ -1,5 +1,5 @@
 /* The TCP backend's frame parser, HELLO handling and read-request handling
- * (transport/tcp/tcp.c), driven as a peer drives them: through a socket. One
+ * (transport/tcp/tcp_*.c), driven as a peer drives them: through a socket. One
  * echo server (tests/transport/harness.c: TCP transport, one poller, 256
  * receives) lives for the whole run; each input is written as it is to a new
  * raw connection from 127.0.0.1, which then shuts down its sending side and

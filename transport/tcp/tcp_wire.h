@@ -22,6 +22,8 @@
 #include <sys/uio.h>
 #include <verbrpc/transport.h>
 
+#include "transport/grant.h"
+
 #define VRPC_TCP_HDR_LEN 16u
 #define VRPC_TCP_MAGIC 0x43505256u /* "VRPC" */
 #define VRPC_TCP_VERSION 1u
@@ -76,7 +78,7 @@ _Static_assert(sizeof(struct vrpc_tcp_read_req) == VRPC_TCP_READ_REQ_LEN, "read 
  * inside the window, with no overflow. Pure (tests/fuzz/fuzz_rndv.c). */
 static inline bool vrpc_tcp_read_in_grant(uint64_t base, uint32_t glen, uint64_t raddr, uint32_t length)
 {
-    return length && raddr >= base && length <= glen && raddr - base <= glen - length;
+    return vrpc_grant_read_in(base, glen, raddr, length); /* the core's rule (grant.h) */
 }
 
 /* iovecs for bytes [off, off + len) of the window segs[0..nsegs) (within
