@@ -397,15 +397,21 @@ struct vtp {
 	bool cmd_done;
 };
 
-/* ---- functions of one file the others call ---------------------------------------- */
+/* ---- functions of one file the others call ---------------------------------------- *
+ * The ops table's entries (verbs_dev.c lists them) keep the contracts of
+ * transport_ops.h; the others say their thread and lock beside their
+ * definition. In short: verbs_dev_*, verbs_cm_main, verbs_ep_teardown,
+ * verbs_mw_dealloc_grants and verbs_ep_qp_in_error run on the CM thread;
+ * verbs_*_on_wc, verbs_rma_flush_locked, verbs_ep_final_status and the
+ * watchdogs on the CQ's poller; *_locked with ep->lock held (but
+ * verbs_cm_watch_del_locked: tp->lock); verbs_ep_fail* and
+ * verbs_ep_todo_add on any thread, without ep->lock. */
 
-/* verbs_dev.c: the transport on its device (binding, async events, create/destroy, the ops table) */
+/* verbs_dev.c: the transport on its device (binding, async events, create/destroy, the ops table).
+ * verbs_dev_bind: -EXDEV when tp is already on another device. */
 int verbs_dev_bind(struct vtp *tp, struct ibv_context *verbs);
 void verbs_dev_async_fail_pending(struct vtp *tp);
 void verbs_dev_read_async_events(struct ibv_context *ctx);
-void verbs_tp_destroy(struct vrpc_transport *tbase);
-int verbs_tp_create(const struct vrpc_transport_attr *attr, struct vrpc_transport **out);
-int verbs_dev_probe(void);
 
 /* verbs_cm.c: connection management (CM thread, listen/connect/accept, deadlines) */
 void verbs_cm_watch_add(struct vep *ep, uint64_t deadline_ns);

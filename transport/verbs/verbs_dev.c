@@ -225,7 +225,7 @@ void verbs_dev_read_async_events(struct ibv_context *ctx)
 	}
 }
 
-void verbs_tp_destroy(struct vrpc_transport *tbase)
+static void verbs_tp_destroy(struct vrpc_transport *tbase)
 {
 	struct vtp *tp = container_of(tbase, struct vtp, base);
 	pthread_mutex_lock(&g_tps_lock);
@@ -267,7 +267,7 @@ void verbs_tp_destroy(struct vrpc_transport *tbase)
 	free(tp);
 }
 
-int verbs_tp_create(const struct vrpc_transport_attr *attr, struct vrpc_transport **out)
+static int verbs_tp_create(const struct vrpc_transport_attr *attr, struct vrpc_transport **out)
 {
 	struct vtp *tp = calloc(1, sizeof(*tp));
 	struct epoll_event ee = { .events = EPOLLIN };
@@ -315,7 +315,7 @@ err:
 	return rc;
 }
 
-int verbs_dev_probe(void)
+static int verbs_dev_probe(void)
 {
 	int n = 0;
 	struct ibv_device **l = ibv_get_device_list(&n);
