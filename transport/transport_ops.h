@@ -219,7 +219,7 @@ static inline uint64_t vrpc_tp_now_ns(void) { return (uint64_t)vrpc_clock_mono_n
  * "transport". For protocol errors and the like; never on the hot path of
  * healthy traffic. */
 
-/* verbs_ops.c, or verbs/verbs_absent.c in a build without verbs. */
+/* verbs/verbs_dev.c, or verbs/verbs_absent.c in a build without verbs. */
 extern const struct vrpc_transport_ops vrpc_verbs_ops;
 extern const struct vrpc_transport_ops vrpc_tcp_ops;
 #ifdef VRPC_BACKEND_FAULT

@@ -1,16 +1,17 @@
-/* The verbs backend's connect-time decoding (transport/verbs/verbs_ops.c),
+/* The verbs backend's connect-time decoding (transport/verbs/verbs_hello.c),
  * the steps that read what the peer put in rdma_cm's private data:
- * hello_check and ep_set_peer (the HELLO of a connect request or accept:
- * magic, version, initial credits, eager size) and reject_reason (the
- * reason text of a REJECT). No device is needed: the file is included here
- * whole so its static decode functions can be called with a fake transport
- * and endpoint; nothing else of it runs (the harness links no verbs
- * transport of the library: this object defines its symbols).
+ * verbs_hello_check and verbs_hello_set_peer (the HELLO of a connect request
+ * or accept: magic, version, initial credits, eager size) and
+ * verbs_hello_reject_reason (the reason text of a REJECT). No device is
+ * needed: the file is included here whole so its decode functions can be
+ * called with a fake transport and endpoint; nothing else of the backend
+ * runs (the harness links no verbs transport of the library: this object
+ * defines the handshake's symbols).
  * Input: u8 mode, u16 our protocol version, u32 our eager size, u32 our
  * credits attribute, i32 rdma_cm status, then the private data (at most
  * 255 bytes: private_data_len is 8 bits), copied to a buffer of exactly its
  * length so a read past it is caught. */
-#include "transport/verbs/verbs_ops.c"
+#include "transport/verbs/verbs_hello.c"
 
 #include "fuzz_common.h"
 
@@ -53,8 +54,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     memset(why, 0x5a, sizeof why);
     if (mode == 0) {
-        int rc = hello_check(&tp, pd, len, why, sizeof why);
-        FUZZ_CHECK(rc == 0 || rc == -EPROTO, "hello_check returned %d", rc);
+        int rc = verbs_hello_check(&tp, pd, len, why, sizeof why);
+        FUZZ_CHECK(rc == 0 || rc == -EPROTO, "verbs_hello_check returned %d", rc);
         if (rc) {
             check_why(why, sizeof why);
         } else {
@@ -65,7 +66,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                            ntohs(h.credits) >= MIN_RESV,
                        "bad hello accepted");
             ep.tp = &tp;
-            ep_set_peer(&ep, pd);
+            verbs_hello_set_peer(&ep, pd);
             uint32_t peer = ntohl(h.eager_size), want = peer < tp.base.attr.eager_size ? peer : tp.base.attr.eager_size;
             FUZZ_CHECK(ep.base.eager == want, "eager %u, want min(peer %u, ours %u)", ep.base.eager, peer,
                        tp.base.attr.eager_size);
@@ -78,8 +79,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         ev.status = status;
         ev.param.conn.private_data = pd;
         ev.param.conn.private_data_len = len;
-        int rc = reject_reason(&ev, why, sizeof why);
-        FUZZ_CHECK(rc == -EPROTO || rc == -ECONNREFUSED, "reject_reason returned %d", rc);
+        int rc = verbs_hello_reject_reason(&ev, why, sizeof why);
+        FUZZ_CHECK(rc == -EPROTO || rc == -ECONNREFUSED, "verbs_hello_reject_reason returned %d", rc);
         check_why(why, sizeof why);
     }
     free(pd);

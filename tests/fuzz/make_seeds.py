@@ -167,7 +167,7 @@ TCP = {
     "zero_credits": tcp(T_HELLO, imm=8192, credits=0) + tcp(T_DATA, b"x" * 100) * 3,
 }
 
-# ---- verbs connect private data (transport/verbs/verbs_ops.c) -----------------
+# ---- verbs connect private data (transport/verbs/verbs_hello.c) ---------------
 # prefix: u8 mode (0 hello, 1 reject), u16 our version, u32 our eager, u32 our credits, i32 cm status
 
 

@@ -575,7 +575,7 @@ static void t_wrong_version(void **state)
 
 /* ---- a handshake that never completes --------------------------------------- */
 
-/* The verbs backend's handshake data (transport/verbs/verbs_ops.c struct
+/* The verbs backend's handshake data (transport/verbs/verbs.h struct
  * hello, network order), as a raw rdma_cm client sends it. */
 struct raw_hello {
     uint32_t magic;
