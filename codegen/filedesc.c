@@ -144,8 +144,7 @@ static void emit_one(struct strbuf *c, const Request *req, const FileProto *f, c
         sb_append(c, "    NULL,\n");
     sb_append(c, "};\n");
 
-    sb_printf(c, "%sconst struct vrpc_file_desc %s = {\n    .name = ", exported ? "" : "static ",
-              var);
+    sb_printf(c, "%sconst struct vrpc_file_desc %s = {\n    .name = ", exported ? "" : "static ", var);
     emit_string(c, f->name);
     sb_printf(c,
               ",\n    .data = %s_data,\n    .len = %zu,\n"

@@ -51,7 +51,8 @@ bool gen_parse_parameter(const char *param, struct gen_options *opt, char **prot
             *protoc_c = xstrdup(val);
         } else {
             *err = gen_str_printf("unknown or empty generator option '%s' (known: export_macro=NAME, "
-                              "protoc_c=PATH)", kv);
+                                  "protoc_c=PATH)",
+                                  kv);
             free(copy);
             return false;
         }
@@ -182,7 +183,8 @@ static void symtab_add_msgs(struct symtab *st, const FileProto *f, const char *r
             st->v = xrealloc(st->v, st->cap * sizeof(*st->v));
         }
         s = &st->v[st->n++];
-        s->full_name = gen_is_empty(f->package) ? gen_str_printf(".%s", rel) : gen_str_printf(".%s.%s", f->package, rel);
+        s->full_name =
+            gen_is_empty(f->package) ? gen_str_printf(".%s", rel) : gen_str_printf(".%s.%s", f->package, rel);
         s->c_type = pc_full_name_to_c(dotted);
         s->c_lower = pc_full_name_to_lower(dotted);
         free(dotted);
@@ -247,7 +249,7 @@ void gen_svc_names_free(struct svc_names *sn)
 static bool member_reserved(const char *s) { return c_is_keyword(s) || strcmp(s, "user") == 0; }
 
 void gen_method_names_init(struct method_names *mn, const struct svc_names *sn, const MethodProto *m,
-                              const struct symtab *st)
+                           const struct symtab *st)
 {
     char *lower = pc_camel_to_lower(m->name);
     char *upper = pc_camel_to_upper(m->name);
@@ -290,7 +292,7 @@ static const FileProto *find_file(const Google__Protobuf__Compiler__CodeGenerato
 void gen_run(const Google__Protobuf__Compiler__CodeGeneratorRequest *req, const struct gen_options *opt,
              struct gen_output *out)
 {
-    struct symtab st = { 0 };
+    struct symtab st = {0};
 
     memset(out, 0, sizeof(*out));
     for (size_t i = 0; i < req->n_proto_file; i++) {
@@ -332,13 +334,78 @@ void gen_output_free(struct gen_output *out)
 static bool protoc_c_escapes_field(const char *s)
 {
     static const char *const list[] = {
-        "and", "and_eq", "asm", "auto", "bitand", "bitor", "bool", "break", "case", "catch", "char", "class",
-        "compl", "const", "const_cast", "continue", "default", "delete", "do", "double", "dynamic_cast", "else",
-        "enum", "explicit", "extern", "false", "float", "for", "friend", "goto", "if", "inline", "int", "long",
-        "mutable", "namespace", "new", "not", "not_eq", "operator", "or", "or_eq", "private", "protected",
-        "public", "register", "reinterpret_cast", "return", "short", "signed", "sizeof", "static",
-        "static_cast", "struct", "switch", "template", "this", "throw", "true", "try", "typedef", "typeid",
-        "typename", "union", "unsigned", "using", "virtual", "void", "volatile", "wchar_t", "while", "xor",
+        "and",
+        "and_eq",
+        "asm",
+        "auto",
+        "bitand",
+        "bitor",
+        "bool",
+        "break",
+        "case",
+        "catch",
+        "char",
+        "class",
+        "compl",
+        "const",
+        "const_cast",
+        "continue",
+        "default",
+        "delete",
+        "do",
+        "double",
+        "dynamic_cast",
+        "else",
+        "enum",
+        "explicit",
+        "extern",
+        "false",
+        "float",
+        "for",
+        "friend",
+        "goto",
+        "if",
+        "inline",
+        "int",
+        "long",
+        "mutable",
+        "namespace",
+        "new",
+        "not",
+        "not_eq",
+        "operator",
+        "or",
+        "or_eq",
+        "private",
+        "protected",
+        "public",
+        "register",
+        "reinterpret_cast",
+        "return",
+        "short",
+        "signed",
+        "sizeof",
+        "static",
+        "static_cast",
+        "struct",
+        "switch",
+        "template",
+        "this",
+        "throw",
+        "true",
+        "try",
+        "typedef",
+        "typeid",
+        "typename",
+        "union",
+        "unsigned",
+        "using",
+        "virtual",
+        "void",
+        "volatile",
+        "wchar_t",
+        "while",
+        "xor",
         "xor_eq",
     };
 

@@ -17,7 +17,7 @@ struct gen_options {
 };
 
 struct gen_file {
-    char *name;    /* relative to the output directory, e.g. "demo/echo.vrpc.h" */
+    char *name; /* relative to the output directory, e.g. "demo/echo.vrpc.h" */
     char *content;
 };
 

@@ -64,8 +64,8 @@ static int line_of(const FileProto *f, const int32_t *path, size_t n)
 
 /* proto3 `optional` fields: protoc-c 1.4.1 refuses them with a message about
  * "code generator protoc-gen-c hasn't been updated"; say what is going on. */
-static void check_optional(struct gen_output *out, const FileProto *f, MsgProto *const *msgs, size_t n,
-                           int32_t *path, size_t depth, const char *prefix)
+static void check_optional(struct gen_output *out, const FileProto *f, MsgProto *const *msgs, size_t n, int32_t *path,
+                           size_t depth, const char *prefix)
 {
     for (size_t i = 0; i < n; i++) {
         const MsgProto *m = msgs[i];
@@ -133,8 +133,7 @@ static void check_clashes(struct gen_output *out, const FileProto *f, const stru
             /* One report per pair of clashing elements, not per C name. */
             for (size_t k = 1; k < i && !seen; k++)
                 for (size_t l = 0; l < k && !seen; l++)
-                    seen = strcmp(ids->v[k].what, ids->v[i].what) == 0 &&
-                           strcmp(ids->v[l].what, ids->v[j].what) == 0 &&
+                    seen = strcmp(ids->v[k].what, ids->v[i].what) == 0 && strcmp(ids->v[l].what, ids->v[j].what) == 0 &&
                            strcmp(ids->v[k].name, ids->v[l].name) == 0;
             if (!seen)
                 diag(out, f, ids->v[i].path, ids->v[i].n_path,
@@ -148,7 +147,7 @@ static void check_clashes(struct gen_output *out, const FileProto *f, const stru
 void gen_check_file(struct gen_output *out, const FileProto *f, const struct symtab *st)
 {
     int32_t path[MAX_PATH];
-    struct idents ids = { 0 };
+    struct idents ids = {0};
     struct {
         char *full;
         int32_t path[4];
@@ -161,14 +160,15 @@ void gen_check_file(struct gen_output *out, const FileProto *f, const struct sym
     for (size_t si = 0; si < f->n_service; si++) {
         const SvcProto *s = f->service[si];
         struct svc_names sn;
-        int32_t spath[2] = { FILE_SERVICE, (int32_t)si };
+        int32_t spath[2] = {FILE_SERVICE, (int32_t)si};
 
         gen_svc_names_init(&sn, f, s);
         idents_add(&ids, gen_str_printf("%s_VrpcImpl", sn.c_type), gen_str_printf("service %s", sn.full), spath, 2);
-        idents_add(&ids, gen_str_printf("%s__vrpc_register", sn.lower), gen_str_printf("service %s", sn.full), spath, 2);
+        idents_add(&ids, gen_str_printf("%s__vrpc_register", sn.lower), gen_str_printf("service %s", sn.full), spath,
+                   2);
         for (size_t mi = 0; mi < s->n_method; mi++) {
             const MethodProto *m = s->method[mi];
-            int32_t mpath[4] = { FILE_SERVICE, (int32_t)si, SVC_METHOD, (int32_t)mi };
+            int32_t mpath[4] = {FILE_SERVICE, (int32_t)si, SVC_METHOD, (int32_t)mi};
             struct method_names mn;
 
             gen_method_names_init(&mn, &sn, m, st);
@@ -184,8 +184,8 @@ void gen_check_file(struct gen_output *out, const FileProto *f, const struct sym
             if (!mn.in || !mn.out)
                 diag(out, f, mpath, 4, "method '%s' of service '%s': type '%s' not found in the request", m->name,
                      sn.full, !mn.in ? m->input_type : m->output_type);
-            idents_add(&ids, xstrdup(mn.prefix), gen_str_printf("method '%s' of service '%s'", m->name, sn.full),
-                       mpath, 4);
+            idents_add(&ids, xstrdup(mn.prefix), gen_str_printf("method '%s' of service '%s'", m->name, sn.full), mpath,
+                       4);
             idents_add(&ids, xstrdup(mn.done_type), gen_str_printf("method '%s' of service '%s'", m->name, sn.full),
                        mpath, 4);
             /* Handler members live in the service's impl struct. */

@@ -66,7 +66,7 @@ static void emit_location_comment(struct strbuf *sb, const FileProto *f, const i
 struct emit_ctx {
     const FileProto *f;
     const struct symtab *st;
-    const char *api; /* "" or "VRPC_API " */
+    const char *api;   /* "" or "VRPC_API " */
     const char *ident; /* the file's C identifier: <ident>__vrpc_file */
     struct strbuf h, c;
 };
@@ -79,46 +79,39 @@ static void emit_method_decls(struct emit_ctx *e, const struct svc_names *sn, co
 
     sb_printf(h, "/* ---- rpc %s(%s) returns (%s) ---- */\n", m->name, m->input_type + 1, m->output_type + 1);
     emit_location_comment(h, e->f, mpath, 4, "");
-    sb_printf(h, "#define %s__METHOD_ID 0x%08" PRIx32 "u /* FNV-1a 32 of \"%s\" */\n", mn->upper, mn->id,
-              mn->full);
+    sb_printf(h, "#define %s__METHOD_ID 0x%08" PRIx32 "u /* FNV-1a 32 of \"%s\" */\n", mn->upper, mn->id, mn->full);
     sb_printf(h, "%sextern const struct vrpc_method_desc %s__method;\n\n", e->api, mn->prefix);
 
-    sb_printf(h,
-              "/* Synchronous call: sends *req and waits for the answer. Returns the\n"
-              " * status code (0 = VRPC_OK) and, if st is not NULL, the code and message in\n"
-              " * *st. On VRPC_OK *resp points to the response, in the calling thread's\n"
-              " * arena: valid until this thread's next call, never freed by the caller\n"
-              " * (see vrpc_call()). *req stays the caller's. */\n");
+    sb_printf(h, "/* Synchronous call: sends *req and waits for the answer. Returns the\n"
+                 " * status code (0 = VRPC_OK) and, if st is not NULL, the code and message in\n"
+                 " * *st. On VRPC_OK *resp points to the response, in the calling thread's\n"
+                 " * arena: valid until this thread's next call, never freed by the caller\n"
+                 " * (see vrpc_call()). *req stays the caller's. */\n");
     sb_printf(h,
               "%sint %s__call(struct vrpc_channel *ch, const %s *req, %s **resp,\n"
               "        const struct vrpc_call_opts *opts, struct vrpc_status *st);\n\n",
               e->api, mn->prefix, in, out);
 
-    sb_printf(h, "typedef void (*%s)(const struct vrpc_status *st, const %s *resp, void *arg);\n", mn->done_type,
-              out);
-    sb_printf(h,
-              "/* One asynchronous call's completion, owned by the caller: set done and arg,\n"
-              " * keep it valid until done has started (done may free it). */\n");
+    sb_printf(h, "typedef void (*%s)(const struct vrpc_status *st, const %s *resp, void *arg);\n", mn->done_type, out);
+    sb_printf(h, "/* One asynchronous call's completion, owned by the caller: set done and arg,\n"
+                 " * keep it valid until done has started (done may free it). */\n");
     sb_printf(h, "typedef struct %s %s;\nstruct %s {\n    %s done;\n    void *arg;\n};\n", mn->async_type,
               mn->async_type, mn->async_type, mn->done_type);
-    sb_printf(h,
-              "/* Asynchronous call: returns 0 when accepted, and then a->done(st, resp,\n"
-              " * a->arg) runs exactly once, on a scheduler worker, also on failure; resp is\n"
-              " * NULL unless st->code is VRPC_OK, and both are valid only during done.\n"
-              " * Returns a negative errno when not accepted (done never runs): -EAGAIN\n"
-              " * when max_outstanding calls are pending and max_queued more are queued.\n"
-              " * Never waits for a slot or a credit (only for a channel's first connect).\n"
-              " * *req stays the caller's and may be reused at once. See vrpc_call_async(). */\n");
+    sb_printf(h, "/* Asynchronous call: returns 0 when accepted, and then a->done(st, resp,\n"
+                 " * a->arg) runs exactly once, on a scheduler worker, also on failure; resp is\n"
+                 " * NULL unless st->code is VRPC_OK, and both are valid only during done.\n"
+                 " * Returns a negative errno when not accepted (done never runs): -EAGAIN\n"
+                 " * when max_outstanding calls are pending and max_queued more are queued.\n"
+                 " * Never waits for a slot or a credit (only for a channel's first connect).\n"
+                 " * *req stays the caller's and may be reused at once. See vrpc_call_async(). */\n");
     sb_printf(h,
               "%sint %s__call_async(struct vrpc_channel *ch, const %s *req,\n"
               "        const struct vrpc_call_opts *opts, %s *a);\n\n",
               e->api, mn->prefix, in, mn->async_type);
 
-    sb_printf(h,
-              "/* Server side: answers the call with *resp (see vrpc_server_call_respond();\n"
-              " * *resp stays the caller's). */\n");
-    sb_printf(h, "%sint %s__respond(struct vrpc_server_call *call, const %s *resp);\n\n", e->api, mn->prefix,
-              out);
+    sb_printf(h, "/* Server side: answers the call with *resp (see vrpc_server_call_respond();\n"
+                 " * *resp stays the caller's). */\n");
+    sb_printf(h, "%sint %s__respond(struct vrpc_server_call *call, const %s *resp);\n\n", e->api, mn->prefix, out);
     (void)sn;
 }
 
@@ -192,13 +185,13 @@ static void emit_service_decls(struct emit_ctx *e, size_t si, const struct svc_n
                                const struct method_names *mns)
 {
     const SvcProto *s = e->f->service[si];
-    int32_t spath[2] = { FILE_SERVICE, (int32_t)si };
+    int32_t spath[2] = {FILE_SERVICE, (int32_t)si};
 
     sb_printf(&e->h, "/* ======== service %s ======== */\n", sn->full);
     emit_location_comment(&e->h, e->f, spath, 2, "");
     sb_append(&e->h, "\n");
     for (size_t mi = 0; mi < s->n_method; mi++) {
-        int32_t mpath[4] = { FILE_SERVICE, (int32_t)si, SVC_METHOD, (int32_t)mi };
+        int32_t mpath[4] = {FILE_SERVICE, (int32_t)si, SVC_METHOD, (int32_t)mi};
         emit_method_decls(e, sn, s->method[mi], &mns[mi], mpath);
     }
 
@@ -232,13 +225,12 @@ static void emit_impl_decl(struct emit_ctx *e, const SvcProto *s, const struct s
                   mn->in->c_type);
     }
     sb_append(&e->h, "};\n\n");
-    sb_printf(&e->h,
-              "/* Registers every non-NULL handler of *impl with server s, before\n"
-              " * vrpc_server_start(). *impl is read at every call: it must outlive the\n"
-              " * server. Returns 0, -EINVAL if s or impl is NULL, or the first\n"
-              " * vrpc_server_register() error (methods registered before it stay). */\n");
-    sb_printf(&e->h, "%sint %s__vrpc_register(struct vrpc_server *s, const %s_VrpcImpl *impl);\n\n", e->api,
-              sn->lower, sn->c_type);
+    sb_printf(&e->h, "/* Registers every non-NULL handler of *impl with server s, before\n"
+                     " * vrpc_server_start(). *impl is read at every call: it must outlive the\n"
+                     " * server. Returns 0, -EINVAL if s or impl is NULL, or the first\n"
+                     " * vrpc_server_register() error (methods registered before it stay). */\n");
+    sb_printf(&e->h, "%sint %s__vrpc_register(struct vrpc_server *s, const %s_VrpcImpl *impl);\n\n", e->api, sn->lower,
+              sn->c_type);
 }
 
 /* The .c part of a service: each method's definitions, the method table,
@@ -304,7 +296,7 @@ void gen_emit_file(struct gen_output *out, const Google__Protobuf__Compiler__Cod
     char *base = pc_strip_proto(f->name);
     char *ident = pc_filename_identifier(f->name);
     char *api = opt->export_macro ? gen_str_printf("%s ", opt->export_macro) : xstrdup("");
-    struct emit_ctx e = { .f = f, .st = st, .api = api, .ident = ident, .h = STRBUF_INIT, .c = STRBUF_INIT };
+    struct emit_ctx e = {.f = f, .st = st, .api = api, .ident = ident, .h = STRBUF_INIT, .c = STRBUF_INIT};
 
     sb_printf(&e.h,
               "/* Generated by protoc-gen-verbrpc from %s. Do not edit.\n"
@@ -317,7 +309,7 @@ void gen_emit_file(struct gen_output *out, const Google__Protobuf__Compiler__Cod
     {
         /* The file's own description usually sits before `syntax` (path 12)
          * or `package` (path 2). */
-        int32_t syntax_path[1] = { 12 }, package_path[1] = { 2 };
+        int32_t syntax_path[1] = {12}, package_path[1] = {2};
         size_t before = e.h.len;
 
         emit_location_comment(&e.h, f, syntax_path, 1, "");

@@ -37,7 +37,6 @@ struct symtab {
     size_t n, cap;
 };
 
-
 static inline bool gen_is_empty(const char *s) { return !s || !*s; }
 
 /* A malloc'd sprintf (exits on out of memory, as xmalloc). */
@@ -47,28 +46,26 @@ char *gen_str_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)))
 const struct msg_sym *gen_symtab_find(const struct symtab *st, const char *full_name);
 
 /* protoc's SourceCodeInfo location of path[0..n) in f, or NULL. */
-const Google__Protobuf__SourceCodeInfo__Location *gen_find_location(const FileProto *f, const int32_t *path,
-                                                                    size_t n);
+const Google__Protobuf__SourceCodeInfo__Location *gen_find_location(const FileProto *f, const int32_t *path, size_t n);
 
 /* Names of one service / method. */
 struct svc_names {
-    char *full;    /* "demo.v1.Echo" */
-    char *c_type;  /* "Demo__V1__Echo" */
-    char *lower;   /* "demo__v1__echo" */
-    char *upper;   /* "DEMO__V1__ECHO" */
+    char *full;   /* "demo.v1.Echo" */
+    char *c_type; /* "Demo__V1__Echo" */
+    char *lower;  /* "demo__v1__echo" */
+    char *upper;  /* "DEMO__V1__ECHO" */
 };
 
 struct method_names {
-    char *full;          /* "/demo.v1.Echo/Say" */
+    char *full; /* "/demo.v1.Echo/Say" */
     uint32_t id;
-    char *prefix;        /* "demo__v1__echo__say" */
-    char *upper;         /* "DEMO__V1__ECHO__SAY" */
-    char *member;        /* "say": handler member of the impl struct */
-    char *done_type;     /* "Demo__V1__Echo_Say_Done" */
-    char *async_type;    /* "Demo__V1__Echo_Say_Async" */
+    char *prefix;     /* "demo__v1__echo__say" */
+    char *upper;      /* "DEMO__V1__ECHO__SAY" */
+    char *member;     /* "say": handler member of the impl struct */
+    char *done_type;  /* "Demo__V1__Echo_Say_Done" */
+    char *async_type; /* "Demo__V1__Echo_Say_Async" */
     const struct msg_sym *in, *out;
 };
-
 
 void gen_svc_names_init(struct svc_names *sn, const FileProto *f, const SvcProto *s);
 void gen_svc_names_free(struct svc_names *sn);

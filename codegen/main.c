@@ -70,7 +70,7 @@ static Response *run_protoc_c(const char *path, const Request *req, char **err)
     size_t n = google__protobuf__compiler__code_generator_request__get_packed_size(req);
     uint8_t *buf = xmalloc(n);
     FILE *in = tmpfile();
-    int out[2] = { -1, -1 }, status;
+    int out[2] = {-1, -1}, status;
     uint8_t *resp_data = NULL;
     size_t resp_len = 0;
     Response *resp = NULL;
@@ -262,7 +262,7 @@ static void run_free(struct run *r)
 int main(int argc, char **argv)
 {
     Response resp = GOOGLE__PROTOBUF__COMPILER__CODE_GENERATOR_RESPONSE__INIT;
-    struct run r = { 0 };
+    struct run r = {0};
     Request *req;
     int rc;
 

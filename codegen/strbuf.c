@@ -56,15 +56,9 @@ void sb_appendn(struct strbuf *sb, const char *s, size_t n)
     sb->data[sb->len] = '\0';
 }
 
-void sb_append(struct strbuf *sb, const char *s)
-{
-    sb_appendn(sb, s, strlen(s));
-}
+void sb_append(struct strbuf *sb, const char *s) { sb_appendn(sb, s, strlen(s)); }
 
-void sb_appendc(struct strbuf *sb, char c)
-{
-    sb_appendn(sb, &c, 1);
-}
+void sb_appendc(struct strbuf *sb, char c) { sb_appendn(sb, &c, 1); }
 
 void sb_printf(struct strbuf *sb, const char *fmt, ...)
 {

@@ -12,7 +12,10 @@ struct strbuf {
     size_t cap;
 };
 
-#define STRBUF_INIT { NULL, 0, 0 }
+#define STRBUF_INIT                                                                                                    \
+    {                                                                                                                  \
+        NULL, 0, 0                                                                                                     \
+    }
 
 void sb_append(struct strbuf *sb, const char *s);
 void sb_appendn(struct strbuf *sb, const char *s, size_t n);

@@ -41,9 +41,9 @@ static const struct knob knobs[VRPC_ENV_COUNT] = {
 };
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
-static long vals[VRPC_ENV_COUNT];   /* atomic: reload writes them */
-static char *strs[VRPC_ENV_COUNT];  /* K_STR copies */
-static char *bad[VRPC_ENV_COUNT];   /* atomic: an ignored value not yet reported */
+static long vals[VRPC_ENV_COUNT];  /* atomic: reload writes them */
+static char *strs[VRPC_ENV_COUNT]; /* K_STR copies */
+static char *bad[VRPC_ENV_COUNT];  /* atomic: an ignored value not yet reported */
 
 /* 0 and *out, or -EINVAL: a whole decimal/0x/0 integer within lo..hi. */
 static int parse_long(const char *v, long lo, long hi, long *out)
@@ -113,8 +113,7 @@ static void report(enum vrpc_env_knob i)
     if (!v)
         return;
     if (k->kind == K_LONG)
-        vrpc_log(VRPC_LOG_WARN, k->subsys, "%s: ignoring %s=%s (want %ld..%ld)", k->layer, k->name, v, k->lo,
-                 k->hi);
+        vrpc_log(VRPC_LOG_WARN, k->subsys, "%s: ignoring %s=%s (want %ld..%ld)", k->layer, k->name, v, k->lo, k->hi);
     else
         vrpc_log(VRPC_LOG_WARN, k->subsys, "%s: ignoring %s=%s (want 0 or 1)", k->layer, k->name, v);
     free(v);

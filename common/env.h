@@ -10,13 +10,13 @@
 #include <stdbool.h>
 
 enum vrpc_env_knob {
-    VRPC_ENV_LOG,                   /* level: the logger's threshold */
-    VRPC_ENV_FAULT,                 /* string: the fault transport's spec */
-    VRPC_ENV_NO_GATHER,             /* flag */
-    VRPC_ENV_SCHED_MEMBARRIER,      /* flag */
-    VRPC_ENV_TCP_TEST_EP_GRANTS,    /* integer */
-    VRPC_ENV_TCP_NO_FLOW_BUSY,      /* flag */
-    VRPC_ENV_VERBS_RNR_RETRY,       /* integers ... */
+    VRPC_ENV_LOG,                /* level: the logger's threshold */
+    VRPC_ENV_FAULT,              /* string: the fault transport's spec */
+    VRPC_ENV_NO_GATHER,          /* flag */
+    VRPC_ENV_SCHED_MEMBARRIER,   /* flag */
+    VRPC_ENV_TCP_TEST_EP_GRANTS, /* integer */
+    VRPC_ENV_TCP_NO_FLOW_BUSY,   /* flag */
+    VRPC_ENV_VERBS_RNR_RETRY,    /* integers ... */
     VRPC_ENV_VERBS_ACK_TIMEOUT,
     VRPC_ENV_VERBS_GID_INDEX,
     VRPC_ENV_VERBS_PROTO_VERSION,

@@ -31,8 +31,13 @@ const char *vrpc_log_level_name(enum vrpc_log_level level)
 
 int vrpc_log_level_parse(const char *s, enum vrpc_log_level *out)
 {
-    static const struct { const char *name; enum vrpc_log_level level; } alias[] = {
-        {"0", VRPC_LOG_OFF}, {"none", VRPC_LOG_OFF}, {"warning", VRPC_LOG_WARN},
+    static const struct {
+        const char *name;
+        enum vrpc_log_level level;
+    } alias[] = {
+        {"0", VRPC_LOG_OFF},
+        {"none", VRPC_LOG_OFF},
+        {"warning", VRPC_LOG_WARN},
     };
     if (!s || !out)
         return -EINVAL;
@@ -94,8 +99,8 @@ static void to_stderr(enum vrpc_log_level level, const char *subsys, const char 
     gmtime_r(&ts.tv_sec, &tm);
     strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", &tm);
     /* one fprintf: stdio locks the stream per call, so lines never interleave */
-    fprintf(stderr, "%s.%06ldZ verbrpc %s [%s] %s\n", stamp, ts.tv_nsec / 1000, vrpc_log_level_name(level),
-            subsys, line);
+    fprintf(stderr, "%s.%06ldZ verbrpc %s [%s] %s\n", stamp, ts.tv_nsec / 1000, vrpc_log_level_name(level), subsys,
+            line);
 }
 
 void vrpc_logv(enum vrpc_log_level level, const char *subsys, const char *fmt, va_list ap)

@@ -9,8 +9,8 @@
 
 /* A snapshot of every registered method's statistics (vrpc_server_stats), in
  * the call's arena (idl/snapshot.c). 0 or a negative errno. */
-int vrpc_builtins_snapshot(struct vrpc_server_call *call, const struct vrpc_server *s,
-                           struct vrpc_method_stats **out, size_t *n);
+int vrpc_builtins_snapshot(struct vrpc_server_call *call, const struct vrpc_server *s, struct vrpc_method_stats **out,
+                           size_t *n);
 
 /* Register one service's methods on s (before vrpc_server_start); 0 or the
  * first vrpc_server_register error. */

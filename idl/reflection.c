@@ -74,7 +74,7 @@ static void respond_files(struct vrpc_server_call *call, const struct vrpc_file_
                           const char *name)
 {
     Verbrpc__Reflection__V1__FileDescriptorResponse resp = VERBRPC__REFLECTION__V1__FILE_DESCRIPTOR_RESPONSE__INIT;
-    struct fileset out = { 0 };
+    struct fileset out = {0};
     ProtobufCBinaryData *b = NULL;
     char msg[VRPC_STATUS_MSG_MAX];
 
@@ -100,7 +100,7 @@ static void respond_files(struct vrpc_server_call *call, const struct vrpc_file_
 
 static void lookup(struct vrpc_server_call *call, void *server, const char *key, bool by_symbol)
 {
-    struct fileset fs = { 0 };
+    struct fileset fs = {0};
     const struct vrpc_file_desc *found = NULL;
 
     if (served_files(call, server, &fs) != 0) {
@@ -175,7 +175,7 @@ int vrpc_reflection_register(struct vrpc_server *s)
         rc = vrpc_server_register(s, &verbrpc__reflection__v1__reflection__file_containing_symbol__method,
                                   file_containing_symbol, s);
     if (rc == 0)
-        rc = vrpc_server_register(s, &verbrpc__reflection__v1__reflection__file_by_filename__method,
-                                  file_by_filename, s);
+        rc = vrpc_server_register(s, &verbrpc__reflection__v1__reflection__file_by_filename__method, file_by_filename,
+                                  s);
     return rc;
 }

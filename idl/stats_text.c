@@ -46,8 +46,14 @@ int vrpc_stats_prometheus_text(const Verbrpc__Stats__V1__GetStatsResponse *r, co
     for (i = 0; i < r->n_methods; i++) {
         const Verbrpc__Stats__V1__MethodStats *m = r->methods[i];
         const uint64_t max = m->latency_max_us;
-        const struct { const char *q; uint64_t us; } row[] = {
-            {"0.5", m->latency_p50_us}, {"0.9", m->latency_p90_us}, {"0.99", m->latency_p99_us}, {"1", max},
+        const struct {
+            const char *q;
+            uint64_t us;
+        } row[] = {
+            {"0.5", m->latency_p50_us},
+            {"0.9", m->latency_p90_us},
+            {"0.99", m->latency_p99_us},
+            {"1", max},
         };
         for (k = 0; k < sizeof row / sizeof row[0]; k++) {
             /* a server from before the fix could report a percentile above the max */

@@ -13,7 +13,11 @@ struct vrpc_arena_chunk {
 #define ALIGN16(n) (((n) + 15) & ~(size_t)15)
 
 static void *pb_alloc(void *data, size_t n) { return vrpc_arena_alloc(data, n); }
-static void pb_free(void *data, void *p) { (void)data; (void)p; }
+static void pb_free(void *data, void *p)
+{
+    (void)data;
+    (void)p;
+}
 
 void vrpc_arena_init(struct vrpc_arena *a, size_t initial, size_t limit)
 {

@@ -20,7 +20,7 @@ struct vrpc_arena {
     size_t cap, used;
     struct vrpc_arena_chunk *extra; /* overflow blocks since the last reset */
     size_t extra_total;
-    size_t limit;        /* total bytes this arena may hold; 0: unlimited */
+    size_t limit;          /* total bytes this arena may hold; 0: unlimited */
     struct vrpc_buf *held; /* a large buffer the unpacked message points into
                               (vrpc_pb_unpack_ref), put back at reset */
     ProtobufCAllocator pb; /* allocator_data = this arena */

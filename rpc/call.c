@@ -61,8 +61,7 @@ static void async_done_task(struct vrpc_task *t)
         ProtobufCMessage *m = NULL;
         int rc = unpack_response(s, vrpc_rpc_tls_arena_of(VRPC_ARENA_CB), &m, &held);
         if (rc)
-            vrpc_status_set(&s->st, VRPC_INTERNAL, "response does not decode as %s (%d)",
-                            s->method->output->name, rc);
+            vrpc_status_set(&s->st, VRPC_INTERNAL, "response does not decode as %s (%d)", s->method->output->name, rc);
         else
             msg = m;
     }
@@ -148,8 +147,8 @@ int vrpc_channel_cancel(struct vrpc_channel *ch, uint64_t id)
 
 /* Fail every call pending on c with code (exactly once each, by decide) and
  * mark their wire side done: no response will come on a dead connection. */
-void vrpc_ch_fail_pending(struct vrpc_channel *ch, struct vrpc_conn *c, enum vrpc_code code,
-                          const char *why, bool on_poller)
+void vrpc_ch_fail_pending(struct vrpc_channel *ch, struct vrpc_conn *c, enum vrpc_code code, const char *why,
+                          bool on_poller)
 {
     struct vrpc_pending *p = ch->pend;
     for (uint32_t i = 0; i < p->n; i++) {
@@ -307,7 +306,8 @@ static int conn_refused(struct vrpc_channel *ch, int rc, struct vrpc_status *st)
         vrpc_status_set(st, VRPC_UNAVAILABLE, "channel in back-off after: cannot resolve the host name of %s",
                         ch->turi);
     else if (rc == -EAGAIN)
-        vrpc_status_set(st, VRPC_UNAVAILABLE, "channel in back-off after: %s", strerror(-__atomic_load_n(&ch->last_err, __ATOMIC_RELAXED)));
+        vrpc_status_set(st, VRPC_UNAVAILABLE, "channel in back-off after: %s",
+                        strerror(-__atomic_load_n(&ch->last_err, __ATOMIC_RELAXED)));
     else if (rc == -ENXIO)
         vrpc_status_set(st, VRPC_UNAVAILABLE, "connect failed: cannot resolve the host name of %s", ch->turi);
     else if (rc == -EINVAL)
@@ -326,7 +326,8 @@ static int request_too_big(const struct vrpc_conn *c, size_t need, struct vrpc_s
     else
         vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED,
                         "request of %zu bytes exceeds %u bytes, the most one frame carries on this "
-                        "connection (no large-message support on one side)", need, c->b.max_payload);
+                        "connection (no large-message support on one side)",
+                        need, c->b.max_payload);
     return VRPC_RESOURCE_EXHAUSTED;
 }
 
@@ -400,8 +401,11 @@ static void call_no_buf(struct vrpc_channel *ch, struct vrpc_conn *c, const stru
  * message (eager) or room for the descriptor (large). Its length. */
 static uint32_t request_frame(const struct call_start *cs, struct vrpc_buf *b, uint64_t id)
 {
-    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST,
-                              .method_id = cs->m->id, .request_id = id, .md_len = (uint32_t)cs->mdsz};
+    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION,
+                              .type = VRPC_FT_REQUEST,
+                              .method_id = cs->m->id,
+                              .request_id = id,
+                              .md_len = (uint32_t)cs->mdsz};
     if (cs->deadline != VRPC_NO_DEADLINE) {
         int64_t left = cs->deadline - vrpc_now_ns();
         h.flags = VRPC_FF_DEADLINE;
@@ -428,8 +432,8 @@ static uint32_t request_frame(const struct call_start *cs, struct vrpc_buf *b, u
 
 /* Send the open call's request (frame b): offered by rendezvous when large,
  * else straight out. */
-static void call_send(struct vrpc_channel *ch, struct vrpc_conn *c, struct call_start *cs,
-                      struct vrpc_pending_slot *s, struct vrpc_buf *b, uint64_t id, uint32_t gen)
+static void call_send(struct vrpc_channel *ch, struct vrpc_conn *c, struct call_start *cs, struct vrpc_pending_slot *s,
+                      struct vrpc_buf *b, uint64_t id, uint32_t gen)
 {
     uint32_t flen = request_frame(cs, b, id);
     enum vrpc_send_ctx ctx = cs->cb ? VRPC_SEND_NOWAIT : VRPC_SEND_WAIT; /* async: never waits for credits */
@@ -457,9 +461,9 @@ static void call_send(struct vrpc_channel *ch, struct vrpc_conn *c, struct call_
  * (the backlog is full, or a large request finds no slot), or fills st and
  * returns its code (nothing pending). An async call (cb set) does not wait
  * for a slot or a send buffer. */
-static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
-                      const ProtobufCMessage *req, const struct vrpc_call_opts *o, vrpc_call_cb cb,
-                      void *arg, struct vrpc_status *st, struct vrpc_pending_slot **out)
+static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m, const ProtobufCMessage *req,
+                      const struct vrpc_call_opts *o, vrpc_call_cb cb, void *arg, struct vrpc_status *st,
+                      struct vrpc_pending_slot **out)
 {
     struct call_start cs;
     struct vrpc_conn *c;
@@ -588,4 +592,3 @@ int vrpc_call_async(struct vrpc_channel *ch, const struct vrpc_method_desc *m, c
     }
     return 0;
 }
-

@@ -31,8 +31,8 @@ static void send_done(struct vrpc_channel *ch, struct vrpc_conn *c, uint64_t id,
 {
     if (__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE))
         return;
-    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_DONE, .request_id = id,
-                              .status = (uint32_t)code};
+    struct vrpc_wire_hdr h = {
+        .version = VRPC_WIRE_VERSION, .type = VRPC_FT_DONE, .request_id = id, .status = (uint32_t)code};
     int rc = vrpc_rpc_send_simple(c->b.ep, ch->send_pool, &h, NULL, 0, false);
     if (rc && rc != -ENOTCONN) {
         vrpc_rpc_log("cannot send DONE for a large response (%s); closing the connection", strerror(-rc));
@@ -87,7 +87,8 @@ static void hold_fired(void *ctx, uint64_t id)
     char peer[VRPC_URI_MAX] = "?";
     vrpc_ep_peer_uri(c->b.ep, peer, sizeof(peer));
     vrpc_rpc_log("server %s held the %u-byte payload of call %#llx for %u ms without reading it; "
-                 "aborting the connection", peer, len, (unsigned long long)id, ch->o.hold_timeout_ms);
+                 "aborting the connection",
+                 peer, len, (unsigned long long)id, ch->o.hold_timeout_ms);
     vrpc_ch_conn_fail(c, "connection closed: the server did not read a large request in time", false);
     vrpc_ep_abort(c->b.ep, -ECONNABORTED);
     conn_unref(c);
@@ -100,8 +101,8 @@ void vrpc_ch_response_read_done(struct vrpc_channel *ch, struct vrpc_rndv_in *in
     struct vrpc_conn *c = vrpc_ep_user(in->ep);
     uint32_t gen = vrpc_wire_id_gen(in->id);
     uint64_t want = (uint64_t)gen << 32 | VRPC_RD_READING;
-    if (!__atomic_compare_exchange_n(&s->rd_xfer, &want, (uint64_t)gen << 32 | VRPC_RD_NONE, false,
-                                     __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    if (!__atomic_compare_exchange_n(&s->rd_xfer, &want, (uint64_t)gen << 32 | VRPC_RD_NONE, false, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE)) {
         /* Too late: the limit decided the call and aborted c. Let it finish
          * (a few non-blocking steps on the wheel's thread) before this
          * completion lets go of the slot; no DONE on an aborted connection. */
@@ -166,13 +167,15 @@ static void response_xfer_expired(void *ctx, uint64_t id)
     if (vrpc_pending_decide(s, gen)) {
         vrpc_status_set(&s->st, VRPC_RESOURCE_EXHAUSTED,
                         "large transfer too slow: the %u-byte response was not read in %lld ms (min_transfer_rate "
-                        "%u B/s, transfer_floor_ms %u)", len, ms, ch->o.min_transfer_rate, ch->o.transfer_floor_ms);
+                        "%u B/s, transfer_floor_ms %u)",
+                        len, ms, ch->o.min_transfer_rate, ch->o.transfer_floor_ms);
         vrpc_ch_complete(ch, s, gen, false);
     }
     char peer[VRPC_URI_MAX] = "?";
     vrpc_ep_peer_uri(c->b.ep, peer, sizeof(peer));
     vrpc_rpc_log("server %s: large transfer too slow: %u-byte response of call %#llx not read in %lld ms; "
-                 "aborting the connection", peer, len, (unsigned long long)id, ms);
+                 "aborting the connection",
+                 peer, len, (unsigned long long)id, ms);
     vrpc_ch_conn_fail(c, "connection aborted: a large response was too slow (min_transfer_rate)", false);
     vrpc_ep_abort(c->b.ep, -ECONNABORTED);
     __atomic_store_n(&s->rd_xfer, (uint64_t)gen << 32 | VRPC_RD_EXPIRED, __ATOMIC_RELEASE);
@@ -233,8 +236,9 @@ void vrpc_ch_on_large_response(struct vrpc_channel *ch, struct vrpc_conn *c, str
     s->rd_start_ns = vrpc_now_ns();
     __atomic_store_n(&s->rd_xfer, (uint64_t)gen << 32 | VRPC_RD_READING, __ATOMIC_RELEASE);
     vrpc_timer_arm(ch->wheel, &s->rd_timer,
-                   s->rd_start_ns + ((int64_t)ch->o.transfer_floor_ms +
-                                     (int64_t)h->payload_len * 1000 / ch->o.min_transfer_rate) * 1000000,
+                   s->rd_start_ns +
+                       ((int64_t)ch->o.transfer_floor_ms + (int64_t)h->payload_len * 1000 / ch->o.min_transfer_rate) *
+                           1000000,
                    response_xfer_expired, ch, h->request_id);
     int rc = vrpc_rndv_read(in);
     if (rc == -ENOSPC)
@@ -303,8 +307,8 @@ static int request_grant_locked(struct vrpc_offer_q *q, struct vrpc_rndv_out *o,
     int rc = vrpc_offer_grant_locked(&c->b, o);
     if (rc == 0) {
         slot_hold(s); /* the grant's */
-        vrpc_timer_arm(ch->wheel, &o->hold_timer, vrpc_now_ns() + (int64_t)ch->o.hold_timeout_ms * 1000000,
-                       hold_fired, ch, o->p_id);
+        vrpc_timer_arm(ch->wheel, &o->hold_timer, vrpc_now_ns() + (int64_t)ch->o.hold_timeout_ms * 1000000, hold_fired,
+                       ch, o->p_id);
     }
     return rc;
 }
@@ -366,9 +370,10 @@ int vrpc_ch_pack_large(struct vrpc_channel *ch, const struct vrpc_conn *c, struc
 {
     char why[VRPC_STATUS_MSG_MAX];
     if (VRPC_WIRE_HDR_LEN + (size_t)cs->mdsz + VRPC_WIRE_DESC_LEN > vrpc_ep_eager_size(c->b.ep)) {
-        vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED, "metadata of %ld bytes does not fit one frame "
-                        "with a large message (at most %u bytes)", cs->mdsz,
-                        vrpc_ep_eager_size(c->b.ep) - VRPC_WIRE_HDR_LEN - VRPC_WIRE_DESC_LEN);
+        vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED,
+                        "metadata of %ld bytes does not fit one frame "
+                        "with a large message (at most %u bytes)",
+                        cs->mdsz, vrpc_ep_eager_size(c->b.ep) - VRPC_WIRE_HDR_LEN - VRPC_WIRE_DESC_LEN);
         return VRPC_RESOURCE_EXHAUSTED;
     }
     bool held = !cs->cb || (cs->o && (cs->o->flags & VRPC_CALL_REQ_HELD));

@@ -139,14 +139,17 @@ static uint64_t launch_open_locked(struct vrpc_channel *ch, struct vrpc_conn *c,
 
 /* Send the queued call opened on slot s (no lock held): as start_call's
  * eager path, never waiting. b holds the packed request. */
-static void launch_queued(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s,
-                          struct vrpc_buf *b, uint32_t mdsz, uint32_t plen, uint32_t method_id, uint64_t id,
-                          int64_t deadline)
+static void launch_queued(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s, struct vrpc_buf *b,
+                          uint32_t mdsz, uint32_t plen, uint32_t method_id, uint64_t id, int64_t deadline)
 {
     uint32_t gen = vrpc_wire_id_gen(id);
     check_expired(ch, deadline, id);
-    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST,
-                              .method_id = method_id, .request_id = id, .md_len = mdsz, .payload_len = plen};
+    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION,
+                              .type = VRPC_FT_REQUEST,
+                              .method_id = method_id,
+                              .request_id = id,
+                              .md_len = mdsz,
+                              .payload_len = plen};
     if (deadline != VRPC_NO_DEADLINE) {
         int64_t left = deadline - vrpc_now_ns();
         h.flags = VRPC_FF_DEADLINE;
@@ -156,7 +159,6 @@ static void launch_queued(struct vrpc_channel *ch, struct vrpc_conn *c, struct v
     /* a queued call is async: drops launch_open_locked's reference of c */
     vrpc_ch_request_go(ch, c, s, gen, b, VRPC_WIRE_HDR_LEN + mdsz + plen, 0, VRPC_SEND_NOWAIT);
 }
-
 
 /* Send queued calls while slots are free, oldest first. Runs after every
  * enqueue and after every slot is freed (pending's on_free), on whatever

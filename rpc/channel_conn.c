@@ -99,12 +99,13 @@ static const struct vrpc_conn_role client_role = {
     .bad_type = "frame type a server must not send",
     .on_hello = client_on_hello_ack,
     .protocol_error = client_protocol_error,
-    .on_frame = {
-        [VRPC_FT_HELLO_ACK] = client_on_hello_ack, /* a second one: refused there */
-        [VRPC_FT_RESPONSE] = vrpc_ch_on_response,
-        [VRPC_FT_DONE] = vrpc_ch_on_done,
-        [VRPC_FT_GOAWAY] = client_on_goaway,
-    },
+    .on_frame =
+        {
+            [VRPC_FT_HELLO_ACK] = client_on_hello_ack, /* a second one: refused there */
+            [VRPC_FT_RESPONSE] = vrpc_ch_on_response,
+            [VRPC_FT_DONE] = vrpc_ch_on_done,
+            [VRPC_FT_GOAWAY] = client_on_goaway,
+        },
 };
 
 /* ---- the poller ----------------------------------------------------------- */
@@ -117,8 +118,7 @@ void vrpc_ch_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, voi
         switch (w->opcode) {
         case VRPC_WC_RECV:
             if (w->status == 0 && w->ep)
-                vrpc_conn_recv(&client_role, &((struct vrpc_conn *)vrpc_ep_user(w->ep))->b, w->buf->data,
-                               w->byte_len);
+                vrpc_conn_recv(&client_role, &((struct vrpc_conn *)vrpc_ep_user(w->ep))->b, w->buf->data, w->byte_len);
             if (w->status == -ECANCELED || vrpc_cq_post_recv(cq, &w->buf, NULL, 1)) {
                 vrpc_pool_put(w->buf);
                 __atomic_sub_fetch(&ch->posted, 1, __ATOMIC_RELAXED);
@@ -131,8 +131,8 @@ void vrpc_ch_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, voi
             vrpc_ch_response_read_done(ch, (struct vrpc_rndv_in *)(uintptr_t)w->wr_id, w->status);
             break;
         case VRPC_WC_REVOKE:
-            vrpc_ch_request_revoked(ch, container_of((struct vrpc_rndv_out *)(uintptr_t)w->wr_id,
-                                                     struct vrpc_pending_slot, out));
+            vrpc_ch_request_revoked(
+                ch, container_of((struct vrpc_rndv_out *)(uintptr_t)w->wr_id, struct vrpc_pending_slot, out));
             break;
         case VRPC_WC_DISCONNECTED: {
             struct vrpc_conn *c = vrpc_ep_user(w->ep);
@@ -206,8 +206,8 @@ static int connect_once(struct vrpc_channel *ch, int64_t deadline_ns)
     pthread_mutex_unlock(&ch->conn_lock);
     struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_HELLO};
     uint8_t hp[VRPC_WIRE_HELLO_LEN];
-    struct vrpc_wire_hello hs = {.max_msg_size = ch->own_max_payload, .max_concurrent = ch->pend->n,
-                                 .features = vrpc_rndv_features};
+    struct vrpc_wire_hello hs = {
+        .max_msg_size = ch->own_max_payload, .max_concurrent = ch->pend->n, .features = vrpc_rndv_features};
     vrpc_wire_hello_encode(hp, &hs);
     h.payload_len = sizeof(hp);
     rc = vrpc_rpc_send_simple(c->b.ep, ch->send_pool, &h, hp, sizeof(hp), true);
@@ -285,8 +285,7 @@ int vrpc_ch_get_conn(struct vrpc_channel *ch, int64_t deadline_ns, bool force, s
         ch->backoff_ms = ch->backoff_ms ? ch->backoff_ms * 2 : ch->o.backoff_initial_ms;
         if (ch->backoff_ms > ch->o.backoff_max_ms)
             ch->backoff_ms = ch->o.backoff_max_ms;
-        __atomic_store_n(&ch->next_attempt_ns, vrpc_now_ns() + (int64_t)ch->backoff_ms * 1000000,
-                         __ATOMIC_RELAXED);
+        __atomic_store_n(&ch->next_attempt_ns, vrpc_now_ns() + (int64_t)ch->backoff_ms * 1000000, __ATOMIC_RELAXED);
         if (vrpc_channel_state(ch) != VRPC_CHANNEL_SHUTDOWN)
             set_state(ch, VRPC_CHANNEL_TRANSIENT_FAILURE);
         break;
@@ -294,4 +293,3 @@ int vrpc_ch_get_conn(struct vrpc_channel *ch, int64_t deadline_ns, bool force, s
     pthread_mutex_unlock(&ch->connect_mu);
     return rc;
 }
-

@@ -39,7 +39,7 @@ struct vrpc_conn {
                                 and each call using it; goaway: the server
                                 said GOAWAY; gone under conn_lock */
     struct vrpc_channel *ch;
-    bool gather;          /* the transport grants gathered windows (vrpc_ep_grant_segs):
+    bool gather;                   /* the transport grants gathered windows (vrpc_ep_grant_segs):
                              requests may be sent from the caller's memory */
     struct vrpc_conn *next, *prev; /* channel's list of live endpoints, under conn_lock */
 };
@@ -61,8 +61,8 @@ struct queued {
     struct vrpc_channel *ch;
     struct vrpc_buf *buf;
     uint32_t mdsz, plen;
-    uint32_t qgen;  /* under qlock, never 0 */
-    uint8_t state;  /* Q_*, under qlock */
+    uint32_t qgen;    /* under qlock, never 0 */
+    uint8_t state;    /* Q_*, under qlock */
     uint64_t slot_id; /* LAUNCHED: the request id it was sent with (under qlock) */
     const struct vrpc_method_desc *m;
     vrpc_call_cb cb;
@@ -96,19 +96,19 @@ struct vrpc_channel {
     int last_err;
     int state; /* atomic enum vrpc_channel_state */
 
-    pthread_mutex_t qlock;   /* the async backlog: queue, free list, qclosed */
-    struct queued *qents;    /* nqents = max_queued + max_outstanding entries: a
+    pthread_mutex_t qlock; /* the async backlog: queue, free list, qclosed */
+    struct queued *qents;  /* nqents = max_queued + max_outstanding entries: a
                                 sent call keeps its entry (one per slot at most) */
     uint32_t nqents;
-    struct queued *qfree;    /* free entries (singly linked through next) */
-    struct queued qhead;     /* queue head (sentinel) */
+    struct queued *qfree; /* free entries (singly linked through next) */
+    struct queued qhead;  /* queue head (sentinel) */
     bool qclosed;
-    uint32_t qlen;           /* QUEUED entries: written under qlock, read without it */
-    uint32_t qtasks;         /* futex: failure callbacks of entries not yet run */
+    uint32_t qlen;   /* QUEUED entries: written under qlock, read without it */
+    uint32_t qtasks; /* futex: failure callbacks of entries not yet run */
 
-    uint32_t live_eps; /* futex: endpoints whose DISCONNECTED has not arrived */
-    struct vrpc_conn live; /* list head of those endpoints' conns (under conn_lock) */
-    uint32_t posted;   /* receive buffers posted, for destroy */
+    uint32_t live_eps;            /* futex: endpoints whose DISCONNECTED has not arrived */
+    struct vrpc_conn live;        /* list head of those endpoints' conns (under conn_lock) */
+    uint32_t posted;              /* receive buffers posted, for destroy */
     struct vrpc_rndv_retry retry; /* reads/revokes to retry (poller only) */
     struct vrpc_offer_q offers;   /* request offers waiting for a grant (lock: conn_lock) */
     struct vrpc_method_table *mt; /* per-method call metrics (rpc/metrics.h) */
@@ -123,9 +123,9 @@ struct call_start {
     vrpc_call_cb cb; /* NULL: synchronous */
     void *arg;
     int64_t deadline;
-    long mdsz;               /* metadata bytes */
-    size_t plen;             /* message bytes */
-    struct vrpc_buf *lb;     /* a large request packed for rendezvous, else NULL */
+    long mdsz;                 /* metadata bytes */
+    size_t plen;               /* message bytes */
+    struct vrpc_buf *lb;       /* a large request packed for rendezvous, else NULL */
     struct vrpc_pb_gather gat; /* gat.nsegs > 0: lb holds the copied pieces of a gathered window */
 };
 
@@ -211,10 +211,7 @@ static inline void zc_wait(struct vrpc_pending_slot *s)
 }
 
 /* No async call is queued for a slot (read without qlock). */
-static inline bool backlog_empty(struct vrpc_channel *ch)
-{
-    return __atomic_load_n(&ch->qlen, __ATOMIC_ACQUIRE) == 0;
-}
+static inline bool backlog_empty(struct vrpc_channel *ch) { return __atomic_load_n(&ch->qlen, __ATOMIC_ACQUIRE) == 0; }
 
 /* The channel's connection of a connection base (rpc/conn.h). */
 static inline struct vrpc_conn *client_conn(struct vrpc_conn_base *b) { return container_of(b, struct vrpc_conn, b); }
@@ -290,8 +287,7 @@ int vrpc_ch_cancel_queued(struct vrpc_channel *ch, uint64_t id);
 /* Send queued calls while slots are free (pending's on_free). */
 void vrpc_ch_pump(void *arg);
 /* start_call's step for an async call without a slot: queue it. */
-int vrpc_ch_start_queued(struct vrpc_channel *ch, struct vrpc_conn *c, struct call_start *cs,
-                         struct vrpc_status *st);
+int vrpc_ch_start_queued(struct vrpc_channel *ch, struct vrpc_conn *c, struct call_start *cs, struct vrpc_status *st);
 
 /* ---- rpc/call_large.c: large messages ------------------------------------ */
 

@@ -20,10 +20,10 @@ enum { VRPC_CONN_HELLO_WAIT = 0, VRPC_CONN_HELLO_OK = 1, VRPC_CONN_HELLO_FAILED 
 
 struct vrpc_conn_base {
     struct vrpc_ep *ep;
-    uint32_t refs;          /* atomic; who holds one is the role's business */
-    uint32_t dead;          /* atomic 0/1: lost, closing or protocol error */
-    uint32_t goaway;        /* atomic 0/1: GOAWAY sent (server) or received (client) */
-    uint32_t hello;         /* atomic VRPC_CONN_HELLO_* (futex) */
+    uint32_t refs;   /* atomic; who holds one is the role's business */
+    uint32_t dead;   /* atomic 0/1: lost, closing or protocol error */
+    uint32_t goaway; /* atomic 0/1: GOAWAY sent (server) or received (client) */
+    uint32_t hello;  /* atomic VRPC_CONN_HELLO_* (futex) */
     /* Agreed by the handshake (vrpc_conn_hello_apply; written by the poller
      * before hello goes OK, read after it): */
     uint32_t max_payload;   /* md + message bytes we may send */
@@ -47,9 +47,9 @@ typedef void (*vrpc_conn_frame_fn)(struct vrpc_conn_base *c, const struct vrpc_w
 
 /* What a role (client or server) fills: one table, const, static. */
 struct vrpc_conn_role {
-    uint8_t hello_type;        /* the frame that must come first */
-    const char *before_hello;  /* protocol error for any other frame before it */
-    const char *bad_type;      /* protocol error for a type with no entry */
+    uint8_t hello_type;          /* the frame that must come first */
+    const char *before_hello;    /* protocol error for any other frame before it */
+    const char *bad_type;        /* protocol error for a type with no entry */
     vrpc_conn_frame_fn on_hello; /* the first frame, while hello is not OK */
     /* The role's protocol error: log, kill, close (poller thread). */
     void (*protocol_error)(struct vrpc_conn_base *c, const char *what, int rc);

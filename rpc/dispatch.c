@@ -29,8 +29,8 @@ static void refuse(struct sconn *c, uint64_t id, enum vrpc_code code, const char
         n = 0;
     if ((size_t)n >= sizeof(msg))
         n = sizeof(msg) - 1;
-    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
-                              .status = (uint32_t)code, .request_id = id};
+    struct vrpc_wire_hdr h = {
+        .version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE, .status = (uint32_t)code, .request_id = id};
     if (vrpc_srv_conn_send_simple(c, &h, msg, (uint32_t)n, false) == -ENOBUFS &&
         !__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE))
         vrpc_rpc_log("no send buffer to answer %s to a request; answer dropped", vrpc_code_name(code));
@@ -51,8 +51,8 @@ static void call_submit(struct poller *pl, struct vrpc_server_call *call, uint32
         uint64_t id;
         struct sconn *dc = vrpc_srv_call_detach(call, gen, VRPC_UNAVAILABLE, -ECONNRESET, false, &id);
         if (dc) {
-            struct vrpc_wire_hdr r = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
-                                      .status = VRPC_UNAVAILABLE, .request_id = id};
+            struct vrpc_wire_hdr r = {
+                .version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE, .status = VRPC_UNAVAILABLE, .request_id = id};
             vrpc_srv_conn_send_simple(dc, &r, "server is shutting down", 23, false);
             vrpc_srv_answered(dc);
         }
@@ -126,8 +126,9 @@ static struct method_entry *request_admit(struct sconn *c, const struct vrpc_wir
     uint64_t size = (uint64_t)h->md_len + h->payload_len;
     if (size > s->max_payload) {
         vrpc_srv_record(me, VRPC_RESOURCE_EXHAUSTED, *now);
-        refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "request of %llu bytes exceeds the server's limit of %u bytes",
-               (unsigned long long)size, s->max_payload);
+        refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED,
+               "request of %llu bytes exceeds the server's limit of %u bytes", (unsigned long long)size,
+               s->max_payload);
         return NULL;
     }
     if ((h->flags & VRPC_FF_DEADLINE) && h->budget_us == 0) {
@@ -182,8 +183,9 @@ static bool request_rndv_prepare(struct sconn *c, struct vrpc_server_call *call,
         vrpc_srv_record(me, VRPC_RESOURCE_EXHAUSTED, now);
         refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED,
                "large requests of this connection being read: %.1f MiB of %.1f MiB allowed "
-               "(max_pinned_per_conn), %.1f MiB more asked", (double)c->rd_pinned / (1 << 20),
-               (double)s->o.max_pinned_per_conn / (1 << 20), (double)h->payload_len / (1 << 20));
+               "(max_pinned_per_conn), %.1f MiB more asked",
+               (double)c->rd_pinned / (1 << 20), (double)s->o.max_pinned_per_conn / (1 << 20),
+               (double)h->payload_len / (1 << 20));
         return false;
     }
     if (vrpc_rndv_buf(s->tp, s->o.max_pinned, h->payload_len, &call->in.lb, why, sizeof(why))) {
@@ -204,8 +206,7 @@ static bool request_rndv_prepare(struct sconn *c, struct vrpc_server_call *call,
  * handler starts from the READ completion). The read's limit counts from
  * now, whatever trickles in: the call's deadline, and the size at
  * min_transfer_rate plus the floor. */
-static void request_read_start(struct sconn *c, struct vrpc_server_call *call, uint32_t len, int64_t now,
-                               uint32_t gen)
+static void request_read_start(struct sconn *c, struct vrpc_server_call *call, uint32_t len, int64_t now, uint32_t gen)
 {
     struct vrpc_server *s = c->s;
     int64_t lim = now + ((int64_t)s->o.transfer_floor_ms + (int64_t)len * 1000 / s->o.min_transfer_rate) * 1000000;
@@ -251,7 +252,7 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
     __atomic_store_n(&call->deadline_ns,
                      (h->flags & VRPC_FF_DEADLINE)
                          ? (h->budget_us > (uint64_t)(INT64_MAX - now) / 1000 ? VRPC_NO_DEADLINE
-                                                                               : now + (int64_t)h->budget_us * 1000)
+                                                                              : now + (int64_t)h->budget_us * 1000)
                          : VRPC_NO_DEADLINE,
                      __ATOMIC_RELAXED);
     uint32_t gen = ST_GEN(st) + 1 ? ST_GEN(st) + 1 : 1;
@@ -306,7 +307,8 @@ static void request_read_done(struct poller *pl, struct vrpc_rndv_in *in, int st
     if (status) {
         vrpc_lbuf_put(lb);
         if (status == -EACCES && want == XFER_READING)
-            vrpc_srv_conn_protocol_error(c, "its large-request descriptor could not be read (bad key or range)", -EPROTO);
+            vrpc_srv_conn_protocol_error(c, "its large-request descriptor could not be read (bad key or range)",
+                                         -EPROTO);
         abandon_call(call);
         return;
     }
@@ -315,16 +317,13 @@ static void request_read_done(struct poller *pl, struct vrpc_rndv_in *in, int st
         struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_DONE, .request_id = in->id};
         int rc = vrpc_srv_conn_send_simple(c, &h, NULL, 0, false);
         if (rc && rc != -ENOTCONN && !__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE))
-            vrpc_srv_conn_protocol_error(c, "no send buffer or credit for DONE (closing rather than holding the client)", rc);
+            vrpc_srv_conn_protocol_error(
+                c, "no send buffer or credit for DONE (closing rather than holding the client)", rc);
     }
     call_submit(pl, call, ST_GEN(__atomic_load_n(&call->state, __ATOMIC_ACQUIRE)));
 }
 
-static void request_read_failed(struct vrpc_rndv_in *in, int rc, void *arg)
-{
-    request_read_done(arg, in, rc);
-}
-
+static void request_read_failed(struct vrpc_rndv_in *in, int rc, void *arg) { request_read_done(arg, in, rc); }
 
 /* DONE from the client: it has read (or given up on) our response payload. */
 static void on_done(struct sconn *c, const struct vrpc_wire_hdr *h)
@@ -374,8 +373,8 @@ static void on_hello(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8
     vrpc_conn_hello_end(&c->b, VRPC_CONN_HELLO_OK);
     struct vrpc_wire_hdr a = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_HELLO_ACK};
     uint8_t p[VRPC_WIRE_HELLO_LEN];
-    struct vrpc_wire_hello ack = {.max_msg_size = s->max_payload, .max_concurrent = c->ncalls,
-                                  .features = vrpc_rndv_features};
+    struct vrpc_wire_hello ack = {
+        .max_msg_size = s->max_payload, .max_concurrent = c->ncalls, .features = vrpc_rndv_features};
     vrpc_wire_hello_encode(p, &ack);
     if (vrpc_srv_conn_send_simple(c, &a, p, sizeof(p), false))
         vrpc_srv_conn_protocol_error(c, "cannot send HELLO_ACK", -ENOBUFS);
@@ -427,11 +426,12 @@ static const struct vrpc_conn_role server_role = {
     .bad_type = "frame type a client must not send",
     .on_hello = server_on_hello,
     .protocol_error = server_protocol_error,
-    .on_frame = {
-        [VRPC_FT_REQUEST] = server_on_request,
-        [VRPC_FT_DONE] = server_on_done,
-        [VRPC_FT_CANCEL] = server_on_cancel,
-    },
+    .on_frame =
+        {
+            [VRPC_FT_REQUEST] = server_on_request,
+            [VRPC_FT_DONE] = server_on_done,
+            [VRPC_FT_CANCEL] = server_on_cancel,
+        },
 };
 
 static void on_disconnected(struct sconn *c)
@@ -510,7 +510,8 @@ static void recv_grow(struct poller *pl)
     }
     if (pl->extra < want)
         vrpc_rpc_log("cannot post more receive buffers (%u of %u for %u connections): new connections may "
-                     "be refused", pl->extra, want, pl->nconns);
+                     "be refused",
+                     pl->extra, want, pl->nconns);
 }
 
 static void on_accepted(struct poller *pl, struct vrpc_ep *ep)
@@ -553,8 +554,7 @@ void vrpc_srv_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, vo
         switch (w->opcode) {
         case VRPC_WC_RECV:
             if (w->status == 0 && w->ep)
-                vrpc_conn_recv(&server_role, &((struct sconn *)vrpc_ep_user(w->ep))->b, w->buf->data,
-                               w->byte_len);
+                vrpc_conn_recv(&server_role, &((struct sconn *)vrpc_ep_user(w->ep))->b, w->buf->data, w->byte_len);
             if (w->status == -ECANCELED || vrpc_cq_post_recv(cq, &w->buf, NULL, 1))
                 vrpc_pool_put(w->buf);
             break;
@@ -639,10 +639,10 @@ void vrpc_srv_conn_sweep(void *ctx, uint64_t arg)
     }
     pthread_mutex_unlock(&s->lock);
     if (nhello)
-        vrpc_rpc_log("aborting %u connection%s that sent no HELLO within %u ms (hello_timeout_ms), client %s%s",
-                     nhello, nhello == 1 ? "" : "s", s->o.hello_timeout_ms, peer[0], nhello > 1 ? " and others" : "");
+        vrpc_rpc_log("aborting %u connection%s that sent no HELLO within %u ms (hello_timeout_ms), client %s%s", nhello,
+                     nhello == 1 ? "" : "s", s->o.hello_timeout_ms, peer[0], nhello > 1 ? " and others" : "");
     if (nidle)
-        vrpc_rpc_log("GOAWAY and closing %u connection%s with no call for %u ms (idle_timeout_ms), client %s%s",
-                     nidle, nidle == 1 ? "" : "s", s->o.idle_timeout_ms, peer[1], nidle > 1 ? " and others" : "");
+        vrpc_rpc_log("GOAWAY and closing %u connection%s with no call for %u ms (idle_timeout_ms), client %s%s", nidle,
+                     nidle == 1 ? "" : "s", s->o.idle_timeout_ms, peer[1], nidle > 1 ? " and others" : "");
     vrpc_timer_arm(s->wheel, &s->sweep, now + s->sweep_every_ns, vrpc_srv_conn_sweep, s, 0);
 }

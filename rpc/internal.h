@@ -87,8 +87,8 @@ uint32_t vrpc_rpc_frame_fill(struct vrpc_buf *b, const struct vrpc_wire_hdr *h, 
 /* Send a header-only frame (plus an optional small payload), e.g. CANCEL,
  * GOAWAY, an error RESPONSE, HELLO. 0, -ENOBUFS (no buffer without waiting)
  * or the send error. */
-int vrpc_rpc_send_simple(struct vrpc_ep *ep, struct vrpc_pool *pool, const struct vrpc_wire_hdr *h,
-                         const void *payload, uint32_t payload_len, bool wait);
+int vrpc_rpc_send_simple(struct vrpc_ep *ep, struct vrpc_pool *pool, const struct vrpc_wire_hdr *h, const void *payload,
+                         uint32_t payload_len, bool wait);
 
 /* Futex wait on *addr == val with a timeout in ns (<= 0 returns at once). */
 void vrpc_rpc_futex_wait_ns(uint32_t *addr, uint32_t val, int64_t timeout_ns);

@@ -9,9 +9,10 @@
 #include <verbrpc/log.h>
 
 const uint64_t vrpc_prom_bounds_ns[VRPC_PROM_BUCKETS] = {
-    1000, 2000, 5000, 10000, 20000, 50000, 100000, 200000, 500000,          /* 1 us .. 500 us */
-    1000000, 2000000, 5000000, 10000000, 20000000, 50000000,                /* 1 ms .. 50 ms */
-    100000000, 200000000, 500000000, 1000000000, 2000000000, 5000000000ull, /* .. 5 s */
+    1000,           2000,      5000,      10000,      20000,      50000,
+    100000,         200000,    500000,                                           /* 1 us .. 500 us */
+    1000000,        2000000,   5000000,   10000000,   20000000,   50000000,      /* 1 ms .. 50 ms */
+    100000000,      200000000, 500000000, 1000000000, 2000000000, 5000000000ull, /* .. 5 s */
     10000000000ull,
 };
 
@@ -29,10 +30,9 @@ static void raise_max(uint64_t *p, uint64_t v)
  * vrpc_prom_bounds_ns; test_metrics checks it). Bounds grow by 2x or 2.5x,
  * so a value of [2^k, 2^(k+1)) is at most two buckets further. */
 static const uint8_t first_bucket[64] = {
-    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 2, 3, 4, 5,
-    6, 7, 8, 9, 10, 11, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20,
-    20, 21, 22, 22, 22, 22, 22, 22, 22, 22, 22, 22, 22, 22, 22, 22,
-    22, 22, 22, 22, 22, 22, 22, 22, 22, 22, 22, 22, 22, 22, 22, 22,
+    0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  1,  2,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11,
+    11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 20, 21, 22, 22, 22, 22, 22, 22, 22, 22, 22, 22,
+    22, 22, 22, 22, 22, 22, 22, 22, 22, 22, 22, 22, 22, 22, 22, 22, 22, 22, 22, 22,
 };
 
 void vrpc_call_metrics_record(struct vrpc_call_metrics *m, enum vrpc_code code, uint64_t ns)
@@ -59,10 +59,7 @@ uint64_t vrpc_call_metrics_calls(const struct vrpc_call_metrics *m)
     return n;
 }
 
-uint64_t vrpc_call_metrics_max_us(const struct vrpc_call_metrics *m)
-{
-    return ld(&m->max_ns) / 1000;
-}
+uint64_t vrpc_call_metrics_max_us(const struct vrpc_call_metrics *m) { return ld(&m->max_ns) / 1000; }
 
 /* ---- log-linear histogram --------------------------------------------------- */
 
@@ -84,13 +81,9 @@ static uint64_t hist_mid(unsigned idx)
     return ((8ull + sub) << (e - 3)) + w / 2;
 }
 
-void vrpc_lathist_record(struct vrpc_lathist *h, uint64_t us)
-{
-    add(&h->h[hist_idx(us)], 1);
-}
+void vrpc_lathist_record(struct vrpc_lathist *h, uint64_t us) { add(&h->h[hist_idx(us)], 1); }
 
-void vrpc_lathist_quantiles(const struct vrpc_lathist *lh, const double *q, uint64_t *out, unsigned nq,
-                            uint64_t max)
+void vrpc_lathist_quantiles(const struct vrpc_lathist *lh, const double *q, uint64_t *out, unsigned nq, uint64_t max)
 {
     uint64_t h[VRPC_LATHIST_BUCKETS], total = 0;
     for (unsigned b = 0; b < VRPC_LATHIST_BUCKETS; b++)
@@ -155,8 +148,7 @@ void vrpc_prom_label(struct vrpc_prom *p, const char *v)
     }
 }
 
-static void series(struct vrpc_prom *p, const char *prefix, const char *suffix, const char *labels,
-                   const char *method)
+static void series(struct vrpc_prom *p, const char *prefix, const char *suffix, const char *labels, const char *method)
 {
     fprintf(p->f, "%s%s{%smethod=\"", prefix, suffix, labels);
     vrpc_prom_label(p, method);
@@ -204,8 +196,8 @@ static uint64_t bucket_quantile(const struct snap *s, double q)
     return s->max_ns;
 }
 
-void vrpc_prom_calls(struct vrpc_prom *p, const char *prefix, const char *labels,
-                     const struct vrpc_prom_method *v, size_t n)
+void vrpc_prom_calls(struct vrpc_prom *p, const char *prefix, const char *labels, const struct vrpc_prom_method *v,
+                     size_t n)
 {
     static const double qs[3] = {0.5, 0.9, 0.99};
     static const char *const qname[3] = {"0.5", "0.9", "0.99"};

@@ -43,8 +43,7 @@ void vrpc_lathist_record(struct vrpc_lathist *h, uint64_t us);
  * but never above max_us, the largest value recorded (kept by the caller,
  * vrpc_call_metrics_max_us). All 0 when nothing was
  * recorded. */
-void vrpc_lathist_quantiles(const struct vrpc_lathist *h, const double *q, uint64_t *out, unsigned nq,
-                            uint64_t max_us);
+void vrpc_lathist_quantiles(const struct vrpc_lathist *h, const double *q, uint64_t *out, unsigned nq, uint64_t max_us);
 /* Calls recorded (the sum of by_code) and the largest latency in us. */
 uint64_t vrpc_call_metrics_calls(const struct vrpc_call_metrics *m);
 uint64_t vrpc_call_metrics_max_us(const struct vrpc_call_metrics *m);
@@ -80,8 +79,8 @@ struct vrpc_prom_method {
  * buckets' total, read once), prefix_latency_seconds{quantile} (0.5, 0.9,
  * 0.99) and prefix_latency_max_seconds. labels: extra `k="v",` pairs put
  * before method (may be ""). */
-void vrpc_prom_calls(struct vrpc_prom *p, const char *prefix, const char *labels,
-                     const struct vrpc_prom_method *v, size_t n);
+void vrpc_prom_calls(struct vrpc_prom *p, const char *prefix, const char *labels, const struct vrpc_prom_method *v,
+                     size_t n);
 
 /* A transport's counters as prefix_* series labelled with labels (which
  * should name the backend). */

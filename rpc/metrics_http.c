@@ -132,9 +132,10 @@ int vrpc_metrics_http_start(const struct vrpc_server *s, const char *addr, vrpc_
     h->render = render;
     /* One internal thread polls; a scrape renders on it. Connections are
      * few (a scraper or two), bounded, and time out. */
-    h->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | (ss.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0),
-                            0, NULL, NULL, answer, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-                            MHD_OPTION_CONNECTION_LIMIT, 16u, MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
+    h->d =
+        MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | (ss.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0),
+                         0, NULL, NULL, answer, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+                         MHD_OPTION_CONNECTION_LIMIT, 16u, MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
     if (!h->d) {
         rc = errno ? -errno : -EADDRINUSE;
         vrpc_log(VRPC_LOG_ERROR, "rpc", "server: cannot serve metrics on %s: %s", addr, strerror(-rc));
@@ -146,16 +147,13 @@ int vrpc_metrics_http_start(const struct vrpc_server *s, const char *addr, vrpc_
         inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, host, sizeof host);
     else
         inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, host, sizeof host);
-    snprintf(h->uri, sizeof h->uri, ss.ss_family == AF_INET ? "http://%s:%u/metrics" : "http://[%s]:%u/metrics",
-             host, info ? (unsigned)info->port : 0u);
+    snprintf(h->uri, sizeof h->uri, ss.ss_family == AF_INET ? "http://%s:%u/metrics" : "http://[%s]:%u/metrics", host,
+             info ? (unsigned)info->port : 0u);
     *out = h;
     return 0;
 }
 
-const char *vrpc_metrics_http_uri(const struct vrpc_metrics_http *h)
-{
-    return h->uri;
-}
+const char *vrpc_metrics_http_uri(const struct vrpc_metrics_http *h) { return h->uri; }
 
 void vrpc_metrics_http_stop(struct vrpc_metrics_http *h)
 {

@@ -38,8 +38,8 @@ struct fop {
     uint32_t qoff; /* an optional field's has_ member, else 0 */
     uint32_t id;
     uint8_t kind, pres, wt, taglen;
-    uint8_t tag[5];      /* (id << 3 | wire type) as a varint */
-    const void *dflt;    /* P_STRPTR: the default string */
+    uint8_t tag[5];   /* (id << 3 | wire type) as a varint */
+    const void *dflt; /* P_STRPTR: the default string */
 };
 
 struct plan {
@@ -421,8 +421,8 @@ static inline int field_index(const struct plan *p, uint64_t id)
 /* A string or bytes value at buf[*off..len) into m: 0, -ENOMEM, or
  * VRPC_PBFLAT_FALLBACK if truncated. Bytes of at least ref_min (when not 0)
  * point into buf instead of being copied. */
-static inline NO_JUMP_TABLES int unpack_len(const struct fop *op, char *m, const uint8_t *buf, size_t len,
-                                            size_t *off, size_t ref_min, struct vrpc_arena *a)
+static inline NO_JUMP_TABLES int unpack_len(const struct fop *op, char *m, const uint8_t *buf, size_t len, size_t *off,
+                                            size_t ref_min, struct vrpc_arena *a)
 {
     uint64_t v;
     bool nz;

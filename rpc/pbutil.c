@@ -44,8 +44,7 @@ static int read_tag(const uint8_t *p, size_t len, size_t *off, uint32_t *field, 
     return -EBADMSG;
 }
 
-static int check(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t len, unsigned depth,
-                 unsigned max_depth)
+static int check(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t len, unsigned depth, unsigned max_depth)
 {
     size_t off = 0;
 
@@ -75,8 +74,7 @@ static int check(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t l
         case 2: {
             if (read_varint(p, len, &off, &v) || v > len - off)
                 return -EBADMSG;
-            const ProtobufCFieldDescriptor *f =
-                d ? protobuf_c_message_descriptor_get_field(d, field) : NULL;
+            const ProtobufCFieldDescriptor *f = d ? protobuf_c_message_descriptor_get_field(d, field) : NULL;
             if (f && f->type == PROTOBUF_C_TYPE_MESSAGE) {
                 int rc = check(f->descriptor, p + off, (size_t)v, depth + 1, max_depth);
                 if (rc)
@@ -92,8 +90,7 @@ static int check(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t l
     return 0;
 }
 
-int vrpc_pb_check_depth(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len,
-                        unsigned max_depth)
+int vrpc_pb_check_depth(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len, unsigned max_depth)
 {
     return check(d, buf, len, 1, max_depth ? max_depth : VRPC_PB_DEFAULT_MAX_DEPTH);
 }
@@ -108,8 +105,8 @@ static int may_nest(const ProtobufCMessageDescriptor *d)
     return 0;
 }
 
-int vrpc_pb_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len,
-                   unsigned max_depth, struct vrpc_arena *a, ProtobufCMessage **out)
+int vrpc_pb_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len, unsigned max_depth,
+                   struct vrpc_arena *a, ProtobufCMessage **out)
 {
     int rc;
     if ((rc = vrpc_pbflat_unpack(d, buf, len, 0, a, out)) != VRPC_PBFLAT_FALLBACK)
@@ -171,10 +168,11 @@ static bool find_big(const ProtobufCMessageDescriptor *d, const uint8_t *buf, si
                 return false;
             const ProtobufCFieldDescriptor *f =
                 v >= VRPC_PB_REF_MIN && *nbig < MAX_BIG && field > 0 && field <= 0x1fffffff
-                    ? protobuf_c_message_descriptor_get_field(d, field) : NULL;
+                    ? protobuf_c_message_descriptor_get_field(d, field)
+                    : NULL;
             if (referable(f)) {
-                big[(*nbig)++] = (struct big){.f = f, .tag = tag, .lenpos = lenpos, .data = off, .len = (size_t)v,
-                                              .last = true};
+                big[(*nbig)++] =
+                    (struct big){.f = f, .tag = tag, .lenpos = lenpos, .data = off, .len = (size_t)v, .last = true};
                 *cut += off - lenpos + (size_t)v - 1; /* the value and its length become one 0 byte */
             }
             off += (size_t)v;
@@ -344,8 +342,7 @@ static void gather_candidates(struct gbuf *b, const ProtobufCMessage *msg, size_
     }
 }
 
-int vrpc_pb_pack_gather(const ProtobufCMessage *msg, size_t min_ref, uint8_t *buf, size_t cap,
-                        struct vrpc_pb_gather *g)
+int vrpc_pb_pack_gather(const ProtobufCMessage *msg, size_t min_ref, uint8_t *buf, size_t cap, struct vrpc_pb_gather *g)
 {
     struct gbuf b = {.base = {.append = gather_append}, .g = g, .buf = buf, .cap = buf ? cap : 0};
     memset(g, 0, sizeof(*g));

@@ -21,15 +21,14 @@
  * whether its type can nest: a field number protobuf-c takes as an unknown
  * field (above 2^29 - 1, or 0 in a longer tag) passes here as well.
  * 0, -ELOOP (too deep) or -EBADMSG (malformed). */
-int vrpc_pb_check_depth(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len,
-                        unsigned max_depth);
+int vrpc_pb_check_depth(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len, unsigned max_depth);
 
 /* Depth check (skipped for types without message-typed fields, which cannot
  * nest), then unpack into the arena. buf stays the caller's and may be
  * reused after return (protobuf-c copies strings and bytes into the arena).
  * 0, -ELOOP, -EBADMSG (undecodable) or -ENOMEM (arena limit). */
-int vrpc_pb_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len,
-                   unsigned max_depth, struct vrpc_arena *a, ProtobufCMessage **out);
+int vrpc_pb_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len, unsigned max_depth,
+                   struct vrpc_arena *a, ProtobufCMessage **out);
 
 /* Bytes fields at least this long are referenced, not copied, by
  * vrpc_pb_unpack_ref. */
@@ -67,9 +66,9 @@ int vrpc_pb_pack(const ProtobufCMessage *msg, uint8_t *out, size_t cap, size_t *
 struct vrpc_pb_gather {
     struct vrpc_seg segs[VRPC_GRANT_SEGS_MAX];
     unsigned nsegs;
-    unsigned nrefs;   /* segments that point into the message's memory */
-    size_t copied;    /* bytes written (or, measuring, to write) into buf */
-    size_t total;     /* the encoding's length */
+    unsigned nrefs; /* segments that point into the message's memory */
+    size_t copied;  /* bytes written (or, measuring, to write) into buf */
+    size_t total;   /* the encoding's length */
     int err;
 };
 

@@ -91,8 +91,7 @@ void vrpc_pending_open(struct vrpc_pending_slot *s)
     __atomic_store_n(&s->word, WORD(GEN(w), VRPC_PEND_INUSE), __ATOMIC_RELEASE);
 }
 
-int vrpc_pending_alloc(struct vrpc_pending *p, int64_t deadline_ns, void *conn,
-                       struct vrpc_pending_slot **out)
+int vrpc_pending_alloc(struct vrpc_pending *p, int64_t deadline_ns, void *conn, struct vrpc_pending_slot **out)
 {
     int rc = 0;
 
@@ -156,10 +155,7 @@ static void slot_free(struct vrpc_pending_slot *s)
         p->on_free(p->on_free_arg);
 }
 
-uint64_t vrpc_pending_id(const struct vrpc_pending_slot *s)
-{
-    return vrpc_wire_make_id(s->index, vrpc_pending_gen(s));
-}
+uint64_t vrpc_pending_id(const struct vrpc_pending_slot *s) { return vrpc_wire_make_id(s->index, vrpc_pending_gen(s)); }
 
 struct vrpc_pending_slot *vrpc_pending_lookup(struct vrpc_pending *p, uint64_t id)
 {
@@ -180,8 +176,7 @@ bool vrpc_pending_decide(struct vrpc_pending_slot *s, uint32_t gen)
         if (GEN(w) != gen || !(FLAGS(w) & VRPC_PEND_INUSE) || (FLAGS(w) & VRPC_PEND_DECIDED))
             return false;
         /* acq_rel: the winner sees the owner's call fields; losers learn nothing. */
-        if (__atomic_compare_exchange_n(&s->word, &w, w | VRPC_PEND_DECIDED, false, __ATOMIC_ACQ_REL,
-                                        __ATOMIC_ACQUIRE))
+        if (__atomic_compare_exchange_n(&s->word, &w, w | VRPC_PEND_DECIDED, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
             return true;
     }
 }

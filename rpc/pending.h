@@ -48,26 +48,26 @@
 struct vrpc_pending;
 
 struct vrpc_pending_slot {
-    uint64_t word;        /* atomic: gen << 32 | VRPC_PEND_* */
-    uint32_t done;        /* futex word: generation whose outcome is published */
-    uint32_t sleeping;    /* the synchronous owner sleeps (or is about to) on done */
+    uint64_t word;     /* atomic: gen << 32 | VRPC_PEND_* */
+    uint32_t done;     /* futex word: generation whose outcome is published */
+    uint32_t sleeping; /* the synchronous owner sleeps (or is about to) on done */
     uint32_t index;
     struct vrpc_pending *table;
     /* The call, written by its owner before vrpc_pending_open. */
-    void *conn;           /* connection the request goes out on (atomic: read by the loss scan) */
+    void *conn; /* connection the request goes out on (atomic: read by the loss scan) */
     const struct vrpc_method_desc *method;
-    vrpc_call_cb cb;      /* NULL for a synchronous call */
+    vrpc_call_cb cb; /* NULL for a synchronous call */
     void *cb_arg;
-    void *cb_ch;          /* the channel, for the async completion task */
-    void *qent;           /* the channel's queue entry the call was queued in
+    void *cb_ch; /* the channel, for the async completion task */
+    void *qent;  /* the channel's queue entry the call was queued in
                              (its id lives there until the call completes); NULL: none */
     int64_t deadline_ns;
-    int64_t start_ns;     /* when the call took the slot (metrics) */
+    int64_t start_ns; /* when the call took the slot (metrics) */
     struct vrpc_timer timer;
     struct vrpc_task task; /* async completion runs as this task */
     /* The outcome, written by the decide winner before publish. */
     struct vrpc_status st;
-    uint8_t *resp;        /* response payload copy (grown on demand, kept) */
+    uint8_t *resp; /* response payload copy (grown on demand, kept) */
     uint32_t resp_len, resp_cap;
     struct vrpc_buf *resp_lb; /* instead of resp: a large response read into a
                                  large buffer; the owner unpacks it and puts it back */
@@ -77,17 +77,17 @@ struct vrpc_pending_slot {
      * connection died) | count of holds (the owner's while it sets the call
      * up, one per grant or read in progress). Reset to 1 (the owner's hold)
      * by vrpc_pending_alloc. */
-    uint64_t xfer;        /* gen << 32 | the above: a late slot_seen for an earlier
+    uint64_t xfer;            /* gen << 32 | the above: a late slot_seen for an earlier
                              generation (the loss scan racing the response) then
                              fails instead of marking the slot's next call */
-    struct vrpc_rndv_out out;  /* the request payload, granted to the server */
-    struct vrpc_rndv_in in;    /* the response payload, being read */
+    struct vrpc_rndv_out out; /* the request payload, granted to the server */
+    struct vrpc_rndv_in in;   /* the response payload, being read */
     /* The read's time limit (rpc/call_large.c, response_xfer_expired): rd_xfer
      * is gen << 32 | VRPC_RD_READING from the announcement until the read is
      * over (poller: CAS to VRPC_RD_NONE) or the limit passed (the wheel's
      * thread: CAS to VRPC_RD_EXPIRING, then VRPC_RD_EXPIRED once it has
      * decided the call and aborted the connection). */
-    uint64_t rd_xfer;     /* atomic */
+    uint64_t rd_xfer; /* atomic */
     int64_t rd_start_ns;
     struct vrpc_timer rd_timer;
 };
@@ -95,14 +95,14 @@ enum { VRPC_RD_NONE = 0, VRPC_RD_READING = 1, VRPC_RD_EXPIRING = 2, VRPC_RD_EXPI
 #define VRPC_PEND_XFER_SEEN 0x80000000u
 
 struct vrpc_pending {
-    uint32_t n;           /* slots */
-    uint32_t limit;       /* at most this many in use (credits); <= n */
+    uint32_t n;     /* slots */
+    uint32_t limit; /* at most this many in use (credits); <= n */
     uint32_t in_use;
     uint32_t nfree;
-    uint32_t *free;       /* LIFO stack of free indices, lowest on top initially */
+    uint32_t *free; /* LIFO stack of free indices, lowest on top initially */
     bool closed;
-    bool spin;            /* false: vrpc_pending_wait sleeps at once (no_spin) */
-    int poller_cpu;       /* the CPU the answering poller is pinned to, -1: none;
+    bool spin;      /* false: vrpc_pending_wait sleeps at once (no_spin) */
+    int poller_cpu; /* the CPU the answering poller is pinned to, -1: none;
                              a waiter running there sleeps at once (pending.c) */
     /* Called, with no lock held, on whichever thread freed a slot (set once
      * before the table is used; NULL: none). */
@@ -126,8 +126,7 @@ void vrpc_pending_set_limit(struct vrpc_pending *p, uint32_t limit);
  * (CLOCK_MONOTONIC; VRPC_NO_DEADLINE: forever). The slot is RESERVED: the
  * owner fills the call fields, then publishes it with vrpc_pending_open.
  * 0, -ETIMEDOUT or -ESHUTDOWN (table closed). */
-int vrpc_pending_alloc(struct vrpc_pending *p, int64_t deadline_ns, void *conn,
-                       struct vrpc_pending_slot **out);
+int vrpc_pending_alloc(struct vrpc_pending *p, int64_t deadline_ns, void *conn, struct vrpc_pending_slot **out);
 /* As alloc, never waiting: -EAGAIN when limit slots are in use. */
 int vrpc_pending_try_alloc(struct vrpc_pending *p, void *conn, struct vrpc_pending_slot **out);
 /* Publish a RESERVED slot INUSE (release: the call fields written before are

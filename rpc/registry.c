@@ -5,11 +5,9 @@
 #include <string.h>
 #include "rpc/server_internal.h"
 
-int vrpc_server_register(struct vrpc_server *s, const struct vrpc_method_desc *m, vrpc_handler_fn fn,
-                         void *user)
+int vrpc_server_register(struct vrpc_server *s, const struct vrpc_method_desc *m, vrpc_handler_fn fn, void *user)
 {
-    if (!s || !m || !fn || !m->full_name || !m->input || !m->output ||
-        m->id != vrpc_method_id(m->full_name))
+    if (!s || !m || !fn || !m->full_name || !m->input || !m->output || m->id != vrpc_method_id(m->full_name))
         return -EINVAL;
     if (s->started)
         return -EBUSY;

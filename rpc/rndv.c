@@ -19,8 +19,7 @@ int vrpc_rndv_limits(const char *who, uint32_t *max_msg, uint64_t *max_pinned, u
     if (*hold_ms == 0)
         *hold_ms = VRPC_HOLD_TIMEOUT_DEFAULT_MS;
     if (*max_msg > VRPC_MSG_SIZE_MAX) {
-        vrpc_rpc_log("%s: max_msg_size %u is above the largest allowed, %u", who, *max_msg,
-                     VRPC_MSG_SIZE_MAX);
+        vrpc_rpc_log("%s: max_msg_size %u is above the largest allowed, %u", who, *max_msg, VRPC_MSG_SIZE_MAX);
         return -EINVAL;
     }
     if (*max_msg > *max_pinned) {
@@ -40,8 +39,8 @@ uint32_t vrpc_rndv_send_limit(uint32_t peer_max, uint32_t peer_features, uint32_
     return fit;
 }
 
-int vrpc_rndv_buf(struct vrpc_transport *tp, uint64_t max_pinned, size_t len, struct vrpc_buf **out,
-                  char *why, size_t whylen)
+int vrpc_rndv_buf(struct vrpc_transport *tp, uint64_t max_pinned, size_t len, struct vrpc_buf **out, char *why,
+                  size_t whylen)
 {
     int rc = vrpc_lbuf_get(tp, len, out);
     if (rc == -ENOBUFS) {
@@ -57,8 +56,8 @@ int vrpc_rndv_buf(struct vrpc_transport *tp, uint64_t max_pinned, size_t len, st
     return rc;
 }
 
-static void granted(struct vrpc_rndv_out *o, struct vrpc_ep *ep, struct vrpc_buf *lb, uint32_t rkey,
-                    uint64_t raddr, uint32_t len, uint64_t id)
+static void granted(struct vrpc_rndv_out *o, struct vrpc_ep *ep, struct vrpc_buf *lb, uint32_t rkey, uint64_t raddr,
+                    uint32_t len, uint64_t id)
 {
     o->rkey = rkey;
     o->raddr = raddr;
@@ -71,8 +70,7 @@ static void granted(struct vrpc_rndv_out *o, struct vrpc_ep *ep, struct vrpc_buf
     __atomic_store_n(&o->state, VRPC_RNDV_GRANTED, __ATOMIC_RELEASE);
 }
 
-int vrpc_rndv_grant(struct vrpc_rndv_out *o, struct vrpc_ep *ep, struct vrpc_buf *lb, uint32_t len,
-                    uint64_t id)
+int vrpc_rndv_grant(struct vrpc_rndv_out *o, struct vrpc_ep *ep, struct vrpc_buf *lb, uint32_t len, uint64_t id)
 {
     uint32_t rkey;
     int rc = vrpc_ep_grant(ep, lb->mr, lb->data, len, &rkey);
@@ -82,8 +80,8 @@ int vrpc_rndv_grant(struct vrpc_rndv_out *o, struct vrpc_ep *ep, struct vrpc_buf
     return 0;
 }
 
-int vrpc_rndv_grant_segs(struct vrpc_rndv_out *o, struct vrpc_ep *ep, struct vrpc_buf *lb,
-                         const struct vrpc_seg *segs, unsigned n, uint32_t len, uint64_t id)
+int vrpc_rndv_grant_segs(struct vrpc_rndv_out *o, struct vrpc_ep *ep, struct vrpc_buf *lb, const struct vrpc_seg *segs,
+                         unsigned n, uint32_t len, uint64_t id)
 {
     uint32_t rkey;
     int rc = vrpc_ep_grant_segs(ep, segs, n, &rkey);
@@ -111,8 +109,7 @@ void vrpc_rndv_offer_desc(struct vrpc_rndv_out *o)
 int vrpc_rndv_revoke(struct vrpc_rndv_out *o)
 {
     uint32_t want = VRPC_RNDV_GRANTED;
-    if (!__atomic_compare_exchange_n(&o->state, &want, VRPC_RNDV_REVOKING, false, __ATOMIC_ACQ_REL,
-                                     __ATOMIC_ACQUIRE))
+    if (!__atomic_compare_exchange_n(&o->state, &want, VRPC_RNDV_REVOKING, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
         return -EALREADY;
     int rc = vrpc_ep_revoke(o->ep, o->rkey, (uint64_t)(uintptr_t)o);
     if (rc)
@@ -156,8 +153,7 @@ void vrpc_rndv_revoke_later(struct vrpc_rndv_retry *r, struct vrpc_rndv_out *o)
     r->revokes = o;
 }
 
-void vrpc_rndv_retry_run(struct vrpc_rndv_retry *r, void (*read_failed)(struct vrpc_rndv_in *, int, void *),
-                         void *arg)
+void vrpc_rndv_retry_run(struct vrpc_rndv_retry *r, void (*read_failed)(struct vrpc_rndv_in *, int, void *), void *arg)
 {
     struct vrpc_rndv_out *o = r->revokes;
     r->revokes = NULL;

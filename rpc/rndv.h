@@ -53,12 +53,12 @@ enum { VRPC_RNDV_IDLE = 0, VRPC_RNDV_GRANTED = 1, VRPC_RNDV_REVOKING = 2 };
 struct vrpc_rndv_out {
     uint32_t state;
     uint32_t rkey, len;
-    uint64_t raddr;           /* the window's address for the peer (descriptor) */
-    uint64_t id;              /* request id of the call */
-    int64_t sent_ns;          /* when granted (hold timeout) */
-    struct vrpc_buf *lb;      /* the packed payload */
+    uint64_t raddr;      /* the window's address for the peer (descriptor) */
+    uint64_t id;         /* request id of the call */
+    int64_t sent_ns;     /* when granted (hold timeout) */
+    struct vrpc_buf *lb; /* the packed payload */
     struct vrpc_ep *ep;
-    struct vrpc_rndv_out *next; /* the poller's list of revokes to retry */
+    struct vrpc_rndv_out *next;   /* the poller's list of revokes to retry */
     struct vrpc_timer hold_timer; /* the owner's hold timeout */
     /* An offer for this record (the machine is rpc/offer.h), parked while it
      * waits for its grant: vrpc_ep_grant
@@ -84,9 +84,9 @@ struct vrpc_rndv_out {
      * see rpc/channel_internal.h "zero-copy requests". 0 when not. */
     uint32_t zc;
     uint64_t p_id;
-    void *p_conn;             /* the owner's connection (holds a reference) */
-    int p_rc;                 /* the grant's outcome once taken off the list */
-    uint32_t parked;          /* atomic 0/1: on the owner's list */
+    void *p_conn;    /* the owner's connection (holds a reference) */
+    int p_rc;        /* the grant's outcome once taken off the list */
+    uint32_t parked; /* atomic 0/1: on the owner's list */
     struct vrpc_rndv_out *p_next;
 };
 
@@ -94,7 +94,7 @@ struct vrpc_rndv_out {
  * Posted and completed on the poller only; the READ completion carries the
  * record's address as wr_id. */
 struct vrpc_rndv_in {
-    struct vrpc_buf *lb;      /* our large buffer, NULL when idle */
+    struct vrpc_buf *lb; /* our large buffer, NULL when idle */
     struct vrpc_ep *ep;
     uint64_t addr;
     uint32_t rkey, len;
@@ -105,20 +105,19 @@ struct vrpc_rndv_in {
 /* A large buffer of len bytes. On failure (no completion, nothing held):
  * -ENOBUFS (max_pinned reached) or -ENOMEM with a status message in why:
  * "large-message memory limit reached: ... (raise max_pinned)". */
-int vrpc_rndv_buf(struct vrpc_transport *tp, uint64_t max_pinned, size_t len, struct vrpc_buf **out,
-                  char *why, size_t whylen);
+int vrpc_rndv_buf(struct vrpc_transport *tp, uint64_t max_pinned, size_t len, struct vrpc_buf **out, char *why,
+                  size_t whylen);
 
 /* Grant the peer of ep the first len bytes of lb for call id: IDLE -> GRANTED.
  * One attempt: -ENOSPC means retry after a completion of ep (park the
  * offer, see p_* above); other errors: the endpoint is unusable. On error
  * the record stays IDLE and lb stays the caller's. Any thread. */
-int vrpc_rndv_grant(struct vrpc_rndv_out *o, struct vrpc_ep *ep, struct vrpc_buf *lb, uint32_t len,
-                    uint64_t id);
+int vrpc_rndv_grant(struct vrpc_rndv_out *o, struct vrpc_ep *ep, struct vrpc_buf *lb, uint32_t len, uint64_t id);
 /* The same for a gathered window segs[0..n) of len bytes (lb: the buffer
  * holding its copied pieces, put back at revoke). -ENOSYS: the backend
  * cannot gather. */
-int vrpc_rndv_grant_segs(struct vrpc_rndv_out *o, struct vrpc_ep *ep, struct vrpc_buf *lb,
-                         const struct vrpc_seg *segs, unsigned n, uint32_t len, uint64_t id);
+int vrpc_rndv_grant_segs(struct vrpc_rndv_out *o, struct vrpc_ep *ep, struct vrpc_buf *lb, const struct vrpc_seg *segs,
+                         unsigned n, uint32_t len, uint64_t id);
 /* Append o to a list of parked offers (FIFO; under the owner's lock). */
 void vrpc_rndv_park(struct vrpc_rndv_out **list, struct vrpc_rndv_out *o);
 /* The parked offer's descriptor, once granted: into the frame's last 16 bytes. */
@@ -150,8 +149,7 @@ void vrpc_rndv_revoke_later(struct vrpc_rndv_retry *r, struct vrpc_rndv_out *o);
 /* Retry everything queued. A read that fails for good is handed to
  * read_failed(in, rc, arg) as if its completion had failed; a revoke that
  * fails for good stays GRANTED for the endpoint's DISCONNECTED. */
-void vrpc_rndv_retry_run(struct vrpc_rndv_retry *r, void (*read_failed)(struct vrpc_rndv_in *, int, void *),
-                         void *arg);
+void vrpc_rndv_retry_run(struct vrpc_rndv_retry *r, void (*read_failed)(struct vrpc_rndv_in *, int, void *), void *arg);
 /* Fail every queued read of ep (-ECANCELED through read_failed) and forget
  * its queued revokes (the caller drops them): at ep's DISCONNECTED. */
 void vrpc_rndv_retry_forget(struct vrpc_rndv_retry *r, const struct vrpc_ep *ep,

@@ -147,8 +147,8 @@ uint32_t vrpc_rpc_frame_fill(struct vrpc_buf *b, const struct vrpc_wire_hdr *h, 
     return VRPC_WIRE_HDR_LEN + payload_len;
 }
 
-int vrpc_rpc_send_simple(struct vrpc_ep *ep, struct vrpc_pool *pool, const struct vrpc_wire_hdr *h,
-                         const void *payload, uint32_t payload_len, bool wait)
+int vrpc_rpc_send_simple(struct vrpc_ep *ep, struct vrpc_pool *pool, const struct vrpc_wire_hdr *h, const void *payload,
+                         uint32_t payload_len, bool wait)
 {
     struct vrpc_buf *b = vrpc_rpc_buf_get(pool, wait);
     if (!b)

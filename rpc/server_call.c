@@ -59,8 +59,8 @@ struct sconn *vrpc_srv_call_detach(struct vrpc_server_call *call, uint32_t gen, 
     int64_t arrival = __atomic_load_n(&call->arrival_ns, __ATOMIC_RELAXED);
     int64_t deadline = __atomic_load_n(&call->deadline_ns, __ATOMIC_RELAXED);
     __atomic_store_n(&call->detach_rc, rc, __ATOMIC_RELAXED); /* read after DETACHED is seen */
-    if (!__atomic_compare_exchange_n(&call->state, &w, ST_WORD(gen, CALL_RUN | CALL_DECIDED | CALL_DETACHED),
-                                     false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    if (!__atomic_compare_exchange_n(&call->state, &w, ST_WORD(gen, CALL_RUN | CALL_DECIDED | CALL_DETACHED), false,
+                                     __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
         return NULL;
     __atomic_store_n(&call->cancelled, 1, __ATOMIC_RELEASE);
     vrpc_srv_record(me, code, arrival);
@@ -108,8 +108,7 @@ int vrpc_srv_call_claim(struct vrpc_server_call *call)
             vrpc_srv_call_unref(call);
             return rc;
         }
-        if (__atomic_compare_exchange_n(&call->state, &w, w | CALL_DECIDED, false, __ATOMIC_ACQ_REL,
-                                        __ATOMIC_ACQUIRE))
+        if (__atomic_compare_exchange_n(&call->state, &w, w | CALL_DECIDED, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
             return 0;
     }
 }
@@ -143,8 +142,8 @@ static int answer_status(struct vrpc_server_call *call, enum vrpc_code code, con
     struct sconn *c = finish_call(call, code);
     int rc = -ECONNRESET;
     if (!__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE)) {
-        struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
-                                  .status = (uint32_t)code, .request_id = id};
+        struct vrpc_wire_hdr h = {
+            .version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE, .status = (uint32_t)code, .request_id = id};
         rc = vrpc_srv_conn_send_simple(c, &h, msg, msg ? (uint32_t)strlen(msg) : 0, true);
         if (rc)
             rc = -ECONNRESET;
@@ -165,8 +164,10 @@ void vrpc_srv_deadline_fired(void *ctx, uint64_t gen)
     if (c) {
         if (!__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE)) {
             static const char msg[] = "deadline exceeded while the handler ran";
-            struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
-                                      .status = VRPC_DEADLINE_EXCEEDED, .request_id = id};
+            struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION,
+                                      .type = VRPC_FT_RESPONSE,
+                                      .status = VRPC_DEADLINE_EXCEEDED,
+                                      .request_id = id};
             vrpc_srv_conn_send_simple(c, &h, msg, sizeof(msg) - 1, true);
         }
         vrpc_srv_answered(c);
@@ -199,14 +200,16 @@ void vrpc_srv_transfer_expired(void *ctx, uint64_t gen)
         if (late)
             snprintf(msg, sizeof(msg), "deadline passed while the %u-byte request was being read", len);
         else
-            snprintf(msg, sizeof(msg), "large transfer too slow: %u bytes not read in %lld ms (min_transfer_rate "
-                     "%u B/s, transfer_floor_ms %u)", len, ms, c->s->o.min_transfer_rate, c->s->o.transfer_floor_ms);
-        struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
-                                  .status = (uint32_t)code, .request_id = id};
+            snprintf(msg, sizeof(msg),
+                     "large transfer too slow: %u bytes not read in %lld ms (min_transfer_rate "
+                     "%u B/s, transfer_floor_ms %u)",
+                     len, ms, c->s->o.min_transfer_rate, c->s->o.transfer_floor_ms);
+        struct vrpc_wire_hdr h = {
+            .version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE, .status = (uint32_t)code, .request_id = id};
         if (!__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE))
             vrpc_srv_conn_send_simple(c, &h, msg, (uint32_t)strlen(msg), false);
         vrpc_srv_conn_fail(c, "large transfer too slow: %u bytes in %lld ms%s", len, ms,
-                  late ? " (the call's deadline passed)" : "");
+                           late ? " (the call's deadline passed)" : "");
         vrpc_srv_answered(c);
     }
     /* release: the read's completion may now let go of the call */
@@ -247,20 +250,22 @@ void vrpc_srv_call_task(struct vrpc_task *t)
     if (lb) {
         /* big bytes values stay in the large buffer: the arena keeps it
          * until the call is answered (finish_call / vrpc_srv_call_claim reset it) */
-        rc = vrpc_pb_unpack_ref(call->method->input, lb->data, call->len - call->md_len, s->o.max_depth,
-                                &call->arena, &req);
+        rc = vrpc_pb_unpack_ref(call->method->input, lb->data, call->len - call->md_len, s->o.max_depth, &call->arena,
+                                &req);
         if (rc)
             vrpc_lbuf_put(lb);
         else
             vrpc_arena_hold(&call->arena, lb);
     } else {
-        rc = vrpc_pb_unpack(call->method->input, call->buf + call->md_len, call->len - call->md_len,
-                            s->o.max_depth, &call->arena, &req);
+        rc = vrpc_pb_unpack(call->method->input, call->buf + call->md_len, call->len - call->md_len, s->o.max_depth,
+                            &call->arena, &req);
     }
     if (rc) {
         char msg[VRPC_STATUS_MSG_MAX];
         snprintf(msg, sizeof(msg), "request does not decode as %s: %s", call->method->input->name,
-                 rc == -ELOOP ? "nested too deeply" : rc == -ENOMEM ? "too large when decoded" : "malformed");
+                 rc == -ELOOP    ? "nested too deeply"
+                 : rc == -ENOMEM ? "too large when decoded"
+                                 : "malformed");
         if (vrpc_srv_call_claim(call) == 0)
             answer_status(call, VRPC_INVALID_ARGUMENT, msg);
         goto out;
@@ -306,7 +311,8 @@ static void hold_fired(void *ctx, uint64_t arg)
     char peer[VRPC_URI_MAX] = "?";
     vrpc_ep_peer_uri(found->b.ep, peer, sizeof(peer));
     vrpc_rpc_log("client %s held the %u-byte response of call %#llx for %u ms without reading it (no DONE); "
-                 "aborting the connection", peer, len, (unsigned long long)id, s->o.hold_timeout_ms);
+                 "aborting the connection",
+                 peer, len, (unsigned long long)id, s->o.hold_timeout_ms);
     __atomic_store_n(&found->b.dead, 1, __ATOMIC_RELEASE);
     vrpc_ep_abort(found->b.ep, -ECONNABORTED);
     vrpc_srv_sconn_unref(found);
@@ -325,8 +331,8 @@ static int response_grant_locked(struct vrpc_offer_q *q, struct vrpc_rndv_out *o
         return -ENOSPC;
     int rc = vrpc_offer_grant_locked(&c->b, o); /* -ENOTCONN when gone or dead */
     if (rc == 0)
-        vrpc_timer_arm(s->wheel, &o->hold_timer, vrpc_now_ns() + (int64_t)s->o.hold_timeout_ms * 1000000,
-                       hold_fired, s, (uint64_t)(uintptr_t)o);
+        vrpc_timer_arm(s->wheel, &o->hold_timer, vrpc_now_ns() + (int64_t)s->o.hold_timeout_ms * 1000000, hold_fired, s,
+                       (uint64_t)(uintptr_t)o);
     return rc;
 }
 
@@ -348,8 +354,10 @@ static int response_offer_done(struct vrpc_offer_q *q, struct vrpc_rndv_out *o, 
         __atomic_sub_fetch(&c->sends, 1, __ATOMIC_RELAXED); /* the frame's quota */
         if (rc != -ENOTCONN && !__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE)) {
             static const char msg[] = "a large response could not be offered";
-            struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
-                                      .status = VRPC_UNAVAILABLE, .request_id = o->p_id};
+            struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION,
+                                      .type = VRPC_FT_RESPONSE,
+                                      .status = VRPC_UNAVAILABLE,
+                                      .request_id = o->p_id};
             vrpc_srv_conn_send_simple(c, &h, msg, sizeof(msg) - 1, ctx == VRPC_SEND_WAIT);
         }
         rc = -ECONNRESET;
@@ -387,8 +395,11 @@ static int respond_large(struct vrpc_server_call *call, const ProtobufCMessage *
         vrpc_srv_answered(c);
         return -ECONNRESET;
     }
-    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE, .flags = VRPC_FF_RNDV,
-                              .request_id = id, .payload_len = plen};
+    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION,
+                              .type = VRPC_FT_RESPONSE,
+                              .flags = VRPC_FF_RNDV,
+                              .request_id = id,
+                              .payload_len = plen};
     vrpc_wire_hdr_encode(b->data, &h);
     o->p_lb = lb;
     o->p_frame = b;
@@ -419,8 +430,10 @@ int vrpc_server_call_respond(struct vrpc_server_call *call, const ProtobufCMessa
         if (limit == c->b.peer_max)
             snprintf(msg, sizeof(msg), "response of %zu bytes exceeds the client's limit of %u bytes", size, limit);
         else
-            snprintf(msg, sizeof(msg), "response of %zu bytes exceeds %u bytes, the most one frame carries on "
-                     "this connection (no large-message support on one side)", size, limit);
+            snprintf(msg, sizeof(msg),
+                     "response of %zu bytes exceeds %u bytes, the most one frame carries on "
+                     "this connection (no large-message support on one side)",
+                     size, limit);
         answer_status(call, VRPC_RESOURCE_EXHAUSTED, msg);
         return -EMSGSIZE;
     }
@@ -439,8 +452,10 @@ int vrpc_server_call_respond(struct vrpc_server_call *call, const ProtobufCMessa
     uint8_t *p = b->data;
     /* size <= client_max_payload <= eager - header = room in b: checked above */
     size_t plen = vrpc_pb_pack_sized(resp, p + VRPC_WIRE_HDR_LEN);
-    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
-                              .request_id = call->req_id, .payload_len = (uint32_t)plen};
+    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION,
+                              .type = VRPC_FT_RESPONSE,
+                              .request_id = call->req_id,
+                              .payload_len = (uint32_t)plen};
     vrpc_wire_hdr_encode(p, &h);
     /* The statistics (a clock read and four atomics) wait until the response
      * is on its way; the method entry outlives the call until vrpc_srv_answered(). */
@@ -465,10 +480,7 @@ int vrpc_server_call_fail(struct vrpc_server_call *call, enum vrpc_code code, co
     return rc ? rc : answer_status(call, code, m);
 }
 
-const struct vrpc_method_desc *vrpc_server_call_method(const struct vrpc_server_call *call)
-{
-    return call->method;
-}
+const struct vrpc_method_desc *vrpc_server_call_method(const struct vrpc_server_call *call) { return call->method; }
 
 int64_t vrpc_server_call_deadline(const struct vrpc_server_call *call) { return call->deadline_ns; }
 

@@ -66,8 +66,10 @@ struct vrpc_buf *vrpc_srv_conn_buf(struct sconn *c, bool wait)
         long long ms = (long long)((now - since) / 1000000);
         if (n > s->send_quota || ms >= (long long)s->o.send_stall_ms) {
             __atomic_sub_fetch(&c->sends, 1, __ATOMIC_RELAXED);
-            vrpc_srv_conn_fail(c, "client does not read: %u responses waiting for %lld ms (max_sends_per_conn %u, "
-                      "send_stall_ms %u)", n - 1, ms, s->send_quota, s->o.send_stall_ms);
+            vrpc_srv_conn_fail(c,
+                               "client does not read: %u responses waiting for %lld ms (max_sends_per_conn %u, "
+                               "send_stall_ms %u)",
+                               n - 1, ms, s->send_quota, s->o.send_stall_ms);
             return NULL;
         }
     }
@@ -75,7 +77,8 @@ struct vrpc_buf *vrpc_srv_conn_buf(struct sconn *c, bool wait)
     if (!b) {
         __atomic_sub_fetch(&c->sends, 1, __ATOMIC_RELAXED);
         vrpc_rpc_log("server send buffers all in use (stuck connections being closed hold at most %u each); "
-                     "a frame to a client is dropped", s->send_quota);
+                     "a frame to a client is dropped",
+                     s->send_quota);
     }
     return b;
 }
@@ -90,14 +93,14 @@ int vrpc_srv_conn_send(struct sconn *c, struct vrpc_buf *b, uint32_t len)
         __atomic_sub_fetch(&c->sends, 1, __ATOMIC_RELAXED);
         if (rc == -EAGAIN)
             vrpc_srv_conn_fail(c, "client does not read: the transport's send queue is full (%u frames out)",
-                      __atomic_load_n(&c->sends, __ATOMIC_RELAXED));
+                               __atomic_load_n(&c->sends, __ATOMIC_RELAXED));
     }
     return rc;
 }
 
 /* A header-only frame (plus a short payload) on c through its quota. */
-int vrpc_srv_conn_send_simple(struct sconn *c, const struct vrpc_wire_hdr *h, const void *payload,
-                              uint32_t payload_len, bool wait)
+int vrpc_srv_conn_send_simple(struct sconn *c, const struct vrpc_wire_hdr *h, const void *payload, uint32_t payload_len,
+                              bool wait)
 {
     struct vrpc_buf *b = vrpc_srv_conn_buf(c, wait);
     if (!b)

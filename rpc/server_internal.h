@@ -29,7 +29,6 @@
 #define RECV_CHUNK 64u
 #define SERVER_SEND_BUFS VRPC_SERVER_SEND_BUFS
 
-
 struct method_entry {
     const struct vrpc_method_desc *m;
     vrpc_handler_fn fn;
@@ -63,31 +62,31 @@ enum { XFER_NONE = 0, XFER_READING = 1, XFER_EXPIRING = 2, XFER_EXPIRED = 3 };
 struct vrpc_server_call {
     struct vrpc_task task;
     struct vrpc_server *s;
-    struct sconn *conn;   /* valid while RUN and not DETACHED (the call holds a reference) */
+    struct sconn *conn; /* valid while RUN and not DETACHED (the call holds a reference) */
     struct method_entry *me;
     const struct vrpc_method_desc *method;
-    uint64_t state;       /* atomic, see above */
-    uint32_t refs;        /* atomic */
-    uint32_t cancelled;   /* atomic: client cancel, connection loss, deadline, detach */
-    int detach_rc;        /* what a detached call's late answer returns (set before DETACHED) */
+    uint64_t state;     /* atomic, see above */
+    uint32_t refs;      /* atomic */
+    uint32_t cancelled; /* atomic: client cancel, connection loss, deadline, detach */
+    int detach_rc;      /* what a detached call's late answer returns (set before DETACHED) */
     uint64_t req_id;
     int64_t arrival_ns, deadline_ns;
-    struct vrpc_timer timer;  /* server-side deadline while the call runs */
-    uint8_t *buf;       /* copy of metadata + payload */
+    struct vrpc_timer timer; /* server-side deadline while the call runs */
+    uint8_t *buf;            /* copy of metadata + payload */
     uint32_t cap, len, md_len;
     size_t nmd;
     struct vrpc_metadata *md; /* VRPC_MD_MAX entries, allocated on first use */
     struct vrpc_arena arena;
-    struct vrpc_rndv_in in;   /* a large request payload being read (poller) */
+    struct vrpc_rndv_in in; /* a large request payload being read (poller) */
     /* The read's time limit, armed at the announcement (vrpc_srv_transfer_expired):
      * xfer is XFER_READING from then until the read is over (poller: CAS to
      * XFER_NONE) or the limit passed (timer: CAS to XFER_EXPIRING, then, once
      * it has decided the call's outcome, XFER_EXPIRED); the armed timer holds
      * a reference. */
-    uint32_t xfer;            /* atomic */
+    uint32_t xfer; /* atomic */
     int64_t xfer_start_ns;
     struct vrpc_timer xfer_timer;
-    struct vrpc_buf *req_lb;  /* the large request payload, read: unpacked then put back */
+    struct vrpc_buf *req_lb; /* the large request payload, read: unpacked then put back */
 };
 
 struct poller {
@@ -98,9 +97,9 @@ struct poller {
     struct vrpc_offer_q offers;       /* response offers of its connections waiting
                                          for a grant (lock: s->lock) */
     /* Receive buffers beyond SERVER_RECV_BUFS (poller only): */
-    uint32_t nconns;                  /* connections of this poller, accepted and not gone */
-    uint32_t extra;                   /* buffers posted for them (never unposted) */
-    struct vrpc_pool **grow;          /* pools of RECV_CHUNK buffers behind them */
+    uint32_t nconns;         /* connections of this poller, accepted and not gone */
+    uint32_t extra;          /* buffers posted for them (never unposted) */
+    struct vrpc_pool **grow; /* pools of RECV_CHUNK buffers behind them */
     uint32_t ngrow, capgrow;
 };
 
@@ -114,7 +113,7 @@ struct sconn {
     struct poller *poller;
     uint32_t ncalls;
     struct vrpc_server_call **calls; /* slot table: written by the poller only */
-    struct vrpc_rndv_out *rsp; /* ncalls: large responses until the client's DONE
+    struct vrpc_rndv_out *rsp;       /* ncalls: large responses until the client's DONE
                                   (by slot; state moves as in rpc/rndv.h) */
     /* Send quota (see vrpc_srv_conn_buf): frames handed to the transport on this
      * connection whose SEND completion has not come (atomic), and the last
@@ -126,19 +125,19 @@ struct sconn {
     struct sconn *next, *prev; /* server list, under s->lock */
     /* Lifecycle watch (vrpc_srv_conn_sweep, under s->lock): */
     int64_t accepted_ns;
-    uint32_t hello_seen;       /* atomic: the RPC HELLO arrived */
-    uint32_t calls_seen;       /* atomic: REQUEST frames received (poller writes) */
-    uint32_t sweep_calls;      /* calls_seen at sweep_ns */
-    int64_t sweep_ns;          /* last time the sweep saw it busy or active */
+    uint32_t hello_seen;  /* atomic: the RPC HELLO arrived */
+    uint32_t calls_seen;  /* atomic: REQUEST frames received (poller writes) */
+    uint32_t sweep_calls; /* calls_seen at sweep_ns */
+    int64_t sweep_ns;     /* last time the sweep saw it busy or active */
 };
 
 struct vrpc_server {
     struct vrpc_server_opts o;
     uint32_t max_payload;
     uint32_t send_quota, send_half; /* o.max_sends_per_conn and half of it */
-    struct method_entry *methods; /* registration order */
+    struct method_entry *methods;   /* registration order */
     size_t nmethods, capmethods;
-    struct method_entry **index;  /* open addressing by id, built at start */
+    struct method_entry **index; /* open addressing by id, built at start */
     uint32_t index_mask;
     bool started;
 
@@ -153,12 +152,12 @@ struct vrpc_server {
 
     struct vrpc_timer_wheel *wheel; /* hold timeouts of large responses, deadlines of
                                        calls whose handler runs */
-    pthread_mutex_t lock;  /* conns list, shutdown, grants vs DISCONNECTED */
-    struct sconn conns;    /* list head */
-    uint32_t nconns;       /* futex: sconns not yet freed */
-    uint32_t inflight;     /* futex: calls arrived and not yet answered */
-    uint32_t tasks;        /* futex: call tasks submitted and not yet finished */
-    uint32_t shutting;     /* atomic */
+    pthread_mutex_t lock;           /* conns list, shutdown, grants vs DISCONNECTED */
+    struct sconn conns;             /* list head */
+    uint32_t nconns;                /* futex: sconns not yet freed */
+    uint32_t inflight;              /* futex: calls arrived and not yet answered */
+    uint32_t tasks;                 /* futex: call tasks submitted and not yet finished */
+    uint32_t shutting;              /* atomic */
     bool shut_done;
     int shut_rc;
     struct vrpc_timer sweep; /* vrpc_srv_conn_sweep: HELLO and idle timeouts */
@@ -170,7 +169,6 @@ struct vrpc_server {
 #define ST_GEN(w) ((uint32_t)((w) >> 32))
 #define ST_FLAGS(w) ((uint32_t)(w))
 #define ST_WORD(g, f) (((uint64_t)(g) << 32) | (f))
-
 
 /* ---- shared hot helpers (inline: they run on every call) ----------------- */
 
@@ -239,8 +237,8 @@ struct vrpc_buf *vrpc_srv_conn_buf(struct sconn *c, bool wait);
 /* Send b (from vrpc_srv_conn_buf) on c, never waiting; on error b goes back. */
 int vrpc_srv_conn_send(struct sconn *c, struct vrpc_buf *b, uint32_t len);
 /* A header-only frame (plus a short payload) on c through its quota. */
-int vrpc_srv_conn_send_simple(struct sconn *c, const struct vrpc_wire_hdr *h, const void *payload,
-                              uint32_t payload_len, bool wait);
+int vrpc_srv_conn_send_simple(struct sconn *c, const struct vrpc_wire_hdr *h, const void *payload, uint32_t payload_len,
+                              bool wait);
 
 /* ---- server_call.c: a call's life ------------------------------------------ */
 

@@ -6,9 +6,10 @@
 #include "rpc/status.h"
 
 static const char *const code_names[VRPC_CODE_COUNT] = {
-    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",
-    "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
+    "OK",        "CANCELLED",       "UNKNOWN",           "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
+    "NOT_FOUND", "ALREADY_EXISTS",  "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+    "ABORTED",   "OUT_OF_RANGE",    "UNIMPLEMENTED",     "INTERNAL",           "UNAVAILABLE",
+    "DATA_LOSS", "UNAUTHENTICATED",
 };
 
 const char *vrpc_code_name(enum vrpc_code code)
@@ -31,11 +32,16 @@ uint32_t vrpc_method_id(const char *full_name)
 const char *vrpc_channel_state_name(enum vrpc_channel_state st)
 {
     switch (st) {
-    case VRPC_CHANNEL_IDLE: return "IDLE";
-    case VRPC_CHANNEL_CONNECTING: return "CONNECTING";
-    case VRPC_CHANNEL_READY: return "READY";
-    case VRPC_CHANNEL_TRANSIENT_FAILURE: return "TRANSIENT_FAILURE";
-    case VRPC_CHANNEL_SHUTDOWN: return "SHUTDOWN";
+    case VRPC_CHANNEL_IDLE:
+        return "IDLE";
+    case VRPC_CHANNEL_CONNECTING:
+        return "CONNECTING";
+    case VRPC_CHANNEL_READY:
+        return "READY";
+    case VRPC_CHANNEL_TRANSIENT_FAILURE:
+        return "TRANSIENT_FAILURE";
+    case VRPC_CHANNEL_SHUTDOWN:
+        return "SHUTDOWN";
     }
     return "UNKNOWN_STATE";
 }

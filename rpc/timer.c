@@ -39,7 +39,11 @@ static void unlink_timer(struct vrpc_timer *t)
 static void *wheel_main(void *arg)
 {
     struct vrpc_timer_wheel *w = arg;
-    struct { vrpc_timer_fn fn; void *ctx; uint64_t arg; } batch[FIRE_BATCH];
+    struct {
+        vrpc_timer_fn fn;
+        void *ctx;
+        uint64_t arg;
+    } batch[FIRE_BATCH];
 
     pthread_mutex_lock(&w->lock);
     while (!w->stop) {
@@ -124,8 +128,8 @@ void vrpc_timer_wheel_destroy(struct vrpc_timer_wheel *w)
     free(w);
 }
 
-void vrpc_timer_arm(struct vrpc_timer_wheel *w, struct vrpc_timer *t, int64_t expires_ns,
-                    vrpc_timer_fn fn, void *ctx, uint64_t arg)
+void vrpc_timer_arm(struct vrpc_timer_wheel *w, struct vrpc_timer *t, int64_t expires_ns, vrpc_timer_fn fn, void *ctx,
+                    uint64_t arg)
 {
     uint64_t tick = expires_ns <= 0 ? 0 : (uint64_t)expires_ns / w->tick_ns;
 

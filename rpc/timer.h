@@ -34,8 +34,8 @@ int vrpc_timer_wheel_create(uint32_t tick_us, struct vrpc_timer_wheel **out);
 void vrpc_timer_wheel_destroy(struct vrpc_timer_wheel *w);
 
 /* Arm t to call fn(ctx, arg) once expires_ns (CLOCK_MONOTONIC) has passed. */
-void vrpc_timer_arm(struct vrpc_timer_wheel *w, struct vrpc_timer *t, int64_t expires_ns,
-                    vrpc_timer_fn fn, void *ctx, uint64_t arg);
+void vrpc_timer_arm(struct vrpc_timer_wheel *w, struct vrpc_timer *t, int64_t expires_ns, vrpc_timer_fn fn, void *ctx,
+                    uint64_t arg);
 /* True if t was armed and is now disarmed without firing; false if it was not
  * armed or has already been taken for firing. */
 bool vrpc_timer_cancel(struct vrpc_timer_wheel *w, struct vrpc_timer *t);

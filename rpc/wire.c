@@ -95,8 +95,7 @@ int vrpc_wire_hdr_decode(const uint8_t *frame, size_t frame_len, struct vrpc_wir
     if (h.type < VRPC_FT_HELLO || h.type > VRPC_FT_MAX || (h.flags & ~VRPC_FF_KNOWN))
         return -EPROTO;
     bool rndv = h.flags & VRPC_FF_RNDV;
-    if (rndv && ((h.type != VRPC_FT_REQUEST && h.type != VRPC_FT_RESPONSE) || h.status != 0 ||
-                 h.payload_len == 0))
+    if (rndv && ((h.type != VRPC_FT_REQUEST && h.type != VRPC_FT_RESPONSE) || h.status != 0 || h.payload_len == 0))
         return -EPROTO;
     if ((uint64_t)VRPC_WIRE_HDR_LEN + h.md_len + (rndv ? VRPC_WIRE_DESC_LEN : h.payload_len) != frame_len)
         return -EPROTO;
@@ -106,8 +105,8 @@ int vrpc_wire_hdr_decode(const uint8_t *frame, size_t frame_len, struct vrpc_wir
             return -EPROTO;
         break;
     case VRPC_FT_RESPONSE:
-        if (h.request_id == 0 || h.status >= VRPC_CODE_COUNT || h.md_len != 0 ||
-            (h.flags & ~VRPC_FF_RNDV) || h.method_id != 0)
+        if (h.request_id == 0 || h.status >= VRPC_CODE_COUNT || h.md_len != 0 || (h.flags & ~VRPC_FF_RNDV) ||
+            h.method_id != 0)
             return -EPROTO;
         break;
     case VRPC_FT_CANCEL:
@@ -115,14 +114,13 @@ int vrpc_wire_hdr_decode(const uint8_t *frame, size_t frame_len, struct vrpc_wir
             return -EPROTO;
         break;
     case VRPC_FT_DONE:
-        if (h.request_id == 0 || h.flags != 0 || h.status >= VRPC_CODE_COUNT || h.method_id != 0 ||
-            h.md_len != 0 || h.payload_len != 0 || h.budget_us != 0)
+        if (h.request_id == 0 || h.flags != 0 || h.status >= VRPC_CODE_COUNT || h.method_id != 0 || h.md_len != 0 ||
+            h.payload_len != 0 || h.budget_us != 0)
             return -EPROTO;
         break;
     case VRPC_FT_HELLO:
     case VRPC_FT_HELLO_ACK:
-        if (h.request_id != 0 || h.flags != 0 || h.status != 0 || h.md_len != 0 ||
-            h.payload_len != VRPC_WIRE_HELLO_LEN)
+        if (h.request_id != 0 || h.flags != 0 || h.status != 0 || h.md_len != 0 || h.payload_len != VRPC_WIRE_HELLO_LEN)
             return -EPROTO;
         break;
     case VRPC_FT_GOAWAY:
@@ -155,8 +153,7 @@ long vrpc_wire_md_size(const struct vrpc_metadata *md, size_t n)
         return -EINVAL;
     for (size_t i = 0; i < n; i++) {
         size_t kl = md[i].key ? strlen(md[i].key) : 0;
-        if (!key_valid(md[i].key, kl) || md[i].value_len > VRPC_WIRE_MD_VAL_MAX ||
-            (md[i].value_len && !md[i].value))
+        if (!key_valid(md[i].key, kl) || md[i].value_len > VRPC_WIRE_MD_VAL_MAX || (md[i].value_len && !md[i].value))
             return -EINVAL;
         total += 4 + (long)kl + 1 + (long)md[i].value_len;
     }

@@ -33,7 +33,8 @@ enum vrpc_frame_type {
 
 /* Frame flags. Undefined bits must be zero; a receiver rejects others. */
 #define VRPC_FF_DEADLINE 0x0001u /* REQUEST: budget_us is meaningful */
-#define VRPC_FF_RNDV 0x0002u     /* REQUEST, RESPONSE with status OK: the payload stays at
+#define VRPC_FF_RNDV                                                                                                   \
+    0x0002u /* REQUEST, RESPONSE with status OK: the payload stays at
                                     the sender; a descriptor follows the metadata */
 #define VRPC_FF_KNOWN (VRPC_FF_DEADLINE | VRPC_FF_RNDV)
 
@@ -47,7 +48,7 @@ enum vrpc_frame_type {
  * milliseconds rounded up, at most 2^31 - 1 ms (24.8 days). */
 struct vrpc_wire_hdr {
     uint8_t version;
-    uint8_t type;         /* enum vrpc_frame_type */
+    uint8_t type; /* enum vrpc_frame_type */
     uint16_t flags;
     uint32_t method_id;   /* REQUEST only, else 0 */
     uint32_t status;      /* RESPONSE only (enum vrpc_code), else 0 */
@@ -103,10 +104,7 @@ int vrpc_wire_hello_decode(const uint8_t *buf, size_t len, struct vrpc_wire_hell
 
 /* Request id layout: low 32 bits the slot index, high 32 bits the slot's
  * generation (never 0, so an id is never 0). */
-static inline uint64_t vrpc_wire_make_id(uint32_t slot, uint32_t gen)
-{
-    return ((uint64_t)gen << 32) | slot;
-}
+static inline uint64_t vrpc_wire_make_id(uint32_t slot, uint32_t gen) { return ((uint64_t)gen << 32) | slot; }
 static inline uint32_t vrpc_wire_id_slot(uint64_t id) { return (uint32_t)id; }
 static inline uint32_t vrpc_wire_id_gen(uint64_t id) { return (uint32_t)(id >> 32); }
 

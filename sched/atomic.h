@@ -44,11 +44,11 @@ static inline bool vs_cas_ptr(void **p, void *old, void *v)
 static inline void *vs_fas_ptr(void **p, void *v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
 static inline void vs_fas_64(uint64_t *p, uint64_t v) { __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
 static inline void vs_faa_64(uint64_t *p, int64_t d) { __atomic_fetch_add(p, (uint64_t)d, __ATOMIC_SEQ_CST); }
-static inline uint32_t vs_faa_32(uint32_t *p, int32_t d) { return __atomic_fetch_add(p, (uint32_t)d, __ATOMIC_SEQ_CST); }
-static inline void vs_bts_64(uint64_t *p, unsigned bit)
+static inline uint32_t vs_faa_32(uint32_t *p, int32_t d)
 {
-    __atomic_fetch_or(p, UINT64_C(1) << bit, __ATOMIC_SEQ_CST);
+    return __atomic_fetch_add(p, (uint32_t)d, __ATOMIC_SEQ_CST);
 }
+static inline void vs_bts_64(uint64_t *p, unsigned bit) { __atomic_fetch_or(p, UINT64_C(1) << bit, __ATOMIC_SEQ_CST); }
 /* Clears the bit; true if this call cleared it (it was set). */
 static inline bool vs_btr_64(uint64_t *p, unsigned bit)
 {

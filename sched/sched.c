@@ -45,7 +45,7 @@ struct vrpc_worker {
     struct vrpc_task *ovf_head, *ovf_tail; /* overflow FIFO when the deque is full */
     uint64_t rng;
     uint64_t tick;
-    uint64_t spin_ns; /* current spin budget, adapted between spin_ns/4 and 4 * spin_ns */
+    uint64_t spin_ns;                        /* current spin budget, adapted between spin_ns/4 and 4 * spin_ns */
     struct vrpc_sched_producer *prod_cursor; /* round robin over producer rings */
     /* Written by the owner only (relaxed), read by anyone. */
     uint64_t executed, stolen, parked, woken;
@@ -97,8 +97,7 @@ static void ec_wait32(const struct ck_ec_wait_state *st, const uint32_t *addr, u
                       const struct timespec *deadline)
 {
     (void)st;
-    syscall(SYS_futex, addr, FUTEX_WAIT_BITSET | FUTEX_PRIVATE_FLAG, expected, deadline, NULL,
-            FUTEX_BITSET_MATCH_ANY);
+    syscall(SYS_futex, addr, FUTEX_WAIT_BITSET | FUTEX_PRIVATE_FLAG, expected, deadline, NULL, FUTEX_BITSET_MATCH_ANY);
 }
 
 static void ec_wake32(const struct ck_ec_ops *ops, const uint32_t *addr)
@@ -201,10 +200,7 @@ static void wake_if_needed(struct vrpc_sched *s)
         wake_one(s);
 }
 
-static inline void stat_inc(uint64_t *c)
-{
-    vs_store_stat(c, vs_load_stat(c) + 1);
-}
+static inline void stat_inc(uint64_t *c) { vs_store_stat(c, vs_load_stat(c) + 1); }
 
 /* ---- a worker's local queues -------------------------------------------- */
 
@@ -553,8 +549,7 @@ int vrpc_sched_create(const struct vrpc_sched_config *cfg, struct vrpc_sched **o
     if (s->cfg.spin_us == 0)
         s->cfg.spin_us = 50;
     pthread_mutex_init(&s->prod_lock, NULL);
-    if (s->cfg.nworkers > MAX_WORKERS || s->cfg.deque_size < 2 ||
-        (s->cfg.deque_size & (s->cfg.deque_size - 1)) != 0) {
+    if (s->cfg.nworkers > MAX_WORKERS || s->cfg.deque_size < 2 || (s->cfg.deque_size & (s->cfg.deque_size - 1)) != 0) {
         rc = -EINVAL;
         goto fail;
     }
@@ -603,7 +598,7 @@ static void drain(struct vrpc_sched *s)
     struct vrpc_task *t;
 
     memset(s->idle, 0, s->nidle_words * sizeof(*s->idle)); /* nobody to wake */
-    for (unsigned i = 1; i < s->n; i++) { /* adopt the private overflow lists */
+    for (unsigned i = 1; i < s->n; i++) {                  /* adopt the private overflow lists */
         while ((t = s->w[i].ovf_head)) {
             s->w[i].ovf_head = t->next;
             ovf_push(w0, t);
@@ -631,7 +626,8 @@ void vrpc_sched_destroy(struct vrpc_sched *s)
     if (!s)
         return;
     if (tls_worker && tls_worker->s == s) {
-        vrpc_log(VRPC_LOG_ERROR, "sched", "vrpc_sched_destroy: called from one of its own workers (it would join itself)");
+        vrpc_log(VRPC_LOG_ERROR, "sched",
+                 "vrpc_sched_destroy: called from one of its own workers (it would join itself)");
         abort();
     }
     vs_store_32(&s->stopping, 1);
@@ -749,7 +745,7 @@ int vrpc_sched_producer_submit(struct vrpc_sched_producer *p, struct vrpc_task *
         vrpc_inject_push(&s->inject, t);
     if (s->asym_fence)
         ck_pr_barrier(); /* compiler only: a parking worker's membarrier() fences us */
-    else /* the store publishing t before the idle-bit loads (store-load, pairs with idle_wait) */
+    else                 /* the store publishing t before the idle-bit loads (store-load, pairs with idle_wait) */
         ck_pr_fence_store_load();
     if (any_idle(s))
         wake_if_needed(s);
@@ -771,10 +767,7 @@ int vrpc_sched_current_worker(const struct vrpc_sched *s)
     return (w && w->s == s) ? (int)w->idx : -1;
 }
 
-unsigned vrpc_sched_nworkers(const struct vrpc_sched *s)
-{
-    return s ? s->n : 0;
-}
+unsigned vrpc_sched_nworkers(const struct vrpc_sched *s) { return s ? s->n : 0; }
 
 int vrpc_sched_worker_stats(const struct vrpc_sched *s, unsigned worker, struct vrpc_sched_worker_stats *out)
 {

@@ -30,8 +30,8 @@ static inline int vrpc_test_verbs_addrs(const char *setup, const char **server, 
     if (!s || !*s || !c || !*c) {
         printf("SKIP: verbs set-up '%s' needs %s naming RDMA-capable addresses "
                "(tests/softroce/run.sh sets them)\n",
-               setup, strcmp(setup, "single") ? "VRPC_VERBS_IP_A (client) and VRPC_VERBS_IP_B (server)"
-                                              : "VRPC_VERBS_IP");
+               setup,
+               strcmp(setup, "single") ? "VRPC_VERBS_IP_A (client) and VRPC_VERBS_IP_B (server)" : "VRPC_VERBS_IP");
         return -ENOENT;
     }
     *server = s;

@@ -88,8 +88,8 @@ void vrpc_grant_release(struct vrpc_grant_table *t, struct vrpc_grant *g)
     pthread_mutex_unlock(&t->mu);
 }
 
-int vrpc_grant_new_locked(struct vrpc_grant_table *t, struct vrpc_grant_ep *ep, const struct vrpc_seg *segs,
-                          unsigned n, uint32_t len, uint32_t *rkey)
+int vrpc_grant_new_locked(struct vrpc_grant_table *t, struct vrpc_grant_ep *ep, const struct vrpc_seg *segs, unsigned n,
+                          uint32_t len, uint32_t *rkey)
 {
     struct vrpc_grant *g;
     uint32_t idx;

@@ -25,24 +25,24 @@ enum { VRPC_GRANT_FREE, VRPC_GRANT_LIVE, VRPC_GRANT_REVOKING, VRPC_GRANT_DONE, V
 
 /* The per-endpoint part, embedded in the backend's endpoint (under mu). */
 struct vrpc_grant_ep {
-    bool granted_any;  /* ever granted: teardown scans the table only then */
-    uint32_t ngrants;  /* grants not freed yet */
+    bool granted_any; /* ever granted: teardown scans the table only then */
+    uint32_t ngrants; /* grants not freed yet */
 };
 
 /* Grant table entry (transport-wide, under the table's mu). */
 struct vrpc_grant {
-    struct vrpc_buf cpl;   /* carries the REVOKE completion (the backend fills it) */
+    struct vrpc_buf cpl;      /* carries the REVOKE completion (the backend fills it) */
     struct vrpc_grant_ep *ep; /* the only endpoint whose peer may use the key */
-    const char *addr;      /* where the window starts for the peer (segs[0]) */
-    uint32_t len;          /* window length: the sum of the segments */
+    const char *addr;         /* where the window starts for the peer (segs[0]) */
+    uint32_t len;             /* window length: the sum of the segments */
     uint32_t nsegs;
     struct vrpc_seg segs[VRPC_GRANT_SEGS_MAX]; /* set at grant, read by jobs holding a reference */
-    uint32_t refs;         /* read jobs streaming from it */
-    uint32_t idx;          /* its own index */
-    uint32_t next_free;    /* index + 1 of the next free entry, 0: none */
-    uint8_t gen;           /* key = index << 8 | gen, gen never 0 */
+    uint32_t refs;                             /* read jobs streaming from it */
+    uint32_t idx;                              /* its own index */
+    uint32_t next_free;                        /* index + 1 of the next free entry, 0: none */
+    uint8_t gen;                               /* key = index << 8 | gen, gen never 0 */
     uint8_t state;
-    int status;            /* of the REVOKE completion, once revoked */
+    int status; /* of the REVOKE completion, once revoked */
     uint64_t wr_id;
 };
 
@@ -80,8 +80,8 @@ void vrpc_grant_table_destroy(struct vrpc_grant_table *t);
  * its grants dead either comes after and sees this one, or was seen): a grant
  * of the window segs[0..n) (len bytes in all; checked by the core) on ep.
  * 0 and *rkey, -ENOSPC (the table or ep's limit is full) or -ENOMEM. */
-int vrpc_grant_new_locked(struct vrpc_grant_table *t, struct vrpc_grant_ep *ep, const struct vrpc_seg *segs,
-                          unsigned n, uint32_t len, uint32_t *rkey);
+int vrpc_grant_new_locked(struct vrpc_grant_table *t, struct vrpc_grant_ep *ep, const struct vrpc_seg *segs, unsigned n,
+                          uint32_t len, uint32_t *rkey);
 /* mu held, the endpoint checked not dead under it: revoke ep's live grant
  * rkey; its completion comes once no job streams from it. 0 or -EINVAL. */
 int vrpc_grant_revoke_locked(struct vrpc_grant_table *t, struct vrpc_grant_ep *ep, uint32_t rkey, uint64_t wr_id);

@@ -16,9 +16,9 @@ struct vrpc_pool {
     struct vrpc_mr *mr;
     void *mem;
     uint32_t count;
-    _Atomic uint64_t head;    /* tag << 32 | index of the top free buffer */
-    atomic_uint avail;        /* statistics only */
-    _Atomic uint32_t *next;   /* next[i]: index below buffer i on the stack */
+    _Atomic uint64_t head;  /* tag << 32 | index of the top free buffer */
+    atomic_uint avail;      /* statistics only */
+    _Atomic uint32_t *next; /* next[i]: index below buffer i on the stack */
     struct vrpc_buf *bufs;
 };
 
@@ -29,8 +29,7 @@ static void push(struct vrpc_pool *p, uint32_t idx)
         atomic_store_explicit(&p->next[idx], (uint32_t)h, memory_order_relaxed);
         nh = ((h >> 32) + 1) << 32 | idx;
         /* release: next[idx] and the buffer's contents are visible to the popper. */
-    } while (!atomic_compare_exchange_weak_explicit(&p->head, &h, nh, memory_order_release,
-                                                    memory_order_relaxed));
+    } while (!atomic_compare_exchange_weak_explicit(&p->head, &h, nh, memory_order_release, memory_order_relaxed));
     atomic_fetch_add_explicit(&p->avail, 1, memory_order_relaxed);
 }
 
@@ -45,8 +44,7 @@ static uint32_t pop(struct vrpc_pool *p)
         /* next[idx] may be stale if idx was popped meanwhile: then the tag
          * changed and the CAS below fails. */
         nh = ((h >> 32) + 1) << 32 | atomic_load_explicit(&p->next[idx], memory_order_relaxed);
-    } while (!atomic_compare_exchange_weak_explicit(&p->head, &h, nh, memory_order_acquire,
-                                                    memory_order_acquire));
+    } while (!atomic_compare_exchange_weak_explicit(&p->head, &h, nh, memory_order_acquire, memory_order_acquire));
     atomic_fetch_sub_explicit(&p->avail, 1, memory_order_relaxed);
     return idx;
 }

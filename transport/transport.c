@@ -45,15 +45,24 @@ static void apply_defaults(struct vrpc_transport_attr *a, const struct vrpc_tran
     struct vrpc_transport_attr d;
     vrpc_transport_attr_init(&d);
     *a = in ? *in : d;
-    if (!a->eager_size) a->eager_size = d.eager_size;
-    if (!a->credits) a->credits = d.credits;
-    if (a->credits > 65535) a->credits = 65535;
-    if (!a->max_queued) a->max_queued = d.max_queued;
-    if (!a->idle_timeout_ms) a->idle_timeout_ms = d.idle_timeout_ms;
-    if (!a->connect_timeout_ms) a->connect_timeout_ms = d.connect_timeout_ms;
-    if (!a->read_window) a->read_window = d.read_window;
-    if (!a->max_pinned) a->max_pinned = d.max_pinned;
-    if (!a->credit_timeout_ms) a->credit_timeout_ms = a->idle_timeout_ms;
+    if (!a->eager_size)
+        a->eager_size = d.eager_size;
+    if (!a->credits)
+        a->credits = d.credits;
+    if (a->credits > 65535)
+        a->credits = 65535;
+    if (!a->max_queued)
+        a->max_queued = d.max_queued;
+    if (!a->idle_timeout_ms)
+        a->idle_timeout_ms = d.idle_timeout_ms;
+    if (!a->connect_timeout_ms)
+        a->connect_timeout_ms = d.connect_timeout_ms;
+    if (!a->read_window)
+        a->read_window = d.read_window;
+    if (!a->max_pinned)
+        a->max_pinned = d.max_pinned;
+    if (!a->credit_timeout_ms)
+        a->credit_timeout_ms = a->idle_timeout_ms;
 }
 
 /* The backend (or layer) whose name is the first len bytes of name; a
@@ -96,8 +105,7 @@ int vrpc_transport_scheme_check(const char *scheme)
     return low && !low->layer ? 0 : -ENOENT;
 }
 
-int vrpc_transport_create(const char *name, const struct vrpc_transport_attr *attr,
-                          struct vrpc_transport **out)
+int vrpc_transport_create(const char *name, const struct vrpc_transport_attr *attr, struct vrpc_transport **out)
 {
     const struct vrpc_transport_ops *ops = NULL;
     struct vrpc_transport_attr a;
@@ -176,25 +184,13 @@ void vrpc_transport_destroy(struct vrpc_transport *tp)
     tp->ops->tp_destroy(tp);
 }
 
-const char *vrpc_transport_name(const struct vrpc_transport *tp)
-{
-    return tp->name;
-}
+const char *vrpc_transport_name(const struct vrpc_transport *tp) { return tp->name; }
 
-uint32_t vrpc_transport_caps(const struct vrpc_transport *tp)
-{
-    return tp->caps;
-}
+uint32_t vrpc_transport_caps(const struct vrpc_transport *tp) { return tp->caps; }
 
-uint32_t vrpc_transport_headroom(const struct vrpc_transport *tp)
-{
-    return tp->headroom;
-}
+uint32_t vrpc_transport_headroom(const struct vrpc_transport *tp) { return tp->headroom; }
 
-uint32_t vrpc_transport_eager_size(const struct vrpc_transport *tp)
-{
-    return tp->attr.eager_size;
-}
+uint32_t vrpc_transport_eager_size(const struct vrpc_transport *tp) { return tp->attr.eager_size; }
 
 /* ---- memory ----------------------------------------------------------------- */
 
@@ -213,10 +209,7 @@ void vrpc_mr_dereg(struct vrpc_mr *mr)
         mr->tp->ops->mr_dereg(mr);
 }
 
-uint32_t vrpc_mr_rkey(const struct vrpc_mr *mr)
-{
-    return mr->rkey;
-}
+uint32_t vrpc_mr_rkey(const struct vrpc_mr *mr) { return mr->rkey; }
 
 /* ---- CQ and its poller ----------------------------------------------------- */
 
@@ -230,7 +223,7 @@ void vrpc_cq_attr_init(struct vrpc_cq_attr *attr)
 
 /* Poller only: the poller is the one writer of cq->counts, so a relaxed
  * load and store count without a locked instruction. */
-#define COUNT(field, v)                                                                                        \
+#define COUNT(field, v)                                                                                                \
     atomic_store_explicit(&(field), atomic_load_explicit(&(field), memory_order_relaxed) + (v), memory_order_relaxed)
 
 _Static_assert(VRPC_WC_REVOKE < VRPC_WC_OPS && !(VRPC_WC_OPS & (VRPC_WC_OPS - 1)),
@@ -357,8 +350,8 @@ void vrpc_transport_counters(const struct vrpc_transport *ctp, struct vrpc_trans
     out->grants = atomic_load_explicit(&tp->grants, memory_order_relaxed);
     out->credit_waits = atomic_load_explicit(&tp->credit_waits, memory_order_relaxed);
     /* a DISCONNECTED counted before its connect's increment is read: no wrap */
-    out->connections = out->accepted + out->connected > out->disconnected
-                           ? out->accepted + out->connected - out->disconnected : 0;
+    out->connections =
+        out->accepted + out->connected > out->disconnected ? out->accepted + out->connected - out->disconnected : 0;
     vrpc_lbuf_stats(tp, &pinned, &in_use);
     out->pinned_bytes = pinned;
     out->large_in_use_bytes = in_use;
@@ -379,8 +372,10 @@ int vrpc_cq_create(struct vrpc_transport *tp, const struct vrpc_cq_attr *attr, s
     if (!tp || !attr || !attr->cb || !out)
         return -EINVAL;
     a = *attr;
-    if (!a.depth) a.depth = 64;
-    if (!a.max_recv) a.max_recv = 4096;
+    if (!a.depth)
+        a.depth = 64;
+    if (!a.max_recv)
+        a.max_recv = 4096;
     snprintf(name, sizeof name, "%s", a.name ? a.name : "vrpc-cq");
     a.name = NULL;
     rc = tp->ops->cq_create(tp, &a, &cq);
@@ -496,13 +491,9 @@ int vrpc_listener_uri(const struct vrpc_listener *l, char *buf, size_t len)
     return 0;
 }
 
-void vrpc_ep_attr_init(struct vrpc_ep_attr *attr)
-{
-    memset(attr, 0, sizeof *attr);
-}
+void vrpc_ep_attr_init(struct vrpc_ep_attr *attr) { memset(attr, 0, sizeof *attr); }
 
-int vrpc_connect(struct vrpc_transport *tp, const char *uri, const struct vrpc_ep_attr *attr,
-                 struct vrpc_ep **out)
+int vrpc_connect(struct vrpc_transport *tp, const char *uri, const struct vrpc_ep_attr *attr, struct vrpc_ep **out)
 {
     struct vrpc_addr dst, src;
     int rc;
@@ -539,8 +530,7 @@ void vrpc_ep_unref(struct vrpc_ep *ep)
         ep->tp->ops->ep_free(ep);
 }
 
-int vrpc_ep_send(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t len, uint32_t imm, uint64_t wr_id,
-                 unsigned flags)
+int vrpc_ep_send(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t len, uint32_t imm, uint64_t wr_id, unsigned flags)
 {
     if (!ep || !buf || len > buf->cap || flags)
         return -EINVAL;
@@ -549,8 +539,8 @@ int vrpc_ep_send(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t len, uint32_
     return ep->tp->ops->send(ep, buf, len, imm, wr_id, flags);
 }
 
-int vrpc_ep_read(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t off, uint32_t len, uint64_t raddr,
-                 uint32_t rkey, uint64_t wr_id)
+int vrpc_ep_read(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t off, uint32_t len, uint64_t raddr, uint32_t rkey,
+                 uint64_t wr_id)
 {
     if (!ep || !buf || !buf->mr || len == 0 || off > buf->cap || len > buf->cap - off)
         return -EINVAL;
@@ -622,20 +612,11 @@ void vrpc_ep_destroy(struct vrpc_ep *ep)
     vrpc_ep_unref(ep);
 }
 
-void *vrpc_ep_user(const struct vrpc_ep *ep)
-{
-    return ep->user;
-}
+void *vrpc_ep_user(const struct vrpc_ep *ep) { return ep->user; }
 
-void vrpc_ep_set_user(struct vrpc_ep *ep, void *user)
-{
-    ep->user = user;
-}
+void vrpc_ep_set_user(struct vrpc_ep *ep, void *user) { ep->user = user; }
 
-uint32_t vrpc_ep_eager_size(const struct vrpc_ep *ep)
-{
-    return ep->eager;
-}
+uint32_t vrpc_ep_eager_size(const struct vrpc_ep *ep) { return ep->eager; }
 
 int vrpc_ep_peer_uri(const struct vrpc_ep *ep, char *buf, size_t len)
 {
@@ -645,7 +626,4 @@ int vrpc_ep_peer_uri(const struct vrpc_ep *ep, char *buf, size_t len)
     return 0;
 }
 
-struct vrpc_cq *vrpc_ep_cq(const struct vrpc_ep *ep)
-{
-    return ep->cq;
-}
+struct vrpc_cq *vrpc_ep_cq(const struct vrpc_ep *ep) { return ep->cq; }

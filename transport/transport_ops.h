@@ -63,8 +63,8 @@ struct vrpc_transport {
      * and the counters of paths any thread takes (atomic read-modify-write,
      * off the small-message path: queued sends, connects, grants). */
     pthread_mutex_t cq_mu;
-    struct vrpc_cq *cqs;             /* under cq_mu, linked through vrpc_cq.next */
-    struct vrpc_cq_counts retired;   /* under cq_mu */
+    struct vrpc_cq *cqs;           /* under cq_mu, linked through vrpc_cq.next */
+    struct vrpc_cq_counts retired; /* under cq_mu */
     _Atomic uint64_t credit_waits, connects, grants;
 };
 
@@ -73,10 +73,10 @@ struct vrpc_cq {
     struct vrpc_cq_attr attr; /* defaults applied; attr.name not kept */
     pthread_t thread;
     bool thread_started;
-    atomic_bool stopping; /* set by vrpc_cq_destroy, read by the poller */
-    struct vrpc_wc *wc;   /* attr.depth entries, poller only */
+    atomic_bool stopping;         /* set by vrpc_cq_destroy, read by the poller */
+    struct vrpc_wc *wc;           /* attr.depth entries, poller only */
     struct vrpc_cq_counts counts; /* see struct vrpc_cq_counts */
-    struct vrpc_cq *next; /* the transport's list (under tp->cq_mu) */
+    struct vrpc_cq *next;         /* the transport's list (under tp->cq_mu) */
 };
 
 struct vrpc_listener {
@@ -88,8 +88,8 @@ struct vrpc_ep {
     struct vrpc_transport *tp;
     struct vrpc_cq *cq;
     void *user;
-    uint32_t eager;       /* negotiated */
-    atomic_int refs;      /* user's + transport's; at 0 ops->ep_free */
+    uint32_t eager;  /* negotiated */
+    atomic_int refs; /* user's + transport's; at 0 ops->ep_free */
     char peer_uri[VRPC_URI_MAX];
 };
 
@@ -144,8 +144,7 @@ struct vrpc_transport_ops {
 
     /* access has VRPC_ACCESS_REMOTE_READ only with VRPC_TP_CAP_REMOTE_READ
      * (the core checks). */
-    int (*mr_reg)(struct vrpc_transport *tp, void *addr, size_t len, unsigned access,
-                  struct vrpc_mr **out);
+    int (*mr_reg)(struct vrpc_transport *tp, void *addr, size_t len, unsigned access, struct vrpc_mr **out);
     void (*mr_dereg)(struct vrpc_mr *mr);
 
     /* Allocate the backend CQ (base first, base.tp/attr set by the core after).
@@ -176,10 +175,9 @@ struct vrpc_transport_ops {
     /* src may be NULL. On success the endpoint has refs == 2 (user + transport). */
     int (*connect)(struct vrpc_transport *tp, const struct vrpc_addr *dst, const struct vrpc_addr *src,
                    const struct vrpc_ep_attr *attr, struct vrpc_ep **out);
-    int (*send)(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t len, uint32_t imm, uint64_t wr_id,
-                unsigned flags);
-    int (*read)(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t off, uint32_t len, uint64_t raddr,
-                uint32_t rkey, uint64_t wr_id);
+    int (*send)(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t len, uint32_t imm, uint64_t wr_id, unsigned flags);
+    int (*read)(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t off, uint32_t len, uint64_t raddr, uint32_t rkey,
+                uint64_t wr_id);
     /* vrpc_ep_grant / vrpc_ep_revoke (contracts in transport.h). */
     int (*grant)(struct vrpc_ep *ep, struct vrpc_mr *mr, const void *addr, uint32_t len, uint32_t *rkey);
     int (*revoke)(struct vrpc_ep *ep, uint32_t rkey, uint64_t wr_id);
@@ -198,15 +196,13 @@ struct vrpc_transport_ops {
 };
 
 /* The table's optional member m, or NULL when absent (beyond ops->size). */
-#define VRPC_TP_OP(ops, m)                                                                                   \
-    ((ops)->size >= offsetof(struct vrpc_transport_ops, m) + sizeof((ops)->m) ? (ops)->m : NULL)
+#define VRPC_TP_OP(ops, m) ((ops)->size >= offsetof(struct vrpc_transport_ops, m) + sizeof((ops)->m) ? (ops)->m : NULL)
 
 /* Drop one reference (e.g. the transport's, from a backend error path of an
  * endpoint never handed out); frees through ops->ep_free at zero. */
 void vrpc_ep_unref(struct vrpc_ep *ep);
 /* Initialise the base of a new endpoint with refs references. */
-void vrpc_ep_base_init(struct vrpc_ep *ep, struct vrpc_transport *tp, struct vrpc_cq *cq, void *user,
-                       int refs);
+void vrpc_ep_base_init(struct vrpc_ep *ep, struct vrpc_transport *tp, struct vrpc_cq *cq, void *user, int refs);
 
 /* A backend queued a send for lack of credits (one call per queued send;
  * any thread). Counted in vrpc_transport_counters' credit_waits. */

@@ -138,8 +138,8 @@ static inline void vrpc_bench_json_num(const char *key, double v)
 
 /* One result line. extra_json: NULL, or more members without braces or a
  * leading comma (e.g. "\"workers\":2"); shown as-is after the table columns. */
-static inline void vrpc_bench_report(const struct vrpc_bench_opts *o, const char *name, double ops_per_s,
-                                     double p50_us, double p99_us, const char *extra_json)
+static inline void vrpc_bench_report(const struct vrpc_bench_opts *o, const char *name, double ops_per_s, double p50_us,
+                                     double p99_us, const char *extra_json)
 {
     if (o->json) {
         printf("{\"name\":\"%s\"", name);

@@ -39,7 +39,7 @@ static struct {
     bool no_spin, duration_set;
     const char *payloads; /* --payload LIST: the large-message mode */
     unsigned rounds;
-    bool split;           /* placement: client side on ccpu, server side on scpu */
+    bool split; /* placement: client side on ccpu, server side on scpu */
     int ccpu, scpu;
 } g = {.backend = "tcp", .duration_ms = 1000, .size = 32, .rounds = 3, .ccpu = -1, .scpu = -1};
 
@@ -75,8 +75,8 @@ static const char *round_field(unsigned round)
 
 static const char *extra(unsigned size, unsigned outstanding, const char *more)
 {
-    snprintf(g_extra, sizeof(g_extra), "\"backend\":\"%s\",\"payload\":%u,\"outstanding\":%u%s%s", g.backend,
-             size, outstanding, more ? "," : "", more ? more : "");
+    snprintf(g_extra, sizeof(g_extra), "\"backend\":\"%s\",\"payload\":%u,\"outstanding\":%u%s%s", g.backend, size,
+             outstanding, more ? "," : "", more ? more : "");
     return g_extra;
 }
 
@@ -259,10 +259,10 @@ struct tp {
     struct vrpc_cq *cq;
     struct vrpc_pool *pool;
     struct vrpc_listener *l;
-    struct vrpc_ep *ep;      /* client side */
-    struct vrpc_ep *acc;     /* server side */
+    struct vrpc_ep *ep;  /* client side */
+    struct vrpc_ep *acc; /* server side */
     bool server;
-    uint32_t got;            /* futex: client got its echo */
+    uint32_t got; /* futex: client got its echo */
 };
 
 static void tp_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, void *arg)
@@ -306,7 +306,7 @@ static void tp_open(struct tp *t, bool server, int cpu)
     ca.cb = tp_cb;
     ca.cb_arg = t;
     ca.busy_poll_us = g.no_spin ? 0 : VRPC_RPC_BUSY_POLL_US; /* as the RPC core's pollers */
-    ca.cpu = cpu;                         /* as the RPC core's pollers are placed */
+    ca.cpu = cpu;                                            /* as the RPC core's pollers are placed */
     if (vrpc_cq_create(t->t, &ca, &t->cq))
         exit(1);
     for (int i = 0; i < 64; i++) {
@@ -530,7 +530,8 @@ static int role_client(void)
     vrpc_channel_destroy(ch);
     if (lat && g.calls) { /* on stderr: callgrind.sh passes stdout on */
         struct vrpc_bench_samples s = {.v = lat, .n = g.calls, .cap = g.calls, .sorted = false};
-        fprintf(stderr, "rpc_bench client: %lu calls of %u B, p10 %.2f p25 %.2f p50 %.2f p75 %.2f p90 %.2f p99 %.2f us\n",
+        fprintf(stderr,
+                "rpc_bench client: %lu calls of %u B, p10 %.2f p25 %.2f p50 %.2f p75 %.2f p90 %.2f p99 %.2f us\n",
                 g.calls, g.size, vrpc_bench_pct_us(&s, 10), vrpc_bench_pct_us(&s, 25), vrpc_bench_pct_us(&s, 50),
                 vrpc_bench_pct_us(&s, 75), vrpc_bench_pct_us(&s, 90), vrpc_bench_pct_us(&s, 99));
     }
@@ -593,8 +594,7 @@ static int set_placement(const char *pl)
         if (second < 0)
             return 0; /* one CPU: nothing to split */
         g.ccpu = first, g.scpu = second;
-    } else if (sscanf(pl, "%d,%d", &g.ccpu, &g.scpu) != 2 || g.ccpu < 0 || g.scpu < 0 || g.ccpu > 63 ||
-               g.scpu > 63) {
+    } else if (sscanf(pl, "%d,%d", &g.ccpu, &g.scpu) != 2 || g.ccpu < 0 || g.scpu < 0 || g.ccpu > 63 || g.scpu > 63) {
         return -1;
     }
     g.split = true;
@@ -675,10 +675,16 @@ int main(int argc, char **argv)
         }
     }
     if (g.payloads) {
-        struct rpc_bench_large_cfg lc = {.bo = &g.bo, .backend = g.backend, .server_ip = g.server_ip,
-                                         .client_ip = g.client_ip, .payloads = g.payloads,
-                                         .duration_ms = g.duration_set ? g.duration_ms : g.bo.quick ? 300 : 1000,
-                                         .ccpu = g.split ? g.ccpu : -1, .scpu = g.split ? g.scpu : -1,
+        struct rpc_bench_large_cfg lc = {.bo = &g.bo,
+                                         .backend = g.backend,
+                                         .server_ip = g.server_ip,
+                                         .client_ip = g.client_ip,
+                                         .payloads = g.payloads,
+                                         .duration_ms = g.duration_set ? g.duration_ms
+                                                        : g.bo.quick   ? 300
+                                                                       : 1000,
+                                         .ccpu = g.split ? g.ccpu : -1,
+                                         .scpu = g.split ? g.scpu : -1,
                                          .no_spin = g.no_spin};
         return rpc_bench_large(&lc);
     }
@@ -692,8 +698,10 @@ int main(int argc, char **argv)
     bool tcp = !strcmp(g.backend, "tcp");
     char pl[256];
     if (g.split)
-        snprintf(pl, sizeof(pl), "split: client side (caller, channel poller and workers; transport client; "
-                 "gRPC client) on CPU %d, server side on CPU %d", g.ccpu, g.scpu);
+        snprintf(pl, sizeof(pl),
+                 "split: client side (caller, channel poller and workers; transport client; "
+                 "gRPC client) on CPU %d, server side on CPU %d",
+                 g.ccpu, g.scpu);
     else
         snprintf(pl, sizeof(pl), "none: threads unpinned");
     if (g.bo.json)
@@ -783,8 +791,8 @@ int main(int argc, char **argv)
         printf("\nissue 5 targets (%s, median of %u rounds; placement %s):\n", g.backend, g.rounds, pl);
         for (int k = 0; k < 6; k++)
             if (rt[k].have)
-                printf("  %-52s %6.2f  target %s %.1f  %s\n", rt[k].what, rt[k].med, rt[k].at_most ? "<=" : ">=",
-                       rt[k].target,
+                printf("  %-52s %6.2f  target %s %.1f  %s\n", rt[k].what, rt[k].med,
+                       rt[k].at_most ? "<=" : ">=", rt[k].target,
                        (rt[k].at_most ? rt[k].med <= rt[k].target : rt[k].med >= rt[k].target) ? "met" : "MISSED");
         if (!rt[2].have && tcp)
             printf("  (gRPC ratios need grpc_echo_bench)\n");

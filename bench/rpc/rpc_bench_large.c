@@ -43,11 +43,11 @@ static struct vrpc_method_desc m_echo = {"/vrpctest.Test/Echo", 0, &vrpctest__ec
                                          &vrpctest__echo_reply__descriptor, NULL};
 
 static const struct rpc_bench_large_cfg *C;
-static uint8_t *g_data;            /* the pattern; the sources below are copies of it */
-static uint8_t *g_src[MAX_OUT];    /* one per outstanding call (its seq in front) */
+static uint8_t *g_data;         /* the pattern; the sources below are copies of it */
+static uint8_t *g_src[MAX_OUT]; /* one per outstanding call (its seq in front) */
 static int ROUNDS = 3;
-static int g_full;                 /* atomic: check every byte (warm-up) */
-static uint64_t g_bad;             /* atomic: payloads that failed the check */
+static int g_full;     /* atomic: check every byte (warm-up) */
+static uint64_t g_bad; /* atomic: payloads that failed the check */
 
 static uint8_t pat(size_t i) { return (uint8_t)(i * 131 + 7); }
 
@@ -426,7 +426,8 @@ int rpc_bench_large(const struct rpc_bench_large_cfg *cfg)
                cfg->ccpu >= 0 ? "split" : "none", cfg->ccpu, cfg->scpu, ROUNDS);
     else if (cfg->ccpu >= 0)
         printf("placement split: client side (caller, channel threads, stream sender) on CPU %d, server side "
-               "(server threads, stream sink) on CPU %d; %d alternating rounds\n", cfg->ccpu, cfg->scpu, ROUNDS);
+               "(server threads, stream sink) on CPU %d; %d alternating rounds\n",
+               cfg->ccpu, cfg->scpu, ROUNDS);
     else
         printf("placement none: threads unpinned; %d alternating rounds\n", ROUNDS);
     if (!cfg->bo->json)
@@ -469,11 +470,12 @@ int rpc_bench_large(const struct rpc_bench_large_cfg *cfg)
         }
     }
     if (cfg->bo->json)
-        printf("{\"name\":\"summary:large_%s\",\"ops_per_s\":null,\"p50_us\":null,\"p99_us\":null,%s}\n",
-               cfg->backend, summary);
+        printf("{\"name\":\"summary:large_%s\",\"ops_per_s\":null,\"p50_us\":null,\"p99_us\":null,%s}\n", cfg->backend,
+               summary);
     else
         printf("summary (large, %s): %s\ntarget: >= 0.70 of the TCP stream at 1 MiB and above (verbs: >= 0.80 of "
-               "ib_read_bw, bench/softroce)\n", cfg->backend, summary);
+               "ib_read_bw, bench/softroce)\n",
+               cfg->backend, summary);
     vrpc_channel_destroy(ch);
     vrpc_server_destroy(srv);
     free(g_data);

@@ -266,7 +266,7 @@ struct lat_task {
     struct vrpc_task t;
     uint64_t t0;
 };
-static uint64_t lat_ns;  /* written by the task */
+static uint64_t lat_ns; /* written by the task */
 static uint32_t lat_done;
 
 static void lat_fn(struct vrpc_task *t)
@@ -483,7 +483,7 @@ int main(int argc, char **argv)
     unsigned rounds = opts.quick ? 1 : 5;
     unsigned lat_n = opts.quick ? 300 : 3000;
     unsigned lat_awake_n = opts.quick ? 3000 : 50000;
-    uint64_t gap = 300000; /* 300 us between wake samples: workers spin 50 us, then park */
+    uint64_t gap = 300000;                          /* 300 us between wake samples: workers spin 50 us, then park */
     unsigned lat_workers = ncpu > 1 ? ncpu - 1 : 1; /* leave the submitter a CPU */
 
     struct vrpc_task *tasks = malloc(submit_n * sizeof(*tasks));
@@ -505,14 +505,14 @@ int main(int argc, char **argv)
     }
     double ps = median(pool_spawn, rounds), ss = median(sched_spawn, rounds);
     double pu = median(pool_sub, rounds), su = median(sched_sub, rounds), uu = median(sched_sub_unreg, rounds);
-    snprintf(extra, sizeof(extra), "\"workers\":%u,\"tasks\":%llu,\"rounds\":%u", ncpu,
-             (unsigned long long)spawn_n, rounds);
+    snprintf(extra, sizeof(extra), "\"workers\":%u,\"tasks\":%llu,\"rounds\":%u", ncpu, (unsigned long long)spawn_n,
+             rounds);
     vrpc_bench_report(&opts, "baseline:mutex_pool:spawn_empty", ps, VRPC_BENCH_NONE, VRPC_BENCH_NONE, extra);
     snprintf(extra, sizeof(extra), "\"workers\":%u,\"tasks\":%llu,\"rounds\":%u,\"x_baseline\":%.1f", ncpu,
              (unsigned long long)spawn_n, rounds, ss / ps);
     vrpc_bench_report(&opts, "sched:spawn_empty", ss, VRPC_BENCH_NONE, VRPC_BENCH_NONE, extra);
-    snprintf(extra, sizeof(extra), "\"workers\":%u,\"tasks\":%llu,\"rounds\":%u", ncpu,
-             (unsigned long long)submit_n, rounds);
+    snprintf(extra, sizeof(extra), "\"workers\":%u,\"tasks\":%llu,\"rounds\":%u", ncpu, (unsigned long long)submit_n,
+             rounds);
     vrpc_bench_report(&opts, "baseline:mutex_pool:submit_empty", pu, VRPC_BENCH_NONE, VRPC_BENCH_NONE, extra);
     snprintf(extra, sizeof(extra), "\"workers\":%u,\"tasks\":%llu,\"rounds\":%u,\"x_baseline\":%.1f", ncpu,
              (unsigned long long)submit_n, rounds, su / pu);
@@ -548,8 +548,7 @@ int main(int argc, char **argv)
     if (!opts.json)
         printf("targets (reported, not asserted): spawn %.1fx and submit %.1fx the mutex pool (want >= 5x); "
                "wake from parked p50 %.2fx the bare futex wake (want <= 2x)\n",
-               ss / ps, su / pu,
-               vrpc_bench_pct_us(&parked, 50) / vrpc_bench_pct_us(&fx, 50));
+               ss / ps, su / pu, vrpc_bench_pct_us(&parked, 50) / vrpc_bench_pct_us(&fx, 50));
     vrpc_bench_samples_free(&fx);
     vrpc_bench_samples_free(&parked);
     vrpc_bench_samples_free(&pool_parked);

@@ -40,7 +40,11 @@ static struct {
     size_t large;
     unsigned duration_ms, interval_us;
     bool trace_calls; /* --trace-calls: each small call's timestamps on stderr */
-} g = {.backends = "verbs,tcp", .streams = "0,1,4", .dir = "up", .large = 16u << 20, .duration_ms = 3000,
+} g = {.backends = "verbs,tcp",
+       .streams = "0,1,4",
+       .dir = "up",
+       .large = 16u << 20,
+       .duration_ms = 3000,
        .interval_us = 2000};
 
 static uint8_t *g_src; /* large payloads: uploads send it, downloads answer with it */
@@ -284,8 +288,8 @@ static void one_case(const char *backend, struct vrpc_channel *ch, unsigned nstr
              "\"p999_us\":%.1f,\"max_us\":%.1f,\"req_leg_p50_us\":%.1f,\"req_leg_p99_us\":%.1f,"
              "\"resp_leg_p50_us\":%.1f,\"resp_leg_p99_us\":%.1f,\"large_bytes_per_s\":%.0f%s",
              backend, nstreams, g.large, g.dir, tot.n, vrpc_bench_pct_us(&tot, 90), vrpc_bench_pct_us(&tot, 99.9),
-             (double)max_ns / 1e3, vrpc_bench_pct_us(&up, 50), vrpc_bench_pct_us(&up, 99),
-             vrpc_bench_pct_us(&down, 50), vrpc_bench_pct_us(&down, 99), large_bps, cd);
+             (double)max_ns / 1e3, vrpc_bench_pct_us(&up, 50), vrpc_bench_pct_us(&up, 99), vrpc_bench_pct_us(&down, 50),
+             vrpc_bench_pct_us(&down, 99), large_bps, cd);
     vrpc_bench_report(&g.bo, name, (double)tot.n / secs, vrpc_bench_pct_us(&tot, 50), vrpc_bench_pct_us(&tot, 99),
                       extra);
     vrpc_bench_samples_free(&tot);

@@ -262,10 +262,10 @@ out:
 
 static struct result baseline_stream(uint32_t size)
 {
-    struct sockaddr_in sa = { .sin_family = AF_INET };
+    struct sockaddr_in sa = {.sin_family = AF_INET};
     socklen_t sl = sizeof sa;
-    struct sink s = { .size = size };
-    struct result res = { .p50 = VRPC_BENCH_NONE, .p99 = VRPC_BENCH_NONE };
+    struct sink s = {.size = size};
+    struct result res = {.p50 = VRPC_BENCH_NONE, .p99 = VRPC_BENCH_NONE};
     char *buf = calloc(1, size);
     unsigned long msgs = 0;
     uint64_t t0, t1, c0, c1;

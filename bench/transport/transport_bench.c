@@ -335,8 +335,7 @@ static void bench_rate(uint32_t size, unsigned nthreads, const char *name)
     for (unsigned i = 0; i < nthreads; i++)
         pthread_join(th[i], NULL);
     snprintf(extra, sizeof extra, "\"backend\":\"%s\",\"size\":%u,\"threads\":%u", g.backend, size, nthreads);
-    vrpc_bench_report(&g.o, name, (double)(r1 - r0) * 1e9 / (double)(t1 - t0), VRPC_BENCH_NONE, VRPC_BENCH_NONE,
-                      extra);
+    vrpc_bench_report(&g.o, name, (double)(r1 - r0) * 1e9 / (double)(t1 - t0), VRPC_BENCH_NONE, VRPC_BENCH_NONE, extra);
     for (unsigned i = 0; i < nthreads; i++) {
         vrpc_ep_destroy(x[i].ep);
         vrpc_cq_destroy(x[i].cq);
@@ -352,7 +351,8 @@ static int full(int fd, void *buf, size_t len, bool wr)
 {
     size_t done = 0;
     while (done < len) {
-        ssize_t n = wr ? send(fd, (char *)buf + done, len - done, MSG_NOSIGNAL) : recv(fd, (char *)buf + done, len - done, 0);
+        ssize_t n =
+            wr ? send(fd, (char *)buf + done, len - done, MSG_NOSIGNAL) : recv(fd, (char *)buf + done, len - done, 0);
         if (n <= 0) {
             if (n < 0 && errno == EINTR)
                 continue;
@@ -506,13 +506,13 @@ static void pingpong_pair(uint32_t size, const char *label)
     vrpc_bench_report(&g.o, name, b[R / 2].ops, b[R / 2].p50, b[R / 2].p99, extra);
     snprintf(name, sizeof name, "transport:%s_pingpong_%s", g.backend, label);
     snprintf(extra, sizeof extra,
-             "\"backend\":\"%s\",\"size\":%u,\"busy_poll_us\":0,\"rounds\":%d,\"p50_vs_baseline\":%.2f",
-             g.backend, size, R, t[R / 2].p50 / b[R / 2].p50);
+             "\"backend\":\"%s\",\"size\":%u,\"busy_poll_us\":0,\"rounds\":%d,\"p50_vs_baseline\":%.2f", g.backend,
+             size, R, t[R / 2].p50 / b[R / 2].p50);
     vrpc_bench_report(&g.o, name, t[R / 2].ops, t[R / 2].p50, t[R / 2].p99, extra);
     snprintf(name, sizeof name, "transport:%s_pingpong_%s_busypoll", g.backend, label);
     snprintf(extra, sizeof extra,
-             "\"backend\":\"%s\",\"size\":%u,\"busy_poll_us\":%u,\"rounds\":%d,\"p50_vs_baseline\":%.2f",
-             g.backend, size, g.busy_us, R, tb[R / 2].p50 / b[R / 2].p50);
+             "\"backend\":\"%s\",\"size\":%u,\"busy_poll_us\":%u,\"rounds\":%d,\"p50_vs_baseline\":%.2f", g.backend,
+             size, g.busy_us, R, tb[R / 2].p50 / b[R / 2].p50);
     vrpc_bench_report(&g.o, name, tb[R / 2].ops, tb[R / 2].p50, tb[R / 2].p99, extra);
 }
 
@@ -536,8 +536,7 @@ static void baseline_stream(uint32_t size, const char *name)
     r1 = atomic_load(&s.recvs);
     t1 = vrpc_bench_now_ns();
     snprintf(extra, sizeof extra, "\"size\":%u,\"threads\":1", size);
-    vrpc_bench_report(&g.o, name, (double)(r1 - r0) * 1e9 / (double)(t1 - t0), VRPC_BENCH_NONE, VRPC_BENCH_NONE,
-                      extra);
+    vrpc_bench_report(&g.o, name, (double)(r1 - r0) * 1e9 / (double)(t1 - t0), VRPC_BENCH_NONE, VRPC_BENCH_NONE, extra);
     plain_done(&s, fd);
     free(buf);
 }

@@ -27,9 +27,11 @@ static void usage(FILE *f, const char *argv0)
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        { "connect", required_argument, NULL, 'c' }, { "threads", required_argument, NULL, 't' },
-        { "count", required_argument, NULL, 'n' },
-        { "help", no_argument, NULL, 'h' },          { NULL, 0, NULL, 0 },
+        {"connect", required_argument, NULL, 'c'},
+        {"threads", required_argument, NULL, 't'},
+        {"count", required_argument, NULL, 'n'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
     const char *uri = "tcp://127.0.0.1:7070";
     struct vrpc_channel_opts o;
@@ -42,7 +44,9 @@ int main(int argc, char **argv)
     vrpc_channel_opts_init(&o);
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (c) {
-        case 'c': uri = optarg; break;
+        case 'c':
+            uri = optarg;
+            break;
         case 't':
         case 'n':
             if (!ex_parse_uint(optarg, &v) || v == 0 || (c != 'n' && v > 1024)) {
@@ -54,8 +58,12 @@ int main(int argc, char **argv)
             else
                 count = v;
             break;
-        case 'h': usage(stdout, argv[0]); return 0;
-        default: usage(stderr, argv[0]); return 2;
+        case 'h':
+            usage(stdout, argv[0]);
+            return 0;
+        default:
+            usage(stderr, argv[0]);
+            return 2;
         }
     }
     for (int i = optind; i < argc; i++) {

@@ -23,7 +23,7 @@ static void say(struct vrpc_server_call *call, const Examples__Echo__V1__EchoReq
     examples__echo__v1__echo__say__respond(call, &reply);
 }
 
-static const Examples__Echo__V1__Echo_VrpcImpl echo_impl = { .say = say };
+static const Examples__Echo__V1__Echo_VrpcImpl echo_impl = {.say = say};
 
 static void usage(FILE *f, const char *argv0)
 {
@@ -42,9 +42,9 @@ static void usage(FILE *f, const char *argv0)
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        { "listen", required_argument, NULL, 'l' }, { "threads", required_argument, NULL, 't' },
-        { "pollers", required_argument, NULL, 'p' }, { "uri-file", required_argument, NULL, 'u' },
-        { "help", no_argument, NULL, 'h' },         { NULL, 0, NULL, 0 },
+        {"listen", required_argument, NULL, 'l'},  {"threads", required_argument, NULL, 't'},
+        {"pollers", required_argument, NULL, 'p'}, {"uri-file", required_argument, NULL, 'u'},
+        {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0},
     };
     const char *listen_uri = "tcp://127.0.0.1:7070", *uri_file = NULL;
     struct vrpc_server_opts o;
@@ -57,8 +57,12 @@ int main(int argc, char **argv)
     vrpc_server_opts_init(&o);
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (c) {
-        case 'l': listen_uri = optarg; break;
-        case 'u': uri_file = optarg; break;
+        case 'l':
+            listen_uri = optarg;
+            break;
+        case 'u':
+            uri_file = optarg;
+            break;
         case 't':
         case 'p':
             if (!ex_parse_uint(optarg, &v) || v == 0 || v > 1024) {
@@ -70,8 +74,12 @@ int main(int argc, char **argv)
             else
                 o.pollers = (unsigned)v;
             break;
-        case 'h': usage(stdout, argv[0]); return 0;
-        default: usage(stderr, argv[0]); return 2;
+        case 'h':
+            usage(stdout, argv[0]);
+            return 0;
+        default:
+            usage(stderr, argv[0]);
+            return 2;
         }
     }
     if (optind != argc) {

@@ -46,7 +46,7 @@ static void on_done(const struct vrpc_status *st, const Examples__Jobs__V1__JobR
 
 static void wait_done(struct done_slot *d, int n)
 {
-    struct timespec ms = { 0, 1000000 };
+    struct timespec ms = {0, 1000000};
     for (int i = 0; i < n; i++)
         while (atomic_load(&d[i].code) < 0)
             nanosleep(&ms, NULL);
@@ -55,8 +55,9 @@ static void wait_done(struct done_slot *d, int n)
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        { "connect", required_argument, NULL, 'c' }, { "help", no_argument, NULL, 'h' },
-        { NULL, 0, NULL, 0 },
+        {"connect", required_argument, NULL, 'c'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
     const char *uri = "tcp://127.0.0.1:7072";
     struct vrpc_channel *ch = NULL;
@@ -68,8 +69,7 @@ int main(int argc, char **argv)
         if (c == 'c') {
             uri = optarg;
         } else {
-            fprintf(c == 'h' ? stdout : stderr, "usage: %s [--connect URI]  (default tcp://127.0.0.1:7072)\n",
-                    argv[0]);
+            fprintf(c == 'h' ? stdout : stderr, "usage: %s [--connect URI]  (default tcp://127.0.0.1:7072)\n", argv[0]);
             return c == 'h' ? 0 : 2;
         }
     }
@@ -81,8 +81,8 @@ int main(int argc, char **argv)
     /* 1. Metadata and a deadline that is long enough. */
     {
         static const char tenant[] = "acme";
-        const struct vrpc_metadata md[] = { { "tenant", tenant, sizeof tenant - 1 } };
-        struct vrpc_call_opts opts = { .timeout_us = 1000000, .md = md, .md_count = 1 };
+        const struct vrpc_metadata md[] = {{"tenant", tenant, sizeof tenant - 1}};
+        struct vrpc_call_opts opts = {.timeout_us = 1000000, .md = md, .md_count = 1};
         Examples__Jobs__V1__JobRequest req = EXAMPLES__JOBS__V1__JOB_REQUEST__INIT;
         Examples__Jobs__V1__JobReply *resp;
         req.name = "report";
@@ -99,7 +99,7 @@ int main(int argc, char **argv)
     /* 2. A deadline shorter than the job: the server answers DEADLINE_EXCEEDED
      *    itself and the job thread sees the call cancelled. */
     {
-        struct vrpc_call_opts opts = { .timeout_us = 100000 };
+        struct vrpc_call_opts opts = {.timeout_us = 100000};
         Examples__Jobs__V1__JobRequest req = EXAMPLES__JOBS__V1__JOB_REQUEST__INIT;
         Examples__Jobs__V1__JobReply *resp;
         int64_t t0 = ex_now_ns();
@@ -112,11 +112,11 @@ int main(int argc, char **argv)
 
     /* 3. Cancel: an async call's id, cancelled from this thread 50 ms later. */
     {
-        static struct done_slot d = { .code = -1 };
+        static struct done_slot d = {.code = -1};
         uint64_t id = 0;
-        struct vrpc_call_opts opts = { .timeout_us = VRPC_NO_TIMEOUT, .call_id = &id };
+        struct vrpc_call_opts opts = {.timeout_us = VRPC_NO_TIMEOUT, .call_id = &id};
         Examples__Jobs__V1__JobRequest req = EXAMPLES__JOBS__V1__JOB_REQUEST__INIT;
-        struct timespec ms50 = { 0, 50000000 };
+        struct timespec ms50 = {0, 50000000};
         req.name = "cancel-me";
         req.work_ms = 2000;
         d.a.done = on_done;
@@ -138,8 +138,8 @@ int main(int argc, char **argv)
     {
         static struct done_slot d[PARALLEL];
         static const char tenant[] = "parallel";
-        const struct vrpc_metadata md[] = { { "tenant", tenant, sizeof tenant - 1 } };
-        struct vrpc_call_opts opts = { .timeout_us = 5000000, .md = md, .md_count = 1 };
+        const struct vrpc_metadata md[] = {{"tenant", tenant, sizeof tenant - 1}};
+        struct vrpc_call_opts opts = {.timeout_us = 5000000, .md = md, .md_count = 1};
         Examples__Jobs__V1__JobRequest req = EXAMPLES__JOBS__V1__JOB_REQUEST__INIT;
         int64_t t0 = ex_now_ns();
         int ok = 0;

@@ -30,7 +30,7 @@ static struct {
     pthread_cond_t cond;
     struct job *queue; /* handed over by handlers */
     bool stop;
-} jobs = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, false };
+} jobs = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, false};
 
 /* Handler, on a scheduler worker: queue the call and return without answering. */
 static void run(struct vrpc_server_call *call, const Examples__Jobs__V1__JobRequest *req, void *user)
@@ -84,7 +84,7 @@ static bool step(struct job *j, int64_t now)
 static void *job_thread(void *arg)
 {
     struct job *active = NULL;
-    struct timespec tick = { 0, 1000000 };
+    struct timespec tick = {0, 1000000};
 
     (void)arg;
     for (;;) {
@@ -128,11 +128,13 @@ static void usage(FILE *f, const char *argv0)
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        { "listen", required_argument, NULL, 'l' }, { "threads", required_argument, NULL, 't' },
-        { "uri-file", required_argument, NULL, 'u' }, { "help", no_argument, NULL, 'h' },
-        { NULL, 0, NULL, 0 },
+        {"listen", required_argument, NULL, 'l'},
+        {"threads", required_argument, NULL, 't'},
+        {"uri-file", required_argument, NULL, 'u'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
-    static const Examples__Jobs__V1__Jobs_VrpcImpl impl = { .run = run };
+    static const Examples__Jobs__V1__Jobs_VrpcImpl impl = {.run = run};
     const char *listen_uri = "tcp://127.0.0.1:7072", *uri_file = NULL;
     struct vrpc_server_opts o;
     struct vrpc_server *s = NULL;
@@ -145,8 +147,12 @@ int main(int argc, char **argv)
     vrpc_server_opts_init(&o);
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (c) {
-        case 'l': listen_uri = optarg; break;
-        case 'u': uri_file = optarg; break;
+        case 'l':
+            listen_uri = optarg;
+            break;
+        case 'u':
+            uri_file = optarg;
+            break;
         case 't':
             if (!ex_parse_uint(optarg, &v) || v == 0 || v > 1024) {
                 fprintf(stderr, "%s: --threads wants a number from 1 to 1024\n", argv[0]);
@@ -154,8 +160,12 @@ int main(int argc, char **argv)
             }
             o.threads = (unsigned)v;
             break;
-        case 'h': usage(stdout, argv[0]); return 0;
-        default: usage(stderr, argv[0]); return 2;
+        case 'h':
+            usage(stdout, argv[0]);
+            return 0;
+        default:
+            usage(stderr, argv[0]);
+            return 2;
         }
     }
     if (optind != argc) {

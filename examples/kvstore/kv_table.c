@@ -96,10 +96,7 @@ void kv_table_destroy(struct kv_table *t)
     free(t);
 }
 
-static struct kv_shard *shard_of(struct kv_table *t, uint64_t h)
-{
-    return &t->shards[(h >> 48) & (t->nshards - 1)];
-}
+static struct kv_shard *shard_of(struct kv_table *t, uint64_t h) { return &t->shards[(h >> 48) & (t->nshards - 1)]; }
 
 static struct kv_entry **find_slot(struct kv_shard *s, const char *key, uint64_t h)
 {
@@ -178,8 +175,7 @@ int kv_table_put(struct kv_table *t, const char *key, const uint8_t *value, size
     return created;
 }
 
-int kv_table_get_copy(struct kv_table *t, const char *key, kv_alloc_fn alloc, void *ctx, uint8_t **value,
-                      size_t *len)
+int kv_table_get_copy(struct kv_table *t, const char *key, kv_alloc_fn alloc, void *ctx, uint8_t **value, size_t *len)
 {
     uint64_t h = hash_key(key);
     struct kv_shard *s = shard_of(t, h);

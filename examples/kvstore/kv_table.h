@@ -29,8 +29,7 @@ void kv_table_destroy(struct kv_table *t);
  * -ENOMEM. */
 int kv_table_put(struct kv_table *t, const char *key, const uint8_t *value, size_t len);
 /* Copies the value out with alloc(ctx, len). 0, -ENOENT, -ENOMEM. */
-int kv_table_get_copy(struct kv_table *t, const char *key, kv_alloc_fn alloc, void *ctx, uint8_t **value,
-                      size_t *len);
+int kv_table_get_copy(struct kv_table *t, const char *key, kv_alloc_fn alloc, void *ctx, uint8_t **value, size_t *len);
 /* 1 if the key existed and was removed, 0 if it was absent. */
 int kv_table_delete(struct kv_table *t, const char *key);
 /* Up to limit pairs with start <= key < end (end NULL or "": no bound), in

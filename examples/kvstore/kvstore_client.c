@@ -130,8 +130,8 @@ static int cmd_fill(struct vrpc_channel *ch, const char *key, size_t bytes)
         free(value);
         return 1;
     }
-    printf("fill %s: %s, %zu bytes, fnv1a %016llx, %.2f ms\n", key, reply->created ? "created" : "replaced",
-           bytes, (unsigned long long)checksum(value, bytes), (ex_now_ns() - t0) / 1e6);
+    printf("fill %s: %s, %zu bytes, fnv1a %016llx, %.2f ms\n", key, reply->created ? "created" : "replaced", bytes,
+           (unsigned long long)checksum(value, bytes), (ex_now_ns() - t0) / 1e6);
     free(value);
     return 0;
 }
@@ -186,8 +186,7 @@ static int cmd_scan(struct vrpc_channel *ch, const char *start, const char *end,
         print_bytes(reply->items[i]->value.data, reply->items[i]->value.len);
         printf("\n");
     }
-    printf("(%zu pair%s%s)\n", reply->n_items, reply->n_items == 1 ? "" : "s",
-           reply->more ? ", more in range" : "");
+    printf("(%zu pair%s%s)\n", reply->n_items, reply->n_items == 1 ? "" : "s", reply->more ? ", more in range" : "");
     return 0;
 }
 
@@ -220,8 +219,7 @@ static int cmd_stats(struct vrpc_channel *ch, const char *prefix)
         print_status("stats", &st);
         return 1;
     }
-    printf("%-40s %10s %8s %8s %8s %8s %8s\n", "method", "calls", "errors", "p50 us", "p90 us", "p99 us",
-           "max us");
+    printf("%-40s %10s %8s %8s %8s %8s %8s\n", "method", "calls", "errors", "p50 us", "p90 us", "p99 us", "max us");
     for (size_t i = 0; i < resp->n_methods; i++) {
         const Verbrpc__Stats__V1__MethodStats *m = resp->methods[i];
 
@@ -246,10 +244,10 @@ struct load {
     struct vrpc_channel *ch;
     const struct load_cfg *cfg;
     uint8_t *value;
-    bool prefill;            /* storing every key once, in order */
-    uint64_t next_key;       /* prefill: next key to store (atomic) */
-    int64_t end_ns;          /* measured phase: no new call after this */
-    int active;              /* slots still running (atomic) */
+    bool prefill;                              /* storing every key once, in order */
+    uint64_t next_key;                         /* prefill: next key to store (atomic) */
+    int64_t end_ns;                            /* measured phase: no new call after this */
+    int active;                                /* slots still running (atomic) */
     uint64_t calls, gets, puts, failed_starts; /* atomics; calls, gets, puts: OK ones */
     uint64_t by_code[VRPC_CODE_COUNT];         /* atomics: every finished call by code */
     struct ex_hist hist;                       /* latency of OK calls */
@@ -274,7 +272,7 @@ struct slot {
     Examples__Kvstore__V1__KvStore_Put_Async put_a;
     int64_t t0;
     uint64_t rng;
-    int parked; /* async: waiting for the back-off to pass (atomic) */
+    int parked;       /* async: waiting for the back-off to pass (atomic) */
     pthread_t thread; /* sync mode */
 };
 
@@ -320,8 +318,8 @@ static bool record(struct slot *sl, bool is_get, enum vrpc_code code)
         int64_t now = ex_now_ns(), until = __atomic_load_n(&L->backoff_until_ns, __ATOMIC_RELAXED);
         /* calls that fail while a back-off runs (all slots at a lost
          * connection) do not lengthen it: one step per back-off */
-        if (now >= until && __atomic_compare_exchange_n(&L->backoff_until_ns, &until, now + (int64_t)d * 1000000,
-                                                        false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+        if (now >= until && __atomic_compare_exchange_n(&L->backoff_until_ns, &until, now + (int64_t)d * 1000000, false,
+                                                        __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
             __atomic_store_n(&L->backoff_ms, next, __ATOMIC_RELAXED);
             add(&L->backoffs, 1);
         }
@@ -435,7 +433,7 @@ static void *sync_worker(void *arg)
         if (record(sl, is_get, (enum vrpc_code)code)) {
             int64_t left = __atomic_load_n(&L->backoff_until_ns, __ATOMIC_RELAXED) - ex_now_ns();
             if (left > 0) {
-                struct timespec ts = { left / 1000000000, left % 1000000000 };
+                struct timespec ts = {left / 1000000000, left % 1000000000};
                 nanosleep(&ts, NULL);
             }
         }
@@ -449,7 +447,7 @@ static void *sync_worker(void *arg)
  * slots are done. */
 static int run_phase(struct load *L, struct slot *slots, size_t n)
 {
-    struct timespec tick = { 0, 5 * 1000 * 1000 };
+    struct timespec tick = {0, 5 * 1000 * 1000};
 
     __atomic_store_n(&L->active, (int)n, __ATOMIC_RELAXED);
     for (size_t i = 0; i < n; i++) {
@@ -507,8 +505,8 @@ static int cmd_load(struct vrpc_channel *ch, const char *uri, const struct load_
         slots[i].put_a.done = on_put;
         slots[i].put_a.arg = &slots[i];
     }
-    printf("kvstore load on %s: %llu keys, %llu B values, %llu%% get, %llu outstanding (%s), %u threads, %llu s\n",
-           uri, cfg->keys, cfg->value_size, cfg->get_pct, cfg->outstanding, cfg->sync ? "sync" : "async", threads,
+    printf("kvstore load on %s: %llu keys, %llu B values, %llu%% get, %llu outstanding (%s), %u threads, %llu s\n", uri,
+           cfg->keys, cfg->value_size, cfg->get_pct, cfg->outstanding, cfg->sync ? "sync" : "async", threads,
            cfg->duration_s);
     fflush(stdout);
 
@@ -565,31 +563,39 @@ out:
 static const char *opt_name(int c)
 {
     switch (c) {
-    case 't': return "threads";
-    case 'k': return "keys";
-    case 'v': return "value-size";
-    case 'o': return "outstanding";
-    case 'd': return "duration";
-    default: return "get-ratio";
+    case 't':
+        return "threads";
+    case 'k':
+        return "keys";
+    case 'v':
+        return "value-size";
+    case 'o':
+        return "outstanding";
+    case 'd':
+        return "duration";
+    default:
+        return "get-ratio";
     }
 }
 static unsigned long long opt_min(int c) { return c == 'v' || c == 'g' ? 0 : 1; }
-static unsigned long long opt_max(int c)
-{
-    return c == 'g' ? 100 : c == 't' || c == 'o' ? 4096 : 1ull << 32;
-}
+static unsigned long long opt_max(int c) { return c == 'g' ? 100 : c == 't' || c == 'o' ? 4096 : 1ull << 32; }
 
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        { "connect", required_argument, NULL, 'c' },   { "threads", required_argument, NULL, 't' },
-        { "keys", required_argument, NULL, 'k' },
-        { "value-size", required_argument, NULL, 'v' }, { "outstanding", required_argument, NULL, 'o' },
-        { "duration", required_argument, NULL, 'd' },  { "get-ratio", required_argument, NULL, 'g' },
-        { "sync", no_argument, NULL, 's' },            { "json", no_argument, NULL, 'j' },
-        { "help", no_argument, NULL, 'h' },            { NULL, 0, NULL, 0 },
+        {"connect", required_argument, NULL, 'c'},
+        {"threads", required_argument, NULL, 't'},
+        {"keys", required_argument, NULL, 'k'},
+        {"value-size", required_argument, NULL, 'v'},
+        {"outstanding", required_argument, NULL, 'o'},
+        {"duration", required_argument, NULL, 'd'},
+        {"get-ratio", required_argument, NULL, 'g'},
+        {"sync", no_argument, NULL, 's'},
+        {"json", no_argument, NULL, 'j'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
-    struct load_cfg cfg = { .keys = 10000, .value_size = 64, .outstanding = 16, .duration_s = 5, .get_pct = 80 };
+    struct load_cfg cfg = {.keys = 10000, .value_size = 64, .outstanding = 16, .duration_s = 5, .get_pct = 80};
     const char *uri = "tcp://127.0.0.1:7071", *cmd;
     struct vrpc_channel_opts o;
     struct vrpc_channel *ch = NULL;
@@ -600,10 +606,18 @@ int main(int argc, char **argv)
     vrpc_channel_opts_init(&o);
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (c) {
-        case 'c': uri = optarg; break;
-        case 's': cfg.sync = true; break;
-        case 'j': cfg.json = true; break;
-        case 'h': usage(stdout, argv[0]); return 0;
+        case 'c':
+            uri = optarg;
+            break;
+        case 's':
+            cfg.sync = true;
+            break;
+        case 'j':
+            cfg.json = true;
+            break;
+        case 'h':
+            usage(stdout, argv[0]);
+            return 0;
         case 't':
         case 'k':
         case 'v':
@@ -612,7 +626,10 @@ int main(int argc, char **argv)
         case 'g':
             if (!ex_parse_uint(optarg, &v) || v < opt_min(c) || v > opt_max(c)) {
                 fprintf(stderr, "%s: --%s wants %s from %llu to %llu, not '%s'\n", argv[0], opt_name(c),
-                        c == 'd' ? "seconds" : c == 'v' ? "bytes" : c == 'g' ? "a percentage" : "a number",
+                        c == 'd'   ? "seconds"
+                        : c == 'v' ? "bytes"
+                        : c == 'g' ? "a percentage"
+                                   : "a number",
                         opt_min(c), opt_max(c), optarg);
                 return 2;
             }
@@ -629,7 +646,9 @@ int main(int argc, char **argv)
             else
                 cfg.get_pct = v;
             break;
-        default: usage(stderr, argv[0]); return 2;
+        default:
+            usage(stderr, argv[0]);
+            return 2;
         }
     }
     if (optind >= argc) {

@@ -49,8 +49,8 @@ static void get(struct vrpc_server_call *call, const Examples__Kvstore__V1__GetR
 {
     struct kv_server *kv = user;
     Examples__Kvstore__V1__GetReply reply = EXAMPLES__KVSTORE__V1__GET_REPLY__INIT;
-    int rc = kv_table_get_copy(kv->table, req->key ? req->key : "", call_alloc, call, &reply.value.data,
-                               &reply.value.len);
+    int rc =
+        kv_table_get_copy(kv->table, req->key ? req->key : "", call_alloc, call, &reply.value.data, &reply.value.len);
 
     if (rc == -ENOENT)
         vrpc_server_call_fail(call, VRPC_NOT_FOUND, "no such key");
@@ -130,16 +130,24 @@ static void usage(FILE *f, const char *argv0)
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        { "listen", required_argument, NULL, 'l' },       { "threads", required_argument, NULL, 't' },
-        { "pollers", required_argument, NULL, 'p' },      { "shards", required_argument, NULL, 's' },
-        { "max-msg-size", required_argument, NULL, 'm' }, { "uri-file", required_argument, NULL, 'u' },
-        { "metrics", required_argument, NULL, 'M' },      { "help", no_argument, NULL, 'h' },
-        { NULL, 0, NULL, 0 },
+        {"listen", required_argument, NULL, 'l'},
+        {"threads", required_argument, NULL, 't'},
+        {"pollers", required_argument, NULL, 'p'},
+        {"shards", required_argument, NULL, 's'},
+        {"max-msg-size", required_argument, NULL, 'm'},
+        {"uri-file", required_argument, NULL, 'u'},
+        {"metrics", required_argument, NULL, 'M'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
     const char *listen_uri = "tcp://127.0.0.1:7071", *uri_file = NULL;
-    struct kv_server kv = { .table = NULL };
+    struct kv_server kv = {.table = NULL};
     Examples__Kvstore__V1__KvStore_VrpcImpl impl = {
-        .user = &kv, .put = put, .get = get, .delete_ = delete_, .scan = scan,
+        .user = &kv,
+        .put = put,
+        .get = get,
+        .delete_ = delete_,
+        .scan = scan,
     };
     struct vrpc_server_opts o;
     struct vrpc_server *s = NULL;
@@ -151,9 +159,15 @@ int main(int argc, char **argv)
     vrpc_server_opts_init(&o);
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (c) {
-        case 'l': listen_uri = optarg; break;
-        case 'u': uri_file = optarg; break;
-        case 'M': o.metrics_addr = optarg; break;
+        case 'l':
+            listen_uri = optarg;
+            break;
+        case 'u':
+            uri_file = optarg;
+            break;
+        case 'M':
+            o.metrics_addr = optarg;
+            break;
         case 't':
         case 'p':
         case 's':
@@ -171,8 +185,12 @@ int main(int argc, char **argv)
             else
                 o.max_msg_size = (uint32_t)v;
             break;
-        case 'h': usage(stdout, argv[0]); return 0;
-        default: usage(stderr, argv[0]); return 2;
+        case 'h':
+            usage(stdout, argv[0]);
+            return 0;
+        default:
+            usage(stderr, argv[0]);
+            return 2;
         }
     }
     if (optind != argc) {
@@ -181,9 +199,8 @@ int main(int argc, char **argv)
     }
     /* Scan replies stay under what a client with default options accepts
      * (and under our own limit), with room for the reply's own framing. */
-    kv.scan_max_bytes = (o.max_msg_size && o.max_msg_size < VRPC_MSG_SIZE_DEFAULT ? o.max_msg_size
-                                                                                   : VRPC_MSG_SIZE_DEFAULT) -
-                        1024;
+    kv.scan_max_bytes =
+        (o.max_msg_size && o.max_msg_size < VRPC_MSG_SIZE_DEFAULT ? o.max_msg_size : VRPC_MSG_SIZE_DEFAULT) - 1024;
 
     rc = kv_table_create((unsigned)shards, &kv.table);
     if (rc == 0)

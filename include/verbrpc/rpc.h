@@ -70,11 +70,11 @@ VRPC_API const char *vrpc_code_name(enum vrpc_code code);
  * (idl/verbrpc/reflection.proto) for the files of its registered methods.
  * Static const data; never freed. */
 struct vrpc_file_desc {
-    const char *name;                        /* "pkg/file.proto", as protoc names it */
-    const uint8_t *data;                     /* serialized google.protobuf.FileDescriptorProto
+    const char *name;    /* "pkg/file.proto", as protoc names it */
+    const uint8_t *data; /* serialized google.protobuf.FileDescriptorProto
                                                 (without source_code_info) */
     size_t len;
-    const char *const *symbols;              /* fully-qualified names of its messages (nested
+    const char *const *symbols; /* fully-qualified names of its messages (nested
                                                 too), enums, services and methods
                                                 ("pkg.Service.Method"), no leading dot */
     size_t n_symbols;
@@ -216,8 +216,7 @@ VRPC_API void vrpc_channel_opts_init(struct vrpc_channel_opts *o);
  * max_msg_size above VRPC_MSG_SIZE_MAX or above max_pinned (logged with both
  * figures). A host name is resolved at connect time: one that does not
  * resolve fails the calls with UNAVAILABLE "cannot resolve the host name". */
-VRPC_API int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *o,
-                                 struct vrpc_channel **out);
+VRPC_API int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *o, struct vrpc_channel **out);
 
 /* Fail every pending call with CANCELLED (each callback runs once), close the
  * connection and free the channel. Must not run concurrently with calls being
@@ -236,19 +235,19 @@ VRPC_API int vrpc_channel_connect(struct vrpc_channel *ch, int timeout_ms);
 /* Per-call options. A zeroed struct (or NULL) means defaults. */
 #define VRPC_NO_TIMEOUT (-1)
 struct vrpc_call_opts {
-    int64_t timeout_us;                 /* 0: channel default; VRPC_NO_TIMEOUT: none;
+    int64_t timeout_us;             /* 0: channel default; VRPC_NO_TIMEOUT: none;
                                            > 0: deadline = now + timeout_us */
-    const struct vrpc_metadata *md;     /* md_count entries, copied into the request
+    const struct vrpc_metadata *md; /* md_count entries, copied into the request
                                            before the call function returns */
     size_t md_count;
-    uint64_t *call_id;                  /* if set, the call's id is stored here (atomically,
+    uint64_t *call_id; /* if set, the call's id is stored here (atomically,
                                            with release order) before the call can complete
                                            and before the request is sent (an async call
                                            queued for lack of a slot gets its id when it is
                                            queued and keeps it when it is sent), so another
                                            thread can pass it to vrpc_channel_cancel. Ids
                                            are opaque; 0 is never an id. */
-    unsigned flags;                     /* VRPC_CALL_* below; 0: none */
+    unsigned flags;    /* VRPC_CALL_* below; 0: none */
 };
 
 /* vrpc_call_opts.flags: for vrpc_call_async, req and every byte it points to
@@ -274,9 +273,8 @@ struct vrpc_call_opts {
  * Async callbacks' responses live in a separate arena of the worker: a
  * vrpc_call made inside a callback leaves the callback's resp intact.
  * On any other code *resp is not written. */
-VRPC_API int vrpc_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
-                       const ProtobufCMessage *req, ProtobufCMessage **resp,
-                       const struct vrpc_call_opts *opts, struct vrpc_status *st);
+VRPC_API int vrpc_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m, const ProtobufCMessage *req,
+                       ProtobufCMessage **resp, const struct vrpc_call_opts *opts, struct vrpc_status *st);
 
 /* Release the calling thread's response arena (the memory behind the last
  * vrpc_call's *resp). Optional: it is also freed when the thread exits. */
@@ -298,9 +296,8 @@ typedef void (*vrpc_call_cb)(const struct vrpc_status *st, const ProtobufCMessag
  * Only a channel that is not connected yet makes it wait, for the connect
  * (at most connect_timeout_ms or the deadline). req stays the caller's
  * (packed before return). */
-VRPC_API int vrpc_call_async(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
-                             const ProtobufCMessage *req, const struct vrpc_call_opts *opts,
-                             vrpc_call_cb cb, void *arg);
+VRPC_API int vrpc_call_async(struct vrpc_channel *ch, const struct vrpc_method_desc *m, const ProtobufCMessage *req,
+                             const struct vrpc_call_opts *opts, vrpc_call_cb cb, void *arg);
 
 /* Cancel the call with this id (from vrpc_call_opts.call_id). If it is still
  * pending it completes at once with CANCELLED: an async call still queued for
@@ -320,12 +317,12 @@ struct vrpc_server_call;
 typedef void (*vrpc_handler_fn)(struct vrpc_server_call *call, const ProtobufCMessage *req, void *user);
 
 struct vrpc_server_opts {
-    struct vrpc_sched *sched;      /* workers that run handlers; NULL: own scheduler */
-    unsigned threads;              /* workers of the server's own scheduler; 0: 2 */
-    unsigned pollers;              /* transport poller threads, each with its own
+    struct vrpc_sched *sched; /* workers that run handlers; NULL: own scheduler */
+    unsigned threads;         /* workers of the server's own scheduler; 0: 2 */
+    unsigned pollers;         /* transport poller threads, each with its own
                                       completion queue; connections are spread over
                                       them; 0: 1 */
-    uint32_t max_concurrent;       /* calls in flight per connection (credits granted
+    uint32_t max_concurrent;  /* calls in flight per connection (credits granted
                                       to each client); 0: 256. This is also what
                                       bounds one connection's share of worker
                                       time: a client that floods has at most this
@@ -333,22 +330,22 @@ struct vrpc_server_opts {
                                       beyond it is a protocol error), behind which
                                       another client's call waits at worst
                                       (handlers are queued in arrival order) */
-    uint32_t max_msg_size;         /* largest request payload (metadata + message)
+    uint32_t max_msg_size;    /* largest request payload (metadata + message)
                                       accepted; 0: VRPC_MSG_SIZE_DEFAULT; at most
                                       VRPC_MSG_SIZE_MAX. Responses are bounded by
                                       each client's own limit. */
-    uint32_t max_depth;            /* protobuf nesting limit for requests; 0: 64 */
-    bool no_spin;                  /* never busy-wait (see vrpc_channel_opts) */
-    uint64_t max_pinned;           /* bytes the server's large-message buffers may
+    uint32_t max_depth;       /* protobuf nesting limit for requests; 0: 64 */
+    bool no_spin;             /* never busy-wait (see vrpc_channel_opts) */
+    uint64_t max_pinned;      /* bytes the server's large-message buffers may
                                       keep registered; 0: 256 MiB; >= max_msg_size */
-    uint32_t hold_timeout_ms;      /* a client that has not read (DONE) a large
+    uint32_t hold_timeout_ms; /* a client that has not read (DONE) a large
                                       response this long after it was offered loses
                                       its connection (aborted: the buffer returns at
                                       once); 0: 60000 */
     /* Fair shares: what one connection may hold of what all share. Hitting
      * a limit ends that connection or that call (logged with the client's
      * address and the option's name), never another client's. */
-    uint32_t max_sends_per_conn;   /* frames (responses, statuses, DONEs) one
+    uint32_t max_sends_per_conn;  /* frames (responses, statuses, DONEs) one
                                       connection may have handed to the transport
                                       and not yet sent, i.e. waiting for its
                                       client's credits or socket; a client at the
@@ -358,11 +355,11 @@ struct vrpc_server_opts {
                                       these (1024 buffers at least). A client
                                       within its call credits never reaches it.
                                       0: max_concurrent + 64 */
-    uint32_t send_stall_ms;        /* a connection with more than half of
+    uint32_t send_stall_ms;       /* a connection with more than half of
                                       max_sends_per_conn out and no send
                                       completing for this long is failed the
                                       same way; 0: 5000 */
-    uint64_t max_pinned_per_conn;  /* bytes of large requests one connection may
+    uint64_t max_pinned_per_conn; /* bytes of large requests one connection may
                                       have announced and not yet delivered (being
                                       read); a request above it is refused
                                       RESOURCE_EXHAUSTED naming this option
@@ -371,7 +368,7 @@ struct vrpc_server_opts {
                                       deadline with no bound the server controls).
                                       0: max_pinned / 4, at least max_msg_size;
                                       at most max_pinned */
-    uint32_t min_transfer_rate;    /* bytes/s: a large request must be read within
+    uint32_t min_transfer_rate;   /* bytes/s: a large request must be read within
                                       transfer_floor_ms + its size at this rate,
                                       counted from its announcement (and within
                                       the call's own deadline); a slower one is
@@ -381,8 +378,8 @@ struct vrpc_server_opts {
                                       ("large transfer too slow"): aborted
                                       (vrpc_ep_abort), so the buffer returns
                                       at once. 0: 1 MiB/s */
-    uint32_t transfer_floor_ms;    /* the fixed part of that limit; 0: 10000 */
-    uint64_t cpu_mask;             /* CPU placement, bit i = CPU i (CPUs 0..63):
+    uint32_t transfer_floor_ms;   /* the fixed part of that limit; 0: 10000 */
+    uint64_t cpu_mask;            /* CPU placement, bit i = CPU i (CPUs 0..63):
                                       poller i runs on the (i mod n)-th CPU of the
                                       mask, the workers of the server's own scheduler
                                       are pinned round-robin over it (a caller's
@@ -391,27 +388,27 @@ struct vrpc_server_opts {
     /* Connections that hold resources while idle (each connection costs its
      * call table, and on its poller 2 posted receive buffers of the eager
      * size, 16 KiB by default, plus what its credits grew to while busy): */
-    uint32_t max_connections;      /* connections at once; one more is refused at
+    uint32_t max_connections;   /* connections at once; one more is refused at
                                       the transport handshake (logged; the client's
                                       connect fails, it backs off and retries).
                                       Receive buffers grow by 2 per connection up
                                       to this bound as connections arrive (and stay
                                       posted after); 0: 1024 */
-    uint32_t hello_timeout_ms;     /* a client that has not sent its RPC HELLO this
+    uint32_t hello_timeout_ms;  /* a client that has not sent its RPC HELLO this
                                       long after its transport connection was
                                       accepted is disconnected (logged); 0: 5000 */
-    uint32_t idle_timeout_ms;      /* a connection with no call in flight and no
+    uint32_t idle_timeout_ms;   /* a connection with no call in flight and no
                                       request for this long gets GOAWAY and is
                                       closed (logged; gRPC's max_connection_idle:
                                       a channel reconnects on its next call). Up to
                                       a quarter of the smaller of the two timeouts
                                       (at most 1 s) late. 0: 300000 (5 min);
                                       VRPC_SERVER_NO_IDLE_TIMEOUT: never */
-    uint32_t credit_timeout_ms;    /* a client that returns no transport credits
+    uint32_t credit_timeout_ms; /* a client that returns no transport credits
                                       while answers wait for them this long loses
                                       its connection (vrpc_transport_attr
                                       .credit_timeout_ms); 0: 10000 */
-    const char *metrics_addr;      /* serve the server's metrics as Prometheus text
+    const char *metrics_addr;   /* serve the server's metrics as Prometheus text
                                       over HTTP (GET /metrics, <verbrpc/metrics.h>) on
                                       this "IP:port", e.g. "127.0.0.1:9464" (port 0:
                                       any; vrpc_server_metrics_uri tells); from start
@@ -434,8 +431,8 @@ VRPC_API int vrpc_server_create(const struct vrpc_server_opts *o, struct vrpc_se
 /* Register a handler; only before vrpc_server_start (-EBUSY after). -EINVAL if
  * m->id != vrpc_method_id(m->full_name) or a descriptor is missing; -EEXIST if
  * the id (name or hash collision) is already registered. m must outlive s. */
-VRPC_API int vrpc_server_register(struct vrpc_server *s, const struct vrpc_method_desc *m,
-                                  vrpc_handler_fn fn, void *user);
+VRPC_API int vrpc_server_register(struct vrpc_server *s, const struct vrpc_method_desc *m, vrpc_handler_fn fn,
+                                  void *user);
 
 /* Listen on uri (as for channels; port 0 picks a free port) and start serving.
  * -EINVAL for a malformed URI (logged with the reason, see vrpc_channel_create). */
@@ -490,11 +487,10 @@ VRPC_API int64_t vrpc_server_call_deadline(const struct vrpc_server_call *call);
 VRPC_API bool vrpc_server_call_is_cancelled(const struct vrpc_server_call *call);
 VRPC_API size_t vrpc_server_call_metadata_count(const struct vrpc_server_call *call);
 /* i-th entry; pointers valid until the call is answered. -ERANGE if i is too big. */
-VRPC_API int vrpc_server_call_metadata_at(const struct vrpc_server_call *call, size_t i,
-                                          struct vrpc_metadata *out);
+VRPC_API int vrpc_server_call_metadata_at(const struct vrpc_server_call *call, size_t i, struct vrpc_metadata *out);
 /* First value for key. -ENOENT if absent. */
-VRPC_API int vrpc_server_call_metadata_get(const struct vrpc_server_call *call, const char *key,
-                                           const void **value, size_t *value_len);
+VRPC_API int vrpc_server_call_metadata_get(const struct vrpc_server_call *call, const char *key, const void **value,
+                                           size_t *value_len);
 /* Memory from the call's arena (freed when the call is answered): lets a
  * handler build its response without malloc. NULL if out of memory. */
 VRPC_API void *vrpc_server_call_alloc(struct vrpc_server_call *call, size_t size);
@@ -509,14 +505,13 @@ VRPC_API void *vrpc_server_call_alloc(struct vrpc_server_call *call, size_t size
  * Prometheus text. */
 struct vrpc_method_stats {
     const struct vrpc_method_desc *method;
-    uint64_t calls;                      /* answered calls, any code */
-    uint64_t by_code[VRPC_CODE_COUNT];   /* answered calls per status code */
+    uint64_t calls;                    /* answered calls, any code */
+    uint64_t by_code[VRPC_CODE_COUNT]; /* answered calls per status code */
     uint64_t latency_p50_us, latency_p90_us, latency_p99_us, latency_max_us;
 };
 /* Copies up to cap entries (registration order) into out and sets *n to the
  * number of registered methods (which may exceed cap). Any thread. */
-VRPC_API int vrpc_server_stats(const struct vrpc_server *s, struct vrpc_method_stats *out,
-                               size_t cap, size_t *n);
+VRPC_API int vrpc_server_stats(const struct vrpc_server *s, struct vrpc_method_stats *out, size_t cap, size_t *n);
 
 #ifdef __cplusplus
 }

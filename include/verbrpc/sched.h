@@ -135,8 +135,7 @@ struct vrpc_sched_worker_stats {
 };
 /* Counters are updated by the worker with relaxed stores; a snapshot taken
  * while workers run is approximate. Returns -EINVAL for a bad index. */
-VRPC_API int vrpc_sched_worker_stats(const struct vrpc_sched *s, unsigned worker,
-                                     struct vrpc_sched_worker_stats *out);
+VRPC_API int vrpc_sched_worker_stats(const struct vrpc_sched *s, unsigned worker, struct vrpc_sched_worker_stats *out);
 
 #ifdef __cplusplus
 }

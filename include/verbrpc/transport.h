@@ -182,7 +182,7 @@ struct vrpc_wc {
     uint64_t wr_id;
     struct vrpc_ep *ep;
     struct vrpc_buf *buf;
-    uint32_t opcode;   /* enum vrpc_wc_opcode */
+    uint32_t opcode; /* enum vrpc_wc_opcode */
     uint32_t byte_len;
     uint32_t imm;
     int32_t status;
@@ -194,15 +194,15 @@ struct vrpc_wc {
  * delivers, without atomic read-modify-write; a snapshot taken while traffic
  * runs is approximate but never torn per field. Monotonic unless marked. */
 struct vrpc_transport_counters {
-    uint64_t msgs_in, bytes_in;     /* RECV completions delivered (status 0), their byte_len */
-    uint64_t msgs_out, bytes_out;   /* SEND completions delivered (status 0), their byte_len */
-    uint64_t reads, read_bytes;     /* vrpc_ep_read()s completed (status 0): rendezvous pulls */
-    uint64_t grants;                /* vrpc_ep_grant/_grant_segs that succeeded: offers to be pulled */
-    uint64_t accepted;              /* endpoints delivered as ACCEPTED */
-    uint64_t connected;             /* vrpc_connect()s that succeeded */
-    uint64_t disconnected;          /* DISCONNECTED completions delivered */
-    uint64_t connections;           /* now: accepted + connected - disconnected (gauge) */
-    uint64_t credit_waits;          /* sends queued for lack of credits */
+    uint64_t msgs_in, bytes_in;                /* RECV completions delivered (status 0), their byte_len */
+    uint64_t msgs_out, bytes_out;              /* SEND completions delivered (status 0), their byte_len */
+    uint64_t reads, read_bytes;                /* vrpc_ep_read()s completed (status 0): rendezvous pulls */
+    uint64_t grants;                           /* vrpc_ep_grant/_grant_segs that succeeded: offers to be pulled */
+    uint64_t accepted;                         /* endpoints delivered as ACCEPTED */
+    uint64_t connected;                        /* vrpc_connect()s that succeeded */
+    uint64_t disconnected;                     /* DISCONNECTED completions delivered */
+    uint64_t connections;                      /* now: accepted + connected - disconnected (gauge) */
+    uint64_t credit_waits;                     /* sends queued for lack of credits */
     uint64_t pinned_bytes, large_in_use_bytes; /* now: vrpc_lbuf_stats (gauges) */
 };
 /* Any thread, while tp exists. Sums the counters of its CQs, the destroyed
@@ -212,16 +212,16 @@ VRPC_API void vrpc_transport_counters(const struct vrpc_transport *tp, struct vr
 /* ---- transport (context) ------------------------------------------------ */
 
 struct vrpc_transport_attr {
-    uint32_t eager_size; /* largest message this side sends or receives;
+    uint32_t eager_size;         /* largest message this side sends or receives;
                             0: 8192. VRPC_EAGER_MIN to VRPC_EAGER_MAX. */
-    uint32_t credits;    /* most credits one peer's reservation grows to; 0: 32 */
-    uint32_t max_queued; /* default vrpc_ep_attr.max_queued; 0: 1024 */
-    uint32_t idle_timeout_ms; /* a connection whose incoming frame, or whose
+    uint32_t credits;            /* most credits one peer's reservation grows to; 0: 32 */
+    uint32_t max_queued;         /* default vrpc_ep_attr.max_queued; 0: 1024 */
+    uint32_t idle_timeout_ms;    /* a connection whose incoming frame, or whose
                             graceful close, is not complete this long after it
                             began is failed with -ETIMEDOUT (slow or stuck
                             peers); 0: 10000 */
     uint32_t connect_timeout_ms; /* vrpc_connect() and the accept handshake; 0: 5000 */
-    uint32_t read_chunk;  /* bytes per READ work request (verbs) or per read
+    uint32_t read_chunk;         /* bytes per READ work request (verbs) or per read
                             response frame (TCP) of one vrpc_ep_read();
                             0: TCP 256 KiB; verbs 32 KiB on a software
                             device (rxe), 64 KiB on hardware, while small
@@ -229,11 +229,11 @@ struct vrpc_transport_attr {
                             (an endpoint switches by itself). On verbs,
                             read_chunk x read_window is what a small message
                             on the connection may wait behind */
-    uint32_t read_window; /* read chunks in flight per endpoint; 0: 2 */
-    uint64_t max_pinned;  /* bound on the bytes the large-buffer cache keeps
+    uint32_t read_window;        /* read chunks in flight per endpoint; 0: 2 */
+    uint64_t max_pinned;         /* bound on the bytes the large-buffer cache keeps
                             registered (in use + idle); 0: 256 MiB. On verbs
                             it is lowered to RLIMIT_MEMLOCK (one log line). */
-    uint32_t credit_timeout_ms; /* a send waiting for credits this long, with
+    uint32_t credit_timeout_ms;  /* a send waiting for credits this long, with
                             no credit from the peer meanwhile, fails the
                             connection (-ETIMEDOUT, rule 6 of "Credits");
                             0: idle_timeout_ms */
@@ -296,8 +296,7 @@ enum vrpc_access {
  * after vrpc_mr_dereg). access: enum vrpc_access bits. Errors: -ENOMEM, and on
  * verbs -ENOMEM naming `ulimit -l` when locking fails; -ENOSYS for
  * VRPC_ACCESS_REMOTE_READ without VRPC_TP_CAP_REMOTE_READ. */
-VRPC_API int vrpc_mr_reg(struct vrpc_transport *tp, void *addr, size_t len, unsigned access,
-                         struct vrpc_mr **out);
+VRPC_API int vrpc_mr_reg(struct vrpc_transport *tp, void *addr, size_t len, unsigned access, struct vrpc_mr **out);
 /* Deregister; nothing of it may be in flight. Safe on NULL. */
 VRPC_API void vrpc_mr_dereg(struct vrpc_mr *mr);
 /* Remote key to hand to a peer for vrpc_ep_read() (0 on TCP). */
@@ -306,8 +305,7 @@ VRPC_API uint32_t vrpc_mr_rkey(const struct vrpc_mr *mr);
 /* A pool of count buffers of buf_size payload bytes each (plus the transport's
  * headroom), in one registered region. get/put are lock-free and allocate
  * nothing, from any thread. */
-VRPC_API int vrpc_pool_create(struct vrpc_transport *tp, uint32_t buf_size, uint32_t count,
-                              struct vrpc_pool **out);
+VRPC_API int vrpc_pool_create(struct vrpc_transport *tp, uint32_t buf_size, uint32_t count, struct vrpc_pool **out);
 /* Destroy; every buffer must have been put back. Safe on NULL. */
 VRPC_API void vrpc_pool_destroy(struct vrpc_pool *pool);
 /* A free buffer (len 0), or NULL when the pool is empty. The caller owns it. */
@@ -323,7 +321,7 @@ VRPC_API uint32_t vrpc_pool_avail(const struct vrpc_pool *pool);
 typedef void (*vrpc_cq_cb)(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, void *arg);
 
 struct vrpc_cq_attr {
-    vrpc_cq_cb cb;         /* required */
+    vrpc_cq_cb cb; /* required */
     void *cb_arg;
     uint32_t busy_poll_us; /* spin this long without completions before arming
                               and sleeping; 0: sleep right away (poll, arm,
@@ -344,8 +342,7 @@ struct vrpc_cq_attr {
 VRPC_API void vrpc_cq_attr_init(struct vrpc_cq_attr *attr);
 
 /* Create a CQ and start its poller thread. */
-VRPC_API int vrpc_cq_create(struct vrpc_transport *tp, const struct vrpc_cq_attr *attr,
-                            struct vrpc_cq **out);
+VRPC_API int vrpc_cq_create(struct vrpc_transport *tp, const struct vrpc_cq_attr *attr, struct vrpc_cq **out);
 /* Stop the poller after delivering, through the callback, every outstanding
  * completion: endpoints still open on this CQ are failed (their operations
  * flush, then DISCONNECTED with -ECANCELED), then each still-posted receive
@@ -359,8 +356,7 @@ VRPC_API void vrpc_cq_destroy(struct vrpc_cq *cq);
  * eager size (else -EINVAL). On 0 the transport owns every buffer until its
  * RECV completion; on error (-EINVAL, -ENOSPC beyond max_recv, -ESHUTDOWN)
  * none was posted and the caller keeps them all. Any thread. */
-VRPC_API int vrpc_cq_post_recv(struct vrpc_cq *cq, struct vrpc_buf *const *bufs,
-                               const uint64_t *wr_ids, unsigned n);
+VRPC_API int vrpc_cq_post_recv(struct vrpc_cq *cq, struct vrpc_buf *const *bufs, const uint64_t *wr_ids, unsigned n);
 
 /* ---- listeners ----------------------------------------------------------- */
 
@@ -381,8 +377,8 @@ struct vrpc_listen_attr {
  * VRPC_WC_ACCEPTED completion on its CQ; the user then owns the endpoint (and
  * must vrpc_ep_destroy() it). Errors: -EADDRINUSE, -EADDRNOTAVAIL, -EINVAL
  * (bad URI), -EPROTONOSUPPORT (scheme of another backend). */
-VRPC_API int vrpc_listen(struct vrpc_transport *tp, const char *uri,
-                         const struct vrpc_listen_attr *attr, struct vrpc_listener **out);
+VRPC_API int vrpc_listen(struct vrpc_transport *tp, const char *uri, const struct vrpc_listen_attr *attr,
+                         struct vrpc_listener **out);
 /* Stop accepting. Connections whose handshake has not finished are refused
  * (their peers' vrpc_connect() fails); endpoints already reported ACCEPTED are
  * not affected. Safe on NULL. */
@@ -394,13 +390,13 @@ VRPC_API int vrpc_listener_uri(const struct vrpc_listener *l, char *buf, size_t 
 /* ---- endpoints ----------------------------------------------------------- */
 
 struct vrpc_ep_attr {
-    struct vrpc_cq *cq;     /* required: where all completions of it go */
-    void *user;             /* vrpc_ep_user() from the start */
-    const char *src_addr;   /* bind the local side to this IP literal (source
+    struct vrpc_cq *cq;   /* required: where all completions of it go */
+    void *user;           /* vrpc_ep_user() from the start */
+    const char *src_addr; /* bind the local side to this IP literal (source
                                address; on verbs it picks the device); NULL: any */
-    uint32_t max_queued;    /* sends queued for credits before -EAGAIN;
+    uint32_t max_queued;  /* sends queued for credits before -EAGAIN;
                                0: transport attr */
-    uint32_t timeout_ms;    /* connect timeout; 0: transport attr */
+    uint32_t timeout_ms;  /* connect timeout; 0: transport attr */
 };
 
 VRPC_API void vrpc_ep_attr_init(struct vrpc_ep_attr *attr);
@@ -432,8 +428,8 @@ VRPC_API int vrpc_connect(struct vrpc_transport *tp, const char *uri, const stru
  * Errors (caller keeps buf, no completion): -EMSGSIZE len too big, -EAGAIN the
  * credit queue is full (retry after a send completion of this endpoint),
  * -ENOTCONN closed or dead. Never blocks. flags: 0. */
-VRPC_API int vrpc_ep_send(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t len, uint32_t imm,
-                          uint64_t wr_id, unsigned flags);
+VRPC_API int vrpc_ep_send(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t len, uint32_t imm, uint64_t wr_id,
+                          unsigned flags);
 
 /* Read len bytes (>= 1) from the peer's memory at raddr, key rkey (from the
  * peer's vrpc_ep_grant() on its end of this connection, or a REMOTE_READ MR's
@@ -449,8 +445,8 @@ VRPC_API int vrpc_ep_send(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t len
  * the kernel copies them straight into buf. Errors (no completion):
  * -EINVAL, -ENOTCONN, -ENOSPC too many reads queued (retry after a READ
  * completion of this endpoint). */
-VRPC_API int vrpc_ep_read(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t off, uint32_t len,
-                          uint64_t raddr, uint32_t rkey, uint64_t wr_id);
+VRPC_API int vrpc_ep_read(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t off, uint32_t len, uint64_t raddr,
+                          uint32_t rkey, uint64_t wr_id);
 
 /* Let the peer of ep read [addr, addr+len) (len >= 1) of mr, registered with
  * VRPC_ACCESS_GRANT, until vrpc_ep_revoke(): a one-shot key, valid on this
@@ -463,8 +459,7 @@ VRPC_API int vrpc_ep_read(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t off
  * The memory must not change until the REVOKE completion. Errors: -EINVAL,
  * -ENOTCONN, -ENOSPC no send-queue slot or grant left (retry after a
  * completion of ep). */
-VRPC_API int vrpc_ep_grant(struct vrpc_ep *ep, struct vrpc_mr *mr, const void *addr, uint32_t len,
-                           uint32_t *rkey);
+VRPC_API int vrpc_ep_grant(struct vrpc_ep *ep, struct vrpc_mr *mr, const void *addr, uint32_t len, uint32_t *rkey);
 /* One piece of a gathered grant (vrpc_ep_grant_segs). */
 struct vrpc_seg {
     const void *addr;

@@ -21,10 +21,10 @@ static void test_camel_to_lower(void **state)
 {
     (void)state;
     expect(pc_camel_to_lower("EchoRequest"), "echo_request");
-    expect(pc_camel_to_lower("HTTPRequest"), "httprequest");       /* odd_c__pkg2__httprequest__descriptor */
-    expect(pc_camel_to_lower("foo_bar2Baz"), "foo_bar2_baz");      /* odd_c__pkg2__foo_bar2_baz__descriptor */
+    expect(pc_camel_to_lower("HTTPRequest"), "httprequest");  /* odd_c__pkg2__httprequest__descriptor */
+    expect(pc_camel_to_lower("foo_bar2Baz"), "foo_bar2_baz"); /* odd_c__pkg2__foo_bar2_baz__descriptor */
     expect(pc_camel_to_lower("Msg_With_Under"), "msg__with__under");
-    expect(pc_camel_to_lower("ABCdefGHi2j"), "abcdef_ghi2j");      /* odd_c__pkg2__abcdef_ghi2j__descriptor */
+    expect(pc_camel_to_lower("ABCdefGHi2j"), "abcdef_ghi2j"); /* odd_c__pkg2__abcdef_ghi2j__descriptor */
     expect(pc_camel_to_lower("inner_msg"), "inner_msg");
     expect(pc_camel_to_lower("lower"), "lower");
     expect(pc_camel_to_lower("GET_thing"), "get_thing");
@@ -37,9 +37,9 @@ static void test_camel_to_lower(void **state)
 static void test_to_camel(void **state)
 {
     (void)state;
-    expect(pc_to_camel("foo_bar2Baz"), "FooBar2Baz");  /* OddC__Pkg2__FooBar2Baz */
+    expect(pc_to_camel("foo_bar2Baz"), "FooBar2Baz"); /* OddC__Pkg2__FooBar2Baz */
     expect(pc_to_camel("Msg_With_Under"), "MsgWithUnder");
-    expect(pc_to_camel("my_service2"), "MyService2");  /* OddC__Pkg2__MyService2_Service */
+    expect(pc_to_camel("my_service2"), "MyService2"); /* OddC__Pkg2__MyService2_Service */
     expect(pc_to_camel("inner_msg"), "InnerMsg");
     expect(pc_to_camel("HTTP_Stuff"), "HTTPStuff");
     expect(pc_to_camel("v2beta3"), "V2beta3");

@@ -60,7 +60,7 @@ struct item_store {
 
 static void fill_item(struct item_store *s, const char *sku)
 {
-    static uint8_t any_bytes[] = { 0x08, 0x2a };
+    static uint8_t any_bytes[] = {0x08, 0x2a};
 
     cg__common__item__init(&s->it);
     cg__common__item__dimensions__init(&s->dims);
@@ -169,7 +169,7 @@ static void catalog_lookup(struct vrpc_server_call *call, const Cg__Shop__V1__Lo
 static void catalog_list(struct vrpc_server_call *call, const Google__Protobuf__Empty *req, void *user)
 {
     Cg__Shop__V1__SkuList list = CG__SHOP__V1__SKU_LIST__INIT;
-    char *skus[] = { "a1", "b2", "c3" };
+    char *skus[] = {"a1", "b2", "c3"};
 
     (void)req;
     (void)user;
@@ -243,7 +243,7 @@ static void kw_user(struct vrpc_server_call *c, const Int__Switch__Static__Perso
 static void odd_get_thing(struct vrpc_server_call *c, const OddC__Pkg2__HTTPRequest *r, void *u)
 {
     OddC__Pkg2__FooBar2Baz out = ODD_C__PKG2__FOO_BAR2_BAZ__INIT;
-    OddC__Pkg2__HTTPRequest__InnerMsg *items[1] = { r->inner };
+    OddC__Pkg2__HTTPRequest__InnerMsg *items[1] = {r->inner};
 
     (void)u;
     out.n_items = r->inner ? 1 : 0;
@@ -266,15 +266,20 @@ static void odd_v1(struct vrpc_server_call *c, const OddC__Pkg2__ABCdefGHi2j *r,
     odd_c__pkg2__my_service2__v1_call__respond(c, r);
 }
 
-static const Cg__Shop__V1__Catalog_VrpcImpl catalog_impl = { .lookup = catalog_lookup, .list_skus = catalog_list };
-static const Cg__Shop__V1__Orders_VrpcImpl orders_impl = { .echo = orders_echo, .nested = orders_nested };
+static const Cg__Shop__V1__Catalog_VrpcImpl catalog_impl = {.lookup = catalog_lookup, .list_skus = catalog_list};
+static const Cg__Shop__V1__Orders_VrpcImpl orders_impl = {.echo = orders_echo, .nested = orders_nested};
 static const Int__Switch__Static__Void_VrpcImpl void_impl = {
-    .user = &g, .return_ = kw_return, .default_ = kw_default, .while_ = kw_while,
-    .delete_ = kw_delete, .user_ = kw_user, .bool_ = kw_bool,
+    .user = &g,
+    .return_ = kw_return,
+    .default_ = kw_default,
+    .while_ = kw_while,
+    .delete_ = kw_delete,
+    .user_ = kw_user,
+    .bool_ = kw_bool,
 };
-static const OddC__Pkg2__MyService2_VrpcImpl odd_impl = { .get_thing = odd_get_thing, .do_ = odd_do, .v1_call = odd_v1 };
+static const OddC__Pkg2__MyService2_VrpcImpl odd_impl = {.get_thing = odd_get_thing, .do_ = odd_do, .v1_call = odd_v1};
 /* lowercase_svc.lower is left NULL: unregistered, so callers get UNIMPLEMENTED. */
-static const OddC__Pkg2__LowercaseSvc_VrpcImpl lower_impl = { .lower = NULL };
+static const OddC__Pkg2__LowercaseSvc_VrpcImpl lower_impl = {.lower = NULL};
 
 /* ---- tests ---------------------------------------------------------------- */
 
@@ -359,15 +364,16 @@ static void test_shop(void **state)
 static void test_keywords(void **state)
 {
     static int (*const calls[])(struct vrpc_channel *, const Int__Switch__Static__Struct *,
-                                Int__Switch__Static__Struct **, const struct vrpc_call_opts *,
-                                struct vrpc_status *) = {
-        int__switch__static__void__return__call, int__switch__static__void__default__call,
-        int__switch__static__void__while__call, int__switch__static__void__bool__call,
+                                Int__Switch__Static__Struct **, const struct vrpc_call_opts *, struct vrpc_status *) = {
+        int__switch__static__void__return__call,
+        int__switch__static__void__default__call,
+        int__switch__static__void__while__call,
+        int__switch__static__void__bool__call,
     };
-    static const char *const names[] = { "return", "Default", "While", "bool" };
+    static const char *const names[] = {"return", "Default", "While", "bool"};
     Int__Switch__Static__Struct req = INT__SWITCH__STATIC__STRUCT__INIT, *resp;
     Int__Switch__Static__Person p = INT__SWITCH__STATIC__PERSON__INIT, *pr;
-    int32_t ints[] = { 1, 2 };
+    int32_t ints[] = {1, 2};
     struct vrpc_status st;
 
     (void)state;
@@ -499,7 +505,7 @@ static void test_builtins(void **state)
         assert_int_equal(m->method_id, vrpc_method_id(m->method));
         if (strcmp(m->method, "/cg.shop.v1.Catalog/Lookup") == 0) {
             found = true;
-            assert_true(m->calls >= 2);  /* test_shop: one OK, one NOT_FOUND */
+            assert_true(m->calls >= 2); /* test_shop: one OK, one NOT_FOUND */
             assert_true(m->errors >= 1);
             assert_int_equal(m->n_errors_by_code, 1);
             assert_string_equal(m->errors_by_code[0]->code, "NOT_FOUND");
@@ -534,8 +540,8 @@ static void test_reflection(void **state)
         VERBRPC__REFLECTION__V1__FILE_CONTAINING_SYMBOL_REQUEST__INIT;
     Verbrpc__Reflection__V1__FileByFilenameRequest freq = VERBRPC__REFLECTION__V1__FILE_BY_FILENAME_REQUEST__INIT;
     Verbrpc__Reflection__V1__FileDescriptorResponse *fresp;
-    const char *want[] = { "verbrpc.health.v1.Health", "verbrpc.stats.v1.Stats", "verbrpc.reflection.v1.Reflection",
-                           "cg.shop.v1.Catalog", "cg.shop.v1.Orders" };
+    const char *want[] = {"verbrpc.health.v1.Health", "verbrpc.stats.v1.Stats", "verbrpc.reflection.v1.Reflection",
+                          "cg.shop.v1.Catalog", "cg.shop.v1.Orders"};
     struct vrpc_status st;
 
     (void)state;
@@ -638,8 +644,7 @@ int main(int argc, char **argv)
         vrpc_server_destroy(g.server);
         return 1;
     }
-    printf("generated stubs round trip over %s (setup %s, client source %s)\n", g.uri, setup_name,
-           src ? src : "any");
+    printf("generated stubs round trip over %s (setup %s, client source %s)\n", g.uri, setup_name, src ? src : "any");
 
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_descriptors), cmocka_unit_test(test_register_twice), cmocka_unit_test(test_shop),

@@ -17,7 +17,7 @@ struct seen {
     char line[VRPC_LOG_LINE_MAX];
 };
 
-static void catch(enum vrpc_log_level level, const char *subsys, const char *line, void *arg)
+static void catch (enum vrpc_log_level level, const char *subsys, const char *line, void *arg)
 {
     struct seen *s = arg;
     s->n++;

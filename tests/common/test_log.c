@@ -17,7 +17,7 @@ struct seen {
     char line[VRPC_LOG_LINE_MAX];
 };
 
-static void catch(enum vrpc_log_level level, const char *subsys, const char *line, void *arg)
+static void catch (enum vrpc_log_level level, const char *subsys, const char *line, void *arg)
 {
     struct seen *s = arg;
     s->n++;
@@ -129,8 +129,11 @@ static void test_transport_subsys(void **state)
 static void test_parse(void **state)
 {
     enum vrpc_log_level l;
-    const struct { const char *s; enum vrpc_log_level l; } ok[] = {
-        {"off", VRPC_LOG_OFF}, {"0", VRPC_LOG_OFF}, {"none", VRPC_LOG_OFF}, {"error", VRPC_LOG_ERROR},
+    const struct {
+        const char *s;
+        enum vrpc_log_level l;
+    } ok[] = {
+        {"off", VRPC_LOG_OFF},   {"0", VRPC_LOG_OFF},        {"none", VRPC_LOG_OFF},  {"error", VRPC_LOG_ERROR},
         {"warn", VRPC_LOG_WARN}, {"WARNING", VRPC_LOG_WARN}, {"info", VRPC_LOG_INFO}, {"debug", VRPC_LOG_DEBUG},
     };
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {

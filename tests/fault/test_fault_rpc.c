@@ -39,9 +39,10 @@ static struct {
 
 /* The CI rates: each kind of fault fires a few to a few hundred times per
  * seed at this load. */
-#define DEFAULT_SPEC                                                                                  \
-    "loss=0.002,connect=0.1,accept=0.1,delay=0.01,delay_us=3000,send_delay=0.01,send_delay_us=300,"   \
-    "eagain=0.02,send_err=0.002,read_err=0.03,grant_refuse=0.05,starve=0.01,starve_us=5000,cpl_delay=0.02,cpl_delay_us=3000"
+#define DEFAULT_SPEC                                                                                                   \
+    "loss=0.002,connect=0.1,accept=0.1,delay=0.01,delay_us=3000,send_delay=0.01,send_delay_us=300,"                    \
+    "eagain=0.02,send_err=0.002,read_err=0.03,grant_refuse=0.05,starve=0.01,starve_us=5000,"                           \
+    "cpl_delay=0.02,cpl_delay_us=3000"
 
 static const uint64_t ci_seeds[] = {1, 2, 3, 42, 1234, 99991};
 
@@ -140,7 +141,7 @@ static void note_end(int code, const struct vrpc_status *st, const ProtobufCMess
 
 #define SLOTS 16
 struct acall {
-    int ends;         /* callbacks run (atomic): must end at exactly 1 */
+    int ends; /* callbacks run (atomic): must end at exactly 1 */
     uint64_t id, key, seq;
     size_t len;
     uint8_t *buf;
@@ -348,14 +349,14 @@ static void replay_line(uint64_t seed)
  * everything down (so the next seed starts clean) and fails at its end with
  * the replay command. */
 static int g_failed;
-#define CHECK(seed, cond, ...)                                                                                   \
-    do {                                                                                                         \
-        if (!(cond)) {                                                                                           \
-            print_error("seed %llu: check failed: %s: ", (unsigned long long)(seed), #cond);                     \
-            print_error(__VA_ARGS__);                                                                            \
-            print_error("\n");                                                                                   \
-            g_failed++;                                                                                          \
-        }                                                                                                        \
+#define CHECK(seed, cond, ...)                                                                                         \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            print_error("seed %llu: check failed: %s: ", (unsigned long long)(seed), #cond);                           \
+            print_error(__VA_ARGS__);                                                                                  \
+            print_error("\n");                                                                                         \
+            g_failed++;                                                                                                \
+        }                                                                                                              \
     } while (0)
 
 static void run_seed(void **state)
@@ -664,7 +665,7 @@ int main(int argc, char **argv)
     }
     size_t n = one ? 1 : sizeof ci_seeds / sizeof ci_seeds[0];
     struct CMUnitTest *tests = calloc(n, sizeof *tests);
-    char (*names)[32] = calloc(n, sizeof *names);
+    char(*names)[32] = calloc(n, sizeof *names);
     if (!tests || !names)
         return 1;
     for (size_t i = 0; i < n; i++) {

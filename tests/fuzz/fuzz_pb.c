@@ -21,7 +21,7 @@
 #include "rpc_test.pb-c.h"
 
 static const ProtobufCMessageDescriptor *const types[] = {
-    &vrpctest__node__descriptor,   &vrpctest__multi__descriptor,       &vrpctest__inner__descriptor,
+    &vrpctest__node__descriptor,      &vrpctest__multi__descriptor,        &vrpctest__inner__descriptor,
     &vrpcflat3__not_flat__descriptor, &vrpctest__echo_request__descriptor,
 };
 #define NTYPES (sizeof(types) / sizeof(types[0]))

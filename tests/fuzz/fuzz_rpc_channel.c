@@ -48,8 +48,12 @@ static int64_t now_ms(void)
 
 static void tcp_hdr(uint8_t *out, uint8_t type, uint32_t len, uint32_t imm, uint16_t credits)
 {
-    struct vrpc_tcp_hdr h = {.len = htole32(len), .imm = htole32(imm), .credits = htole16(credits), .type = type,
-                             .version = VRPC_TCP_VERSION, .magic = htole32(VRPC_TCP_MAGIC)};
+    struct vrpc_tcp_hdr h = {.len = htole32(len),
+                             .imm = htole32(imm),
+                             .credits = htole16(credits),
+                             .type = type,
+                             .version = VRPC_TCP_VERSION,
+                             .magic = htole32(VRPC_TCP_MAGIC)};
     memcpy(out, &h, sizeof h);
 }
 
@@ -224,8 +228,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int64_t until = now_ms() + 5000;
     while (__atomic_load_n(&d.n, __ATOMIC_ACQUIRE) < accepted && now_ms() < until)
         usleep(1000);
-    FUZZ_CHECK(__atomic_load_n(&d.n, __ATOMIC_ACQUIRE) == accepted, "%u of %u calls ended within 5 s", d.n,
-               accepted);
+    FUZZ_CHECK(__atomic_load_n(&d.n, __ATOMIC_ACQUIRE) == accepted, "%u of %u calls ended within 5 s", d.n, accepted);
     /* the server stops now: a channel whose large response was announced
      * and never served waits in its close for the peer (up to the
      * transport's close timeout, 10 s) */

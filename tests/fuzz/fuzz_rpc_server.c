@@ -67,8 +67,11 @@ static int64_t now_ms(void)
 
 static void tcp_hdr(uint8_t *out, uint8_t type, uint32_t len, uint16_t credits)
 {
-    struct vrpc_tcp_hdr h = {.len = htole32(len), .imm = htole32(type == VRPC_TCP_HELLO ? EAGER : 0),
-                             .credits = htole16(credits), .type = type, .version = VRPC_TCP_VERSION,
+    struct vrpc_tcp_hdr h = {.len = htole32(len),
+                             .imm = htole32(type == VRPC_TCP_HELLO ? EAGER : 0),
+                             .credits = htole16(credits),
+                             .type = type,
+                             .version = VRPC_TCP_VERSION,
                              .magic = htole32(VRPC_TCP_MAGIC)};
     memcpy(out, &h, sizeof h);
 }
@@ -81,7 +84,7 @@ struct rx {
     uint8_t type;                    /* of the frame being skipped */
     uint8_t body[VRPC_WIRE_HDR_LEN]; /* the first bytes of a DATA frame: an RPC header */
     uint32_t body_got;
-    unsigned ok_responses;           /* RESPONSE frames with status OK seen */
+    unsigned ok_responses; /* RESPONSE frames with status OK seen */
 };
 
 static void rx_feed(struct rx *r, const uint8_t *p, size_t n)
@@ -194,8 +197,11 @@ static void check_server_alive(void)
     vrpc_wire_hdr_encode(p, &h), p += VRPC_WIRE_HDR_LEN;
     vrpc_wire_hello_encode(p, &hs), p += VRPC_WIRE_HELLO_LEN;
     static const uint8_t msg[] = {0x10, 0x07}; /* seq = 7 */
-    h = (struct vrpc_wire_hdr){.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST, .method_id = m_echo.id,
-                               .request_id = vrpc_wire_make_id(0, 1), .payload_len = sizeof msg};
+    h = (struct vrpc_wire_hdr){.version = VRPC_WIRE_VERSION,
+                               .type = VRPC_FT_REQUEST,
+                               .method_id = m_echo.id,
+                               .request_id = vrpc_wire_make_id(0, 1),
+                               .payload_len = sizeof msg};
     p[0] = VRPC_WIRE_HDR_LEN + sizeof msg, p[1] = 0, p += 2;
     vrpc_wire_hdr_encode(p, &h), p += VRPC_WIRE_HDR_LEN;
     memcpy(p, msg, sizeof msg), p += sizeof msg;

@@ -86,8 +86,12 @@ static bool run_stream(const uint8_t *data, size_t size)
 /* A real client's handshake gets its HELLO_ACK. */
 static bool handshake_ok(void)
 {
-    struct vrpc_tcp_hdr h = {.len = 0, .imm = htole32(8192), .credits = htole16(4), .type = VRPC_TCP_HELLO,
-                             .version = VRPC_TCP_VERSION, .magic = htole32(VRPC_TCP_MAGIC)};
+    struct vrpc_tcp_hdr h = {.len = 0,
+                             .imm = htole32(8192),
+                             .credits = htole16(4),
+                             .type = VRPC_TCP_HELLO,
+                             .version = VRPC_TCP_VERSION,
+                             .magic = htole32(VRPC_TCP_MAGIC)};
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct timeval tv = {.tv_sec = 5};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);

@@ -26,13 +26,13 @@ static void check_hdr(const uint8_t *data, size_t size, const struct vrpc_wire_h
     memcpy(frame + VRPC_WIRE_HDR_LEN, data + VRPC_WIRE_HDR_LEN, body);
     FUZZ_CHECK(vrpc_wire_hdr_decode(frame, size, &h2) == 0, "re-encoded header refused");
     FUZZ_CHECK(h->type == h2.type && h->flags == h2.flags && h->status == h2.status && h->md_len == h2.md_len &&
-                   h->request_id == h2.request_id && h->method_id == h2.method_id &&
-                   h->payload_len == h2.payload_len,
+                   h->request_id == h2.request_id && h->method_id == h2.method_id && h->payload_len == h2.payload_len,
                "header round trip");
-    FUZZ_CHECK(h->budget_us == h2.budget_us, "budget %llu us came back as %llu us",
-               (unsigned long long)h->budget_us, (unsigned long long)h2.budget_us);
+    FUZZ_CHECK(h->budget_us == h2.budget_us, "budget %llu us came back as %llu us", (unsigned long long)h->budget_us,
+               (unsigned long long)h2.budget_us);
     /* every other field is bit-exact on the wire */
-    FUZZ_CHECK(!memcmp(frame + 2, data + 2, 18) && !memcmp(frame + 24, data + 24, 4), "header fields re-encode differently");
+    FUZZ_CHECK(!memcmp(frame + 2, data + 2, 18) && !memcmp(frame + 24, data + 24, 4),
+               "header fields re-encode differently");
 }
 
 static void check_md(const uint8_t *md, size_t len)

@@ -95,9 +95,8 @@ const char *pbc_diff_fields(const ProtobufCMessage *a, const ProtobufCMessage *b
                     return r;
             continue;
         }
-        if (f->quantifier_offset &&
-            *(const uint32_t *)((const char *)a + f->quantifier_offset) !=
-                *(const uint32_t *)((const char *)b + f->quantifier_offset))
+        if (f->quantifier_offset && *(const uint32_t *)((const char *)a + f->quantifier_offset) !=
+                                        *(const uint32_t *)((const char *)b + f->quantifier_offset))
             return differ(f, "presence (has_ or oneof case)");
         if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) &&
             *(const uint32_t *)((const char *)a + f->quantifier_offset) != f->id)
@@ -144,16 +143,15 @@ static const char *same_encoding(const ProtobufCMessage *a, const ProtobufCMessa
     const char *r = NULL;
     if (!x || !y)
         r = "no memory";
-    else if (na != nb || protobuf_c_message_pack(a, x) != na || protobuf_c_message_pack(b, y) != nb ||
-             memcmp(x, y, na))
+    else if (na != nb || protobuf_c_message_pack(a, x) != na || protobuf_c_message_pack(b, y) != nb || memcmp(x, y, na))
         r = differ(NULL, "the two decoded messages pack to different bytes");
     free(x);
     free(y);
     return r;
 }
 
-const char *pbc_unpack_both(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len,
-                            struct vrpc_arena *a, bool *accepted, bool *looped)
+const char *pbc_unpack_both(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len, struct vrpc_arena *a,
+                            bool *accepted, bool *looped)
 {
     ProtobufCMessage *fast = NULL;
     const char *r = NULL;
@@ -181,9 +179,14 @@ const char *pbc_unpack_both(const ProtobufCMessageDescriptor *d, const uint8_t *
 
 static uint64_t next_u64(uint64_t (*next)(void *), void *ctx)
 {
-    static const uint64_t edge[] = {0, 1, 127, 128, 16383, 16384, 0x7fffffff, 0x80000000, 0xffffffff,
-                                    0x100000000ull, INT64_MAX, (uint64_t)INT64_MIN, UINT64_MAX,
-                                    (uint64_t)-1 - 1, (uint64_t)-3};
+    static const uint64_t edge[] = {0,           1,
+                                    127,         128,
+                                    16383,       16384,
+                                    0x7fffffff,  0x80000000,
+                                    0xffffffff,  0x100000000ull,
+                                    INT64_MAX,   (uint64_t)INT64_MIN,
+                                    UINT64_MAX,  (uint64_t)-1 - 1,
+                                    (uint64_t)-3};
     switch (next(ctx) % 4) {
     case 0:
         return edge[next(ctx) % (sizeof(edge) / sizeof(edge[0]))];
@@ -225,7 +228,7 @@ void pbc_fill(ProtobufCMessage *msg, uint64_t (*next)(void *), void *ctx)
         const ProtobufCFieldDescriptor *f = &d->fields[i];
         char *m = (char *)msg + f->offset;
         if (next(ctx) % 4 == 0)
-            continue; /* leave as initialised */
+            continue;                                /* leave as initialised */
         if (f->label == PROTOBUF_C_LABEL_REPEATED) { /* NotFlat: repeated int32 */
             static int32_t rv[3] = {1, -1, 300};
             if (f->type != PROTOBUF_C_TYPE_INT32)

@@ -27,8 +27,8 @@ const char *pbc_pack_both(const ProtobufCMessage *msg);
  * *accepted: whether they accepted. A -ELOOP from vrpc_pb_unpack (too deep
  * for the guard) is not compared (protobuf-c would recurse that deep):
  * *accepted false, NULL returned, *looped true. */
-const char *pbc_unpack_both(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len,
-                            struct vrpc_arena *a, bool *accepted, bool *looped);
+const char *pbc_unpack_both(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len, struct vrpc_arena *a,
+                            bool *accepted, bool *looped);
 
 /* Fill every field of a message of the test protos with values and presence
  * drawn from next(ctx), edges over-represented: a repeated field points at

@@ -15,10 +15,10 @@ struct raw {
     struct vrpc_transport *tp;
     struct vrpc_cq *cq;
     struct vrpc_pool *pool;
-    struct vrpc_ep *ep;       /* raw_connect's endpoint (a raw client) */
-    struct vrpc_listener *l;  /* set by the test for a raw server */
-    pthread_mutex_t lock;     /* guards last/last_len */
-    uint8_t last[512];        /* the first bytes of the last frame received */
+    struct vrpc_ep *ep;      /* raw_connect's endpoint (a raw client) */
+    struct vrpc_listener *l; /* set by the test for a raw server */
+    pthread_mutex_t lock;    /* guards last/last_len */
+    uint8_t last[512];       /* the first bytes of the last frame received */
     uint32_t last_len;
     unsigned nrecv;           /* frames received (atomic) */
     unsigned disconnected;    /* DISCONNECTED completions (atomic) */

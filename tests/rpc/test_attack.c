@@ -40,8 +40,10 @@
 #include "rpc_test.pb-c.h"
 #include "transport/tcp/tcp_wire.h"
 
-#define M(name, in, out) \
-    {"/vrpctest.Test/" name, 0, &vrpctest__##in##__descriptor, &vrpctest__##out##__descriptor, NULL}
+#define M(name, in, out)                                                                                               \
+    {                                                                                                                  \
+        "/vrpctest.Test/" name, 0, &vrpctest__##in##__descriptor, &vrpctest__##out##__descriptor, NULL                 \
+    }
 static struct vrpc_method_desc m_echo = M("Echo", echo_request, echo_reply);
 
 static int64_t now_ms(void) { return vrpc_now_ns() / 1000000; }
@@ -202,9 +204,9 @@ static void assert_unharmed(const struct lat *before, const struct lat *during)
 
 struct rawc {
     int fd;
-    uint32_t credits;   /* the server's credits to us (messages we may send) */
-    uint32_t owed;      /* credits we owe the server (frames of its we consumed) */
-    unsigned nframes;   /* DATA frames received */
+    uint32_t credits; /* the server's credits to us (messages we may send) */
+    uint32_t owed;    /* credits we owe the server (frames of its we consumed) */
+    unsigned nframes; /* DATA frames received */
     bool eof;
     uint8_t in[65536];
     size_t have;
@@ -344,8 +346,11 @@ static uint32_t rpc_request_frame(uint8_t *out, uint32_t slot, uint32_t gen)
     Vrpctest__EchoRequest er = VRPCTEST__ECHO_REQUEST__INIT;
     er.seq = slot;
     size_t n = protobuf_c_message_pack(&er.base, pl);
-    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST, .method_id = m_echo.id,
-                              .request_id = vrpc_wire_make_id(slot, gen), .payload_len = (uint32_t)n};
+    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION,
+                              .type = VRPC_FT_REQUEST,
+                              .method_id = m_echo.id,
+                              .request_id = vrpc_wire_make_id(slot, gen),
+                              .payload_len = (uint32_t)n};
     vrpc_wire_hdr_encode(out, &h);
     memcpy(out + VRPC_WIRE_HDR_LEN, pl, n);
     return VRPC_WIRE_HDR_LEN + (uint32_t)n;

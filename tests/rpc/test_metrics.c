@@ -30,7 +30,10 @@ static struct {
     const char *backend, *setup, *server_ip, *client_ip;
 } g_opt = {"tcp", "single", NULL, NULL};
 
-#define M(name, in, out) {"/vrpctest.Test/" name, 0, &vrpctest__##in##__descriptor, &vrpctest__##out##__descriptor, NULL}
+#define M(name, in, out)                                                                                               \
+    {                                                                                                                  \
+        "/vrpctest.Test/" name, 0, &vrpctest__##in##__descriptor, &vrpctest__##out##__descriptor, NULL                 \
+    }
 static struct vrpc_method_desc m_echo = M("Echo", echo_request, echo_reply);
 static struct vrpc_method_desc m_other = M("Other", echo_request, echo_reply);
 
@@ -580,12 +583,9 @@ int main(int argc, char **argv)
     m_echo.id = vrpc_method_id(m_echo.full_name);
     m_other.id = vrpc_method_id(m_other.full_name);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_percentile_not_above_max),
-        cmocka_unit_test(test_bucket_bounds),
-        cmocka_unit_test(test_stats_reply_text),
-        cmocka_unit_test(test_scrape_counts_exactly),
-        cmocka_unit_test(test_rendezvous_counted),
-        cmocka_unit_test(test_endpoint_errors),
+        cmocka_unit_test(test_percentile_not_above_max), cmocka_unit_test(test_bucket_bounds),
+        cmocka_unit_test(test_stats_reply_text),         cmocka_unit_test(test_scrape_counts_exactly),
+        cmocka_unit_test(test_rendezvous_counted),       cmocka_unit_test(test_endpoint_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -44,30 +44,24 @@ static uint64_t rnd_next(void *ctx)
     return rnd();
 }
 
-static void fill(ProtobufCMessage *msg)
-{
-    pbc_fill(msg, rnd_next, NULL);
-}
+static void fill(ProtobufCMessage *msg) { pbc_fill(msg, rnd_next, NULL); }
 
-static const ProtobufCMessageDescriptor *const types[] = {
-    &vrpcflat2__all2__descriptor,
-    &vrpcflat3__all3__descriptor,
-    &vrpctest__echo_request__descriptor,
-    &vrpctest__echo_reply__descriptor,
-    &vrpcflat3__not_flat__descriptor, /* not flat: protobuf-c packs, and unpacks a repeated field */
-    &vrpctest__node__descriptor,
+static const ProtobufCMessageDescriptor
+    *const
+        types[] =
+            {
+                &vrpcflat2__all2__descriptor,        &vrpcflat3__all3__descriptor,
+                &vrpctest__echo_request__descriptor, &vrpctest__echo_reply__descriptor,
+                &vrpcflat3__not_flat__descriptor, /* not flat: protobuf-c packs, and unpacks a repeated field */
+                &vrpctest__node__descriptor,
 };
 #define NTYPES (sizeof(types) / sizeof(types[0]))
 
-static void new_msg(const ProtobufCMessageDescriptor *d, ProtobufCMessage *m)
-{
-    d->message_init(m);
-}
+static void new_msg(const ProtobufCMessageDescriptor *d, ProtobufCMessage *m) { d->message_init(m); }
 
 /* Unpack buf with both and compare outcomes (pb_compare.c). Returns whether
  * they accepted. */
-static bool unpack_both(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len,
-                        struct vrpc_arena *a)
+static bool unpack_both(const ProtobufCMessageDescriptor *d, const uint8_t *buf, size_t len, struct vrpc_arena *a)
 {
     bool ok, looped;
     const char *why = pbc_unpack_both(d, buf, len, a, &ok, &looped);

@@ -83,8 +83,10 @@ static struct {
 
 /* ---- methods -------------------------------------------------------------- */
 
-#define M(name, in, out) \
-    {"/vrpctest.Test/" name, 0, &vrpctest__##in##__descriptor, &vrpctest__##out##__descriptor, NULL}
+#define M(name, in, out)                                                                                               \
+    {                                                                                                                  \
+        "/vrpctest.Test/" name, 0, &vrpctest__##in##__descriptor, &vrpctest__##out##__descriptor, NULL                 \
+    }
 static struct vrpc_method_desc m_echo = M("Echo", echo_request, echo_reply);
 static struct vrpc_method_desc m_nest = M("Nest", node, echo_reply);
 static struct vrpc_method_desc m_missing = M("Missing", echo_request, echo_reply);
@@ -152,8 +154,8 @@ static void *defer_main(void *arg)
         bool did = false;
         for (unsigned i = 0; i < g_defer.n; i++) {
             struct deferred d = g_defer.q[i];
-            bool ready = d.mode == MODE_WAIT_CANCEL ? (vrpc_server_call_is_cancelled(d.call) || now >= d.due)
-                                                    : now >= d.due;
+            bool ready =
+                d.mode == MODE_WAIT_CANCEL ? (vrpc_server_call_is_cancelled(d.call) || now >= d.due) : now >= d.due;
             if (!ready && !g_defer.stop)
                 continue;
             g_defer.q[i] = g_defer.q[--g_defer.n];
@@ -203,8 +205,7 @@ static void h_echo(struct vrpc_server_call *call, const ProtobufCMessage *msg, v
         pthread_mutex_lock(&g_defer.lock);
         assert_true(g_defer.n < DEFER_MAX);
         g_defer.q[g_defer.n++] = (struct deferred){call, (Vrpctest__EchoRequest *)r,
-                                                   vrpc_now_ns() + (int64_t)r->sleep_ms * 1000000,
-                                                   (enum mode)r->mode};
+                                                   vrpc_now_ns() + (int64_t)r->sleep_ms * 1000000, (enum mode)r->mode};
         pthread_mutex_unlock(&g_defer.lock);
         return;
     }
@@ -257,8 +258,8 @@ static char g_uri[VRPC_URI_MAX];
 static char *listen_uri(char *buf, size_t len, unsigned port)
 {
     const char *ip = g_opt.server_ip;
-    snprintf(buf, len, "%s://%s%s%s:%u", g_opt.backend, strchr(ip, ':') ? "[" : "", ip,
-             strchr(ip, ':') ? "]" : "", port);
+    snprintf(buf, len, "%s://%s%s%s:%u", g_opt.backend, strchr(ip, ':') ? "[" : "", ip, strchr(ip, ':') ? "]" : "",
+             port);
     return buf;
 }
 
@@ -373,8 +374,7 @@ static void test_basic_calls(void **state)
 
     /* unknown method: UNIMPLEMENTED */
     Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
-    assert_int_equal(vrpc_call(ch, &m_missing, &r.base, (ProtobufCMessage **)&rep, NULL, &st),
-                     VRPC_UNIMPLEMENTED);
+    assert_int_equal(vrpc_call(ch, &m_missing, &r.base, (ProtobufCMessage **)&rep, NULL, &st), VRPC_UNIMPLEMENTED);
     /* a request over the server's limit fails on the client already */
     static uint8_t big[SERVER_MAX_MSG + 10];
     assert_int_equal(call_echo(ch, big, sizeof(big), 0, MODE_ECHO, 0, NULL, &rep, &st), VRPC_RESOURCE_EXHAUSTED);
@@ -854,7 +854,9 @@ static void test_server_deadline_while_handler_runs(void **state)
     struct vrpc_channel *ch = new_channel(g_uri, 1, true); /* one slot: the next call needs it back */
     Vrpctest__EchoReply *rep;
     struct vrpc_status st;
-    struct method_count { uint64_t deadline; } before = {0}, after = {0};
+    struct method_count {
+        uint64_t deadline;
+    } before = {0}, after = {0};
     struct vrpc_method_stats ms[8];
     size_t nm;
     assert_int_equal(vrpc_server_stats(g_srv, ms, 8, &nm), 0);
@@ -1047,8 +1049,11 @@ static void test_bad_requests_get_status(void **state)
     Vrpctest__EchoRequest er = VRPCTEST__ECHO_REQUEST__INIT;
     er.seq = 5;
     size_t glen = protobuf_c_message_pack(&er.base, good);
-    struct vrpc_wire_hdr req = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST, .method_id = m_echo.id,
-                                .request_id = vrpc_wire_make_id(0, 1), .payload_len = (uint32_t)glen};
+    struct vrpc_wire_hdr req = {.version = VRPC_WIRE_VERSION,
+                                .type = VRPC_FT_REQUEST,
+                                .method_id = m_echo.id,
+                                .request_id = vrpc_wire_make_id(0, 1),
+                                .payload_len = (uint32_t)glen};
     raw_expect_status(&r, &n, &req, NULL, good, VRPC_OK);
 
     /* unknown method */
@@ -1103,7 +1108,8 @@ static void test_bad_requests_get_status(void **state)
     raw_expect_status(&r, &n, &req, mdb, good, VRPC_OK);
 
     /* a CANCEL for an id not in flight is ignored; the connection stays */
-    struct vrpc_wire_hdr c = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_CANCEL, .request_id = vrpc_wire_make_id(3, 3)};
+    struct vrpc_wire_hdr c = {
+        .version = VRPC_WIRE_VERSION, .type = VRPC_FT_CANCEL, .request_id = vrpc_wire_make_id(3, 3)};
     uint8_t f[64];
     raw_send_bytes(&r, r.ep, f, frame(f, &c, NULL, NULL));
     req.md_len = 0;
@@ -1128,7 +1134,9 @@ static void test_protocol_errors_close_connection(void **state)
         struct raw r;
         uint8_t f[256];
         size_t len;
-        struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST, .method_id = m_echo.id,
+        struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION,
+                                  .type = VRPC_FT_REQUEST,
+                                  .method_id = m_echo.id,
                                   .request_id = vrpc_wire_make_id(0, 1)};
         raw_open(&r, g_opt.backend);
         raw_connect(&r, g_uri, g_opt.client_ip);
@@ -1229,7 +1237,7 @@ static void test_bad_server_frames(void **state)
         if (kind == 0)
             h.request_id = rq.request_id + (1ull << 32); /* right slot, wrong generation */
         else if (kind == 1)
-            h.request_id = vrpc_wire_make_id(5000, 1);   /* no such slot */
+            h.request_id = vrpc_wire_make_id(5000, 1); /* no such slot */
         else
             h.type = VRPC_FT_REQUEST, h.request_id = 1; /* a frame a server must not send */
         raw_send_bytes(&r, ep, f, frame(f, &h, NULL, NULL));
@@ -1344,15 +1352,16 @@ static void flaky_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, v
                     uint8_t p[VRPC_WIRE_HELLO_LEN];
                     struct vrpc_wire_hello hs = {.max_msg_size = 4096, .max_concurrent = 32};
                     vrpc_wire_hello_encode(p, &hs);
-                    struct vrpc_wire_hdr a = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_HELLO_ACK, .payload_len = sizeof(p)};
+                    struct vrpc_wire_hdr a = {
+                        .version = VRPC_WIRE_VERSION, .type = VRPC_FT_HELLO_ACK, .payload_len = sizeof(p)};
                     flaky_send(f, w->ep, &a, p);
                 } else if (h.type == VRPC_FT_REQUEST) {
                     if (++f->requests % f->every == 0) {
                         if (vrpc_ep_close(w->ep) == 0)
                             __atomic_add_fetch(&f->drops, 1, __ATOMIC_RELAXED);
                     } else {
-                        struct vrpc_wire_hdr a = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
-                                                  .request_id = h.request_id};
+                        struct vrpc_wire_hdr a = {
+                            .version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE, .request_id = h.request_id};
                         flaky_send(f, w->ep, &a, NULL);
                     }
                 }
@@ -1380,9 +1389,9 @@ struct loss_state {
     struct vrpc_channel *ch;
     struct call_rec *recs;
     unsigned per_thread;
-    unsigned done;    /* atomic: async completions */
+    unsigned done;     /* atomic: async completions */
     unsigned sync_bad; /* atomic: sync calls with a code other than OK/UNAVAILABLE */
-    unsigned sync_n;  /* atomic */
+    unsigned sync_n;   /* atomic */
 };
 
 struct loss_thread {
@@ -1572,10 +1581,12 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--setup") && i + 1 < argc)
             g_opt.setup = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--backend tcp|verbs] [--setup local|single|veth]\n"
-                            "verbs: --setup single reads VRPC_VERBS_IP; --setup veth reads\n"
-                            "VRPC_VERBS_IP_A (client) and VRPC_VERBS_IP_B (server).\n"
-                            "VRPC_TEST_SCALE=N divides the round counts.\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--backend tcp|verbs] [--setup local|single|veth]\n"
+                    "verbs: --setup single reads VRPC_VERBS_IP; --setup veth reads\n"
+                    "VRPC_VERBS_IP_A (client) and VRPC_VERBS_IP_B (server).\n"
+                    "VRPC_TEST_SCALE=N divides the round counts.\n",
+                    argv[0]);
             return 2;
         }
     }

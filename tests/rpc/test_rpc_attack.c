@@ -39,8 +39,10 @@
 
 #define ATK_EAGER 8192u /* the eager size the server uses (rpc/internal.h) */
 
-#define M(name, in, out) \
-    {"/vrpctest.Test/" name, 0, &vrpctest__##in##__descriptor, &vrpctest__##out##__descriptor, NULL}
+#define M(name, in, out)                                                                                               \
+    {                                                                                                                  \
+        "/vrpctest.Test/" name, 0, &vrpctest__##in##__descriptor, &vrpctest__##out##__descriptor, NULL                 \
+    }
 static struct vrpc_method_desc m_echo = M("Echo", echo_request, echo_reply);
 
 static void h_echo(struct vrpc_server_call *call, const ProtobufCMessage *msg, void *user)
@@ -94,31 +96,31 @@ static bool wait_in_use(struct env *e, size_t n, int ms)
 /* ---- the raw attacker ----------------------------------------------------- */
 
 enum atk_mode {
-    ATK_NO_READ,   /* calls, returns no credits: its responses pile up at the server */
-    ATK_LARGE,     /* announces large requests, never serves their reads */
-    ATK_SLOW,      /* announces a large request, serves its read one byte per tick */
-    ATK_FLOOD,     /* calls as fast as credits allow, reads everything */
+    ATK_NO_READ, /* calls, returns no credits: its responses pile up at the server */
+    ATK_LARGE,   /* announces large requests, never serves their reads */
+    ATK_SLOW,    /* announces a large request, serves its read one byte per tick */
+    ATK_FLOOD,   /* calls as fast as credits allow, reads everything */
 };
 
 struct atk {
     enum atk_mode mode;
     const char *uri;
-    uint32_t slots;       /* the server's max_concurrent */
-    uint32_t nlarge;      /* ATK_LARGE / ATK_SLOW: large requests to announce;
+    uint32_t slots;  /* the server's max_concurrent */
+    uint32_t nlarge; /* ATK_LARGE / ATK_SLOW: large requests to announce;
                              ATK_NO_READ: calls to make */
     uint32_t large_len;
-    int run_ms;           /* how long it attacks (it keeps its socket until stopped) */
+    int run_ms; /* how long it attacks (it keeps its socket until stopped) */
     int fd;
-    uint32_t credits;     /* DATA frames we may send (the server's grant) */
-    uint32_t owed;        /* credits we owe the server (returned unless ATK_NO_READ) */
-    unsigned sent;        /* requests sent */
-    unsigned by_code[VRPC_CODE_COUNT]; /* responses by status (atomic) */
-    unsigned responses;   /* (atomic) */
-    unsigned closed;      /* the server ended the connection (atomic) */
-    unsigned ready;       /* handshake done (atomic) */
-    unsigned stop;        /* (atomic) */
+    uint32_t credits;                      /* DATA frames we may send (the server's grant) */
+    uint32_t owed;                         /* credits we owe the server (returned unless ATK_NO_READ) */
+    unsigned sent;                         /* requests sent */
+    unsigned by_code[VRPC_CODE_COUNT];     /* responses by status (atomic) */
+    unsigned responses;                    /* (atomic) */
+    unsigned closed;                       /* the server ended the connection (atomic) */
+    unsigned ready;                        /* handshake done (atomic) */
+    unsigned stop;                         /* (atomic) */
     uint32_t rd_tag[16], rd_left[16], nrd; /* ATK_SLOW: reads asked of us */
-    uint8_t busy[256];    /* ATK_FLOOD: slots with a call out */
+    uint8_t busy[256];                     /* ATK_FLOOD: slots with a call out */
     pthread_t th;
 };
 
@@ -202,8 +204,7 @@ static bool atk_pump(struct atk *a, int ms)
             struct vrpc_wire_hdr w;
             if (vrpc_wire_hdr_decode(body, len, &w) == 0 && w.type == VRPC_FT_HELLO_ACK)
                 __atomic_store_n(&a->ready, 1, __ATOMIC_RELEASE);
-            if (vrpc_wire_hdr_decode(body, len, &w) == 0 && w.type == VRPC_FT_RESPONSE &&
-                w.status < VRPC_CODE_COUNT) {
+            if (vrpc_wire_hdr_decode(body, len, &w) == 0 && w.type == VRPC_FT_RESPONSE && w.status < VRPC_CODE_COUNT) {
                 __atomic_add_fetch(&a->by_code[w.status], 1, __ATOMIC_RELAXED);
                 if (vrpc_wire_id_slot(w.request_id) < 256)
                     a->busy[vrpc_wire_id_slot(w.request_id)] = 0;
@@ -237,8 +238,7 @@ static void atk_handshake(struct atk *a)
     assert_int_equal(h.type, VRPC_TCP_HELLO_ACK);
     a->credits = le16toh(h.credits);
     uint8_t hp[VRPC_WIRE_HELLO_LEN];
-    struct vrpc_wire_hello hs = {.max_msg_size = 1u << 20, .max_concurrent = a->slots,
-                                 .features = VRPC_FEAT_LARGE};
+    struct vrpc_wire_hello hs = {.max_msg_size = 1u << 20, .max_concurrent = a->slots, .features = VRPC_FEAT_LARGE};
     vrpc_wire_hello_encode(hp, &hs);
     struct vrpc_wire_hdr w = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_HELLO, .payload_len = sizeof hp};
     assert_true(atk_data(a, &w, hp, sizeof hp));
@@ -256,8 +256,11 @@ static bool atk_call(struct atk *a, uint32_t slot, uint32_t gen)
     rq.payload.len = sizeof pay;
     rq.seq = gen;
     size_t n = vrpctest__echo_request__pack(&rq, pb);
-    struct vrpc_wire_hdr w = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST, .method_id = m_echo.id,
-                              .request_id = vrpc_wire_make_id(slot, gen), .payload_len = (uint32_t)n};
+    struct vrpc_wire_hdr w = {.version = VRPC_WIRE_VERSION,
+                              .type = VRPC_FT_REQUEST,
+                              .method_id = m_echo.id,
+                              .request_id = vrpc_wire_make_id(slot, gen),
+                              .payload_len = (uint32_t)n};
     return atk_data(a, &w, pb, (uint32_t)n);
 }
 
@@ -266,8 +269,11 @@ static bool atk_announce(struct atk *a, uint32_t slot)
     uint8_t d[VRPC_WIRE_DESC_LEN];
     struct vrpc_wire_desc desc = {.addr = 0x10000 + (uint64_t)slot * a->large_len, .rkey = 0x1234 + slot};
     vrpc_wire_desc_encode(d, &desc);
-    struct vrpc_wire_hdr w = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST, .flags = VRPC_FF_RNDV,
-                              .method_id = m_echo.id, .request_id = vrpc_wire_make_id(slot, 1),
+    struct vrpc_wire_hdr w = {.version = VRPC_WIRE_VERSION,
+                              .type = VRPC_FT_REQUEST,
+                              .flags = VRPC_FF_RNDV,
+                              .method_id = m_echo.id,
+                              .request_id = vrpc_wire_make_id(slot, 1),
                               .payload_len = a->large_len};
     return atk_data(a, &w, d, sizeof d);
 }
@@ -344,8 +350,7 @@ static void *atk_main(void *arg)
     return NULL;
 }
 
-static void atk_start(struct atk *a, enum atk_mode mode, const char *uri, uint32_t slots, int run_ms,
-                      uint32_t nlarge)
+static void atk_start(struct atk *a, enum atk_mode mode, const char *uri, uint32_t slots, int run_ms, uint32_t nlarge)
 {
     memset(a, 0, sizeof(*a));
     a->nlarge = nlarge;
@@ -545,7 +550,7 @@ static void server_large_opts(struct vrpc_server_opts *so)
     vrpc_server_opts_init(so);
     so->max_concurrent = 32;
     so->max_msg_size = 1u << 20;
-    so->max_pinned = 8u << 20; /* max_pinned_per_conn: 2 MiB by default */
+    so->max_pinned = 8u << 20;    /* max_pinned_per_conn: 2 MiB by default */
     so->transfer_floor_ms = 1000; /* a 1 MiB read may take 2 s at the default 1 MiB/s */
 }
 
@@ -619,7 +624,8 @@ static void t_large_slow_readers(void **state)
         atk_stop(&a[i]);
     }
     printf("attack slow x16: %u of 16 answered RESOURCE_EXHAUSTED, %u of them lost their connection "
-           "(large transfer too slow)\n", refused, closed);
+           "(large transfer too slow)\n",
+           refused, closed);
     assert_true(closed >= 1);
     assert_kept(&before, &during);
     assert_true(wait_in_use(&e, base, 20000));
@@ -729,8 +735,10 @@ static void t_no_read_ep(void **state)
             Vrpctest__EchoRequest rq = VRPCTEST__ECHO_REQUEST__INIT;
             rq.seq = sent;
             size_t n = vrpctest__echo_request__pack(&rq, pb);
-            struct vrpc_wire_hdr r = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST,
-                                      .method_id = m_echo.id, .request_id = vrpc_wire_make_id(slot, gen),
+            struct vrpc_wire_hdr r = {.version = VRPC_WIRE_VERSION,
+                                      .type = VRPC_FT_REQUEST,
+                                      .method_id = m_echo.id,
+                                      .request_id = vrpc_wire_make_id(slot, gen),
                                       .payload_len = (uint32_t)n};
             if (!ep_atk_send(&a, &r, pb, (uint32_t)n))
                 goto stopped;
@@ -791,12 +799,12 @@ static void t_flood(void **state)
 struct trickler {
     int lfd, fd;
     unsigned port;
-    uint32_t len;          /* the announced response */
-    unsigned served;       /* bytes of the read served (atomic) */
-    unsigned reads;        /* READ_REQs seen (atomic) */
-    unsigned ended;        /* the channel's side ended the connection (atomic) */
+    uint32_t len;    /* the announced response */
+    unsigned served; /* bytes of the read served (atomic) */
+    unsigned reads;  /* READ_REQs seen (atomic) */
+    unsigned ended;  /* the channel's side ended the connection (atomic) */
     int64_t ended_ns;
-    unsigned stop;         /* (atomic) */
+    unsigned stop; /* (atomic) */
     pthread_t th;
 };
 
@@ -855,20 +863,23 @@ static void *trickler_main(void *arg)
         } else if (h.type == VRPC_TCP_DATA && vrpc_wire_hdr_decode(body, len, &w) == 0) {
             if (w.type == VRPC_FT_HELLO) {
                 uint8_t hp[VRPC_WIRE_HELLO_LEN];
-                struct vrpc_wire_hello hs = {.max_msg_size = 32u << 20, .max_concurrent = 8,
-                                             .features = VRPC_FEAT_LARGE};
+                struct vrpc_wire_hello hs = {
+                    .max_msg_size = 32u << 20, .max_concurrent = 8, .features = VRPC_FEAT_LARGE};
                 vrpc_wire_hello_encode(hp, &hs);
-                struct vrpc_wire_hdr a = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_HELLO_ACK,
-                                          .payload_len = sizeof hp};
+                struct vrpc_wire_hdr a = {
+                    .version = VRPC_WIRE_VERSION, .type = VRPC_FT_HELLO_ACK, .payload_len = sizeof hp};
                 if (!tr_rpc(t->fd, &a, hp, sizeof hp))
                     break;
             } else if (w.type == VRPC_FT_REQUEST) {
                 uint8_t d[VRPC_WIRE_DESC_LEN];
                 struct vrpc_wire_desc desc = {.addr = 0x100000, .rkey = 0x77};
                 vrpc_wire_desc_encode(d, &desc);
-                struct vrpc_wire_hdr r = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE,
-                                          .flags = VRPC_FF_RNDV, .status = VRPC_OK,
-                                          .request_id = w.request_id, .payload_len = t->len};
+                struct vrpc_wire_hdr r = {.version = VRPC_WIRE_VERSION,
+                                          .type = VRPC_FT_RESPONSE,
+                                          .flags = VRPC_FF_RNDV,
+                                          .status = VRPC_OK,
+                                          .request_id = w.request_id,
+                                          .payload_len = t->len};
                 if (!tr_rpc(t->fd, &r, d, sizeof d))
                     break;
             }
@@ -929,12 +940,12 @@ static void t_trickled_response(void **state)
     int64_t ms = (vrpc_now_ns() - t0) / 1000000;
     size_t held = ch_in_use(ch);
     printf("attack trickle: the 16 MiB response's call ended %s after %lld ms (\"%s\"); %u bytes served, "
-           "%zu bytes of large buffers still in use\n", vrpc_code_name(code), (long long)ms, st.message,
-           __atomic_load_n(&t.served, __ATOMIC_ACQUIRE), held);
+           "%zu bytes of large buffers still in use\n",
+           vrpc_code_name(code), (long long)ms, st.message, __atomic_load_n(&t.served, __ATOMIC_ACQUIRE), held);
     assert_int_equal(__atomic_load_n(&t.reads, __ATOMIC_ACQUIRE), 1);
     assert_int_equal(code, VRPC_RESOURCE_EXHAUSTED);
     assert_non_null(strstr(st.message, "min_transfer_rate"));
-    assert_true(ms >= 1500 && ms < 6000); /* at its limit (2 s), well before the deadline */
+    assert_true(ms >= 1500 && ms < 6000);          /* at its limit (2 s), well before the deadline */
     for (int i = 0; i < 100 && ch_in_use(ch); i++) /* the aborted read's completion puts it back */
         usleep(10000);
     assert_int_equal(ch_in_use(ch), 0);

@@ -20,8 +20,10 @@
 #include <verbrpc/transport.h>
 #include "rpc_test.pb-c.h"
 
-#define M(name, in, out) \
-    {"/vrpctest.Test/" name, 0, &vrpctest__##in##__descriptor, &vrpctest__##out##__descriptor, NULL}
+#define M(name, in, out)                                                                                               \
+    {                                                                                                                  \
+        "/vrpctest.Test/" name, 0, &vrpctest__##in##__descriptor, &vrpctest__##out##__descriptor, NULL                 \
+    }
 static struct vrpc_method_desc m_echo = M("Echo", echo_request, echo_reply);
 static struct vrpc_method_desc m_missing = M("Missing", echo_request, echo_reply);
 
@@ -118,25 +120,25 @@ static void test_sync_call_inside_callback(void **state)
 /* ---- URIs ------------------------------------------------------------------ */
 
 static const char *const g_bad_uris[] = {
-    "tcp:/127.0.0.1:7500",      /* one slash */
-    "127.0.0.1",                /* no port */
-    "tcp://127.0.0.1",          /* no port */
-    "tcp://127.0.0.1:99999",    /* port out of range */
-    "tcp://127.0.0.1:",         /* empty port */
-    "tcp://127.0.0.1:-1",       /* not a number */
-    "tcp://[::1:7500",          /* unclosed bracket */
-    "tcp://[::1]7500",          /* no ':' after ']' */
-    "tcp://[127.0.0.1]:7500",   /* brackets around a non-IPv6 host */
-    "tcp://::1:7500",           /* IPv6 without brackets */
-    "tcp://:7500",              /* empty host */
-    ":7500",                    /* empty host, bare */
-    "foo://127.0.0.1:7500",     /* unknown scheme */
-    "TCP://127.0.0.1:7500",     /* scheme not lowercase */
-    "tcp://127.0.0.1:7500x",    /* trailing garbage */
-    "tcp://127.0.0.1:7500/",    /* trailing garbage */
-    "tcp://127.0.0.1:7500 ",    /* trailing blank */
-    "tcp://host name:7500",     /* blank in the host */
-    "",                         /* empty */
+    "tcp:/127.0.0.1:7500",    /* one slash */
+    "127.0.0.1",              /* no port */
+    "tcp://127.0.0.1",        /* no port */
+    "tcp://127.0.0.1:99999",  /* port out of range */
+    "tcp://127.0.0.1:",       /* empty port */
+    "tcp://127.0.0.1:-1",     /* not a number */
+    "tcp://[::1:7500",        /* unclosed bracket */
+    "tcp://[::1]7500",        /* no ':' after ']' */
+    "tcp://[127.0.0.1]:7500", /* brackets around a non-IPv6 host */
+    "tcp://::1:7500",         /* IPv6 without brackets */
+    "tcp://:7500",            /* empty host */
+    ":7500",                  /* empty host, bare */
+    "foo://127.0.0.1:7500",   /* unknown scheme */
+    "TCP://127.0.0.1:7500",   /* scheme not lowercase */
+    "tcp://127.0.0.1:7500x",  /* trailing garbage */
+    "tcp://127.0.0.1:7500/",  /* trailing garbage */
+    "tcp://127.0.0.1:7500 ",  /* trailing blank */
+    "tcp://host name:7500",   /* blank in the host */
+    "",                       /* empty */
 };
 
 static void test_malformed_uris_refused_at_create(void **state)
@@ -167,8 +169,15 @@ static void test_good_uris_pass(void **state)
 {
     (void)state;
     static const char *const good[] = {
-        "tcp://127.0.0.1:7500", "127.0.0.1:7500", "localhost:0", "tcp://[::1]:7500", "auto://[::1]:0",
-        "verbs://10.0.0.1:7500", "fault+tcp://127.0.0.1:1", "tcp://[fe80::1%eth0]:7500", "tcp://my-host_1.example:65535",
+        "tcp://127.0.0.1:7500",
+        "127.0.0.1:7500",
+        "localhost:0",
+        "tcp://[::1]:7500",
+        "auto://[::1]:0",
+        "verbs://10.0.0.1:7500",
+        "fault+tcp://127.0.0.1:1",
+        "tcp://[fe80::1%eth0]:7500",
+        "tcp://my-host_1.example:65535",
     };
     char why[160];
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {

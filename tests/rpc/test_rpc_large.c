@@ -33,8 +33,10 @@ static struct {
     const char *self;
 } g_opt;
 
-#define M(name, in, out) \
-    {"/vrpctest.Test/" name, 0, &vrpctest__##in##__descriptor, &vrpctest__##out##__descriptor, NULL}
+#define M(name, in, out)                                                                                               \
+    {                                                                                                                  \
+        "/vrpctest.Test/" name, 0, &vrpctest__##in##__descriptor, &vrpctest__##out##__descriptor, NULL                 \
+    }
 static struct vrpc_method_desc m_echo = M("Echo", echo_request, echo_reply);
 static struct vrpc_method_desc m_multi = M("Multi", multi, echo_reply);
 
@@ -168,8 +170,8 @@ static uint32_t g_hold_ms; /* hold_timeout_ms of the next channel/server made */
 static char *listen_uri(char *buf, size_t len, unsigned port)
 {
     const char *ip = g_opt.server_ip;
-    snprintf(buf, len, "%s://%s%s%s:%u", g_opt.backend, strchr(ip, ':') ? "[" : "", ip,
-             strchr(ip, ':') ? "]" : "", port);
+    snprintf(buf, len, "%s://%s%s%s:%u", g_opt.backend, strchr(ip, ':') ? "[" : "", ip, strchr(ip, ':') ? "]" : "",
+             port);
     return buf;
 }
 
@@ -213,8 +215,8 @@ static struct vrpc_channel *new_channel(const char *uri, uint32_t max_msg, uint6
     return new_channel_opt(uri, max_msg, max_pinned, true);
 }
 
-static int call_echo(struct vrpc_channel *ch, const void *data, size_t len, uint64_t seq, enum mode mode,
-                     uint32_t arg, Vrpctest__EchoReply **rep, struct vrpc_status *st)
+static int call_echo(struct vrpc_channel *ch, const void *data, size_t len, uint64_t seq, enum mode mode, uint32_t arg,
+                     Vrpctest__EchoReply **rep, struct vrpc_status *st)
 {
     Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
     r.payload.data = (uint8_t *)data;
@@ -288,7 +290,8 @@ static void test_small_limits(void **state)
 
     /* request over the server's limit: refused locally, both figures named */
     assert_int_equal(call_echo(ch, buf, 6100, 0, MODE_CRC, 0, &rep, &st), VRPC_RESOURCE_EXHAUSTED);
-    snprintf(want, sizeof(want), "request of %zu bytes exceeds the server's limit of 6000 bytes", req_size(6100, MODE_CRC));
+    snprintf(want, sizeof(want), "request of %zu bytes exceeds the server's limit of 6000 bytes",
+             req_size(6100, MODE_CRC));
     assert_string_equal(st.message, want);
     /* request within it, response over the client's limit */
     assert_int_equal(call_echo(ch, buf, 5000, 0, MODE_CRC, 0, &rep, &st), VRPC_OK);
@@ -309,7 +312,7 @@ static void test_small_limits(void **state)
 
 #define MiB (1u << 20)
 
-static size_t g_max;            /* largest payload tested: 64 MiB, 16 MiB quick */
+static size_t g_max;              /* largest payload tested: 64 MiB, 16 MiB quick */
 static struct vrpc_server *g_srv; /* max_msg_size = g_max, max_pinned 256 MiB */
 static char g_uri[VRPC_URI_MAX];
 
@@ -363,8 +366,8 @@ static void test_large_sizes_both_directions(void **state)
     assert_non_null(data);
     fill(data, g_max, 42);
     const size_t eager = 8192; /* the RPC layer's eager frame size */
-    size_t sizes[] = {payload_for_frame(eager - 1), payload_for_frame(eager), payload_for_frame(eager + 1),
-                      MiB, g_max > 16 * MiB ? 16 * MiB : g_max - 64};
+    size_t sizes[] = {payload_for_frame(eager - 1), payload_for_frame(eager), payload_for_frame(eager + 1), MiB,
+                      g_max > 16 * MiB ? 16 * MiB : g_max - 64};
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
         int64_t t0 = vrpc_now_ns();
         check_echo(ch, data, sizes[i]);
@@ -472,8 +475,8 @@ static void test_small_call_overtakes_large(void **state)
     while (!__atomic_load_n(&big.done, __ATOMIC_ACQUIRE))
         usleep(1000);
     printf("# %zu-byte request: packed and offered in %.2f ms, done after %.2f ms; a 1-byte call "
-           "issued meanwhile took %.3f ms\n", n, (double)(t_sent - t0) / 1e6, (double)(big.t_done - t0) / 1e6,
-           (double)(t_small - t_sent) / 1e6);
+           "issued meanwhile took %.3f ms\n",
+           n, (double)(t_sent - t0) / 1e6, (double)(big.t_done - t0) / 1e6, (double)(t_small - t_sent) / 1e6);
     assert_int_equal(big.code, VRPC_OK);
     assert_int_equal(big.seq, crc);
     assert_false(big_done_first);
@@ -535,8 +538,8 @@ static void test_many_large_transfers_one_connection(void **state)
             t_last = big[i].t_done;
     }
     printf("# 4 transfers of %zu bytes at once (2 each way): all done after %.1f ms; a 1-byte call "
-           "issued meanwhile took %.3f ms (%u of the 4 done before it)\n", n, (double)(t_last - t0) / 1e6,
-           (double)(t_small - t0) / 1e6, done_before);
+           "issued meanwhile took %.3f ms (%u of the 4 done before it)\n",
+           n, (double)(t_last - t0) / 1e6, (double)(t_small - t0) / 1e6, done_before);
     assert_int_equal(wait_in_use_zero(vrpc_channel_transport(ch)), 0);
     assert_int_equal(wait_in_use_zero(vrpc_server_transport(g_srv)), 0);
     free(data);
@@ -692,10 +695,7 @@ static void raw_hello_f(struct raw *r, struct vrpc_ep *ep, uint8_t type, uint32_
     raw_send(r, ep, &h, p, sizeof(p));
 }
 
-static void raw_hello(struct raw *r, struct vrpc_ep *ep, uint8_t type)
-{
-    raw_hello_f(r, ep, type, VRPC_FEAT_LARGE);
-}
+static void raw_hello(struct raw *r, struct vrpc_ep *ep, uint8_t type) { raw_hello_f(r, ep, type, VRPC_FEAT_LARGE); }
 
 static void raw_last(struct raw *r, struct vrpc_wire_hdr *h)
 {
@@ -737,8 +737,11 @@ static void raw_send_forged_response(struct raw *r, struct vrpc_ep *ep, uint64_t
     uint8_t desc[VRPC_WIRE_DESC_LEN];
     struct vrpc_wire_desc d = {.addr = 0x10000000, .rkey = 0x12345};
     vrpc_wire_desc_encode(desc, &d);
-    struct vrpc_wire_hdr rh = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE, .flags = VRPC_FF_RNDV,
-                               .request_id = request_id, .payload_len = MiB};
+    struct vrpc_wire_hdr rh = {.version = VRPC_WIRE_VERSION,
+                               .type = VRPC_FT_RESPONSE,
+                               .flags = VRPC_FF_RNDV,
+                               .request_id = request_id,
+                               .payload_len = MiB};
     raw_send(r, ep, &rh, desc, sizeof(desc));
 }
 
@@ -750,9 +753,9 @@ static void test_forged_descriptors(void **state)
     struct vrpc_channel *ch = new_channel(g_uri, (uint32_t)g_max, 256u * MiB);
     uint8_t one = 1;
     check_echo(ch, &one, 1);
-    const char *what[] = {"wrong key", "address below the buffer", "range past the buffer's end",
-                          "address above the buffer", "key 0", "overflowing range",
-                          "rendezvous without LARGE agreed"};
+    const char *what[] = {
+        "wrong key", "address below the buffer", "range past the buffer's end",    "address above the buffer",
+        "key 0",     "overflowing range",        "rendezvous without LARGE agreed"};
     for (int kind = 0; kind < 7; kind++) {
         struct raw r;
         struct vrpc_wire_hdr h;
@@ -772,21 +775,37 @@ static void test_forged_descriptors(void **state)
         uint64_t addr = (uint64_t)(uintptr_t)lb->data;
         uint32_t len = (uint32_t)cap;
         switch (kind) {
-        case 0: rkey ^= 0x80; break;
-        case 1: addr -= 4096; break;
-        case 2: addr += 4096; break;
-        case 3: addr += cap; break;
-        case 4: rkey = 0; break;
-        case 5: addr = UINT64_MAX - 100; break;
-        default: break; /* a valid descriptor, but LARGE was not agreed */
+        case 0:
+            rkey ^= 0x80;
+            break;
+        case 1:
+            addr -= 4096;
+            break;
+        case 2:
+            addr += 4096;
+            break;
+        case 3:
+            addr += cap;
+            break;
+        case 4:
+            rkey = 0;
+            break;
+        case 5:
+            addr = UINT64_MAX - 100;
+            break;
+        default:
+            break; /* a valid descriptor, but LARGE was not agreed */
         }
         uint8_t desc[VRPC_WIRE_DESC_LEN];
         struct vrpc_wire_desc d = {.addr = addr, .rkey = rkey};
         vrpc_wire_desc_encode(desc, &d);
         if (kind == 4) /* the codec refuses to write key 0 through the struct check: patch it */
             memset(desc + 8, 0, 4);
-        h = (struct vrpc_wire_hdr){.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST, .flags = VRPC_FF_RNDV,
-                                   .method_id = m_echo.id, .request_id = vrpc_wire_make_id(0, 1),
+        h = (struct vrpc_wire_hdr){.version = VRPC_WIRE_VERSION,
+                                   .type = VRPC_FT_REQUEST,
+                                   .flags = VRPC_FF_RNDV,
+                                   .method_id = m_echo.id,
+                                   .request_id = vrpc_wire_make_id(0, 1),
                                    .payload_len = len};
         raw_send(&r, r.ep, &h, desc, sizeof(desc));
         if (!raw_wait(&r.disconnected, 1, 10000))
@@ -807,12 +826,12 @@ static void test_forged_descriptors(void **state)
 struct bg_call {
     struct vrpc_channel *ch;
     size_t n;
-    bool copy;      /* async without REQ_HELD: the request is packed into a large buffer */
-    bool held;      /* async with VRPC_CALL_REQ_HELD: sent from data, as a sync call's */
+    bool copy; /* async without REQ_HELD: the request is packed into a large buffer */
+    bool held; /* async with VRPC_CALL_REQ_HELD: sent from data, as a sync call's */
     int64_t timeout_us;
-    uint64_t id;    /* the call's id (atomic; call_id) */
-    uint8_t *data;  /* n bytes: 0..n-1 as bytes; freed by bg_call_main after the call */
-    int returned;   /* atomic: the call function returned */
+    uint64_t id;   /* the call's id (atomic; call_id) */
+    uint8_t *data; /* n bytes: 0..n-1 as bytes; freed by bg_call_main after the call */
+    int returned;  /* atomic: the call function returned */
     int code;
     struct vrpc_status st;
 };
@@ -867,8 +886,7 @@ static void test_forged_response_descriptor(void **state)
     struct vrpc_ep *ep = raw_server_take_request(&r, &h);
     raw_send_forged_response(&r, ep, h.request_id);
     pthread_join(t, NULL);
-    printf("# call answered with a forged descriptor: %s: %s\n", vrpc_code_name((enum vrpc_code)a.code),
-           a.st.message);
+    printf("# call answered with a forged descriptor: %s: %s\n", vrpc_code_name((enum vrpc_code)a.code), a.st.message);
     /* INTERNAL when the refusal comes back first; UNAVAILABLE if the owner's
      * side dropped the connection before its refusal was seen */
     assert_true(a.code == VRPC_INTERNAL || a.code == VRPC_UNAVAILABLE);
@@ -975,8 +993,11 @@ static void test_server_hold_timeout(void **state)
     er.seq = 2 * MiB;
     uint8_t body[64];
     size_t blen = protobuf_c_message_pack(&er.base, body);
-    h = (struct vrpc_wire_hdr){.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST, .method_id = m_echo.id,
-                               .request_id = vrpc_wire_make_id(0, 1), .payload_len = (uint32_t)blen};
+    h = (struct vrpc_wire_hdr){.version = VRPC_WIRE_VERSION,
+                               .type = VRPC_FT_REQUEST,
+                               .method_id = m_echo.id,
+                               .request_id = vrpc_wire_make_id(0, 1),
+                               .payload_len = (uint32_t)blen};
     raw_send(&r, r.ep, &h, body, blen);
     assert_true(raw_wait(&r.nrecv, 2, 5000));
     raw_last(&r, &h);
@@ -1134,8 +1155,7 @@ static void test_gather_many_fields(void **state)
         struct vrpc_status st;
         int code = vrpc_call(ch, &m_multi, &m.base, (ProtobufCMessage **)&rep, NULL, &st);
         if (code != VRPC_OK)
-            fail_msg("multi-field request (round %d): %s: %s", round, vrpc_code_name((enum vrpc_code)code),
-                     st.message);
+            fail_msg("multi-field request (round %d): %s: %s", round, vrpc_code_name((enum vrpc_code)code), st.message);
         assert_true(rep->seq == multi_digest(&m));
     }
     for (int i = 0; i < 6; i++)
@@ -1179,8 +1199,10 @@ static void test_zc_request_outlives_call(void **state)
         struct raw r;
         char bound[VRPC_URI_MAX];
         raw_server_open(&r, bound, sizeof(bound));
-        struct bg_call a = {.ch = new_channel_opt(bound, 4 * MiB, 0, false), .n = MiB,
-                            .timeout_us = kind == 0 ? 50000 : 0, .held = round >= 3};
+        struct bg_call a = {.ch = new_channel_opt(bound, 4 * MiB, 0, false),
+                            .n = MiB,
+                            .timeout_us = kind == 0 ? 50000 : 0,
+                            .held = round >= 3};
         a.data = malloc(a.n);
         fill(a.data, a.n, 5);
         size_t want_len;
@@ -1221,8 +1243,11 @@ static void test_zc_request_outlives_call(void **state)
             raw_send(&r, ep, &dh, NULL, 0);
         } else if (kind == 1) {
             static const char msg[] = "cancelled";
-            struct vrpc_wire_hdr rh = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE, .status = VRPC_CANCELLED,
-                                       .request_id = h.request_id, .payload_len = sizeof(msg) - 1};
+            struct vrpc_wire_hdr rh = {.version = VRPC_WIRE_VERSION,
+                                       .type = VRPC_FT_RESPONSE,
+                                       .status = VRPC_CANCELLED,
+                                       .request_id = h.request_id,
+                                       .payload_len = sizeof(msg) - 1};
             raw_send(&r, ep, &rh, msg, sizeof(msg) - 1);
         } else {
             vrpc_ep_close(ep);
@@ -1298,8 +1323,10 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--serve"))
             g_opt.serve = true;
         else {
-            fprintf(stderr, "usage: %s [--backend tcp|verbs] [--setup local|single|veth] [--quick]\n"
-                            "--quick (or VRPC_TEST_QUICK=1): payloads up to 16 MiB only\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--backend tcp|verbs] [--setup local|single|veth] [--quick]\n"
+                    "--quick (or VRPC_TEST_QUICK=1): payloads up to 16 MiB only\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -1314,8 +1341,8 @@ int main(int argc, char **argv)
     if (g_opt.serve)
         return serve_main();
     g_max = (g_opt.quick ? 16 : 64) * MiB;
-    printf("# large-message tests: backend %s, setup %s, payloads up to %zu MiB\n", g_opt.backend,
-           g_opt.setup, g_max >> 20);
+    printf("# large-message tests: backend %s, setup %s, payloads up to %zu MiB\n", g_opt.backend, g_opt.setup,
+           g_max >> 20);
     setvbuf(stdout, NULL, _IOLBF, 0);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_limit_options),

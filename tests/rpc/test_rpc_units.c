@@ -27,15 +27,19 @@
 static void test_hdr_roundtrip_and_byte_order(void **state)
 {
     (void)state;
-    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST, .flags = VRPC_FF_DEADLINE,
-                              .method_id = 0x11223344, .request_id = 0x0102030405060708ull,
-                              .budget_us = 0x71727374, .payload_len = 3, .md_len = 2};
+    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION,
+                              .type = VRPC_FT_REQUEST,
+                              .flags = VRPC_FF_DEADLINE,
+                              .method_id = 0x11223344,
+                              .request_id = 0x0102030405060708ull,
+                              .budget_us = 0x71727374,
+                              .payload_len = 3,
+                              .md_len = 2};
     uint8_t f[VRPC_WIRE_HDR_LEN + 5] = {0};
     assert_int_equal(VRPC_WIRE_HDR_LEN, 28);
     vrpc_wire_hdr_encode(f, &h);
     static const uint8_t expect[VRPC_WIRE_HDR_LEN] = {
-        'V', 'R', 2, 3, 1, 0, 2, 0, 8, 7, 6, 5, 4, 3, 2, 1,
-        0x44, 0x33, 0x22, 0x11, 0x74, 0x73, 0x72, 0x71, 3, 0, 0, 0};
+        'V', 'R', 2, 3, 1, 0, 2, 0, 8, 7, 6, 5, 4, 3, 2, 1, 0x44, 0x33, 0x22, 0x11, 0x74, 0x73, 0x72, 0x71, 3, 0, 0, 0};
     assert_memory_equal(f, expect, sizeof(expect));
     struct vrpc_wire_hdr d;
     assert_int_equal(vrpc_wire_hdr_decode(f, sizeof(f), &d), 0);
@@ -48,10 +52,9 @@ static void test_hdr_roundtrip_and_byte_order(void **state)
 
     /* budgets: microseconds below 2^31, then whole milliseconds rounded up,
      * capped at 2^31 - 1 ms */
-    static const uint64_t in[] = {0, 1, 0x7fffffffull, 0x80000000ull, 0x80000000ull + 1000, 5000000000ull,
-                                  UINT64_MAX};
-    static const uint64_t out[] = {0, 1, 0x7fffffffull, 2147484000ull, 2147485000ull, 5000000000ull,
-                                   0x7fffffffull * 1000};
+    static const uint64_t in[] = {0, 1, 0x7fffffffull, 0x80000000ull, 0x80000000ull + 1000, 5000000000ull, UINT64_MAX};
+    static const uint64_t out[] = {
+        0, 1, 0x7fffffffull, 2147484000ull, 2147485000ull, 5000000000ull, 0x7fffffffull * 1000};
     for (unsigned i = 0; i < sizeof(in) / sizeof(in[0]); i++) {
         h.budget_us = in[i];
         vrpc_wire_hdr_encode(f, &h);
@@ -70,35 +73,38 @@ static void test_hdr_rejects_bad_frames(void **state)
 
     vrpc_wire_hdr_encode(f, &h);
     assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), 0);
-    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN - 1, &d), -EPROTO);   /* short */
-    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN + 4, &d), -EPROTO);   /* len mismatch */
+    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN - 1, &d), -EPROTO); /* short */
+    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN + 4, &d), -EPROTO); /* len mismatch */
     f[0] ^= 1;
-    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTO);       /* magic */
+    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTO); /* magic */
     f[0] ^= 1;
     f[2] = 1; /* version 1 had a 40-byte header */
     assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTONOSUPPORT);
     f[2] = VRPC_WIRE_VERSION;
     f[3] = 99;
-    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTO);       /* type */
+    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTO); /* type */
     f[3] = 0;
     assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTO);
     h.status = 17;
     vrpc_wire_hdr_encode(f, &h);
-    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTO);       /* status */
+    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTO); /* status */
     h.status = 0;
     h.request_id = 0;
     vrpc_wire_hdr_encode(f, &h);
-    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTO);       /* id 0 */
+    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTO); /* id 0 */
     h = (struct vrpc_wire_hdr){.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST, .request_id = 1, .flags = 0x80};
     vrpc_wire_hdr_encode(f, &h);
-    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTO);       /* flags */
+    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTO); /* flags */
     h = (struct vrpc_wire_hdr){.version = VRPC_WIRE_VERSION, .type = VRPC_FT_CANCEL, .request_id = 1, .payload_len = 4};
     vrpc_wire_hdr_encode(f, &h);
-    assert_int_equal(vrpc_wire_hdr_decode(f, sizeof(f), &d), -EPROTO);               /* cancel body */
-    h = (struct vrpc_wire_hdr){.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST, .request_id = 1,
-                               .payload_len = 0xffffffffu, .md_len = 0xffff};
+    assert_int_equal(vrpc_wire_hdr_decode(f, sizeof(f), &d), -EPROTO); /* cancel body */
+    h = (struct vrpc_wire_hdr){.version = VRPC_WIRE_VERSION,
+                               .type = VRPC_FT_REQUEST,
+                               .request_id = 1,
+                               .payload_len = 0xffffffffu,
+                               .md_len = 0xffff};
     vrpc_wire_hdr_encode(f, &h);
-    assert_int_equal(vrpc_wire_hdr_decode(f, sizeof(f), &d), -EPROTO);               /* 4 GiB claim */
+    assert_int_equal(vrpc_wire_hdr_decode(f, sizeof(f), &d), -EPROTO); /* 4 GiB claim */
 }
 
 static void test_metadata_codec(void **state)
@@ -118,7 +124,7 @@ static void test_metadata_codec(void **state)
     assert_memory_equal(out[1].value, "\0\1", 2);
     assert_int_equal(vrpc_wire_md_decode(buf, (size_t)sz - 1, out, 4), -EPROTO); /* truncated */
     assert_int_equal(vrpc_wire_md_decode(buf, (size_t)sz, out, 1), -EPROTO);     /* too many */
-    buf[4] = 'X';                                                                 /* uppercase key */
+    buf[4] = 'X';                                                                /* uppercase key */
     assert_int_equal(vrpc_wire_md_decode(buf, (size_t)sz, out, 4), -EPROTO);
     struct vrpc_metadata bad[1] = {{"Bad Key", "", 0}};
     assert_int_equal(vrpc_wire_md_size(bad, 1), -EINVAL);
@@ -160,40 +166,47 @@ static void test_rndv_and_done_frames(void **state)
 {
     (void)state;
     uint8_t f[VRPC_WIRE_HDR_LEN + 8 + VRPC_WIRE_DESC_LEN] = {0};
-    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_REQUEST, .flags = VRPC_FF_RNDV | VRPC_FF_DEADLINE,
-                              .method_id = 1, .request_id = 9, .payload_len = 1u << 30, .md_len = 8}, d;
+    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION,
+                              .type = VRPC_FT_REQUEST,
+                              .flags = VRPC_FF_RNDV | VRPC_FF_DEADLINE,
+                              .method_id = 1,
+                              .request_id = 9,
+                              .payload_len = 1u << 30,
+                              .md_len = 8},
+                         d;
     vrpc_wire_hdr_encode(f, &h);
     assert_int_equal(vrpc_wire_hdr_decode(f, sizeof(f), &d), 0);
     assert_int_equal(d.payload_len, 1u << 30);
-    assert_int_equal(vrpc_wire_hdr_decode(f, sizeof(f) - 1, &d), -EPROTO);      /* length */
+    assert_int_equal(vrpc_wire_hdr_decode(f, sizeof(f) - 1, &d), -EPROTO); /* length */
     h.type = VRPC_FT_RESPONSE, h.flags = VRPC_FF_RNDV, h.method_id = 0, h.md_len = 0;
     vrpc_wire_hdr_encode(f, &h);
     assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN + VRPC_WIRE_DESC_LEN, &d), 0);
-    h.status = VRPC_NOT_FOUND;                                                   /* RNDV only with OK */
+    h.status = VRPC_NOT_FOUND; /* RNDV only with OK */
     vrpc_wire_hdr_encode(f, &h);
     assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN + VRPC_WIRE_DESC_LEN, &d), -EPROTO);
-    h.status = 0, h.payload_len = 0;                                             /* empty rendezvous */
+    h.status = 0, h.payload_len = 0; /* empty rendezvous */
     vrpc_wire_hdr_encode(f, &h);
     assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN + VRPC_WIRE_DESC_LEN, &d), -EPROTO);
-    h = (struct vrpc_wire_hdr){.version = VRPC_WIRE_VERSION, .type = VRPC_FT_CANCEL, .flags = VRPC_FF_RNDV, .request_id = 1,
-                               .payload_len = 5};
+    h = (struct vrpc_wire_hdr){
+        .version = VRPC_WIRE_VERSION, .type = VRPC_FT_CANCEL, .flags = VRPC_FF_RNDV, .request_id = 1, .payload_len = 5};
     vrpc_wire_hdr_encode(f, &h);
     assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN + VRPC_WIRE_DESC_LEN, &d), -EPROTO);
 
-    h = (struct vrpc_wire_hdr){.version = VRPC_WIRE_VERSION, .type = VRPC_FT_DONE, .request_id = 77, .status = VRPC_CANCELLED};
+    h = (struct vrpc_wire_hdr){
+        .version = VRPC_WIRE_VERSION, .type = VRPC_FT_DONE, .request_id = 77, .status = VRPC_CANCELLED};
     vrpc_wire_hdr_encode(f, &h);
     assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), 0);
     assert_int_equal(d.type, VRPC_FT_DONE);
     assert_int_equal(d.status, VRPC_CANCELLED);
     h.request_id = 0;
     vrpc_wire_hdr_encode(f, &h);
-    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTO);   /* id 0 */
+    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTO); /* id 0 */
     h.request_id = 77, h.payload_len = 4;
     vrpc_wire_hdr_encode(f, &h);
     assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN + 4, &d), -EPROTO); /* body */
     h.payload_len = 0, h.status = 17;
     vrpc_wire_hdr_encode(f, &h);
-    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTO);   /* status */
+    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTO); /* status */
 
     struct vrpc_wire_desc dd = {.addr = 0x1122334455667788ull, .rkey = 0xabcd}, de;
     uint8_t b[VRPC_WIRE_DESC_LEN];
@@ -203,11 +216,11 @@ static void test_rndv_and_done_frames(void **state)
     assert_true(de.addr == dd.addr && de.rkey == dd.rkey);
     dd.rkey = 0;
     vrpc_wire_desc_encode(b, &dd);
-    assert_int_equal(vrpc_wire_desc_decode(b, 100, &de), -EPROTO);               /* rkey 0 */
+    assert_int_equal(vrpc_wire_desc_decode(b, 100, &de), -EPROTO); /* rkey 0 */
     dd = (struct vrpc_wire_desc){.addr = UINT64_MAX - 10, .rkey = 1};
     vrpc_wire_desc_encode(b, &dd);
     assert_int_equal(vrpc_wire_desc_decode(b, 10, &de), 0);
-    assert_int_equal(vrpc_wire_desc_decode(b, 11, &de), -EPROTO);                /* wraps */
+    assert_int_equal(vrpc_wire_desc_decode(b, 11, &de), -EPROTO); /* wraps */
 
     struct vrpc_wire_hello hh = {.max_msg_size = 16u << 20, .max_concurrent = 4, .features = VRPC_FEAT_LARGE}, hd;
     uint8_t hb[VRPC_WIRE_HELLO_LEN];
@@ -234,7 +247,7 @@ static void test_arena_steady_state(void **state)
     assert_true(a.cap >= 100 * 112);
     for (int i = 0; i < 100; i++)
         assert_non_null(vrpc_arena_alloc(&a, 100));
-    assert_null(a.extra); /* second round fits the regrown block */
+    assert_null(a.extra);                       /* second round fits the regrown block */
     assert_null(vrpc_arena_alloc(&a, 2 << 20)); /* over the limit */
     vrpc_arena_fini(&a);
 }
@@ -361,8 +374,7 @@ static void test_depth_guard(void **state)
     static const uint8_t group[] = {0x0b, 0x0c};
     assert_int_equal(vrpc_pb_check_depth(&vrpctest__node__descriptor, group, 2, 64), -EBADMSG);
     static const uint8_t badvarint[] = {0x10, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 1};
-    assert_int_equal(vrpc_pb_unpack(&vrpctest__node__descriptor, badvarint, sizeof(badvarint), 64, &a, &m),
-                     -EBADMSG);
+    assert_int_equal(vrpc_pb_unpack(&vrpctest__node__descriptor, badvarint, sizeof(badvarint), 64, &a, &m), -EBADMSG);
 
     /* Tags protobuf-c takes as unknown fields (field 2^29, beyond what a
      * .proto may declare; field 0 written in two bytes) are accepted for a
@@ -373,9 +385,13 @@ static void test_depth_guard(void **state)
     static const uint8_t six_byte[] = {0x10, 0x05, 0x90, 0x80, 0x80, 0x80, 0x80, 0x00, 0x01};
     const ProtobufCMessageDescriptor *both[] = {&vrpctest__node__descriptor, &vrpctest__echo_request__descriptor};
     for (unsigned t = 0; t < 2; t++) {
-        const struct { const uint8_t *b; size_t n; bool ok; } in[] = {
-            {big_field, sizeof(big_field), true}, {long_zero, sizeof(long_zero), true},
-            {six_byte, sizeof(six_byte), false}};
+        const struct {
+            const uint8_t *b;
+            size_t n;
+            bool ok;
+        } in[] = {{big_field, sizeof(big_field), true},
+                  {long_zero, sizeof(long_zero), true},
+                  {six_byte, sizeof(six_byte), false}};
         for (unsigned k = 0; k < 3; k++) {
             ProtobufCMessage *ref = protobuf_c_message_unpack(both[t], NULL, in[k].n, in[k].b);
             assert_int_equal(ref != NULL, in[k].ok);
@@ -434,7 +450,7 @@ static void test_pending_ids_and_limit(void **state)
     uint64_t id0 = vrpc_pending_id(s[0]);
     uint32_t g0 = vrpc_wire_id_gen(id0);
     assert_ptr_equal(vrpc_pending_lookup(p, id0), s[0]);
-    assert_null(vrpc_pending_lookup(p, id0 + (1ull << 32))); /* wrong generation */
+    assert_null(vrpc_pending_lookup(p, id0 + (1ull << 32)));         /* wrong generation */
     assert_null(vrpc_pending_lookup(p, vrpc_wire_make_id(100, g0))); /* out of range */
     /* cancel wins, response loses; slot stays until the wire is done */
     assert_true(vrpc_pending_decide(s[0], g0));
@@ -565,7 +581,8 @@ static void test_timer_wheel(void **state)
     memset(&fs, 0, sizeof(fs));
     now = vrpc_now_ns();
     for (int i = 0; i < N; i++)
-        vrpc_timer_arm(w, &ts[i], now + (int64_t)(i % 3 == 0 ? -1000000 : (i % 60) * 1000000), on_fire, &fs, (uint64_t)i);
+        vrpc_timer_arm(w, &ts[i], now + (int64_t)(i % 3 == 0 ? -1000000 : (i % 60) * 1000000), on_fire, &fs,
+                       (uint64_t)i);
     while (__atomic_load_n(&fs.count, __ATOMIC_ACQUIRE) < N)
         usleep(2000);
     assert_int_equal(vrpc_timer_wheel_count(w), 0);

@@ -75,10 +75,7 @@ static void mark(struct qctx *c, struct vrpc_task *t)
     __atomic_fetch_add(&c->taken, 1, __ATOMIC_RELAXED);
 }
 
-static bool all_taken(struct qctx *c)
-{
-    return __atomic_load_n(&c->taken, __ATOMIC_ACQUIRE) == c->n;
-}
+static bool all_taken(struct qctx *c) { return __atomic_load_n(&c->taken, __ATOMIC_ACQUIRE) == c->n; }
 
 static struct qctx *qctx_new(uint32_t n)
 {

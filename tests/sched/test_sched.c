@@ -134,8 +134,8 @@ static void test_exactly_once(void **state)
         pthread_join(th[p], NULL);
     assert_true(wait_executed(eo.s, total, 120));
     struct vrpc_sched_worker_stats st = total_stats(eo.s);
-    print_message("exactly_once: %u tasks on %u workers: stolen %llu, parked %llu\n", total,
-                  vrpc_sched_nworkers(eo.s), (unsigned long long)st.stolen, (unsigned long long)st.parked);
+    print_message("exactly_once: %u tasks on %u workers: stolen %llu, parked %llu\n", total, vrpc_sched_nworkers(eo.s),
+                  (unsigned long long)st.stolen, (unsigned long long)st.parked);
     assert_int_equal(st.executed, total);
     vrpc_sched_destroy(eo.s);
     assert_int_equal(failures, 0);
@@ -377,8 +377,8 @@ static void shutdown_with_queued_work(bool cancel)
     /* The only worker is busy: everything below stays queued. */
     assert_int_equal(vrpc_sched_producer_create(sd.s, &p), 0);
     for (uint32_t i = 0; i < sd.n; i++)
-        assert_int_equal(i % 2 ? vrpc_sched_producer_submit(p, &sd.items[i].t)
-                               : vrpc_sched_submit(sd.s, &sd.items[i].t), 0);
+        assert_int_equal(
+            i % 2 ? vrpc_sched_producer_submit(p, &sd.items[i].t) : vrpc_sched_submit(sd.s, &sd.items[i].t), 0);
     vrpc_sched_producer_destroy(p);
 
     assert_int_equal(pthread_create(&th, NULL, sd_destroyer, NULL), 0);
@@ -504,14 +504,10 @@ static void test_cpu_mask_pins_workers(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_api_contracts),
-        cmocka_unit_test(test_cpu_mask_pins_workers),
-        cmocka_unit_test(test_exactly_once),
-        cmocka_unit_test(test_stealing),
-        cmocka_unit_test(test_no_lost_wakeup),
-        cmocka_unit_test(test_no_lost_wakeup_fences),
-        cmocka_unit_test(test_shutdown_runs_queued),
-        cmocka_unit_test(test_shutdown_cancels_queued),
+        cmocka_unit_test(test_api_contracts),        cmocka_unit_test(test_cpu_mask_pins_workers),
+        cmocka_unit_test(test_exactly_once),         cmocka_unit_test(test_stealing),
+        cmocka_unit_test(test_no_lost_wakeup),       cmocka_unit_test(test_no_lost_wakeup_fences),
+        cmocka_unit_test(test_shutdown_runs_queued), cmocka_unit_test(test_shutdown_cancels_queued),
     };
     return cmocka_run_group_tests_name("sched", tests, NULL, NULL);
 }

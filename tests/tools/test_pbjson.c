@@ -50,7 +50,7 @@ static json_t *to_json(const ProtobufCMessage *m, const char *type)
 /* pbjson's encoding of j, unpacked by protobuf-c (caller frees). */
 static ProtobufCMessage *from_json(json_t *j, const char *type, const ProtobufCMessageDescriptor *d)
 {
-    struct pbbuf b = { 0 };
+    struct pbbuf b = {0};
     char err[PBJSON_ERR_MAX];
     ProtobufCMessage *m;
 
@@ -85,7 +85,7 @@ static void expect_json(json_t *got, const char *want_text)
 }
 
 static const char tricky[] = "quote\" backslash\\ slash/ nl\n tab\t ctl\x01 e\xc3\xa9 emoji\xf0\x9f\x98\x80";
-static const uint8_t blob[] = { 0x00, 0xff, 0x10, 0x80, 0x7f };
+static const uint8_t blob[] = {0x00, 0xff, 0x10, 0x80, 0x7f};
 
 static void test_scalars(void **state)
 {
@@ -111,12 +111,13 @@ static void test_scalars(void **state)
     s.f_sint32 = INT32_MIN;
     s.f_sint64 = -1;
     j = to_json(&s.base, "vrpctest.json.Scalars");
-    expect_json(j, "{\"fDouble\": -1e-300, \"fFloat\": 0.1, \"fInt64\": \"-9223372036854775808\","
-                   " \"fUint64\": \"18446744073709551615\", \"fInt32\": -2147483648,"
-                   " \"fFixed64\": \"18446744073709551614\", \"fFixed32\": 4294967295, \"fBool\": true,"
-                   " \"fString\": \"quote\\\" backslash\\\\ slash/ nl\\n tab\\t ctl\\u0001 e\\u00e9 emoji\\ud83d\\ude00\","
-                   " \"fBytes\": \"AP8QgH8=\", \"fUint32\": 4294967295, \"fEnum\": \"NEGATIVE\", \"fSfixed32\": -2,"
-                   " \"fSfixed64\": \"-9223372036854775807\", \"fSint32\": -2147483648, \"fSint64\": \"-1\"}");
+    expect_json(j,
+                "{\"fDouble\": -1e-300, \"fFloat\": 0.1, \"fInt64\": \"-9223372036854775808\","
+                " \"fUint64\": \"18446744073709551615\", \"fInt32\": -2147483648,"
+                " \"fFixed64\": \"18446744073709551614\", \"fFixed32\": 4294967295, \"fBool\": true,"
+                " \"fString\": \"quote\\\" backslash\\\\ slash/ nl\\n tab\\t ctl\\u0001 e\\u00e9 emoji\\ud83d\\ude00\","
+                " \"fBytes\": \"AP8QgH8=\", \"fUint32\": 4294967295, \"fEnum\": \"NEGATIVE\", \"fSfixed32\": -2,"
+                " \"fSfixed64\": \"-9223372036854775807\", \"fSint32\": -2147483648, \"fSint64\": \"-1\"}");
     char *text = pbjson_dumps(j, 0);
     assert_non_null(strstr(text, "\"fFloat\":0.1,")); /* shortest form, not 0.10000000149011612 */
     free(text);
@@ -311,8 +312,9 @@ static void test_well_known(void **state)
     w = (Vrpctest__Json__WellKnown *)from_json(j, "vrpctest.json.WellKnown", &vrpctest__json__well_known__descriptor);
     assert_int_equal(w->val->kind_case, GOOGLE__PROTOBUF__VALUE__KIND_NULL_VALUE);
     back = to_json(&w->base, "vrpctest.json.WellKnown");
-    expect_json(back, "{\"ts\": \"1972-01-01T10:00:20Z\", \"dur\": \"3s\", \"val\": null,"
-                      " \"any\": {\"@type\": \"type.googleapis.com/google.protobuf.Duration\", \"value\": \"0.500s\"}}");
+    expect_json(back,
+                "{\"ts\": \"1972-01-01T10:00:20Z\", \"dur\": \"3s\", \"val\": null,"
+                " \"any\": {\"@type\": \"type.googleapis.com/google.protobuf.Duration\", \"value\": \"0.500s\"}}");
     json_decref(back);
     protobuf_c_message_free_unpacked(&w->base, NULL);
     json_decref(j);
@@ -321,7 +323,7 @@ static void test_well_known(void **state)
 static void expect_error(const char *type, const char *text, const char *what)
 {
     json_t *j = parse(text);
-    struct pbbuf b = { 0 };
+    struct pbbuf b = {0};
     char err[PBJSON_ERR_MAX] = "";
 
     assert_int_equal(pbjson_encode(&g_pool, type, j, &b, err, sizeof(err)), -EINVAL);
@@ -333,7 +335,7 @@ static void expect_error(const char *type, const char *text, const char *what)
 
 static void test_errors(void **state)
 {
-    uint8_t trunc[] = { 0x4a, 0x05, 'a' }, badutf8[] = { 0x4a, 0x01, 0xff };
+    uint8_t trunc[] = {0x4a, 0x05, 'a'}, badutf8[] = {0x4a, 0x01, 0xff};
     char err[PBJSON_ERR_MAX];
 
     (void)state;
@@ -376,10 +378,9 @@ static void test_dumps(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_scalars),     cmocka_unit_test(test_scalar_inputs),
-        cmocka_unit_test(test_repeated),    cmocka_unit_test(test_nested_oneof),
-        cmocka_unit_test(test_maps),        cmocka_unit_test(test_well_known),
-        cmocka_unit_test(test_errors),      cmocka_unit_test(test_dumps),
+        cmocka_unit_test(test_scalars),      cmocka_unit_test(test_scalar_inputs), cmocka_unit_test(test_repeated),
+        cmocka_unit_test(test_nested_oneof), cmocka_unit_test(test_maps),          cmocka_unit_test(test_well_known),
+        cmocka_unit_test(test_errors),       cmocka_unit_test(test_dumps),
     };
     int rc;
 

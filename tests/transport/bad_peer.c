@@ -30,7 +30,7 @@
 /* The port of a "tcp://127.0.0.1:PORT" URI. */
 static int raw_socket(const char *uri)
 {
-    struct sockaddr_in sa = { .sin_family = AF_INET };
+    struct sockaddr_in sa = {.sin_family = AF_INET};
     const char *p = strrchr(uri, ':');
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     sa.sin_port = htons((uint16_t)atoi(p + 1));
@@ -67,7 +67,7 @@ static int raw_connect(const char *uri)
 /* The server closed this raw connection (EOF or reset within ms). */
 static bool closed_by_server(int fd, int ms)
 {
-    struct pollfd p = { .fd = fd, .events = POLLIN };
+    struct pollfd p = {.fd = fd, .events = POLLIN};
     char b[64];
     while (poll(&p, 1, ms) > 0) {
         ssize_t n = read(fd, b, sizeof b);
@@ -112,7 +112,7 @@ struct bad_env {
 
 static void env_start(struct bad_env *x, uint32_t idle_ms)
 {
-    struct echo_cfg ec = { .ncq = 1, .nbufs = 32, .tattr = &x->sa };
+    struct echo_cfg ec = {.ncq = 1, .nbufs = 32, .tattr = &x->sa};
     vrpc_transport_attr_init(&x->sa);
     if (idle_ms)
         x->sa.idle_timeout_ms = idle_ms;
@@ -190,7 +190,7 @@ void t_bad_half_frame(void **state)
 {
     struct bad_env x;
     struct vrpc_tcp_hdr h;
-    char payload[50] = { 0 };
+    char payload[50] = {0};
     int fd;
 
     env_start(&x, 0);
@@ -249,8 +249,8 @@ void t_bad_slow_peer(void **state)
 /* ---- forged read requests ---------------------------------------------------- */
 
 #define CANARY 0xc5
-#define GOFF 4096u         /* the grant starts this far into the buffer */
-#define GLEN (64u << 10)   /* and is this long; canary bytes all around */
+#define GOFF 4096u       /* the grant starts this far into the buffer */
+#define GLEN (64u << 10) /* and is this long; canary bytes all around */
 
 struct read_env {
     struct rig r;
@@ -301,7 +301,7 @@ static void send_read_req(int fd, uint32_t tag, uint64_t raddr, uint32_t key, ui
 /* Everything the server sends until it closes (at most cap bytes). */
 static size_t read_all(int fd, void *buf, size_t cap)
 {
-    struct pollfd p = { .fd = fd, .events = POLLIN };
+    struct pollfd p = {.fd = fd, .events = POLLIN};
     size_t got = 0;
     while (got < cap && poll(&p, 1, WAIT_MS) > 0) {
         ssize_t n = read(fd, (char *)buf + got, cap - got);
@@ -374,23 +374,45 @@ void t_bad_read_requests(void **state)
     vrpc_ep_destroy(rsep);
 
     for (i = 0; i < 8; i++) {
-        static const char *what[] = { "wrong key", "key of another connection", "address below the grant",
-                                      "length past the grant", "address past the grant", "zero length",
-                                      "address + length overflows", "length overflows the grant" };
+        static const char *what[] = {"wrong key",
+                                     "key of another connection",
+                                     "address below the grant",
+                                     "length past the grant",
+                                     "address past the grant",
+                                     "zero length",
+                                     "address + length overflows",
+                                     "length overflows the grant"};
         uint64_t a = g;
         uint32_t k, len = 16;
         size_t got;
         fd = raw_with_grant(&x, &rsep, &key);
         k = key;
         switch (i) {
-        case 0: k = key + 0x100; break;
-        case 1: k = other_key; break;
-        case 2: a = g - 1; break;
-        case 3: len = GLEN + 1; break;
-        case 4: a = g + GLEN - 8; break;
-        case 5: len = 0; break;
-        case 6: a = UINT64_MAX - 7; break;
-        case 7: a = g + 8; len = 0xffffffffu; break;
+        case 0:
+            k = key + 0x100;
+            break;
+        case 1:
+            k = other_key;
+            break;
+        case 2:
+            a = g - 1;
+            break;
+        case 3:
+            len = GLEN + 1;
+            break;
+        case 4:
+            a = g + GLEN - 8;
+            break;
+        case 5:
+            len = 0;
+            break;
+        case 6:
+            a = UINT64_MAX - 7;
+            break;
+        case 7:
+            a = g + 8;
+            len = 0xffffffffu;
+            break;
         }
         printf("  forged read request: %s\n", what[i]);
         send_read_req(fd, 100 + i, a, k, len);
@@ -457,7 +479,7 @@ struct raw_srv {
 /* Listen on 127.0.0.1:0; raw_srv_accept() completes the handshake. */
 static void raw_srv_listen(struct raw_srv *s)
 {
-    struct sockaddr_in sa = { .sin_family = AF_INET };
+    struct sockaddr_in sa = {.sin_family = AF_INET};
     socklen_t sl = sizeof sa;
     inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
     s->lfd = socket(AF_INET, SOCK_STREAM, 0);
@@ -485,7 +507,7 @@ static void *connect_main(void *arg)
 /* Connect c to the raw server and answer the handshake by hand. */
 static struct vrpc_ep *raw_srv_accept(struct raw_srv *s, struct client *c)
 {
-    struct connector_arg a = { .c = c, .uri = s->uri };
+    struct connector_arg a = {.c = c, .uri = s->uri};
     struct vrpc_tcp_hdr h;
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, connect_main, &a), 0);
@@ -519,12 +541,15 @@ void t_bad_read_owner(void **state)
     assert_int_equal(vrpc_lbuf_get(c.tp, 4096, &dst), 0);
     for (i = 0; i < 4; i++) {
         /* 3: the owner closes with our read unanswered: lost, not closed */
-        static const int want[] = { -EPROTO, -EPROTO, -ETIMEDOUT, -ECONNRESET };
-        struct { struct vrpc_tcp_hdr h; struct vrpc_tcp_read_req r; } m;
+        static const int want[] = {-EPROTO, -EPROTO, -ETIMEDOUT, -ECONNRESET};
+        struct {
+            struct vrpc_tcp_hdr h;
+            struct vrpc_tcp_read_req r;
+        } m;
         struct raw_srv s;
         struct vrpc_ep *ep;
         struct vrpc_wc w;
-        char junk[8192] = { 0 };
+        char junk[8192] = {0};
 
         raw_srv_listen(&s);
         ep = raw_srv_accept(&s, &c);

@@ -91,7 +91,7 @@ static void *burst_sender(void *arg)
     unsigned seq;
     for (seq = 0; seq < b->per; seq++) {
         struct vrpc_buf *buf;
-        uint32_t pl[2] = { b->thread, seq };
+        uint32_t pl[2] = {b->thread, seq};
         int rc;
         while (!(buf = vrpc_pool_get(b->pool)))
             sched_yield();
@@ -117,7 +117,7 @@ void t_credits_burst(void **state)
     struct vrpc_transport_attr sa, ca;
     struct echo e;
     struct order o;
-    struct echo_cfg ec = { .ncq = 1, .nbufs = 32, .tattr = &sa, .repost_only = true, .on_recv = burst_check, .arg = &o };
+    struct echo_cfg ec = {.ncq = 1, .nbufs = 32, .tattr = &sa, .repost_only = true, .on_recv = burst_check, .arg = &o};
     struct client c;
     struct counts k;
     struct burst b[BURST_THREADS];
@@ -136,7 +136,7 @@ void t_credits_burst(void **state)
     struct vrpc_ep *ep;
     assert_int_equal(client_connect(&c, e.uri, &ep), 0);
     for (i = 0; i < BURST_THREADS; i++) {
-        b[i] = (struct burst){ .pool = c.pool, .ep = ep, .thread = i, .per = total / BURST_THREADS };
+        b[i] = (struct burst){.pool = c.pool, .ep = ep, .thread = i, .per = total / BURST_THREADS};
         assert_int_equal(pthread_create(&th[i], NULL, burst_sender, &b[i]), 0);
     }
     for (i = 0; i < BURST_THREADS; i++) {
@@ -146,8 +146,8 @@ void t_credits_burst(void **state)
     }
     assert_true(wait_until(&e.recvs, total, 60000));
     assert_true(wait_until(&k.send_ok, total, 10000));
-    printf("  burst: %u messages, %lu -EAGAIN retries, receiver credits %u, %u buffers\n", total, eagain,
-           sa.credits, ec.nbufs);
+    printf("  burst: %u messages, %lu -EAGAIN retries, receiver credits %u, %u buffers\n", total, eagain, sa.credits,
+           ec.nbufs);
     assert_int_equal(atomic_load(&e.recvs), total);
     assert_int_equal(o.bad, 0);
     for (i = 0; i < BURST_THREADS; i++)
@@ -188,8 +188,8 @@ static void mixed_check(struct echo *e, const struct vrpc_wc *w)
  * start of several more); every message arrives whole, in order, intact. */
 void t_pipelined_sizes(void **state)
 {
-    struct mixed m = { 0 };
-    struct echo_cfg ec = { .ncq = 1, .nbufs = 128, .repost_only = true, .on_recv = mixed_check, .arg = &m };
+    struct mixed m = {0};
+    struct echo_cfg ec = {.ncq = 1, .nbufs = 128, .repost_only = true, .on_recv = mixed_check, .arg = &m};
     struct echo e;
     struct client c;
     struct counts k;
@@ -231,7 +231,7 @@ void t_many_connections(void **state)
 {
     struct echo e;
     unsigned n = scaled(g_opt.conns), i, got = 0;
-    struct echo_cfg ec = { .ncq = 2, .nbufs = 2 * n + 256 };
+    struct echo_cfg ec = {.ncq = 2, .nbufs = 2 * n + 256};
     struct client c;
     struct vrpc_ep **eps = calloc(n, sizeof *eps);
     unsigned char *seen = calloc(n, 1);
@@ -296,7 +296,7 @@ void t_peer_close(void **state)
 {
     struct vrpc_transport_attr sa;
     struct echo e;
-    struct echo_cfg ec = { .ncq = 1, .nbufs = 4, .tattr = &sa, .hold = true }; /* fewer than we send */
+    struct echo_cfg ec = {.ncq = 1, .nbufs = 4, .tattr = &sa, .hold = true}; /* fewer than we send */
     struct client c;
     struct counts k;
     struct vrpc_ep *ep, *sep;
@@ -358,7 +358,7 @@ void t_peer_close(void **state)
  * (in order) once the peer frees buffers, then DISCONNECTED (status 0). */
 void t_close_delivers_queued(void **state)
 {
-    struct echo_cfg ec = { .ncq = 1, .nbufs = 4, .hold = true, .repost_only = true };
+    struct echo_cfg ec = {.ncq = 1, .nbufs = 4, .hold = true, .repost_only = true};
     struct echo e;
     struct client c;
     struct counts k;
@@ -393,7 +393,7 @@ void t_close_delivers_queued(void **state)
  * and DISCONNECTED is the last completion. */
 void t_close_timeout(void **state)
 {
-    struct echo_cfg ec = { .ncq = 1, .nbufs = 4, .hold = true, .repost_only = true };
+    struct echo_cfg ec = {.ncq = 1, .nbufs = 4, .hold = true, .repost_only = true};
     struct vrpc_transport_attr ca;
     struct echo e;
     struct client c;
@@ -433,9 +433,7 @@ void t_close_timeout(void **state)
 
 /* Child: a server that accepts, receives into few buffers and never reposts,
  * then waits to be killed. Prints its URI on stdout. */
-static void child_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, void *arg)
-{
-}
+static void child_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, void *arg) {}
 
 int peer_child_main(const char *backend, const char *uri)
 {
@@ -570,7 +568,7 @@ static void *traffic_sender(void *arg)
 void t_close_during_traffic(void **state)
 {
     struct echo e;
-    struct echo_cfg ec = { .ncq = 1, .nbufs = 64 };
+    struct echo_cfg ec = {.ncq = 1, .nbufs = 64};
     struct client c;
     struct counts k;
     struct traffic t[2];
@@ -583,7 +581,7 @@ void t_close_during_traffic(void **state)
     assert_int_equal(client_start(&c, NULL, 256, 64, 0, counts_cb, &k), 0);
     assert_int_equal(client_connect(&c, e.uri, &ep), 0);
     for (i = 0; i < 2; i++) {
-        t[i] = (struct traffic){ .pool = c.pool, .ep = ep };
+        t[i] = (struct traffic){.pool = c.pool, .ep = ep};
         assert_int_equal(pthread_create(&th[i], NULL, traffic_sender, &t[i]), 0);
     }
     /* traffic is flowing (on a loaded machine the senders may take a while
@@ -598,8 +596,7 @@ void t_close_during_traffic(void **state)
     assert_true(wait_until(&k.disc, 1, WAIT_MS));
     usleep(50000);
     printf("  %lu sends accepted before the close: %lu completed, %lu flushed; %lu echoes received\n",
-           t[0].accepted + t[1].accepted, atomic_load(&k.send_ok), atomic_load(&k.send_err),
-           atomic_load(&k.recv_ok));
+           t[0].accepted + t[1].accepted, atomic_load(&k.send_ok), atomic_load(&k.send_err), atomic_load(&k.recv_ok));
     assert_true(t[0].accepted + t[1].accepted > 0);
     assert_int_equal(atomic_load(&k.send_ok) + atomic_load(&k.send_err), t[0].accepted + t[1].accepted);
     assert_int_equal(atomic_load(&k.disc), 1);
@@ -646,7 +643,7 @@ static void *connector_main(void *arg)
 void t_listener_close_pending(void **state)
 {
     struct echo e;
-    struct echo_cfg ec = { .ncq = 1, .nbufs = 1024 };
+    struct echo_cfg ec = {.ncq = 1, .nbufs = 1024};
     struct client c;
     struct connector x[3];
     pthread_t th[3];
@@ -737,7 +734,7 @@ static void assert_lbuf_idle(struct vrpc_transport *tp)
  * revoke completes 0; every large buffer goes back. */
 void t_read_sizes(void **state)
 {
-    static const uint32_t sizes[] = { 1, CHUNK - 1, CHUNK, CHUNK + 1, CHUNK * 7 / 2 };
+    static const uint32_t sizes[] = {1, CHUNK - 1, CHUNK, CHUNK + 1, CHUNK * 7 / 2};
     struct rig r;
     struct vrpc_ep *cep, *sep;
     struct vrpc_buf *src, *dst;

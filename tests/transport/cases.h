@@ -25,26 +25,22 @@ void t_revoke_during_read(void **state);
 /* abortive close */
 void t_abort(void **state);
 
-#define CONFORMANCE_CASES                                                                   \
-    cmocka_unit_test(t_credits_burst), cmocka_unit_test(t_pipelined_sizes),                   \
-        cmocka_unit_test(t_many_connections),                \
-        cmocka_unit_test(t_peer_close), cmocka_unit_test(t_close_delivers_queued),          \
-        cmocka_unit_test(t_close_timeout),                    \
-        cmocka_unit_test(t_peer_crash),                     \
-        cmocka_unit_test(t_close_during_traffic), cmocka_unit_test(t_listener_close_pending),        \
-        cmocka_unit_test(t_read_sizes), cmocka_unit_test(t_read_after_revoke),                      \
-        cmocka_unit_test(t_read_wrong_endpoint), cmocka_unit_test(t_read_past_buffer),              \
-        cmocka_unit_test(t_read_tail_zeroed), cmocka_unit_test(t_reads_with_small_sends),           \
-        cmocka_unit_test(t_revoke_during_read), cmocka_unit_test(t_abort),
+#define CONFORMANCE_CASES                                                                                              \
+    cmocka_unit_test(t_credits_burst), cmocka_unit_test(t_pipelined_sizes), cmocka_unit_test(t_many_connections),      \
+        cmocka_unit_test(t_peer_close), cmocka_unit_test(t_close_delivers_queued), cmocka_unit_test(t_close_timeout),  \
+        cmocka_unit_test(t_peer_crash), cmocka_unit_test(t_close_during_traffic),                                      \
+        cmocka_unit_test(t_listener_close_pending), cmocka_unit_test(t_read_sizes),                                    \
+        cmocka_unit_test(t_read_after_revoke), cmocka_unit_test(t_read_wrong_endpoint),                                \
+        cmocka_unit_test(t_read_past_buffer), cmocka_unit_test(t_read_tail_zeroed),                                    \
+        cmocka_unit_test(t_reads_with_small_sends), cmocka_unit_test(t_revoke_during_read), cmocka_unit_test(t_abort),
 
 /* Fair shares (fair.c): connection limit, credit timeout, eager minimum. */
 void t_fair_max_conns(void **state);
 void t_fair_credit_timeout(void **state);
 void t_fair_eager_min(void **state);
 
-#define FAIR_CASES                                                                               \
-    cmocka_unit_test(t_fair_max_conns), cmocka_unit_test(t_fair_credit_timeout),                 \
-        cmocka_unit_test(t_fair_eager_min),
+#define FAIR_CASES                                                                                                     \
+    cmocka_unit_test(t_fair_max_conns), cmocka_unit_test(t_fair_credit_timeout), cmocka_unit_test(t_fair_eager_min),
 
 /* TCP only (bad_peer.c). */
 void t_bad_garbage(void **state);
@@ -55,10 +51,9 @@ void t_bad_read_requests(void **state);
 void t_bad_read_frames(void **state);
 void t_bad_read_owner(void **state);
 
-#define BAD_PEER_CASES                                                                          \
-    cmocka_unit_test(t_bad_garbage), cmocka_unit_test(t_bad_huge_header),                      \
-        cmocka_unit_test(t_bad_half_frame), cmocka_unit_test(t_bad_slow_peer),                     \
-        cmocka_unit_test(t_bad_read_requests), cmocka_unit_test(t_bad_read_frames),                \
+#define BAD_PEER_CASES                                                                                                 \
+    cmocka_unit_test(t_bad_garbage), cmocka_unit_test(t_bad_huge_header), cmocka_unit_test(t_bad_half_frame),          \
+        cmocka_unit_test(t_bad_slow_peer), cmocka_unit_test(t_bad_read_requests), cmocka_unit_test(t_bad_read_frames), \
         cmocka_unit_test(t_bad_read_owner),
 
 #endif

@@ -31,7 +31,7 @@ static bool wait_count(atomic_ulong *v, unsigned long want, int ms)
  * (the server's ACCEPTED count stays 2), then in once one of the two left. */
 void t_fair_max_conns(void **state)
 {
-    struct echo_cfg ec = { .ncq = 1, .nbufs = 32, .max_conns = 2 };
+    struct echo_cfg ec = {.ncq = 1, .nbufs = 32, .max_conns = 2};
     struct echo e;
     struct client c;
     struct vrpc_ep *a, *b, *x = NULL;
@@ -65,7 +65,7 @@ void t_fair_max_conns(void **state)
  * stayed. */
 void t_fair_credit_timeout(void **state)
 {
-    struct echo_cfg ec = { .ncq = 1, .nbufs = 4, .hold = true };
+    struct echo_cfg ec = {.ncq = 1, .nbufs = 4, .hold = true};
     struct vrpc_transport_attr ta;
     struct echo e;
     struct client c;

@@ -310,7 +310,7 @@ void echo_stop(struct echo *e)
         pthread_mutex_unlock(&e->mu);
         if (!left)
             break;
-        struct timespec ts = { 0, 10000000 };
+        struct timespec ts = {0, 10000000};
         nanosleep(&ts, NULL);
     }
     pthread_mutex_lock(&e->mu);

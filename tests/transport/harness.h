@@ -53,13 +53,13 @@ struct echo {
     struct vrpc_pool *pool;
     struct vrpc_listener *l;
     char uri[VRPC_URI_MAX];
-    bool no_echo;          /* receive only: hold the buffer (hold list) */
-    bool repost_only;      /* receive and repost, no echo */
-    atomic_bool hold;      /* keep received buffers until echo_release() */
+    bool no_echo;     /* receive only: hold the buffer (hold list) */
+    bool repost_only; /* receive and repost, no echo */
+    atomic_bool hold; /* keep received buffers until echo_release() */
     atomic_ulong accepted, disconnected, disc_err, recvs, flushed_recvs, send_err;
     atomic_int last_disc_status; /* written before disconnected is incremented */
-    pthread_mutex_t mu;    /* protects the fields below */
-    struct vrpc_ep **eps;  /* accepted, not yet disconnected */
+    pthread_mutex_t mu;          /* protects the fields below */
+    struct vrpc_ep **eps;        /* accepted, not yet disconnected */
     size_t neps, epcap;
     struct vrpc_buf **held;
     size_t nheld, heldcap;

@@ -21,14 +21,14 @@ static bool wait_until(atomic_ulong *v, unsigned long want, int ms)
 }
 
 /* Poll tp's counters until field reaches want (5 s at most); returns the snapshot. */
-#define WAIT_COUNTER(tp, field, want, snap)                                  \
-    do {                                                                     \
-        for (int i_ = 0; i_ < 5000; i_++) {                                  \
-            vrpc_transport_counters((tp), &(snap));                          \
-            if ((snap).field >= (want))                                      \
-                break;                                                       \
-            usleep(1000);                                                    \
-        }                                                                    \
+#define WAIT_COUNTER(tp, field, want, snap)                                                                            \
+    do {                                                                                                               \
+        for (int i_ = 0; i_ < 5000; i_++) {                                                                            \
+            vrpc_transport_counters((tp), &(snap));                                                                    \
+            if ((snap).field >= (want))                                                                                \
+                break;                                                                                                 \
+            usleep(1000);                                                                                              \
+        }                                                                                                              \
     } while (0)
 
 static void test_counts_and_credit_waits(void **state)

@@ -261,7 +261,7 @@ static void t_threads(void **state)
     int i;
 
     for (i = 0; i < 4; i++) {
-        w[i] = (struct worker){ .tp = tp, .seed = (unsigned)i + 1, .rounds = 300 };
+        w[i] = (struct worker){.tp = tp, .seed = (unsigned)i + 1, .rounds = 300};
         assert_int_equal(pthread_create(&th[i], NULL, worker_main, &w[i]), 0);
     }
     for (i = 0; i < 4; i++) {
@@ -279,8 +279,8 @@ static void t_threads(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(t_classes),  cmocka_unit_test(t_bad_args),     cmocka_unit_test(t_reuse),
-        cmocka_unit_test(t_bound),    cmocka_unit_test(t_tail_zeroing), cmocka_unit_test(t_threads),
+        cmocka_unit_test(t_classes), cmocka_unit_test(t_bad_args),     cmocka_unit_test(t_reuse),
+        cmocka_unit_test(t_bound),   cmocka_unit_test(t_tail_zeroing), cmocka_unit_test(t_threads),
     };
     return cmocka_run_group_tests_name("large-buffer cache", tests, NULL, NULL);
 }

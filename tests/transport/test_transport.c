@@ -31,7 +31,7 @@
 static void t_connect_accept(void **state)
 {
     struct echo e;
-    struct echo_cfg ec = { .ncq = 1, .nbufs = 64 };
+    struct echo_cfg ec = {.ncq = 1, .nbufs = 64};
     struct client c;
     struct vrpc_ep *ep;
     struct vrpc_wc w;
@@ -72,7 +72,7 @@ static void t_connect_accept(void **state)
 static void t_caps(void **state)
 {
     struct echo e;
-    struct echo_cfg ec = { .ncq = 1, .nbufs = 64 };
+    struct echo_cfg ec = {.ncq = 1, .nbufs = 64};
     struct client c;
     struct vrpc_ep *ep;
     struct vrpc_mr *mr = NULL;
@@ -100,8 +100,8 @@ static void t_caps(void **state)
     client_stop(&c);
     echo_stop(&e);
 
-    const char *known[] = { "auto", "tcp", "verbs", "fault+tcp", "fault+verbs", "fault+auto" };
-    const char *unknown[] = { "", "foo", "fault", "fault+fault", "tcp+tcp", "fault+", "tcpx", NULL };
+    const char *known[] = {"auto", "tcp", "verbs", "fault+tcp", "fault+verbs", "fault+auto"};
+    const char *unknown[] = {"", "foo", "fault", "fault+fault", "tcp+tcp", "fault+", "tcpx", NULL};
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
         if (strncmp(known[i], "fault+", 6) || !strncmp(g_opt.backend, "fault+", 6))
             assert_int_equal(vrpc_transport_scheme_check(known[i]), 0);
@@ -138,9 +138,9 @@ static void t_connect_refused(void **state)
     assert_int_equal(client_connect(&c, "tcp//127.0.0.1:1", &ep), -EINVAL);
     assert_int_equal(client_connect(&c, "tcp://127.0.0.1:99999", &ep), -EINVAL);
     assert_int_equal(client_connect(&c, "tcp://::1:80", &ep), -EINVAL);
-    assert_int_equal(client_connect(&c, !strcmp(g_opt.backend, "tcp") ? "verbs://127.0.0.1:1" : "tcp://127.0.0.1:1",
-                                    &ep),
-                     -EPROTONOSUPPORT);
+    assert_int_equal(
+        client_connect(&c, !strcmp(g_opt.backend, "tcp") ? "verbs://127.0.0.1:1" : "tcp://127.0.0.1:1", &ep),
+        -EPROTONOSUPPORT);
     client_stop(&c);
 }
 
@@ -197,7 +197,7 @@ static void t_ipv6_uri(void **state)
 static void t_pingpong_sizes(void **state)
 {
     struct echo e;
-    struct echo_cfg ec = { .ncq = 1, .nbufs = 64 };
+    struct echo_cfg ec = {.ncq = 1, .nbufs = 64};
     struct client c;
     struct vrpc_ep *ep;
     struct vrpc_wc w;
@@ -316,22 +316,16 @@ int main(int argc, char **argv)
     printf("transport conformance: backend %s, setup %s, server %s, client src %s, scale 1/%u\n", g_opt.backend,
            g_opt.setup, g_opt.server_ip, g_opt.client_ip ? g_opt.client_ip : "(any)", g_opt.scale_div);
 
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(t_connect_accept),
-        cmocka_unit_test(t_connect_refused),
-        cmocka_unit_test(t_caps),
-        cmocka_unit_test(t_ipv6_uri),
-        cmocka_unit_test(t_pingpong_sizes),
-        CONFORMANCE_CASES
-        FAIR_CASES
-    };
+    const struct CMUnitTest tests[] = {cmocka_unit_test(t_connect_accept), cmocka_unit_test(t_connect_refused),
+                                       cmocka_unit_test(t_caps),           cmocka_unit_test(t_ipv6_uri),
+                                       cmocka_unit_test(t_pingpong_sizes), CONFORMANCE_CASES FAIR_CASES};
     int fails;
     if (filter)
         cmocka_set_test_filter(filter);
     fails = cmocka_run_group_tests_name("transport conformance", tests, NULL, NULL);
 #ifdef BAD_PEER_CASES
     if (!strcmp(g_opt.backend, "tcp")) {
-        const struct CMUnitTest tcp_tests[] = { BAD_PEER_CASES };
+        const struct CMUnitTest tcp_tests[] = {BAD_PEER_CASES};
         fails += cmocka_run_group_tests_name("tcp bad peers", tcp_tests, NULL, NULL);
     }
 #endif

@@ -77,7 +77,7 @@ static long hw_counter(const char *dev, const char *name)
 /* RNR events counted by the device(s) of both sides; -1 if not available. */
 static long rnr_events(void)
 {
-    static const char *names[] = { "rcvd_rnr_err", "send_rnr_err", "retry_rnr_exceeded_err" };
+    static const char *names[] = {"rcvd_rnr_err", "send_rnr_err", "retry_rnr_exceeded_err"};
     const char *a = dev_of(false), *b = dev_of(true);
     long sum = 0;
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
@@ -114,7 +114,7 @@ static long vm_pin_kb(void)
 static void t_rnr_burst(void **state)
 {
     struct vrpc_transport_attr sa;
-    struct echo_cfg ec = { .ncq = 1, .nbufs = 16, .repost_only = true, .tattr = &sa };
+    struct echo_cfg ec = {.ncq = 1, .nbufs = 16, .repost_only = true, .tattr = &sa};
     struct echo e;
     struct client c;
     struct counts k;
@@ -177,7 +177,7 @@ static void t_rnr_burst(void **state)
 static void t_many_connections(void **state)
 {
     enum { NCONN = 200 };
-    struct echo_cfg ec = { .ncq = 1, .nbufs = 2 * NCONN + 64 };
+    struct echo_cfg ec = {.ncq = 1, .nbufs = 2 * NCONN + 64};
     struct echo e;
     struct client c;
     struct counts k;
@@ -378,7 +378,7 @@ static void t_sigkill_flush(void **state)
     struct vrpc_wc w;
     struct vrpc_ep *sep;
     char uri[VRPC_URI_MAX], line[64];
-    unsigned char seen[NSEND] = { 0 };
+    unsigned char seen[NSEND] = {0};
     unsigned ok = 0, flushed = 0, after = 0, disc = 0;
     int disc_status = 0;
     pid_t pid;
@@ -538,7 +538,7 @@ static void capture_stop(struct capture *c, char *log, size_t len)
  * server's reason); the server reports no ACCEPTED and keeps serving. */
 static void t_wrong_version(void **state)
 {
-    struct echo_cfg ec = { .ncq = 1, .nbufs = 16 };
+    struct echo_cfg ec = {.ncq = 1, .nbufs = 16};
     struct echo e;
     struct client bad, good;
     struct vrpc_ep *ep = NULL;
@@ -588,7 +588,7 @@ struct raw_hello {
 /* Waits up to ms for the next rdma_cm event on ch; true when it is `want`. */
 static bool raw_cm_wait(struct rdma_event_channel *ch, enum rdma_cm_event_type want, int ms)
 {
-    struct pollfd p = { .fd = ch->fd, .events = POLLIN };
+    struct pollfd p = {.fd = ch->fd, .events = POLLIN};
     struct rdma_cm_event *ev;
     enum rdma_cm_event_type got;
     if (poll(&p, 1, ms) != 1 || rdma_get_cm_event(ch, &ev))
@@ -624,8 +624,8 @@ static void raw_half_open(const char *uri, struct rdma_event_channel **chp, stru
     assert_true(raw_cm_wait(ch, RDMA_CM_EVENT_ADDR_RESOLVED, WAIT_MS));
     assert_int_equal(rdma_resolve_route(id, 2000), 0);
     assert_true(raw_cm_wait(ch, RDMA_CM_EVENT_ROUTE_RESOLVED, WAIT_MS));
-    h = (struct raw_hello){ .magic = htonl(0x56525043u), .version = htons(1), .credits = htons(1),
-                            .eager_size = htonl(8192) };
+    h = (struct raw_hello){
+        .magic = htonl(0x56525043u), .version = htons(1), .credits = htons(1), .eager_size = htonl(8192)};
     memset(&p, 0, sizeof p);
     p.private_data = &h;
     p.private_data_len = sizeof h;
@@ -651,7 +651,7 @@ static void raw_half_open(const char *uri, struct rdma_event_channel **chp, stru
 static void t_accept_deadline(void **state)
 {
     struct vrpc_transport_attr ta;
-    struct echo_cfg ec = { .ncq = 1, .nbufs = 4, .tattr = &ta };
+    struct echo_cfg ec = {.ncq = 1, .nbufs = 4, .tattr = &ta};
     struct echo e;
     struct client c;
     struct vrpc_ep *live, *late = NULL;
@@ -730,8 +730,8 @@ static enum rdma_cm_event_type raw_hello_answer(const char *uri, uint16_t credit
     assert_true(raw_cm_wait(ch, RDMA_CM_EVENT_ADDR_RESOLVED, WAIT_MS));
     assert_int_equal(rdma_resolve_route(id, 2000), 0);
     assert_true(raw_cm_wait(ch, RDMA_CM_EVENT_ROUTE_RESOLVED, WAIT_MS));
-    h = (struct raw_hello){ .magic = htonl(0x56525043u), .version = htons(1), .credits = htons(credits),
-                            .eager_size = htonl(eager) };
+    h = (struct raw_hello){
+        .magic = htonl(0x56525043u), .version = htons(1), .credits = htons(credits), .eager_size = htonl(eager)};
     memset(&p, 0, sizeof p);
     p.private_data = &h;
     p.private_data_len = sizeof h;
@@ -742,7 +742,7 @@ static enum rdma_cm_event_type raw_hello_answer(const char *uri, uint16_t credit
     p.qp_num = 0x4243; /* no QP behind it */
     p.srq = 1;
     assert_int_equal(rdma_connect(id, &p), 0);
-    pf = (struct pollfd){ .fd = ch->fd, .events = POLLIN };
+    pf = (struct pollfd){.fd = ch->fd, .events = POLLIN};
     if (poll(&pf, 1, WAIT_MS) == 1 && rdma_get_cm_event(ch, &ev) == 0) {
         got = ev->event;
         rdma_ack_cm_event(ev);
@@ -759,7 +759,7 @@ static enum rdma_cm_event_type raw_hello_answer(const char *uri, uint16_t credit
 static void t_handshake_minimums(void **state)
 {
     struct vrpc_transport_attr ta;
-    struct echo_cfg ec = { .ncq = 1, .nbufs = 16, .tattr = &ta };
+    struct echo_cfg ec = {.ncq = 1, .nbufs = 16, .tattr = &ta};
     struct echo e;
     struct client c;
     struct vrpc_ep *live;
@@ -779,8 +779,8 @@ static void t_handshake_minimums(void **state)
     rmin = raw_hello_answer(e.uri, 1, VRPC_EAGER_MIN);
     echo_once(&c, live, 1);
     capture_stop(&cap, log, sizeof(log));
-    printf("  0 credits: %s; eager 44: %s; eager 4095: %s; 1 credit + eager 4096: %s; logged:\n%s",
-           rdma_event_str(r0), rdma_event_str(r44), rdma_event_str(r4095), rdma_event_str(rmin), log);
+    printf("  0 credits: %s; eager 44: %s; eager 4095: %s; 1 credit + eager 4096: %s; logged:\n%s", rdma_event_str(r0),
+           rdma_event_str(r44), rdma_event_str(r4095), rdma_event_str(rmin), log);
     assert_int_equal(r0, RDMA_CM_EVENT_REJECTED);
     assert_int_equal(r44, RDMA_CM_EVENT_REJECTED);
     assert_int_equal(r4095, RDMA_CM_EVENT_REJECTED);
@@ -803,7 +803,7 @@ static void t_handshake_minimums(void **state)
  * VRPC_VERBS_TRACE=1), so the QP-fatal path is not provoked here. */
 static void t_async_srq_limit(void **state)
 {
-    struct echo_cfg ec = { .ncq = 1, .nbufs = 8, .hold = true };
+    struct echo_cfg ec = {.ncq = 1, .nbufs = 8, .hold = true};
     struct echo e;
     struct client c;
     struct vrpc_ep *ep;
@@ -866,9 +866,10 @@ int main(int argc, char **argv)
             child_role = argv[i];
             child_uri = argv[++i];
         } else {
-            fprintf(stderr, "usage: %s [--setup single|veth] [--filter GLOB]\n"
-                            "--setup single reads VRPC_VERBS_IP; --setup veth reads VRPC_VERBS_IP_A\n"
-                            "(client) and VRPC_VERBS_IP_B (server). VRPC_TEST_SCALE=N divides the burst.\n",
+            fprintf(stderr,
+                    "usage: %s [--setup single|veth] [--filter GLOB]\n"
+                    "--setup single reads VRPC_VERBS_IP; --setup veth reads VRPC_VERBS_IP_A\n"
+                    "(client) and VRPC_VERBS_IP_B (server). VRPC_TEST_SCALE=N divides the burst.\n",
                     argv[0]);
             return 2;
         }
@@ -892,10 +893,10 @@ int main(int argc, char **argv)
     printf("verbs tests: setup %s, server %s, client src %s, RNR retry %s\n", g_opt.setup, g_opt.server_ip,
            g_opt.client_ip, getenv("VRPC_VERBS_RNR_RETRY"));
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(t_wrong_version),  cmocka_unit_test(t_rnr_burst),
-        cmocka_unit_test(t_sigkill_flush),  cmocka_unit_test(t_server_restart),
+        cmocka_unit_test(t_wrong_version),    cmocka_unit_test(t_rnr_burst),
+        cmocka_unit_test(t_sigkill_flush),    cmocka_unit_test(t_server_restart),
         cmocka_unit_test(t_many_connections), cmocka_unit_test(t_accept_deadline),
-        cmocka_unit_test(t_async_srq_limit), cmocka_unit_test(t_handshake_minimums),
+        cmocka_unit_test(t_async_srq_limit),  cmocka_unit_test(t_handshake_minimums),
     };
     if (filter)
         cmocka_set_test_filter(filter);

@@ -110,7 +110,7 @@ static void region_fini(struct region *r)
 static void send_key(struct client *side, struct vrpc_ep *ep, const void *addr, uint32_t rkey, uint32_t len)
 {
     struct vrpc_buf *b = vrpc_pool_get(side->pool);
-    struct keymsg k = { .addr = (uintptr_t)addr, .rkey = rkey, .len = len };
+    struct keymsg k = {.addr = (uintptr_t)addr, .rkey = rkey, .len = len};
     assert_non_null(b);
     memcpy(b->data, &k, sizeof k);
     assert_int_equal(vrpc_ep_send(ep, b, sizeof k, 7, 0, 0), 0);
@@ -138,8 +138,8 @@ static void wait_sends(struct client *side, struct vrpc_ep *ep, unsigned n)
     }
 }
 
-static int read_wait(struct pair *p, struct vrpc_ep *ep, struct region *dst, uint32_t off, uint32_t len,
-                     uint64_t raddr, uint32_t rkey)
+static int read_wait(struct pair *p, struct vrpc_ep *ep, struct region *dst, uint32_t off, uint32_t len, uint64_t raddr,
+                     uint32_t rkey)
 {
     struct vrpc_wc w;
     assert_int_equal(vrpc_ep_read(ep, &dst->buf, off, len, raddr, rkey, 42), 0);
@@ -335,7 +335,7 @@ static void t_read_beyond_mr(void **state)
  * 2), at an offset into the destination; every byte checked. */
 static void t_chunking(void **state)
 {
-    static const uint32_t sizes[] = { 1, CHUNK - 1, CHUNK, CHUNK + 1, CHUNK * 7 / 2 };
+    static const uint32_t sizes[] = {1, CHUNK - 1, CHUNK, CHUNK + 1, CHUNK * 7 / 2};
     enum { NS = sizeof sizes / sizeof sizes[0] };
     struct vrpc_transport_attr ta;
     struct pair p;
@@ -366,9 +366,9 @@ static void t_chunking(void **state)
     /* all at once, each into its own place */
     memset(dst.base, 0, total + 64);
     for (int i = 0; i < NS; i++)
-        assert_int_equal(vrpc_ep_read(cep, &dst.buf, (uint32_t)off[i], sizes[i], (uintptr_t)own.base + off[i], rkey,
-                                      (uint64_t)i),
-                         0);
+        assert_int_equal(
+            vrpc_ep_read(cep, &dst.buf, (uint32_t)off[i], sizes[i], (uintptr_t)own.base + off[i], rkey, (uint64_t)i),
+            0);
     for (int i = 0; i < NS; i++) {
         struct vrpc_wc w;
         assert_true(coll_wait(&p.c.coll, VRPC_WC_READ, cep, WAIT_MS, &w));
@@ -450,7 +450,7 @@ static long coll_index(struct coll *c, uint32_t opcode, struct vrpc_ep *ep)
  * DISCONNECTED was already on its way and the revoke says -ENOTCONN. */
 static void t_revoke_races_death(void **state)
 {
-    static const int delay_ms[] = { 0, 5, 30, 300 };
+    static const int delay_ms[] = {0, 5, 30, 300};
     struct pair p;
     struct region own;
     (void)state;
@@ -662,8 +662,8 @@ static void t_chunk_switch(void **state)
     assert_int_equal(w.byte_len, n);
     assert_memory_equal(dst.base, own.base, n);
     early = (unsigned)coll_count(&p.c.coll, VRPC_WC_RECV, cep);
-    printf("chunk switch (%s): %u small messages sent during the read, %u delivered before it ended\n",
-           g_opt.setup, sent, early);
+    printf("chunk switch (%s): %u small messages sent during the read, %u delivered before it ended\n", g_opt.setup,
+           sent, early);
     for (unsigned i = 0; i < sent; i++)
         assert_int_equal(recv_key(&p.c, cep).len, i + 1);
     wait_sends(&p.s, sep, sent);
@@ -701,11 +701,12 @@ int main(int argc, char **argv)
     if (i)
         return i;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(t_first_read),         cmocka_unit_test(t_grant_send_read),
-        cmocka_unit_test(t_read_after_revoke),  cmocka_unit_test(t_key_other_endpoint),
-        cmocka_unit_test(t_read_beyond_mr),     cmocka_unit_test(t_chunking),
-        cmocka_unit_test(t_reads_flush_on_death), cmocka_unit_test(t_revoke_races_death), cmocka_unit_test(t_revoke_mid_read), cmocka_unit_test(t_close_mid_read), cmocka_unit_test(t_read_large),
-        cmocka_unit_test(t_chunk_switch),
+        cmocka_unit_test(t_first_read),           cmocka_unit_test(t_grant_send_read),
+        cmocka_unit_test(t_read_after_revoke),    cmocka_unit_test(t_key_other_endpoint),
+        cmocka_unit_test(t_read_beyond_mr),       cmocka_unit_test(t_chunking),
+        cmocka_unit_test(t_reads_flush_on_death), cmocka_unit_test(t_revoke_races_death),
+        cmocka_unit_test(t_revoke_mid_read),      cmocka_unit_test(t_close_mid_read),
+        cmocka_unit_test(t_read_large),           cmocka_unit_test(t_chunk_switch),
     };
     if (filter)
         cmocka_set_test_filter(filter);

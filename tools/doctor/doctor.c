@@ -76,20 +76,23 @@ static long netdev_mtu(const char *netdev)
     return read_line(path, v, sizeof v) ? -1 : strtol(v, NULL, 10);
 }
 
-static uint32_t mtu_bytes(enum ibv_mtu m)
-{
-    return m >= IBV_MTU_256 && m <= IBV_MTU_4096 ? 128u << m : 0;
-}
+static uint32_t mtu_bytes(enum ibv_mtu m) { return m >= IBV_MTU_256 && m <= IBV_MTU_4096 ? 128u << m : 0; }
 
 static const char *port_state(enum ibv_port_state st)
 {
     switch (st) {
-    case IBV_PORT_DOWN: return "DOWN";
-    case IBV_PORT_INIT: return "INIT";
-    case IBV_PORT_ARMED: return "ARMED";
-    case IBV_PORT_ACTIVE: return "ACTIVE";
-    case IBV_PORT_ACTIVE_DEFER: return "ACTIVE_DEFER";
-    default: return "NOP";
+    case IBV_PORT_DOWN:
+        return "DOWN";
+    case IBV_PORT_INIT:
+        return "INIT";
+    case IBV_PORT_ARMED:
+        return "ARMED";
+    case IBV_PORT_ACTIVE:
+        return "ACTIVE";
+    case IBV_PORT_ACTIVE_DEFER:
+        return "ACTIVE_DEFER";
+    default:
+        return "NOP";
     }
 }
 
@@ -119,8 +122,8 @@ struct addr_seen {
     bool v2;
 };
 
-static void note_addr(struct addr_seen *seen, unsigned *n, unsigned cap, const char *addr, const char *dev,
-                      int port, bool v2)
+static void note_addr(struct addr_seen *seen, unsigned *n, unsigned cap, const char *addr, const char *dev, int port,
+                      bool v2)
 {
     for (unsigned i = 0; i < *n; i++)
         if (!strcmp(seen[i].addr, addr) && !strcmp(seen[i].dev, dev) && seen[i].port == port) {
@@ -152,8 +155,10 @@ static void check_port(struct report *r, struct ibv_context *ctx, const char *de
     for (int i = 0; i < pa.gid_tbl_len && !netdev[0]; i++)
         gid_attr(dev, port, i, "ndevs", netdev, sizeof netdev);
     long nmtu = netdev[0] ? netdev_mtu(netdev) : -1;
-    printf("  port %d: %s, link layer %s, active MTU %" PRIu32 " (max %" PRIu32 ")", port,
-           port_state(pa.state), eth ? "Ethernet" : pa.link_layer == IBV_LINK_LAYER_INFINIBAND ? "InfiniBand" : "unspecified",
+    printf("  port %d: %s, link layer %s, active MTU %" PRIu32 " (max %" PRIu32 ")", port, port_state(pa.state),
+           eth                                          ? "Ethernet"
+           : pa.link_layer == IBV_LINK_LAYER_INFINIBAND ? "InfiniBand"
+                                                        : "unspecified",
            mtu_bytes(pa.active_mtu), mtu_bytes(pa.max_mtu));
     if (netdev[0])
         printf(", netdev %s (MTU %ld)", netdev, nmtu);
@@ -164,9 +169,8 @@ static void check_port(struct report *r, struct ibv_context *ctx, const char *de
         problem(r, VRPC_VP_PORT_DOWN, &d);
     }
     if (eth && nmtu > 0 && (uint64_t)nmtu < vrpc_verbs_eth_mtu_for(mtu_bytes(pa.active_mtu))) {
-        struct vrpc_verbs_diag d = {.netdev = netdev,
-                                    .have = (uint64_t)nmtu,
-                                    .need = vrpc_verbs_eth_mtu_for(mtu_bytes(pa.active_mtu))};
+        struct vrpc_verbs_diag d = {
+            .netdev = netdev, .have = (uint64_t)nmtu, .need = vrpc_verbs_eth_mtu_for(mtu_bytes(pa.active_mtu))};
         problem(r, VRPC_VP_MTU, &d);
     }
 
@@ -271,7 +275,9 @@ static void check_memlock(struct report *r)
     }
     printf("memlock: limit %" PRIu64 " KiB, want at least %" PRIu64 " KiB (a server's pools and max_pinned)%s\n",
            (uint64_t)rl.rlim_cur / 1024, need / 1024,
-           rl.rlim_cur >= need ? ": fine" : r->devices ? "" : " (matters only with RDMA)");
+           rl.rlim_cur >= need ? ": fine"
+           : r->devices        ? ""
+                               : " (matters only with RDMA)");
     if (rl.rlim_cur < need && cap_ipc_lock()) {
         printf("memlock: not enforced for this process (it has CAP_IPC_LOCK); a service run without it needs "
                "the limit raised\n");
@@ -347,8 +353,8 @@ static void describe_sgid(struct report *r, struct rdma_cm_id *id, const char *d
     }
     int idx = pick >= 0 ? pick : any;
     gid_attr(dev, port, idx, "ndevs", netdev, sizeof netdev);
-    printf("peer: source GID %d (%s, %s, netdev %s, address %s)\n", idx, pick >= 0 ? mode : "not the default mode",
-           dev, netdev[0] ? netdev : "-", addr);
+    printf("peer: source GID %d (%s, %s, netdev %s, address %s)\n", idx, pick >= 0 ? mode : "not the default mode", dev,
+           netdev[0] ? netdev : "-", addr);
     if (strcmp(mode, "RoCE v2") || pick < 0) {
         struct vrpc_verbs_diag d = {.dev = dev, .port = port, .addr = addr};
         problem(r, VRPC_VP_NO_ROCE_V2, &d);
@@ -376,10 +382,12 @@ static void route_source(const struct sockaddr_storage *dst, char *buf, size_t l
     if (fd < 0)
         return;
     ((struct sockaddr_in *)&d)->sin_port = htons(9); /* same offset in sockaddr_in6 */
-    if (!connect(fd, (struct sockaddr *)&d, d.ss_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6)) &&
+    if (!connect(fd, (struct sockaddr *)&d,
+                 d.ss_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6)) &&
         !getsockname(fd, (struct sockaddr *)&l, &ll))
-        inet_ntop(l.ss_family, l.ss_family == AF_INET ? (void *)&((struct sockaddr_in *)&l)->sin_addr
-                                                      : (void *)&((struct sockaddr_in6 *)&l)->sin6_addr,
+        inet_ntop(l.ss_family,
+                  l.ss_family == AF_INET ? (void *)&((struct sockaddr_in *)&l)->sin_addr
+                                         : (void *)&((struct sockaddr_in6 *)&l)->sin6_addr,
                   buf, (socklen_t)len);
     close(fd);
 }

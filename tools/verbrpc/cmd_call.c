@@ -13,21 +13,20 @@
 
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "usage: verbrpc call [OPTIONS] URI METHOD [JSON | -]\n"
-            "Calls METHOD (\"pkg.Service/Method\", \"pkg.Service.Method\" or \"/pkg.Service/Method\")\n"
-            "with the request JSON (default {}; - reads it from standard input), in protobuf's\n"
-            "JSON mapping (lowerCamelCase or .proto field names, 64-bit integers as strings or\n"
-            "numbers, bytes as base64, enums by name or number, well-known types in their JSON\n"
-            "forms), and prints the response the same way (lowerCamelCase, 64-bit integers as\n"
-            "strings, fields with default values left out).\n"
-            "  --descriptor-set FILE  the method's types from FILE (protoc --descriptor_set_out\n"
-            "                         --include_imports) instead of the server's reflection service\n"
-            "  --metadata K=V         send metadata K with value V (repeatable; keys [a-z0-9-_.])\n"
-            "  --timeout DUR          deadline of the call, and of connecting (default 10s)\n"
-            "  --compact              print the response on one line\n"
-            "Exit codes: 0 OK; 1 bad arguments or JSON; 2 connection failed; 3 the call failed\n"
-            "(its status code and message are printed on standard error).\n");
+    fprintf(out, "usage: verbrpc call [OPTIONS] URI METHOD [JSON | -]\n"
+                 "Calls METHOD (\"pkg.Service/Method\", \"pkg.Service.Method\" or \"/pkg.Service/Method\")\n"
+                 "with the request JSON (default {}; - reads it from standard input), in protobuf's\n"
+                 "JSON mapping (lowerCamelCase or .proto field names, 64-bit integers as strings or\n"
+                 "numbers, bytes as base64, enums by name or number, well-known types in their JSON\n"
+                 "forms), and prints the response the same way (lowerCamelCase, 64-bit integers as\n"
+                 "strings, fields with default values left out).\n"
+                 "  --descriptor-set FILE  the method's types from FILE (protoc --descriptor_set_out\n"
+                 "                         --include_imports) instead of the server's reflection service\n"
+                 "  --metadata K=V         send metadata K with value V (repeatable; keys [a-z0-9-_.])\n"
+                 "  --timeout DUR          deadline of the call, and of connecting (default 10s)\n"
+                 "  --compact              print the response on one line\n"
+                 "Exit codes: 0 OK; 1 bad arguments or JSON; 2 connection failed; 3 the call failed\n"
+                 "(its status code and message are printed on standard error).\n");
 }
 
 static char *read_all(FILE *fp)
@@ -68,12 +67,12 @@ struct call_args {
 static int parse_args(int argc, char **argv, struct call_args *a)
 {
     enum { OPT_TIMEOUT = 256, OPT_SET, OPT_MD, OPT_COMPACT };
-    static const struct option opts[] = { { "timeout", required_argument, NULL, OPT_TIMEOUT },
-                                          { "descriptor-set", required_argument, NULL, OPT_SET },
-                                          { "metadata", required_argument, NULL, OPT_MD },
-                                          { "compact", no_argument, NULL, OPT_COMPACT },
-                                          { "help", no_argument, NULL, 'h' },
-                                          { NULL, 0, NULL, 0 } };
+    static const struct option opts[] = {{"timeout", required_argument, NULL, OPT_TIMEOUT},
+                                         {"descriptor-set", required_argument, NULL, OPT_SET},
+                                         {"metadata", required_argument, NULL, OPT_MD},
+                                         {"compact", no_argument, NULL, OPT_COMPACT},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
     int opt;
 
     optind = 1;
@@ -99,7 +98,7 @@ static int parse_args(int argc, char **argv, struct call_args *a)
                 return EXIT_USAGE;
             }
             *eq = '\0'; /* argv is ours to cut */
-            a->md[a->n_md++] = (struct vrpc_metadata){ .key = optarg, .value = eq + 1, .value_len = strlen(eq + 1) };
+            a->md[a->n_md++] = (struct vrpc_metadata){.key = optarg, .value = eq + 1, .value_len = strlen(eq + 1)};
             break;
         }
         case OPT_COMPACT:
@@ -137,11 +136,11 @@ static bool service_of(const char *method, char *buf, size_t len)
 
 int cmd_call(int argc, char **argv)
 {
-    struct call_args a = { .timeout_us = TOOL_TIMEOUT_DEFAULT_MS * 1000LL };
-    struct tool_conn c = { 0 };
+    struct call_args a = {.timeout_us = TOOL_TIMEOUT_DEFAULT_MS * 1000LL};
+    struct tool_conn c = {0};
     struct descpool pool;
     struct vrpc_status st;
-    struct pbbuf req = { 0 };
+    struct pbbuf req = {0};
     char svc_name[512], full[1024], err[PBJSON_ERR_MAX];
     const struct dp_sym *svc;
     const DpMethod *m;
@@ -180,8 +179,10 @@ int cmd_call(int argc, char **argv)
     if (!a.set && tool_reflect(&c, &pool, svc_name, false, &st) != VRPC_OK) {
         rc = tool_rpc_failed("looking the service up by reflection", &st);
         if (st.code == VRPC_NOT_FOUND) /* e.g. methods registered with hand-written descriptors */
-            fprintf(stderr, "verbrpc call: the server has no descriptor of %s; pass --descriptor-set FILE "
-                            "(protoc --descriptor_set_out=FILE --include_imports)\n", svc_name);
+            fprintf(stderr,
+                    "verbrpc call: the server has no descriptor of %s; pass --descriptor-set FILE "
+                    "(protoc --descriptor_set_out=FILE --include_imports)\n",
+                    svc_name);
         goto out;
     }
     if (!descpool_method(&pool, a.method, &svc, &m)) {

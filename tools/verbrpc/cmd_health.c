@@ -9,21 +9,19 @@
 
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "usage: verbrpc health [--timeout DUR] URI [SERVICE]\n"
-            "Calls verbrpc.health.v1.Health/Check, about SERVICE (\"pkg.Service\") or, without\n"
-            "it, the server as a whole, and prints \"status: SERVING\" or what went wrong.\n"
-            "  --timeout DUR  for connecting and for the call (\"1s\", \"250ms\"; default 10s)\n"
-            "Exit codes (grpc_health_probe's): 0 SERVING; 1 bad arguments; 2 connection failed\n"
-            "or timed out; 3 the call failed or timed out (NOT_FOUND: unknown service); 4 the\n"
-            "server answered with a status other than SERVING.\n");
+    fprintf(out, "usage: verbrpc health [--timeout DUR] URI [SERVICE]\n"
+                 "Calls verbrpc.health.v1.Health/Check, about SERVICE (\"pkg.Service\") or, without\n"
+                 "it, the server as a whole, and prints \"status: SERVING\" or what went wrong.\n"
+                 "  --timeout DUR  for connecting and for the call (\"1s\", \"250ms\"; default 10s)\n"
+                 "Exit codes (grpc_health_probe's): 0 SERVING; 1 bad arguments; 2 connection failed\n"
+                 "or timed out; 3 the call failed or timed out (NOT_FOUND: unknown service); 4 the\n"
+                 "server answered with a status other than SERVING.\n");
 }
 
 int cmd_health(int argc, char **argv)
 {
-    static const struct option opts[] = { { "timeout", required_argument, NULL, 't' },
-                                          { "help", no_argument, NULL, 'h' },
-                                          { NULL, 0, NULL, 0 } };
+    static const struct option opts[] = {
+        {"timeout", required_argument, NULL, 't'}, {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
     Verbrpc__Health__V1__HealthCheckRequest req = VERBRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
     Verbrpc__Health__V1__HealthCheckResponse *resp;
     int64_t timeout_us = TOOL_TIMEOUT_DEFAULT_MS * 1000LL;
@@ -55,9 +53,8 @@ int cmd_health(int argc, char **argv)
     if (verbrpc__health__v1__health__check__call(c.ch, &req, &resp, &o, &st) != VRPC_OK) {
         rc = tool_rpc_failed("health check", &st);
     } else {
-        const ProtobufCEnumValue *v =
-            protobuf_c_enum_descriptor_get_value(&verbrpc__health__v1__health_check_response__serving_status__descriptor,
-                                                 resp->status);
+        const ProtobufCEnumValue *v = protobuf_c_enum_descriptor_get_value(
+            &verbrpc__health__v1__health_check_response__serving_status__descriptor, resp->status);
         const char *name = v ? v->name : "UNKNOWN";
 
         if (resp->status == VERBRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING) {

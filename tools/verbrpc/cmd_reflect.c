@@ -10,14 +10,13 @@
 #include "tool.h"
 
 /* --timeout and --help, shared by both; --descriptor-set for describe. */
-static int parse(int argc, char **argv, const char *cmd, void (*usage)(FILE *), int64_t *timeout_us,
-                 const char **set)
+static int parse(int argc, char **argv, const char *cmd, void (*usage)(FILE *), int64_t *timeout_us, const char **set)
 {
     enum { OPT_TIMEOUT = 256, OPT_SET };
-    static const struct option opts[] = { { "timeout", required_argument, NULL, OPT_TIMEOUT },
-                                          { "descriptor-set", required_argument, NULL, OPT_SET },
-                                          { "help", no_argument, NULL, 'h' },
-                                          { NULL, 0, NULL, 0 } };
+    static const struct option opts[] = {{"timeout", required_argument, NULL, OPT_TIMEOUT},
+                                         {"descriptor-set", required_argument, NULL, OPT_SET},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
     int opt;
 
     optind = 1;
@@ -42,13 +41,12 @@ static int parse(int argc, char **argv, const char *cmd, void (*usage)(FILE *), 
 
 static void list_usage(FILE *out)
 {
-    fprintf(out,
-            "usage: verbrpc list [--timeout DUR] URI [SERVICE]\n"
-            "The full names of the services the server has methods of (its reflection\n"
-            "service's ListServices), one a line; with SERVICE, its methods (\"pkg.Service.Method\").\n"
-            "  --timeout DUR  for connecting and for each call (default 10s)\n"
-            "Exit codes: 0; 1 bad arguments; 2 connection failed; 3 a call failed (NOT_FOUND: no\n"
-            "such service).\n");
+    fprintf(out, "usage: verbrpc list [--timeout DUR] URI [SERVICE]\n"
+                 "The full names of the services the server has methods of (its reflection\n"
+                 "service's ListServices), one a line; with SERVICE, its methods (\"pkg.Service.Method\").\n"
+                 "  --timeout DUR  for connecting and for each call (default 10s)\n"
+                 "Exit codes: 0; 1 bad arguments; 2 connection failed; 3 a call failed (NOT_FOUND: no\n"
+                 "such service).\n");
 }
 
 int cmd_list(int argc, char **argv)
@@ -103,8 +101,8 @@ int cmd_list(int argc, char **argv)
 /* ---- describe ------------------------------------------------------------- */
 
 static const char *const scalar_names[] = {
-    NULL,      "double", "float",  "int64",    "uint64",   "int32", "fixed64", "fixed32", "bool", "string",
-    "group",   NULL,     "bytes",  "uint32",   NULL,       "sfixed32", "sfixed64", "sint32", "sint64",
+    NULL,    "double", "float", "int64",  "uint64", "int32",    "fixed64",  "fixed32", "bool",   "string",
+    "group", NULL,     "bytes", "uint32", NULL,     "sfixed32", "sfixed64", "sint32",  "sint64",
 };
 
 static const char *field_type(const DpField *f)
@@ -112,7 +110,7 @@ static const char *field_type(const DpField *f)
     if (f->type_name)
         return f->type_name + (f->type_name[0] == '.');
     return f->type < sizeof(scalar_names) / sizeof(scalar_names[0]) && scalar_names[f->type] ? scalar_names[f->type]
-                                                                                              : "?";
+                                                                                             : "?";
 }
 
 static const DpMsg *map_entry_of(const struct descpool *p, const DpField *f)
@@ -122,10 +120,7 @@ static const DpMsg *map_entry_of(const struct descpool *p, const DpField *f)
     return m && m->options && m->options->map_entry ? m : NULL;
 }
 
-static void indent(int n)
-{
-    printf("%*s", 2 * n, "");
-}
+static void indent(int n) { printf("%*s", 2 * n, ""); }
 
 static void print_field(const struct descpool *p, const DpField *f, bool proto3, int lvl)
 {
@@ -134,11 +129,13 @@ static void print_field(const struct descpool *p, const DpField *f, bool proto3,
     indent(lvl);
     if (entry && entry->n_field == 2)
         printf("map<%s, %s>", field_type(entry->field[0]), field_type(entry->field[1]));
-    else
-    {
+    else {
         bool in_oneof = f->has_oneof_index && !f->proto3_optional;
-        const char *label = f->label == 3 ? "repeated " : f->label == 2 ? "required " :
-                            in_oneof ? "" : !proto3 || f->proto3_optional ? "optional " : "";
+        const char *label = f->label == 3                   ? "repeated "
+                            : f->label == 2                 ? "required "
+                            : in_oneof                      ? ""
+                            : !proto3 || f->proto3_optional ? "optional "
+                                                            : "";
 
         printf("%s%s", label, field_type(f));
     }
@@ -201,22 +198,21 @@ static void print_method(const DpMethod *m, int lvl)
 
 static void describe_usage(FILE *out)
 {
-    fprintf(out,
-            "usage: verbrpc describe [--timeout DUR] [--descriptor-set FILE] URI SYMBOL\n"
-            "Prints SYMBOL as .proto text: a service (\"pkg.Service\"), a method (\"pkg.Service.Method\"\n"
-            "or \"pkg.Service/Method\", with its request and response messages), a message or\n"
-            "an enum, from the server's reflection service or from FILE (protoc\n"
-            "--descriptor_set_out --include_imports; then the server is not contacted).\n"
-            "  --timeout DUR  for connecting and for each call (default 10s)\n"
-            "Exit codes: 0; 1 bad arguments or SYMBOL not in FILE; 2 connection failed; 3 a call\n"
-            "failed (NOT_FOUND: the server declares no such symbol).\n");
+    fprintf(out, "usage: verbrpc describe [--timeout DUR] [--descriptor-set FILE] URI SYMBOL\n"
+                 "Prints SYMBOL as .proto text: a service (\"pkg.Service\"), a method (\"pkg.Service.Method\"\n"
+                 "or \"pkg.Service/Method\", with its request and response messages), a message or\n"
+                 "an enum, from the server's reflection service or from FILE (protoc\n"
+                 "--descriptor_set_out --include_imports; then the server is not contacted).\n"
+                 "  --timeout DUR  for connecting and for each call (default 10s)\n"
+                 "Exit codes: 0; 1 bad arguments or SYMBOL not in FILE; 2 connection failed; 3 a call\n"
+                 "failed (NOT_FOUND: the server declares no such symbol).\n");
 }
 
 int cmd_describe(int argc, char **argv)
 {
     int64_t timeout_us = TOOL_TIMEOUT_DEFAULT_MS * 1000LL;
     const char *set = NULL;
-    struct tool_conn c = { 0 };
+    struct tool_conn c = {0};
     struct vrpc_status st;
     struct descpool pool;
     char sym[512];
@@ -255,7 +251,10 @@ int cmd_describe(int argc, char **argv)
     if ((s = descpool_find(&pool, sym))) {
         bool p3 = dp_proto3(s->file);
 
-        printf("%s is a%s (%s):\n", s->full, s->kind == DP_MESSAGE ? " message" : s->kind == DP_ENUM ? "n enum" : " service",
+        printf("%s is a%s (%s):\n", s->full,
+               s->kind == DP_MESSAGE ? " message"
+               : s->kind == DP_ENUM  ? "n enum"
+                                     : " service",
                s->file->name);
         if (s->kind == DP_MESSAGE) {
             print_message(&pool, s->d, p3, 0);
@@ -271,7 +270,8 @@ int cmd_describe(int argc, char **argv)
         }
     } else if (descpool_method(&pool, sym, &svc, &m)) {
         const DpFile *fi, *fo;
-        const DpMsg *in = descpool_message(&pool, m->input_type, &fi), *outm = descpool_message(&pool, m->output_type, &fo);
+        const DpMsg *in = descpool_message(&pool, m->input_type, &fi),
+                    *outm = descpool_message(&pool, m->output_type, &fo);
 
         printf("%s is a method (%s):\n", sym, svc->file->name);
         print_method(m, 0);

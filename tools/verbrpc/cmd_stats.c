@@ -87,34 +87,33 @@ static const struct {
     const char *flag; /* NULL: the default */
     int (*print)(const Stats *r);
 } formats[] = {
-    { NULL, print_table },
-    { "json", print_json },
-    { "prometheus", print_prometheus },
+    {NULL, print_table},
+    {"json", print_json},
+    {"prometheus", print_prometheus},
 };
 
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "usage: verbrpc stats [--timeout DUR] [--prefix P] [--json | --prometheus] URI\n"
-            "Calls verbrpc.stats.v1.Stats/Get: per registered method, answered calls, errors\n"
-            "(by status code) and latency percentiles in microseconds (request arrival to\n"
-            "response sent).\n"
-            "  --json         the response in protobuf's JSON mapping instead of a table\n"
-            "  --prometheus   the figures as Prometheus text (vrpc_stats_* series)\n"
-            "  --prefix P     only methods whose full name starts with P (\"/pkg.Service/\")\n"
-            "  --timeout DUR  for connecting and for the call (default 10s)\n"
-            "Exit codes: 0; 1 bad arguments; 2 connection failed; 3 the call failed.\n");
+    fprintf(out, "usage: verbrpc stats [--timeout DUR] [--prefix P] [--json | --prometheus] URI\n"
+                 "Calls verbrpc.stats.v1.Stats/Get: per registered method, answered calls, errors\n"
+                 "(by status code) and latency percentiles in microseconds (request arrival to\n"
+                 "response sent).\n"
+                 "  --json         the response in protobuf's JSON mapping instead of a table\n"
+                 "  --prometheus   the figures as Prometheus text (vrpc_stats_* series)\n"
+                 "  --prefix P     only methods whose full name starts with P (\"/pkg.Service/\")\n"
+                 "  --timeout DUR  for connecting and for the call (default 10s)\n"
+                 "Exit codes: 0; 1 bad arguments; 2 connection failed; 3 the call failed.\n");
 }
 
 int cmd_stats(int argc, char **argv)
 {
     enum { OPT_TIMEOUT = 256, OPT_PREFIX, OPT_FORMAT };
-    static const struct option opts[] = { { "timeout", required_argument, NULL, OPT_TIMEOUT },
-                                          { "prefix", required_argument, NULL, OPT_PREFIX },
-                                          { "json", no_argument, NULL, OPT_FORMAT },
-                                          { "prometheus", no_argument, NULL, OPT_FORMAT },
-                                          { "help", no_argument, NULL, 'h' },
-                                          { NULL, 0, NULL, 0 } };
+    static const struct option opts[] = {{"timeout", required_argument, NULL, OPT_TIMEOUT},
+                                         {"prefix", required_argument, NULL, OPT_PREFIX},
+                                         {"json", no_argument, NULL, OPT_FORMAT},
+                                         {"prometheus", no_argument, NULL, OPT_FORMAT},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
     Verbrpc__Stats__V1__GetStatsRequest req = VERBRPC__STATS__V1__GET_STATS_REQUEST__INIT;
     Stats *resp;
     int64_t timeout_us = TOOL_TIMEOUT_DEFAULT_MS * 1000LL;

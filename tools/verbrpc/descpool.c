@@ -43,7 +43,7 @@ static int add_sym(struct descpool *p, const char *prefix, const char *name, enu
         p->syms = v;
         p->cap_syms = cap;
     }
-    p->syms[p->n_syms++] = (struct dp_sym){ .full = full, .kind = kind, .d = d, .file = f };
+    p->syms[p->n_syms++] = (struct dp_sym){.full = full, .kind = kind, .d = d, .file = f};
     return 0;
 }
 

@@ -27,30 +27,28 @@ static const struct {
     int (*fn)(int argc, char **argv);
     const char *summary;
 } commands[] = {
-    { "health", cmd_health, "health URI [SERVICE]         check health, exit 0 only if SERVING" },
-    { "stats", cmd_stats, "stats URI [--json]           per-method calls, errors and latency" },
-    { "list", cmd_list, "list URI [SERVICE]           the services served, or a service's methods" },
-    { "describe", cmd_describe, "describe URI SYMBOL          a service, method, message or enum, as .proto" },
-    { "call", cmd_call, "call URI METHOD [JSON | -]   call a method with a JSON request, print the JSON response" },
+    {"health", cmd_health, "health URI [SERVICE]         check health, exit 0 only if SERVING"},
+    {"stats", cmd_stats, "stats URI [--json]           per-method calls, errors and latency"},
+    {"list", cmd_list, "list URI [SERVICE]           the services served, or a service's methods"},
+    {"describe", cmd_describe, "describe URI SYMBOL          a service, method, message or enum, as .proto"},
+    {"call", cmd_call, "call URI METHOD [JSON | -]   call a method with a JSON request, print the JSON response"},
 #ifdef VRPC_TOOL_DOCTOR
-    { "doctor", cmd_doctor, "doctor [--peer IP]           check this host's RDMA setup (devices, GIDs, MTU, memlock)" },
+    {"doctor", cmd_doctor, "doctor [--peer IP]           check this host's RDMA setup (devices, GIDs, MTU, memlock)"},
 #endif
 };
 
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "usage: verbrpc COMMAND [OPTIONS] ARGS\n"
-            "A command-line client for verbrpc servers. URI is tcp://host:port, verbs://ip:port or\n"
-            "host:port (verbs where an RDMA device serves it, else TCP). Commands:\n");
+    fprintf(out, "usage: verbrpc COMMAND [OPTIONS] ARGS\n"
+                 "A command-line client for verbrpc servers. URI is tcp://host:port, verbs://ip:port or\n"
+                 "host:port (verbs where an RDMA device serves it, else TCP). Commands:\n");
     for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
         fprintf(out, "  %s\n", commands[i].summary);
-    fprintf(out,
-            "`verbrpc COMMAND --help` describes a command and its options.\n"
-            "Exit codes: 0 success; 1 bad arguments or input; 2 connection failure; 3 the RPC\n"
-            "failed (its status is printed); 4 (health) the server answered but not SERVING.\n"
-            "doctor: 0 all fine, 1 problems found (each with the command that fixes it), 2 usage.\n"
-            "Traffic is neither authenticated nor encrypted.\n");
+    fprintf(out, "`verbrpc COMMAND --help` describes a command and its options.\n"
+                 "Exit codes: 0 success; 1 bad arguments or input; 2 connection failure; 3 the RPC\n"
+                 "failed (its status is printed); 4 (health) the server answered but not SERVING.\n"
+                 "doctor: 0 all fine, 1 problems found (each with the command that fixes it), 2 usage.\n"
+                 "Traffic is neither authenticated nor encrypted.\n");
 }
 
 int main(int argc, char **argv)
@@ -141,7 +139,7 @@ void tool_disconnect(struct tool_conn *c)
 
 struct vrpc_call_opts tool_call_opts(const struct tool_conn *c, const struct vrpc_metadata *md, size_t n_md)
 {
-    struct vrpc_call_opts o = { .timeout_us = c->timeout_us, .md = md, .md_count = n_md };
+    struct vrpc_call_opts o = {.timeout_us = c->timeout_us, .md = md, .md_count = n_md};
 
     return o;
 }

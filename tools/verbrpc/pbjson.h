@@ -28,8 +28,7 @@ void pbbuf_free(struct pbbuf *b);
 /* Encodes `in` (a JSON object, or a well-known type's JSON form) as message
  * type `type` ("pkg.Msg") appended to out. 0, or -EINVAL with the reason
  * (naming the field's path) in err. */
-int pbjson_encode(const struct descpool *p, const char *type, json_t *in, struct pbbuf *out, char *err,
-                  size_t errlen);
+int pbjson_encode(const struct descpool *p, const char *type, json_t *in, struct pbbuf *out, char *err, size_t errlen);
 
 /* Decodes wire bytes of message type `type` into a new JSON value (caller
  * decrefs). Unknown fields are skipped. NULL with the reason in err. */

@@ -124,11 +124,17 @@ const DpMsg *pj_map_entry(struct ctx *c, const DpField *f)
 int pj_wire_type(int type)
 {
     switch (type) {
-    case T_DOUBLE: case T_FIXED64: case T_SFIXED64:
+    case T_DOUBLE:
+    case T_FIXED64:
+    case T_SFIXED64:
         return WT_I64;
-    case T_FLOAT: case T_FIXED32: case T_SFIXED32:
+    case T_FLOAT:
+    case T_FIXED32:
+    case T_SFIXED32:
         return WT_I32;
-    case T_STRING: case T_BYTES: case T_MESSAGE:
+    case T_STRING:
+    case T_BYTES:
+    case T_MESSAGE:
         return WT_LEN;
     default:
         return WT_VARINT;
@@ -137,15 +143,18 @@ int pj_wire_type(int type)
 
 enum wkt pj_wkt_of(const char *type)
 {
-    static const struct { const char *name; enum wkt w; } t[] = {
-        { "google.protobuf.Timestamp", WKT_TIMESTAMP }, { "google.protobuf.Duration", WKT_DURATION },
-        { "google.protobuf.DoubleValue", WKT_WRAPPER }, { "google.protobuf.FloatValue", WKT_WRAPPER },
-        { "google.protobuf.Int64Value", WKT_WRAPPER },  { "google.protobuf.UInt64Value", WKT_WRAPPER },
-        { "google.protobuf.Int32Value", WKT_WRAPPER },  { "google.protobuf.UInt32Value", WKT_WRAPPER },
-        { "google.protobuf.BoolValue", WKT_WRAPPER },   { "google.protobuf.StringValue", WKT_WRAPPER },
-        { "google.protobuf.BytesValue", WKT_WRAPPER },  { "google.protobuf.Struct", WKT_STRUCT },
-        { "google.protobuf.Value", WKT_VALUE },         { "google.protobuf.ListValue", WKT_LIST },
-        { "google.protobuf.FieldMask", WKT_FIELDMASK }, { "google.protobuf.Any", WKT_ANY },
+    static const struct {
+        const char *name;
+        enum wkt w;
+    } t[] = {
+        {"google.protobuf.Timestamp", WKT_TIMESTAMP}, {"google.protobuf.Duration", WKT_DURATION},
+        {"google.protobuf.DoubleValue", WKT_WRAPPER}, {"google.protobuf.FloatValue", WKT_WRAPPER},
+        {"google.protobuf.Int64Value", WKT_WRAPPER},  {"google.protobuf.UInt64Value", WKT_WRAPPER},
+        {"google.protobuf.Int32Value", WKT_WRAPPER},  {"google.protobuf.UInt32Value", WKT_WRAPPER},
+        {"google.protobuf.BoolValue", WKT_WRAPPER},   {"google.protobuf.StringValue", WKT_WRAPPER},
+        {"google.protobuf.BytesValue", WKT_WRAPPER},  {"google.protobuf.Struct", WKT_STRUCT},
+        {"google.protobuf.Value", WKT_VALUE},         {"google.protobuf.ListValue", WKT_LIST},
+        {"google.protobuf.FieldMask", WKT_FIELDMASK}, {"google.protobuf.Any", WKT_ANY},
     };
 
     for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++)
@@ -233,10 +242,9 @@ static void dump(struct pbbuf *b, const json_t *v, int indent, int level)
 
 char *pbjson_dumps(const json_t *v, int indent)
 {
-    struct pbbuf b = { 0 };
+    struct pbbuf b = {0};
 
     dump(&b, v, indent, 0);
     pj_put(&b, "", 1);
     return (char *)b.data;
 }
-

@@ -159,18 +159,30 @@ static json_t *dec_value(struct ctx *c, const DpField *f, int wt, const uint8_t 
         return dec_msg(c, pj_type_name(f), s, (size_t)len);
     }
     switch (f->type) {
-    case T_INT32: return json_integer((int32_t)u);
-    case T_INT64: return int64_json((int64_t)u);
-    case T_UINT32: return json_integer((uint32_t)u);
-    case T_UINT64: return uint64_json(u);
-    case T_SINT32: return json_integer((int32_t)((uint32_t)u >> 1) ^ -(int32_t)(u & 1));
-    case T_SINT64: return int64_json((int64_t)(u >> 1) ^ -(int64_t)(u & 1));
-    case T_BOOL: return json_boolean(u != 0);
-    case T_ENUM: return enum_json(c, f, (int32_t)u);
-    case T_FIXED32: return json_integer((uint32_t)u);
-    case T_SFIXED32: return json_integer((int32_t)(uint32_t)u);
-    case T_FIXED64: return uint64_json(u);
-    case T_SFIXED64: return int64_json((int64_t)u);
+    case T_INT32:
+        return json_integer((int32_t)u);
+    case T_INT64:
+        return int64_json((int64_t)u);
+    case T_UINT32:
+        return json_integer((uint32_t)u);
+    case T_UINT64:
+        return uint64_json(u);
+    case T_SINT32:
+        return json_integer((int32_t)((uint32_t)u >> 1) ^ -(int32_t)(u & 1));
+    case T_SINT64:
+        return int64_json((int64_t)(u >> 1) ^ -(int64_t)(u & 1));
+    case T_BOOL:
+        return json_boolean(u != 0);
+    case T_ENUM:
+        return enum_json(c, f, (int32_t)u);
+    case T_FIXED32:
+        return json_integer((uint32_t)u);
+    case T_SFIXED32:
+        return json_integer((int32_t)(uint32_t)u);
+    case T_FIXED64:
+        return uint64_json(u);
+    case T_SFIXED64:
+        return int64_json((int64_t)u);
     case T_FLOAT: {
         uint32_t b32 = (uint32_t)u;
         float fl;
@@ -219,7 +231,7 @@ static bool skip_field(int wt, const uint8_t **p, const uint8_t *end)
 /* The JSON of a field with no value on the wire (a map entry's value). */
 static json_t *default_json(struct ctx *c, const DpField *f)
 {
-    uint8_t zero[8] = { 0 };
+    uint8_t zero[8] = {0};
     const uint8_t *p = zero;
 
     if (f->type == T_MESSAGE)
@@ -333,7 +345,8 @@ static json_t *wkt_out(struct ctx *c, enum wkt w, json_t *obj)
         const char *k;
         json_t *v;
 
-        json_object_foreach(obj, k, v) {
+        json_object_foreach(obj, k, v)
+        {
             json_decref(r);
             r = json_incref(v); /* the oneof's member: null for nullValue */
         }
@@ -344,9 +357,10 @@ static json_t *wkt_out(struct ctx *c, enum wkt w, json_t *obj)
     case WKT_FIELDMASK: {
         json_t *paths = json_object_get(obj, "paths"), *p;
         size_t i;
-        struct pbbuf b = { 0 };
+        struct pbbuf b = {0};
 
-        json_array_foreach(paths, i, p) {
+        json_array_foreach(paths, i, p)
+        {
             char buf[1024];
 
             if (i)
@@ -532,10 +546,9 @@ fail_d:
 json_t *pbjson_decode(const struct descpool *p, const char *type, const uint8_t *data, size_t len, char *err,
                       size_t errlen)
 {
-    struct ctx c = { .p = p, .err = err, .errlen = errlen };
+    struct ctx c = {.p = p, .err = err, .errlen = errlen};
 
     if (err && errlen)
         err[0] = '\0';
     return dec_msg(&c, type + (type[0] == '.'), data, len);
 }
-

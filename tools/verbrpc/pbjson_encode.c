@@ -26,7 +26,10 @@ static int put_varint(struct pbbuf *b, uint64_t v)
     return pj_put(b, t, n);
 }
 
-static int put_tag(struct pbbuf *b, int32_t num, int wt) { return put_varint(b, ((uint64_t)(uint32_t)num << 3) | (unsigned)wt); }
+static int put_tag(struct pbbuf *b, int32_t num, int wt)
+{
+    return put_varint(b, ((uint64_t)(uint32_t)num << 3) | (unsigned)wt);
+}
 
 static int put_len(struct pbbuf *b, const void *d, size_t n)
 {
@@ -143,12 +146,14 @@ static json_t *sec_nanos(int64_t sec, int32_t nanos)
 static json_t *timestamp_in(struct ctx *c, json_t *v)
 {
     const char *s = json_string_value(v);
-    struct tm tm = { 0 };
+    struct tm tm = {0};
     int32_t nanos;
     int n = 0, off = 0;
 
-    if (!s || sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d%n", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour, &tm.tm_min,
-                     &tm.tm_sec, &n) != 6 || n != 19)
+    if (!s ||
+        sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d%n", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour, &tm.tm_min,
+               &tm.tm_sec, &n) != 6 ||
+        n != 19)
         goto bad;
     s += n;
     if (!parse_frac(&s, &nanos))
@@ -260,11 +265,13 @@ static json_t *wkt_in(struct ctx *c, enum wkt w, json_t *v)
         switch (json_typeof(v)) {
         case JSON_NULL:
             return json_pack("{s:s}", "nullValue", "NULL_VALUE");
-        case JSON_INTEGER: case JSON_REAL:
+        case JSON_INTEGER:
+        case JSON_REAL:
             return json_pack("{s:O}", "numberValue", v);
         case JSON_STRING:
             return json_pack("{s:O}", "stringValue", v);
-        case JSON_TRUE: case JSON_FALSE:
+        case JSON_TRUE:
+        case JSON_FALSE:
             return json_pack("{s:O}", "boolValue", v);
         case JSON_OBJECT:
             return json_pack("{s:O}", "structValue", v);
@@ -320,7 +327,8 @@ static int json_to_int(struct ctx *c, json_t *v, bool is_signed, int bits, uint6
     } else {
         return pj_fail(c, "expected an integer (number or string)");
     }
-    long double lo = is_signed ? -ldexpl(1, bits - 1) : 0, hi = is_signed ? ldexpl(1, bits - 1) - 1 : ldexpl(1, bits) - 1;
+    long double lo = is_signed ? -ldexpl(1, bits - 1) : 0,
+                hi = is_signed ? ldexpl(1, bits - 1) - 1 : ldexpl(1, bits) - 1;
     if (x < lo || x > hi)
         return pj_fail(c, "%.0Lf is out of range for a %s%d field", x, is_signed ? "int" : "uint", bits);
     *out = is_signed ? (uint64_t)(int64_t)x : (uint64_t)x;
@@ -445,7 +453,7 @@ static int enc_raw(struct ctx *c, const DpField *f, json_t *v, struct pbbuf *out
             return pj_fail(c, "expected a string");
         return put_len(out, json_string_value(v), json_string_length(v));
     case T_BYTES: {
-        struct pbbuf b = { 0 };
+        struct pbbuf b = {0};
         int rc;
 
         if (!json_is_string(v) || !b64_decode(json_string_value(v), json_string_length(v), &b)) {
@@ -457,7 +465,7 @@ static int enc_raw(struct ctx *c, const DpField *f, json_t *v, struct pbbuf *out
         return rc;
     }
     case T_MESSAGE: {
-        struct pbbuf b = { 0 };
+        struct pbbuf b = {0};
         int rc = enc_msg(c, pj_type_name(f), v, &b);
 
         if (rc == 0)
@@ -481,7 +489,7 @@ static bool all_zero(const struct pbbuf *b)
 /* One singular value with its tag. */
 static int enc_one(struct ctx *c, const DpField *f, json_t *v, bool proto3, struct pbbuf *out)
 {
-    struct pbbuf b = { 0 };
+    struct pbbuf b = {0};
     int rc = enc_raw(c, f, v, &b);
 
     /* proto3 implicit presence: a zero (0, false, "", first enum value) is not written */
@@ -526,9 +534,10 @@ static int enc_map(struct ctx *c, const DpField *f, const DpMsg *entry, json_t *
         return pj_fail(c, "expected a JSON object for a map");
     if (!kf || !vf)
         return pj_fail(c, "map entry %s lacks its key or value field", entry->name);
-    json_object_foreach(v, key, val) {
+    json_object_foreach(v, key, val)
+    {
         size_t old = pj_path_push(c, "[\"%s\"]", key);
-        struct pbbuf b = { 0 };
+        struct pbbuf b = {0};
         json_t *k = map_key(c, kf, key);
         int rc = k ? enc_one(c, kf, k, false, &b) : -EINVAL;
 
@@ -562,10 +571,11 @@ static int enc_field(struct ctx *c, const DpField *f, json_t *v, bool proto3, st
     if (!json_is_array(v))
         return pj_fail(c, "expected a JSON array for a repeated field");
     if (is_packed(f, proto3)) {
-        struct pbbuf b = { 0 };
+        struct pbbuf b = {0};
         int rc = 0;
 
-        json_array_foreach(v, i, e) {
+        json_array_foreach(v, i, e)
+        {
             size_t old = pj_path_push(c, "[%zu]", i);
 
             if ((rc = enc_raw(c, f, e, &b)) != 0) {
@@ -581,7 +591,8 @@ static int enc_field(struct ctx *c, const DpField *f, json_t *v, bool proto3, st
         pbbuf_free(&b);
         return rc;
     }
-    json_array_foreach(v, i, e) {
+    json_array_foreach(v, i, e)
+    {
         size_t old = pj_path_push(c, "[%zu]", i);
         int rc = put_tag(out, f->number, pj_wire_type(f->type));
 
@@ -598,7 +609,7 @@ static int enc_any(struct ctx *c, json_t *v, struct pbbuf *out)
 {
     json_t *t = json_object_get(v, "@type"), *body;
     const char *url, *slash;
-    struct pbbuf b = { 0 };
+    struct pbbuf b = {0};
     int rc;
 
     if (!json_is_object(v))
@@ -656,7 +667,8 @@ static int enc_msg(struct ctx *c, const char *type, json_t *v, struct pbbuf *out
         return pj_fail(c, "expected a JSON object for %s", type);
     }
     c->depth++;
-    json_object_foreach(plain, key, val) {
+    json_object_foreach(plain, key, val)
+    {
         const DpField *f = field_by_key(m, key);
         size_t old = pj_path_push(c, "%s%s", c->plen ? "." : "", key);
 
@@ -673,11 +685,9 @@ static int enc_msg(struct ctx *c, const char *type, json_t *v, struct pbbuf *out
     return rc;
 }
 
-int pbjson_encode(const struct descpool *p, const char *type, json_t *in, struct pbbuf *out, char *err,
-                  size_t errlen)
+int pbjson_encode(const struct descpool *p, const char *type, json_t *in, struct pbbuf *out, char *err, size_t errlen)
 {
-    struct ctx c = { .p = p, .err = err, .errlen = errlen };
+    struct ctx c = {.p = p, .err = err, .errlen = errlen};
 
     return enc_msg(&c, type + (type[0] == '.'), in, out);
 }
-

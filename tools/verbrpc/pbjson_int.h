@@ -43,7 +43,15 @@ struct ctx {
 
 /* The well-known types with a JSON form of their own. */
 enum wkt {
-    WKT_NONE, WKT_TIMESTAMP, WKT_DURATION, WKT_WRAPPER, WKT_STRUCT, WKT_VALUE, WKT_LIST, WKT_FIELDMASK, WKT_ANY,
+    WKT_NONE,
+    WKT_TIMESTAMP,
+    WKT_DURATION,
+    WKT_WRAPPER,
+    WKT_STRUCT,
+    WKT_VALUE,
+    WKT_LIST,
+    WKT_FIELDMASK,
+    WKT_ANY,
 };
 
 #define TS_MIN (-62135596800LL) /* 0001-01-01T00:00:00Z */

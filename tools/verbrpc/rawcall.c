@@ -30,7 +30,10 @@ int rawcall(struct vrpc_channel *ch, const char *full_name, const uint8_t *req, 
             const struct vrpc_call_opts *opts, uint8_t **resp, size_t *resp_len, struct vrpc_status *st)
 {
     struct vrpc_method_desc m = {
-        .full_name = full_name, .id = vrpc_method_id(full_name), .input = &raw_desc, .output = &raw_desc,
+        .full_name = full_name,
+        .id = vrpc_method_id(full_name),
+        .input = &raw_desc,
+        .output = &raw_desc,
     };
     ProtobufCMessage empty, *in, *out = NULL;
     int code;

@@ -14,10 +14,10 @@
 /* Exit codes, the same for every command (those of grpc_health_probe). */
 enum {
     EXIT_OK = 0,
-    EXIT_USAGE = 1,       /* bad arguments, bad URI, unreadable or invalid input */
-    EXIT_CONNECT = 2,     /* could not connect within the timeout */
-    EXIT_RPC = 3,         /* the call failed (its status code and message are printed) */
-    EXIT_UNHEALTHY = 4,   /* health: answered, but not SERVING */
+    EXIT_USAGE = 1,     /* bad arguments, bad URI, unreadable or invalid input */
+    EXIT_CONNECT = 2,   /* could not connect within the timeout */
+    EXIT_RPC = 3,       /* the call failed (its status code and message are printed) */
+    EXIT_UNHEALTHY = 4, /* health: answered, but not SERVING */
 };
 
 #define TOOL_TIMEOUT_DEFAULT_MS 10000

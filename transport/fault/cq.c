@@ -10,10 +10,7 @@
 
 #include "transport/fault/fault.h"
 
-static struct fault_cq *fcq(struct vrpc_cq *cq)
-{
-    return container_of(cq, struct fault_cq, base);
-}
+static struct fault_cq *fcq(struct vrpc_cq *cq) { return container_of(cq, struct fault_cq, base); }
 
 int fault_cq_create(struct vrpc_transport *tp, const struct vrpc_cq_attr *attr, struct vrpc_cq **out)
 {
@@ -229,8 +226,8 @@ static bool rewrite_disconnected(struct fault_tp *t, struct fault_ep *e, struct 
      * counted by its caller) */
     if (atomic_load(&e->inflight) > 0) {
         char what[96];
-        snprintf(what, sizeof what, "DISCONNECTED with %d operations in flight (below: %s)",
-                 atomic_load(&e->inflight), t->lower->name);
+        snprintf(what, sizeof what, "DISCONNECTED with %d operations in flight (below: %s)", atomic_load(&e->inflight),
+                 t->lower->name);
         fault_check_failed(t, VRPC_FAULT_BAD_DISCONNECT, what);
     }
     if (dead)

@@ -9,15 +9,9 @@
 
 #include "transport/fault/fault.h"
 
-static struct fault_ep *fep(struct vrpc_ep *ep)
-{
-    return container_of(ep, struct fault_ep, base);
-}
+static struct fault_ep *fep(struct vrpc_ep *ep) { return container_of(ep, struct fault_ep, base); }
 
-static struct vrpc_cq *lower_cq(struct vrpc_cq *cq)
-{
-    return container_of(cq, struct fault_cq, base)->lower;
-}
+static struct vrpc_cq *lower_cq(struct vrpc_cq *cq) { return container_of(cq, struct fault_cq, base)->lower; }
 
 struct fault_ep *fault_ep_new(struct fault_tp *t, struct vrpc_cq *cq, void *user)
 {

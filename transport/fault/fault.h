@@ -101,8 +101,8 @@ enum vrpc_fault_kind {
     VRPC_FAULT_CQ_STALL,
     VRPC_FAULT_SEND_DELAY,
     VRPC_FAULT_SEND_EAGAIN,
-    VRPC_FAULT_SEND_ERROR,   /* SEND completion failed, connection lost */
-    VRPC_FAULT_READ_ERROR,   /* READ completion -EACCES/-ETIMEDOUT, connection lost */
+    VRPC_FAULT_SEND_ERROR, /* SEND completion failed, connection lost */
+    VRPC_FAULT_READ_ERROR, /* READ completion -EACCES/-ETIMEDOUT, connection lost */
     VRPC_FAULT_GRANT_REFUSED,
     VRPC_FAULT_RECV_HELD,    /* a post_recv batch held back (credit starvation) */
     VRPC_FAULT_RECV_DROPPED, /* a receive after a loss dropped, buffer reposted */
@@ -172,10 +172,10 @@ struct fault_tp {
     struct vrpc_transport base;
     struct vrpc_transport *lower; /* owned */
     struct fault_spec spec;
-    uint64_t index;               /* creation order since vrpc_fault_configure */
+    uint64_t index; /* creation order since vrpc_fault_configure */
     atomic_uint_fast64_t next_ep, next_cq;
-    pthread_mutex_t mu;           /* rng */
-    struct fault_rng rng;         /* transport-level decisions (connect) */
+    pthread_mutex_t mu;   /* rng */
+    struct fault_rng rng; /* transport-level decisions (connect) */
     atomic_uint_fast64_t n[VRPC_FAULT_KINDS], check[VRPC_FAULT_CHECKS];
     atomic_int_fast64_t bufs_out; /* sends, reads, receives given down, not completed */
     atomic_bool quiet;            /* vrpc_fault_set_quiet: inject nothing */
@@ -187,14 +187,14 @@ struct fault_tp {
 struct fault_cq {
     struct vrpc_cq base;
     struct vrpc_cq *lower;
-    struct fault_rng rng;      /* poller only */
-    uint64_t stall_until_ns;   /* poller only */
-    bool lower_armed;          /* poller only */
-    bool flushing;             /* set under mu by cq_flush (poller) */
-    pthread_mutex_t mu;        /* held list, rng_post, kicked */
+    struct fault_rng rng;    /* poller only */
+    uint64_t stall_until_ns; /* poller only */
+    bool lower_armed;        /* poller only */
+    bool flushing;           /* set under mu by cq_flush (poller) */
+    pthread_mutex_t mu;      /* held list, rng_post, kicked */
     pthread_cond_t cv;
     bool kicked;
-    struct fault_rng rng_post;         /* post_recv decisions */
+    struct fault_rng rng_post;          /* post_recv decisions */
     struct vrpc_buf *held, **held_tail; /* held back receive buffers, due order */
     atomic_uint nheld;                  /* batches held (written under mu), for the
                                            poller's unlocked look */
@@ -202,7 +202,7 @@ struct fault_cq {
     struct fault_deferred {
         struct vrpc_wc wc;
         uint64_t due_ns;
-    } *dq;
+    } * dq;
     unsigned dq_head, dq_len, dq_cap;
 };
 
@@ -214,15 +214,15 @@ struct fault_listener {
 
 struct fault_ep {
     struct vrpc_ep base;
-    struct vrpc_ep *lower;      /* the user reference of it is ours */
-    atomic_int dead;            /* 0, or the status of an injected loss */
-    atomic_int inflight;        /* sends, reads, revokes accepted below, not completed
+    struct vrpc_ep *lower;    /* the user reference of it is ours */
+    atomic_int dead;          /* 0, or the status of an injected loss */
+    atomic_int inflight;      /* sends, reads, revokes accepted below, not completed
                                    (counted after the call returns: may dip below 0) */
-    bool hidden;                /* accept dropped: never reported */
-    unsigned ndeferred;         /* its completions in its CQ's deferred ring (poller) */
-    pthread_mutex_t mu;         /* rng_api */
-    struct fault_rng rng_api;   /* send/read/grant decisions */
-    struct fault_rng rng_cpl;   /* completion decisions (poller) */
+    bool hidden;              /* accept dropped: never reported */
+    unsigned ndeferred;       /* its completions in its CQ's deferred ring (poller) */
+    pthread_mutex_t mu;       /* rng_api */
+    struct fault_rng rng_api; /* send/read/grant decisions */
+    struct fault_rng rng_cpl; /* completion decisions (poller) */
 };
 
 static inline struct fault_tp *fault_tp_of(struct vrpc_transport *tp)

@@ -152,10 +152,7 @@ void fault_rng_seed(struct fault_rng *r, uint64_t seed, uint64_t a, uint64_t b)
     r->s = mix(mix(seed) ^ mix(a + 0x9e3779b97f4a7c15ull) ^ mix(b * 0x9e3779b97f4a7c15ull + 1));
 }
 
-uint64_t fault_rng_next(struct fault_rng *r)
-{
-    return mix(r->s += 0x9e3779b97f4a7c15ull);
-}
+uint64_t fault_rng_next(struct fault_rng *r) { return mix(r->s += 0x9e3779b97f4a7c15ull); }
 
 bool fault_rng_hit(struct fault_rng *r, double p)
 {
@@ -164,7 +161,4 @@ bool fault_rng_hit(struct fault_rng *r, double p)
     return (double)(fault_rng_next(r) >> 11) * (1.0 / 9007199254740992.0) < p;
 }
 
-uint32_t fault_rng_upto(struct fault_rng *r, uint32_t max)
-{
-    return 1 + (uint32_t)(fault_rng_next(r) % max);
-}
+uint32_t fault_rng_upto(struct fault_rng *r, uint32_t max) { return 1 + (uint32_t)(fault_rng_next(r) % max); }

@@ -13,10 +13,7 @@
  * process start): the first coordinate of every stream's seed */
 static atomic_uint_fast64_t tp_count;
 
-void fault_tp_count_reset(void)
-{
-    atomic_store(&tp_count, 0);
-}
+void fault_tp_count_reset(void) { atomic_store(&tp_count, 0); }
 static atomic_uint_fast64_t totals[VRPC_FAULT_KINDS], check_totals[VRPC_FAULT_CHECKS];
 
 static const char *const kind_names[VRPC_FAULT_KINDS] = {
@@ -83,10 +80,7 @@ void vrpc_fault_totals(struct vrpc_fault_counts *out)
         out->check[c] = atomic_load_explicit(&check_totals[c], memory_order_relaxed);
 }
 
-static int fault_probe(void)
-{
-    return -ENOSYS; /* test machinery: "auto" never picks it */
-}
+static int fault_probe(void) { return -ENOSYS; /* test machinery: "auto" never picks it */ }
 
 int fault_tp_create(const struct vrpc_transport_attr *attr, struct vrpc_transport **out)
 {
@@ -141,10 +135,7 @@ int fault_mr_reg(struct vrpc_transport *tp, void *addr, size_t len, unsigned acc
     return vrpc_mr_reg(fault_tp_of(tp)->lower, addr, len, access, out);
 }
 
-void fault_mr_dereg(struct vrpc_mr *mr)
-{
-    vrpc_mr_dereg(mr); /* never reached: mr->tp is the lower transport */
-}
+void fault_mr_dereg(struct vrpc_mr *mr) { vrpc_mr_dereg(mr); /* never reached: mr->tp is the lower transport */ }
 
 const struct vrpc_transport_ops vrpc_fault_ops = {
     VRPC_TP_OPS_HEAD,

@@ -53,12 +53,19 @@
 
 #define MAX_EVENTS 64
 
-enum { F_DATA = VRPC_TCP_DATA, F_CREDIT = VRPC_TCP_CREDIT, F_HELLO = VRPC_TCP_HELLO, F_HELLO_ACK = VRPC_TCP_HELLO_ACK,
-       F_READ_REQ = VRPC_TCP_READ_REQ, F_READ_RESP = VRPC_TCP_READ_RESP, F_READ_ERR = VRPC_TCP_READ_ERR };
+enum {
+    F_DATA = VRPC_TCP_DATA,
+    F_CREDIT = VRPC_TCP_CREDIT,
+    F_HELLO = VRPC_TCP_HELLO,
+    F_HELLO_ACK = VRPC_TCP_HELLO_ACK,
+    F_READ_REQ = VRPC_TCP_READ_REQ,
+    F_READ_RESP = VRPC_TCP_READ_RESP,
+    F_READ_ERR = VRPC_TCP_READ_ERR
+};
 
-#define OP_INTERNAL 0u                    /* frames of our own (credit, read request/error): no completion */
+#define OP_INTERNAL 0u /* frames of our own (credit, read request/error): no completion */
 
-#define READ_REQ_MARK 1u                  /* priv[P_IMM] of an internal frame that is a slot's READ_REQ */
+#define READ_REQ_MARK 1u /* priv[P_IMM] of an internal frame that is a slot's READ_REQ */
 
 /* What the body of the frame being received is. */
 enum { K_NONE, K_DATA, K_RREQ, K_RRESP };
@@ -84,16 +91,16 @@ struct tcp_rslot {
     struct vrpc_buf *buf;
     uint64_t wr_id;
     uint32_t off, len, done;
-    uint16_t gen;        /* tag = gen << 16 | index */
-    bool finished;       /* completion staged (under lock) */
-    bool queued;         /* req not fully written yet (under lock): no answer can be valid */
-    atomic_bool used;    /* from vrpc_ep_read until its completion is polled */
+    uint16_t gen;     /* tag = gen << 16 | index */
+    bool finished;    /* completion staged (under lock) */
+    bool queued;      /* req not fully written yet (under lock): no answer can be valid */
+    atomic_bool used; /* from vrpc_ep_read until its completion is polled */
 };
 
 struct tcp_tp {
     struct vrpc_transport base;
     struct vrpc_grant_table grants; /* the core's (grant.h); ep_grants: VRPC_TCP_TEST_EP_GRANTS */
-    bool no_flow_busy;    /* VRPC_TCP_NO_FLOW_BUSY=1 (diagnostics, A/B runs):
+    bool no_flow_busy;              /* VRPC_TCP_NO_FLOW_BUSY=1 (diagnostics, A/B runs):
                              pollers sleep after their busy window even while
                              a large transfer moves bytes (see tcp_cq_wait) */
 };
@@ -102,7 +109,7 @@ struct tcp_tp {
  * lock). A job holds a reference on its grant until it ends. */
 struct tcp_rjob {
     struct vrpc_grant *g;
-    uint32_t off;  /* next byte to send: offset in the grant's window */
+    uint32_t off; /* next byte to send: offset in the grant's window */
     uint32_t left, tag;
     struct tcp_rjob *next;
 };
@@ -110,21 +117,21 @@ struct tcp_rjob {
 struct tcp_ep {
     struct vrpc_ep base;
     struct tcp_cq *cq;
-    atomic_int state;   /* enum ep_state; changed under lock */
-    int fd;             /* -1 once dead; closed by the poller under lock */
+    atomic_int state; /* enum ep_state; changed under lock */
+    int fd;           /* -1 once dead; closed by the poller under lock */
 
     /* Send side, under lock (any thread). */
     pthread_mutex_t lock;
-    struct tcp_fifo wq;   /* admitted frames (header built), not fully written */
-    uint32_t wq_off;      /* bytes of wq.head already written */
-    struct tcp_fifo waitq;    /* sends waiting for credits, in order */
+    struct tcp_fifo wq;    /* admitted frames (header built), not fully written */
+    uint32_t wq_off;       /* bytes of wq.head already written */
+    struct tcp_fifo waitq; /* sends waiting for credits, in order */
     uint32_t nwait, max_queued;
     uint32_t send_credits; /* messages we may still send */
     atomic_bool pollout;   /* EPOLLOUT armed (written under lock; the poller peeks without) */
     bool shut_wr;
     bool werr;
     bool ctrl_queued;
-    struct vrpc_buf ctrl;  /* the one pending credit-only frame */
+    struct vrpc_buf ctrl; /* the one pending credit-only frame */
     char ctrl_space[HDR_LEN];
     _Atomic uint64_t close_ns; /* when vrpc_ep_close was called, 0 if not */
     int abort_status;          /* vrpc_ep_abort's status (under lock, set once) */
@@ -135,7 +142,7 @@ struct tcp_ep {
     /* Reads, under lock. Reader: slots (allocated at the first read). */
     struct tcp_rslot *rslots;
     unsigned nrslots;
-    atomic_uint nreads;     /* slots in use; while nonzero the poller reads headers alone */
+    atomic_uint nreads;       /* slots in use; while nonzero the poller reads headers alone */
     _Atomic uint64_t read_ns; /* last progress of our reads (a read issued, a chunk in) */
     /* Owner: jobs (allocated at the first request), round-robin list, the
      * chunk being written (cur: its job; header and payload bytes written). */
@@ -143,15 +150,15 @@ struct tcp_ep {
     unsigned njobs;
     struct tcp_rjob *cur;
     uint32_t cur_len, cur_off;
-    uint64_t chunk_bytes;   /* READ_RESP bytes written, ever (pump: did it move?) */
+    uint64_t chunk_bytes; /* READ_RESP bytes written, ever (pump: did it move?) */
     char cur_hdr[HDR_LEN];
     bool err_queued;
     struct vrpc_grant_ep gr; /* its grants (under the grant table lock) */
-    bool pump_queued;       /* on cq->pumpq (poller) */
-    bool pumping;           /* vrpc_tcp_rma_pump() is streaming (under lock): it arms
+    bool pump_queued;        /* on cq->pumpq (poller) */
+    bool pumping;            /* vrpc_tcp_rma_pump() is streaming (under lock): it arms
                                EPOLLOUT itself if it stops with jobs left */
     struct tcp_ep *pnext;
-    struct vrpc_buf errf;   /* the one READ_ERR frame */
+    struct vrpc_buf errf; /* the one READ_ERR frame */
     char err_space[HDR_LEN];
 
     /* Receive side and accounting: poller only. */
@@ -160,25 +167,25 @@ struct tcp_ep {
         uint8_t b[HDR_LEN];
     } rhdr;
     uint32_t rhdr_got;
-    struct vrpc_buf *rbuf; /* posted buffer being filled (K_DATA) */
-    char *rdst;            /* where the current frame's body goes; NULL between frames */
-    uint8_t rkind;         /* K_* of that body */
-    struct tcp_rslot *rslot;   /* K_RRESP: the read it belongs to */
+    struct vrpc_buf *rbuf;   /* posted buffer being filled (K_DATA) */
+    char *rdst;              /* where the current frame's body goes; NULL between frames */
+    uint8_t rkind;           /* K_* of that body */
+    struct tcp_rslot *rslot; /* K_RRESP: the read it belongs to */
     union {
         struct vrpc_tcp_read_req r;
         uint8_t b[VRPC_TCP_READ_REQ_LEN];
-    } rreq;                /* K_RREQ body */
+    } rreq; /* K_RREQ body */
     uint32_t rgot, rlen, rimm;
-    char why[160];         /* a formatted reason for teardown's log line */
-    uint64_t frame_ns;     /* when the current partial frame (or handshake) began; 0: idle */
+    char why[160];            /* a formatted reason for teardown's log line */
+    uint64_t frame_ns;        /* when the current partial frame (or handshake) began; 0: idle */
     struct vrpc_credit_ep cr; /* credits (the core's, credit.h; poller, credit_ret any thread) */
-    bool reported;         /* the user knows it (connect returned / ACCEPTED) */
+    bool reported;            /* the user knows it (connect returned / ACCEPTED) */
     int disc_status;
-    struct tcp_ep *prev, *next;    /* all endpoints of the CQ */
-    struct tcp_ep *anext;          /* adopt list (MPSC) */
-    struct tcp_ep *dnext;          /* dead list / free list */
-    struct tcp_listener *lst;      /* while handshaking on the accept side */
-    struct tcp_listener *counted;  /* accepted: counted in its nconns (holds a ref) */
+    struct tcp_ep *prev, *next;   /* all endpoints of the CQ */
+    struct tcp_ep *anext;         /* adopt list (MPSC) */
+    struct tcp_ep *dnext;         /* dead list / free list */
+    struct tcp_listener *lst;     /* while handshaking on the accept side */
+    struct tcp_listener *counted; /* accepted: counted in its nconns (holds a ref) */
     uint64_t accept_user;
     struct vrpc_buf ev_acc, ev_disc; /* pseudo-buffers carrying the lifecycle completions */
 };
@@ -186,26 +193,26 @@ struct tcp_ep {
 struct tcp_cq {
     struct vrpc_cq base;
     int epfd, evfd;
-    atomic_int sleeping;              /* poller armed: producers must kick evfd */
-    _Atomic(struct vrpc_buf *) done;  /* MPSC: finished sends and flushes (LIFO) */
+    atomic_int sleeping;                  /* poller armed: producers must kick evfd */
+    _Atomic(struct vrpc_buf *) done;      /* MPSC: finished sends and flushes (LIFO) */
     _Atomic(struct vrpc_buf *) posted_in; /* MPSC: newly posted receives (LIFO) */
-    _Atomic(struct tcp_ep *) adopt;   /* MPSC: new endpoints for this poller */
-    _Atomic(struct tcp_ep *) aborts;  /* MPSC: aborted endpoints, each holding a reference */
-    struct vrpc_credit_pool cr;       /* receive accounting, hungry list (credit.h) */
+    _Atomic(struct tcp_ep *) adopt;       /* MPSC: new endpoints for this poller */
+    _Atomic(struct tcp_ep *) aborts;      /* MPSC: aborted endpoints, each holding a reference */
+    struct vrpc_credit_pool cr;           /* receive accounting, hungry list (credit.h) */
 
     /* Poller only. */
-    struct vrpc_buf *free;            /* posted receive buffers at hand (stack) */
-    struct tcp_fifo out;              /* staged completions */
-    struct tcp_ep *eps;               /* every adopted endpoint */
+    struct vrpc_buf *free; /* posted receive buffers at hand (stack) */
+    struct tcp_fifo out;   /* staged completions */
+    struct tcp_ep *eps;    /* every adopted endpoint */
     unsigned neps;
-    struct tcp_ep *dead;              /* torn down this pass: DISCONNECTED after the drain */
-    struct tcp_ep *reap;              /* never reported: free after this pass */
-    struct tcp_ep *pumpq;             /* got read requests this pass: pump them (empty between passes) */
+    struct tcp_ep *dead;  /* torn down this pass: DISCONNECTED after the drain */
+    struct tcp_ep *reap;  /* never reported: free after this pass */
+    struct tcp_ep *pumpq; /* got read requests this pass: pump them (empty between passes) */
     struct epoll_event ev[MAX_EVENTS];
-    int nev;                          /* stashed by cq_wait for the next cq_poll */
-    unsigned polls;                   /* busy polls, for DIRECT_EPOLL_EVERY */
+    int nev;        /* stashed by cq_wait for the next cq_poll */
+    unsigned polls; /* busy polls, for DIRECT_EPOLL_EVERY */
     uint64_t next_scan;
-    uint64_t flow_ns;                 /* last time a large transfer moved bytes
+    uint64_t flow_ns; /* last time a large transfer moved bytes
                                          here (READ_RESP in, or a chunk out) */
 };
 
@@ -217,10 +224,10 @@ struct tcp_listener {
     struct tcp_cq **cqs;
     unsigned ncqs, rr;
     uint64_t user;
-    atomic_int refs;     /* the owner's + one per handshaking or counted endpoint */
+    atomic_int refs; /* the owner's + one per handshaking or counted endpoint */
     atomic_bool closed;
-    unsigned max_conns;  /* vrpc_listen_attr.max_conns, 0: no limit */
-    atomic_uint nconns;  /* accepted (handshake done) and not torn down */
+    unsigned max_conns; /* vrpc_listen_attr.max_conns, 0: no limit */
+    atomic_uint nconns; /* accepted (handshake done) and not torn down */
 };
 
 /* Every connection keeps a reservation of at least MIN_RESV promised
@@ -368,17 +375,14 @@ static inline void tcp_msg_build_hdr(void *at, uint32_t type, uint32_t len, uint
 
 static inline void tcp_ep_set_pollout_locked(struct tcp_ep *ep, bool on)
 {
-    struct epoll_event e = { .events = EPOLLIN | EPOLLRDHUP | (on ? EPOLLOUT : 0), .data.ptr = ep };
+    struct epoll_event e = {.events = EPOLLIN | EPOLLRDHUP | (on ? EPOLLOUT : 0), .data.ptr = ep};
     if (ep->pollout == on || ep->fd < 0)
         return;
     ep->pollout = on;
     epoll_ctl(ep->cq->epfd, EPOLL_CTL_MOD, ep->fd, &e);
 }
 
-static inline struct tcp_tp *tcp_tp_of(struct tcp_ep *ep)
-{
-    return container_of(ep->base.tp, struct tcp_tp, base);
-}
+static inline struct tcp_tp *tcp_tp_of(struct tcp_ep *ep) { return container_of(ep->base.tp, struct tcp_tp, base); }
 
 static inline void tcp_cq_take_posted(struct tcp_cq *cq)
 {
@@ -407,10 +411,7 @@ static inline void tcp_cq_put_posted(struct tcp_cq *cq, struct vrpc_buf *b)
     cq->free = b;
 }
 
-static inline void tcp_cq_stage(struct tcp_cq *cq, struct vrpc_buf *b)
-{
-    tcp_fifo_push(&cq->out, b);
-}
+static inline void tcp_cq_stage(struct tcp_cq *cq, struct vrpc_buf *b) { tcp_fifo_push(&cq->out, b); }
 
 /* Give b (len, imm in place) its header and credits, and queue it for the wire. */
 static inline void tcp_msg_admit_locked(struct tcp_ep *ep, struct vrpc_buf *b)

@@ -11,8 +11,7 @@
 static const char *hello_refusal(struct tcp_ep *ep, uint32_t credits, uint32_t eager)
 {
     if (credits < MIN_RESV)
-        snprintf(ep->why, sizeof ep->why, "refused: the peer grants %u credits, at least %u needed", credits,
-                 MIN_RESV);
+        snprintf(ep->why, sizeof ep->why, "refused: the peer grants %u credits, at least %u needed", credits, MIN_RESV);
     else if (eager < VRPC_EAGER_MIN)
         snprintf(ep->why, sizeof ep->why, "refused: the peer's eager size %u is below the minimum %u", eager,
                  VRPC_EAGER_MIN);
@@ -92,7 +91,7 @@ static void set_sock_opts(int fd)
 /* Blocking helpers for the connecting thread, bounded by deadline_ns. */
 static int wait_fd(int fd, short ev, uint64_t deadline_ns)
 {
-    struct pollfd p = { .fd = fd, .events = ev };
+    struct pollfd p = {.fd = fd, .events = ev};
     for (;;) {
         uint64_t now = vrpc_tp_now_ns();
         int r;
@@ -110,7 +109,8 @@ static int io_full(int fd, void *buf, size_t len, bool wr, uint64_t deadline_ns)
 {
     size_t done = 0;
     while (done < len) {
-        ssize_t n = wr ? send(fd, (char *)buf + done, len - done, MSG_NOSIGNAL) : recv(fd, (char *)buf + done, len - done, 0);
+        ssize_t n =
+            wr ? send(fd, (char *)buf + done, len - done, MSG_NOSIGNAL) : recv(fd, (char *)buf + done, len - done, 0);
         int rc;
         if (n > 0) {
             done += (size_t)n;
@@ -184,7 +184,8 @@ static int connect_hello(struct vrpc_transport *tp, int fd, uint32_t grant, uint
         return -EPROTO;
     if (le16toh(m.h.credits) < MIN_RESV || le32toh(m.h.imm) < VRPC_EAGER_MIN) {
         vrpc_tp_log("tcp: connect: refused the server's handshake: %u credits (at least %u needed), eager size %u "
-                    "(at least %u)", le16toh(m.h.credits), MIN_RESV, le32toh(m.h.imm), VRPC_EAGER_MIN);
+                    "(at least %u)",
+                    le16toh(m.h.credits), MIN_RESV, le32toh(m.h.imm), VRPC_EAGER_MIN);
         return -EPROTO;
     }
     *ack = m.h;
@@ -260,7 +261,7 @@ void vrpc_tcp_cm_listener_unref(struct tcp_listener *l)
 static void *listener_main(void *arg)
 {
     struct tcp_listener *l = arg;
-    struct pollfd p[2] = { { .fd = l->fd, .events = POLLIN }, { .fd = l->evfd, .events = POLLIN } };
+    struct pollfd p[2] = {{.fd = l->fd, .events = POLLIN}, {.fd = l->evfd, .events = POLLIN}};
     int pause_ms = 0;
     unsigned long fails = 0;
     uint64_t logged_ns = 0;
@@ -368,8 +369,7 @@ int vrpc_tcp_cm_listen(struct vrpc_transport *tp, const struct vrpc_addr *addr, 
     }
     setsockopt(l->fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (bind(l->fd, (const struct sockaddr *)&addr->ss, addr->len) ||
-        listen(l->fd, attr->backlog > 0 ? attr->backlog : 1024) ||
-        getsockname(l->fd, (struct sockaddr *)&ss, &sl)) {
+        listen(l->fd, attr->backlog > 0 ? attr->backlog : 1024) || getsockname(l->fd, (struct sockaddr *)&ss, &sl)) {
         rc = -errno;
         goto err;
     }

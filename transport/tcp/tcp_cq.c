@@ -4,8 +4,8 @@
 #define _GNU_SOURCE
 #include "transport/tcp/tcp.h"
 
-#define SCAN_NS 100000000ull /* how often the poller checks timeouts */
-#define DIRECT_EPS 4         /* a busy-polling CQ with at most this many endpoints reads them directly */
+#define SCAN_NS 100000000ull  /* how often the poller checks timeouts */
+#define DIRECT_EPS 4          /* a busy-polling CQ with at most this many endpoints reads them directly */
 #define DIRECT_EPOLL_EVERY 16 /* ... and still asks epoll every so many polls */
 
 /* handle_hdr's DATA frame of len bytes: checked against the eager size and
@@ -372,7 +372,7 @@ static void adopt(struct tcp_cq *cq)
 {
     struct tcp_ep *ep = atomic_exchange(&cq->adopt, NULL), *n;
     for (; ep; ep = n) {
-        struct epoll_event e = { .events = EPOLLIN | EPOLLRDHUP, .data.ptr = ep };
+        struct epoll_event e = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = ep};
         int rc;
         n = ep->anext;
         ep->next = cq->eps;
@@ -638,7 +638,7 @@ void vrpc_tcp_cq_destroy(struct vrpc_cq *base)
 int vrpc_tcp_cq_create(struct vrpc_transport *tp, const struct vrpc_cq_attr *attr, struct vrpc_cq **out)
 {
     struct tcp_cq *cq = calloc(1, sizeof *cq);
-    struct epoll_event e = { .events = EPOLLIN, .data.ptr = NULL };
+    struct epoll_event e = {.events = EPOLLIN, .data.ptr = NULL};
     int rc;
     if (!cq)
         return -ENOMEM;

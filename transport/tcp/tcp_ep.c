@@ -116,8 +116,8 @@ void vrpc_tcp_ep_teardown(struct tcp_cq *cq, struct tcp_ep *ep, int status, cons
         why = NULL;
     }
     if (why)
-        vrpc_tp_log("tcp: connection %s: %s (%s)", ep->base.peer_uri[0] ? ep->base.peer_uri : "(accepting)",
-                    why, strerror(status < 0 ? -status : 0));
+        vrpc_tp_log("tcp: connection %s: %s (%s)", ep->base.peer_uri[0] ? ep->base.peer_uri : "(accepting)", why,
+                    strerror(status < 0 ? -status : 0));
     atomic_store(&ep->state, S_DEAD);
     vrpc_tcp_msg_flush_locked(ep);
     vrpc_tcp_rma_grants_ep_dead(ep); /* before the jobs go: their pending revokes complete -ECANCELED */
@@ -127,7 +127,7 @@ void vrpc_tcp_ep_teardown(struct tcp_cq *cq, struct tcp_ep *ep, int status, cons
     pthread_mutex_unlock(&ep->lock);
     epoll_ctl(cq->epfd, EPOLL_CTL_DEL, fd, NULL);
     if (aborted) { /* reset: the kernel drops what is unsent at once */
-        struct linger lg = { .l_onoff = 1, .l_linger = 0 };
+        struct linger lg = {.l_onoff = 1, .l_linger = 0};
         setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
     }
     close(fd);

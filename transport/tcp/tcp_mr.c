@@ -19,7 +19,4 @@ int vrpc_tcp_mr_reg(struct vrpc_transport *tp, void *addr, size_t len, unsigned 
     return 0;
 }
 
-void vrpc_tcp_mr_dereg(struct vrpc_mr *mr)
-{
-    free(mr);
-}
+void vrpc_tcp_mr_dereg(struct vrpc_mr *mr) { free(mr); }

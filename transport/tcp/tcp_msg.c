@@ -37,7 +37,7 @@ void vrpc_tcp_msg_tx_locked(struct tcp_ep *ep)
     bool blocked = false;
     while (!blocked && !ep->werr && ep->fd >= 0) {
         struct iovec iov[MAX_IOV];
-        struct msghdr msg = { .msg_iov = iov };
+        struct msghdr msg = {.msg_iov = iov};
         struct vrpc_buf *b;
         size_t want = 0, off = ep->wq_off;
         ssize_t w;
@@ -170,7 +170,7 @@ int vrpc_tcp_msg_send(struct vrpc_ep *base, struct vrpc_buf *b, uint32_t len, ui
 void vrpc_tcp_msg_flush_locked(struct tcp_ep *ep)
 {
     struct vrpc_buf *first = NULL, *last = NULL, *b;
-    struct tcp_fifo *qs[2] = { &ep->wq, &ep->waitq }; /* admission order */
+    struct tcp_fifo *qs[2] = {&ep->wq, &ep->waitq}; /* admission order */
     int i;
     for (i = 0; i < 2; i++) {
         while ((b = tcp_fifo_pop(qs[i]))) {

@@ -5,8 +5,8 @@
 #define _GNU_SOURCE
 #include "transport/tcp/tcp.h"
 
-#define READ_CHUNK_DEFAULT (256u << 10)   /* bytes per READ_RESP frame */
-#define PUMP_CHUNKS 16                    /* chunks one EPOLLOUT event streams at most */
+#define READ_CHUNK_DEFAULT (256u << 10) /* bytes per READ_RESP frame */
+#define PUMP_CHUNKS 16                  /* chunks one EPOLLOUT event streams at most */
 
 static void grant_unref(struct tcp_ep *ep, struct vrpc_grant *g);
 
@@ -37,7 +37,7 @@ bool vrpc_tcp_rma_tx_chunk_locked(struct tcp_ep *ep)
     struct tcp_rjob *j = ep->cur;
     while (ep->cur_off < HDR_LEN + ep->cur_len) {
         struct iovec iov[1 + VRPC_GRANT_SEGS_MAX];
-        struct msghdr msg = { .msg_iov = iov };
+        struct msghdr msg = {.msg_iov = iov};
         ssize_t w;
         if (ep->cur_off < HDR_LEN) {
             iov[0].iov_base = ep->cur_hdr + ep->cur_off;
@@ -90,10 +90,7 @@ void vrpc_tcp_rma_grant_complete(struct vrpc_grant *g, int status)
     tcp_cq_wake(ep->cq);
 }
 
-static void grant_unref(struct tcp_ep *ep, struct vrpc_grant *g)
-{
-    vrpc_grant_unref(&tcp_tp_of(ep)->grants, g);
-}
+static void grant_unref(struct tcp_ep *ep, struct vrpc_grant *g) { vrpc_grant_unref(&tcp_tp_of(ep)->grants, g); }
 
 /* A grant of the window segs[0..n) (len bytes in all; checked by the core). */
 static int grant_new(struct tcp_ep *ep, const struct vrpc_seg *segs, unsigned n, uint32_t len, uint32_t *rkey)
@@ -120,8 +117,7 @@ int vrpc_tcp_rma_grant(struct vrpc_ep *base, struct vrpc_mr *mr, const void *add
     return grant_new(container_of(base, struct tcp_ep, base), &seg, 1, len, rkey);
 }
 
-int vrpc_tcp_rma_grant_segs(struct vrpc_ep *base, const struct vrpc_seg *segs, unsigned n, uint32_t len,
-                            uint32_t *rkey)
+int vrpc_tcp_rma_grant_segs(struct vrpc_ep *base, const struct vrpc_seg *segs, unsigned n, uint32_t len, uint32_t *rkey)
 {
     return grant_new(container_of(base, struct tcp_ep, base), segs, n, len, rkey);
 }
@@ -148,10 +144,7 @@ int vrpc_tcp_rma_revoke(struct vrpc_ep *base, uint32_t rkey, uint64_t wr_id)
  * are freed (the user revokes nothing after DISCONNECTED: -ENOTCONN); a
  * revoke waiting for a job completes -ECANCELED when the job is dropped,
  * before the DISCONNECTED. */
-void vrpc_tcp_rma_grants_ep_dead(struct tcp_ep *ep)
-{
-    vrpc_grant_ep_dead(&tcp_tp_of(ep)->grants, &ep->gr);
-}
+void vrpc_tcp_rma_grants_ep_dead(struct tcp_ep *ep) { vrpc_grant_ep_dead(&tcp_tp_of(ep)->grants, &ep->gr); }
 
 /* Owner, poller: validate a READ_REQ (section 7 of the design) and take a
  * reference on its grant. 0, or -EPROTO with *why set. */
@@ -170,7 +163,7 @@ int vrpc_tcp_rma_read(struct vrpc_ep *base, struct vrpc_buf *buf, uint32_t off, 
                       uint32_t rkey, uint64_t wr_id)
 {
     struct tcp_ep *ep = container_of(base, struct tcp_ep, base);
-    struct vrpc_tcp_read_req r = { .raddr = htole64(raddr), .rkey = htole32(rkey), .length = htole32(len) };
+    struct vrpc_tcp_read_req r = {.raddr = htole64(raddr), .rkey = htole32(rkey), .length = htole32(len)};
     struct tcp_rslot *s = NULL;
     unsigned i;
     bool idle;
@@ -215,7 +208,7 @@ int vrpc_tcp_rma_read(struct vrpc_ep *base, struct vrpc_buf *buf, uint32_t off, 
     atomic_fetch_add(&ep->nreads, 1);
     memcpy(s->req_space + HDR_LEN, &r, sizeof r);
     tcp_msg_build_hdr(s->req_space, F_READ_REQ, sizeof r, (uint32_t)s->gen << 16 | (uint32_t)(s - ep->rslots),
-              vrpc_credit_take_ret(&ep->cr));
+                      vrpc_credit_take_ret(&ep->cr));
     s->req.len = sizeof r;
     s->queued = true;
     idle = !ep->wq.head;

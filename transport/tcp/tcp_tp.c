@@ -24,10 +24,7 @@ static void tcp_tp_destroy(struct vrpc_transport *tp)
     free(t);
 }
 
-static int tcp_probe(void)
-{
-    return 0;
-}
+static int tcp_probe(void) { return 0; }
 
 const struct vrpc_transport_ops vrpc_tcp_ops = {
     VRPC_TP_OPS_HEAD,

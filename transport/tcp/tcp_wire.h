@@ -58,8 +58,12 @@ _Static_assert(sizeof(struct vrpc_tcp_hdr) == VRPC_TCP_HDR_LEN, "frame header is
 static inline struct vrpc_tcp_hdr vrpc_tcp_hdr_make(uint8_t type, uint32_t len, uint32_t imm, uint16_t credits)
 {
     struct vrpc_tcp_hdr h = {
-        .len = htole32(len), .imm = htole32(imm), .credits = htole16(credits),
-        .type = type, .version = VRPC_TCP_VERSION, .magic = htole32(VRPC_TCP_MAGIC),
+        .len = htole32(len),
+        .imm = htole32(imm),
+        .credits = htole16(credits),
+        .type = type,
+        .version = VRPC_TCP_VERSION,
+        .magic = htole32(VRPC_TCP_MAGIC),
     };
     return h;
 }

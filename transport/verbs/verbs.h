@@ -65,14 +65,14 @@
  *                              READ_CHUNK_BULK; N <= the chunk: no switching)
  *   VRPC_VERBS_TRACE=1         log every post, completion and rdma_cm event */
 struct qp_cfg {
-	uint8_t rnr_retry;   /* see VRPC_VERBS_RNR_RETRY */
-	uint8_t ack_timeout; /* local ACK timeout exponent; 0: rdma_cm's, at least 14 (lossy links) */
-	uint8_t retry_cnt;   /* transport retries: 7 */
-	int gid_index;       /* -1: rdma_cm's */
-	uint16_t proto_version;
-	uint32_t srq_limit;  /* see VRPC_VERBS_SRQ_LIMIT */
-	uint32_t rd_chunk, rd_window; /* VRPC_VERBS_READ_CHUNK / _WINDOW; 0: the attr's */
-	uint32_t rd_chunk_bulk;       /* VRPC_VERBS_READ_CHUNK_BULK; 0: the default */
+    uint8_t rnr_retry;   /* see VRPC_VERBS_RNR_RETRY */
+    uint8_t ack_timeout; /* local ACK timeout exponent; 0: rdma_cm's, at least 14 (lossy links) */
+    uint8_t retry_cnt;   /* transport retries: 7 */
+    int gid_index;       /* -1: rdma_cm's */
+    uint16_t proto_version;
+    uint32_t srq_limit;           /* see VRPC_VERBS_SRQ_LIMIT */
+    uint32_t rd_chunk, rd_window; /* VRPC_VERBS_READ_CHUNK / _WINDOW; 0: the attr's */
+    uint32_t rd_chunk_bulk;       /* VRPC_VERBS_READ_CHUNK_BULK; 0: the default */
 };
 
 /* rdma-core returns a positive errno from some calls: ours is negative. */
@@ -163,26 +163,26 @@ static inline int verbs_err_pos(int rc) { return rc > 0 ? -rc : rc; }
 #define RXE_VENDOR_ID 0xffffffu
 
 struct hdr {
-	uint16_t credits;
-	uint16_t flags;
-	uint32_t ctl_seen; /* credit-only messages of the peer received and reposted */
+    uint16_t credits;
+    uint16_t flags;
+    uint32_t ctl_seen; /* credit-only messages of the peer received and reposted */
 };
 
 #define HDR_CREDIT_ONLY 1u
 
 struct hello {
-	uint32_t magic;
-	uint16_t version;
-	uint16_t credits;
-	uint32_t eager_size;
-	uint32_t rsvd;
+    uint32_t magic;
+    uint16_t version;
+    uint16_t credits;
+    uint32_t eager_size;
+    uint32_t rsvd;
 };
 
 struct rejectmsg {
-	uint32_t magic;
-	uint16_t version;
-	uint16_t code;
-	char why[48];
+    uint32_t magic;
+    uint16_t version;
+    uint16_t code;
+    char why[48];
 };
 
 #define HELLO_MAGIC 0x56525043u
@@ -198,203 +198,203 @@ struct vtp;
 struct vcq;
 
 struct sent {
-	struct vrpc_buf *buf; /* NULL: credit-only */
-	uint64_t wr_id;
+    struct vrpc_buf *buf; /* NULL: credit-only */
+    uint64_t wr_id;
 };
 
 /* One vrpc_ep_read(): split into READ work requests of at most the
  * transport's chunk, posted round-robin with the endpoint's other reads. */
 struct rjob {
-	struct vrpc_buf *buf;
-	uint64_t wr_id, raddr;
-	char *laddr;
-	uint32_t lkey, rkey, len;
-	uint32_t posted;      /* bytes covered by posted chunks */
-	uint32_t outstanding; /* chunks posted and not completed */
-	int status;           /* first error */
-	bool queued;          /* on the endpoint's round-robin queue */
-	struct rjob *next;
+    struct vrpc_buf *buf;
+    uint64_t wr_id, raddr;
+    char *laddr;
+    uint32_t lkey, rkey, len;
+    uint32_t posted;      /* bytes covered by posted chunks */
+    uint32_t outstanding; /* chunks posted and not completed */
+    int status;           /* first error */
+    bool queued;          /* on the endpoint's round-robin queue */
+    struct rjob *next;
 };
 
 /* A type-2 memory window: on the transport's free list, or bound on one
  * endpoint's QP (on that endpoint's grant list) until its LOCAL_INV
  * completes (back to the free list) or the endpoint dies (deallocated). */
 enum mw_state {
-	MW_LIVE = 1, /* bound (or being bound): the key works */
-	MW_INV,      /* LOCAL_INV posted by vrpc_ep_revoke */
-	MW_CANCEL,   /* revoked on a dead endpoint: REVOKE -ECANCELED to stage */
-	MW_DEAD,     /* revoke completed -ECANCELED; window deallocated */
+    MW_LIVE = 1, /* bound (or being bound): the key works */
+    MW_INV,      /* LOCAL_INV posted by vrpc_ep_revoke */
+    MW_CANCEL,   /* revoked on a dead endpoint: REVOKE -ECANCELED to stage */
+    MW_DEAD,     /* revoke completed -ECANCELED; window deallocated */
 };
 
 struct vmw {
-	struct ibv_mw *mw;
-	uint32_t rkey; /* the key of the last bind */
-	enum mw_state state;
-	bool bind_pending; /* the bind's completion has not been seen */
-	uint64_t wr_id;    /* the revoke's */
-	struct vmw *next;
+    struct ibv_mw *mw;
+    uint32_t rkey; /* the key of the last bind */
+    enum mw_state state;
+    bool bind_pending; /* the bind's completion has not been seen */
+    uint64_t wr_id;    /* the revoke's */
+    struct vmw *next;
 };
 
 struct vep {
-	struct vrpc_ep base;
-	enum obj_kind kind; /* id->context points here */
-	struct vtp *tp;
-	struct vcq *cq;
-	struct rdma_cm_id *id;
-	struct ibv_qp *qp;
-	uint32_t qpn, max_inline;
+    struct vrpc_ep base;
+    enum obj_kind kind; /* id->context points here */
+    struct vtp *tp;
+    struct vcq *cq;
+    struct rdma_cm_id *id;
+    struct ibv_qp *qp;
+    uint32_t qpn, max_inline;
 
-	pthread_mutex_t lock; /* send side and state */
-	pthread_cond_t cond;
-	enum ep_state state;
-	int status;            /* DISCONNECTED status */
-	bool by_cm;            /* status from an rdma_cm DISCONNECTED event (the
+    pthread_mutex_t lock; /* send side and state */
+    pthread_cond_t cond;
+    enum ep_state state;
+    int status; /* DISCONNECTED status */
+    bool by_cm; /* status from an rdma_cm DISCONNECTED event (the
 				  poller may still learn a truer one: see
 				  final_status) */
-	char why[128];
-	uint32_t credits;      /* we may send this many */
-	uint32_t unsignaled, sig_every;
-	struct sent *ring;     /* posted sends in order */
-	uint32_t ring_mask, head, tail;
-	uint64_t seq_head;
-	struct vrpc_buf *wq_head, *wq_tail; /* sends waiting for credits */
-	uint32_t nwait, max_queued;
-	_Atomic uint64_t wait_ns; /* sends wait for credits since (the last credits
+    char why[128];
+    uint32_t credits; /* we may send this many */
+    uint32_t unsignaled, sig_every;
+    struct sent *ring; /* posted sends in order */
+    uint32_t ring_mask, head, tail;
+    uint64_t seq_head;
+    struct vrpc_buf *wq_head, *wq_tail; /* sends waiting for credits */
+    uint32_t nwait, max_queued;
+    _Atomic uint64_t wait_ns; /* sends wait for credits since (the last credits
 				     that arrived); 0: none waits (see credit_watchdog) */
-	struct vrpc_credit_ep cr; /* credits (the core's, credit.h; poller only, except
+    struct vrpc_credit_ep cr; /* credits (the core's, credit.h; poller only, except
 				     cr.credit_ret: credits to return, any message carries them) */
 
-	/* poller only */
-	uint32_t pending_ctl_min; /* credit_ret that still wants a credit-only message; 0: none */
-	bool reported, torn, in_todo, counted, reaping, disc_sent;
-	/* how the connection really ended (poller only, read when DISCONNECTED
+    /* poller only */
+    uint32_t pending_ctl_min; /* credit_ret that still wants a credit-only message; 0: none */
+    bool reported, torn, in_todo, counted, reaping, disc_sent;
+    /* how the connection really ended (poller only, read when DISCONNECTED
 	 * is staged, after every completion of ep was polled): */
-	int wc_err;       /* first error completion (not a flush) of ep */
-	uint32_t flushed; /* posted work requests the QP flushed, reads cut off */
-	uint32_t ctl_sent, peer_ctl_seen; /* ep->lock */
-	bool cm_up; /* ep->lock: rdma_cm has the connection established */
-	atomic_uint ctl_rcvd;
-	struct vep *tnext, *wnext;
-	struct vep *anext; /* CM thread lists */
-	struct vep *dnext, *xnext; /* deadline watch (tp->lock), expired (CM thread) */
-	uint64_t deadline_ns;      /* tp->lock */
-	bool watched;              /* tp->lock */
-	struct vtp_listener *lst;
-	struct vconns *nconns; /* accepted: counted there (holds a reference) */
-	uint64_t accept_user;
+    int wc_err;                       /* first error completion (not a flush) of ep */
+    uint32_t flushed;                 /* posted work requests the QP flushed, reads cut off */
+    uint32_t ctl_sent, peer_ctl_seen; /* ep->lock */
+    bool cm_up;                       /* ep->lock: rdma_cm has the connection established */
+    atomic_uint ctl_rcvd;
+    struct vep *tnext, *wnext;
+    struct vep *anext;         /* CM thread lists */
+    struct vep *dnext, *xnext; /* deadline watch (tp->lock), expired (CM thread) */
+    uint64_t deadline_ns;      /* tp->lock */
+    bool watched;              /* tp->lock */
+    struct vtp_listener *lst;
+    struct vconns *nconns; /* accepted: counted there (holds a reference) */
+    uint64_t accept_user;
 
-	/* reads and grants (ep->lock) */
-	struct rjob *rjobs, *rfree;       /* all jobs (rd_njobs); the free ones */
-	uint32_t rd_njobs;
-	struct rjob *rq_head, *rq_tail;   /* jobs with chunks left to post */
-	uint32_t rd_inflight, rd_window;  /* chunks posted; at most this many */
-	int32_t rd_unmatched;             /* messages received minus reads started,
+    /* reads and grants (ep->lock) */
+    struct rjob *rjobs, *rfree; /* all jobs (rd_njobs); the free ones */
+    uint32_t rd_njobs;
+    struct rjob *rq_head, *rq_tail;  /* jobs with chunks left to post */
+    uint32_t rd_inflight, rd_window; /* chunks posted; at most this many */
+    int32_t rd_unmatched;            /* messages received minus reads started,
 					     at least 0 (see READ_CHUNK_BULK) */
-	uint64_t rd_unmatched_ns;         /* first seen above 0 then; 0: not */
-	uint64_t rd_small_until;          /* small chunks until then (ns) */
-	atomic_ullong rd_deadline;        /* chunks in flight: next completion due by
+    uint64_t rd_unmatched_ns;        /* first seen above 0 then; 0: not */
+    uint64_t rd_small_until;         /* small chunks until then (ns) */
+    atomic_ullong rd_deadline;       /* chunks in flight: next completion due by
 					     then (else the watchdog fails ep); 0: none */
-	struct vmw *grants;               /* windows bound on this QP */
-	uint32_t mw_inflight;             /* BIND_MW / LOCAL_INV not completed */
-	bool gone;                        /* DISCONNECTED staged: revoke says -ENOTCONN */
+    struct vmw *grants;              /* windows bound on this QP */
+    uint32_t mw_inflight;            /* BIND_MW / LOCAL_INV not completed */
+    bool gone;                       /* DISCONNECTED staged: revoke says -ENOTCONN */
 };
 
 struct vcq {
-	struct vrpc_cq base;
-	struct vtp *tp;
-	int evfd;
-	atomic_int sleeping;
-	struct ibv_comp_channel *chan;
-	struct ibv_cq *cq;
-	struct ibv_srq *srq;
-	atomic_bool bound;
-	unsigned unacked;
-	struct vrpc_credit_pool cr; /* posted receives; of which unpromised; hungry list (credit.h) */
-	uint32_t max_recv;
+    struct vrpc_cq base;
+    struct vtp *tp;
+    int evfd;
+    atomic_int sleeping;
+    struct ibv_comp_channel *chan;
+    struct ibv_cq *cq;
+    struct ibv_srq *srq;
+    atomic_bool bound;
+    unsigned unacked;
+    struct vrpc_credit_pool cr; /* posted receives; of which unpromised; hungry list (credit.h) */
+    uint32_t max_recv;
 
-	pthread_mutex_t lock;
-	struct vrpc_buf *pend_head; /* posted before the device was bound */
-	struct vrpc_buf *posted_list;
-	struct vep *todo;           /* endpoints that need the poller */
-	struct vep **map;           /* qpn -> endpoint */
-	uint32_t map_mask;
-	struct vcq *next; /* tp's list */
-	atomic_int async_err; /* a device error of this CQ or its SRQ, for the CM thread */
+    pthread_mutex_t lock;
+    struct vrpc_buf *pend_head; /* posted before the device was bound */
+    struct vrpc_buf *posted_list;
+    struct vep *todo; /* endpoints that need the poller */
+    struct vep **map; /* qpn -> endpoint */
+    uint32_t map_mask;
+    struct vcq *next;     /* tp's list */
+    atomic_int async_err; /* a device error of this CQ or its SRQ, for the CM thread */
 
-	/* poller only */
-	struct vrpc_wc *stage;
-	unsigned st_head, st_tail, st_cap;
-	struct vep *reap_wait; /* drained; torn down once the CQ was seen empty */
-	atomic_int reading;    /* endpoints with a read deadline set */
-	uint64_t rd_scan_ns;   /* next read watchdog scan */
-	uint64_t cw_scan_ns;   /* next credit watchdog scan */
-	atomic_int waiting;    /* endpoints with wait_ns set */
-	struct ibv_wc wcs[32];
+    /* poller only */
+    struct vrpc_wc *stage;
+    unsigned st_head, st_tail, st_cap;
+    struct vep *reap_wait; /* drained; torn down once the CQ was seen empty */
+    atomic_int reading;    /* endpoints with a read deadline set */
+    uint64_t rd_scan_ns;   /* next read watchdog scan */
+    uint64_t cw_scan_ns;   /* next credit watchdog scan */
+    atomic_int waiting;    /* endpoints with wait_ns set */
+    struct ibv_wc wcs[32];
 };
 
 /* A listener's count of the connections it accepted that are not torn
  * down yet (vrpc_listen_attr.max_conns). Shared by the listener and each
  * counted endpoint (refs), since endpoints outlive their listener. */
 struct vconns {
-	atomic_uint n;
-	atomic_int refs;
-	unsigned max; /* 0: no limit */
+    atomic_uint n;
+    atomic_int refs;
+    unsigned max; /* 0: no limit */
 };
 
 static inline void verbs_conns_unref(struct vconns *c)
 {
-	if (c && atomic_fetch_sub(&c->refs, 1) == 1)
-		free(c);
+    if (c && atomic_fetch_sub(&c->refs, 1) == 1)
+        free(c);
 }
 
 struct vtp_listener {
-	struct vrpc_listener base;
-	enum obj_kind kind;
-	struct vtp *tp;
-	struct rdma_cm_id *id;
-	struct vcq **cqs;
-	unsigned ncqs, rr;
-	uint64_t user;
-	bool closing;
-	struct vconns *nconns;
+    struct vrpc_listener base;
+    enum obj_kind kind;
+    struct vtp *tp;
+    struct rdma_cm_id *id;
+    struct vcq **cqs;
+    unsigned ncqs, rr;
+    uint64_t user;
+    bool closing;
+    struct vconns *nconns;
 };
 
 struct vmr {
-	struct vrpc_mr base;
-	struct ibv_mr *mr;
-	struct vmr *next;
+    struct vrpc_mr base;
+    struct ibv_mr *mr;
+    struct vmr *next;
 };
 
 struct vtp {
-	struct vrpc_transport base;
-	struct qp_cfg cfg;
-	struct rdma_event_channel *ech;
-	int epfd, wakefd;
-	pthread_t cm;
-	bool cm_started;
-	atomic_bool stop;
-	atomic_bool async_pending; /* some async_err or dev_fatal is set */
-	atomic_bool dev_fatal;
-	struct vtp *gnext;         /* g_tps */
+    struct vrpc_transport base;
+    struct qp_cfg cfg;
+    struct rdma_event_channel *ech;
+    int epfd, wakefd;
+    pthread_t cm;
+    bool cm_started;
+    atomic_bool stop;
+    atomic_bool async_pending; /* some async_err or dev_fatal is set */
+    atomic_bool dev_fatal;
+    struct vtp *gnext; /* g_tps */
 
-	pthread_mutex_t lock; /* binding, lists, cmd */
-	pthread_cond_t cond;
-	struct ibv_context *verbs;
-	struct ibv_pd *pd;
-	struct ibv_device_attr dattr;
-	struct vmr *mrs;
-	struct vcq *cqs;
-	struct vep *reap;
-	struct vep *watch; /* endpoints with a handshake or close deadline */
-	uint32_t rd_window, rd_chunk; /* per endpoint, clamped to the device at binding */
-	uint32_t rd_chunk_bulk;       /* > rd_chunk: bulk chunks while no small messages */
-	bool mw_ok;                   /* device has type-2B memory windows */
-	atomic_bool mw_warned;
-	pthread_mutex_t mw_lock;      /* mw_free */
-	struct vmw *mw_free;
-	void (*cmd)(void *);
-	void *cmd_arg;
-	bool cmd_done;
+    pthread_mutex_t lock; /* binding, lists, cmd */
+    pthread_cond_t cond;
+    struct ibv_context *verbs;
+    struct ibv_pd *pd;
+    struct ibv_device_attr dattr;
+    struct vmr *mrs;
+    struct vcq *cqs;
+    struct vep *reap;
+    struct vep *watch;            /* endpoints with a handshake or close deadline */
+    uint32_t rd_window, rd_chunk; /* per endpoint, clamped to the device at binding */
+    uint32_t rd_chunk_bulk;       /* > rd_chunk: bulk chunks while no small messages */
+    bool mw_ok;                   /* device has type-2B memory windows */
+    atomic_bool mw_warned;
+    pthread_mutex_t mw_lock; /* mw_free */
+    struct vmw *mw_free;
+    void (*cmd)(void *);
+    void *cmd_arg;
+    bool cmd_done;
 };
 
 /* ---- functions of one file the others call ---------------------------------------- *
@@ -419,9 +419,9 @@ void verbs_cm_watch_del_locked(struct vtp *tp, struct vep *ep);
 void *verbs_cm_main(void *arg);
 void verbs_cm_listener_destroy(struct vrpc_listener *base);
 int verbs_cm_listen(struct vrpc_transport *tbase, const struct vrpc_addr *addr, const struct vrpc_listen_attr *attr,
-			struct vrpc_listener **out);
+                    struct vrpc_listener **out);
 int verbs_cm_connect(struct vrpc_transport *tbase, const struct vrpc_addr *dst, const struct vrpc_addr *src,
-			 const struct vrpc_ep_attr *attr, struct vrpc_ep **out);
+                     const struct vrpc_ep_attr *attr, struct vrpc_ep **out);
 
 /* verbs_hello.c: the connect private data (HELLO, REJECT) */
 int verbs_hello_check(const struct vtp *tp, const void *data, uint8_t len, char *why, size_t n);
@@ -434,7 +434,8 @@ int verbs_hello_reject_reason(const struct rdma_cm_event *ev, char *why, size_t 
 void verbs_ep_todo_add(struct vep *ep);
 void verbs_ep_fail(struct vep *ep, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void verbs_ep_fail_cm(struct vep *ep, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-void verbs_ep_fail_in(struct vep *ep, enum ep_state state, int status, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+void verbs_ep_fail_in(struct vep *ep, enum ep_state state, int status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 int verbs_ep_qp_modify(struct vep *ep, enum ibv_qp_state state);
 struct vep *verbs_ep_new(struct vtp *tp, struct vcq *cq, void *user, uint32_t max_queued);
 void verbs_ep_free(struct vrpc_ep *base);
@@ -460,14 +461,14 @@ int verbs_cq_post_recv(struct vrpc_cq *base, struct vrpc_buf *const *bufs, const
 void verbs_msg_credit_send(struct vrpc_credit_ep *e);
 void verbs_msg_send_credit_locked(struct vep *ep);
 int verbs_msg_send(struct vrpc_ep *base, struct vrpc_buf *buf, uint32_t len, uint32_t imm, uint64_t wr_id,
-		      unsigned flags);
+                   unsigned flags);
 
 /* verbs_rma.c: RDMA READ (chunks, window, watchdog) */
 void verbs_rma_flush_locked(struct vcq *cq, struct vep *ep);
 void verbs_rma_on_wc(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc);
 void verbs_rma_watchdog_scan(struct vcq *cq);
 int verbs_rma_read(struct vrpc_ep *base, struct vrpc_buf *buf, uint32_t off, uint32_t len, uint64_t raddr,
-		      uint32_t rkey, uint64_t wr_id);
+                   uint32_t rkey, uint64_t wr_id);
 
 /* verbs_mr.c: memory registration and memory windows (grant/revoke) */
 int verbs_mr_register(struct vtp *tp, struct vmr *m);
@@ -483,8 +484,8 @@ void verbs_mr_dereg(struct vrpc_mr *base);
  * some endpoint of the CQ reads. */
 static inline void verbs_rma_watchdog(struct vcq *cq)
 {
-	if (atomic_load(&cq->reading))
-		verbs_rma_watchdog_scan(cq);
+    if (atomic_load(&cq->reading))
+        verbs_rma_watchdog_scan(cq);
 }
 
 /* ---- helpers every file inlines ------------------------------------------------------ */
@@ -494,13 +495,13 @@ static inline int verbs_err_errno(void) { return errno > 0 ? -errno : -EIO; }
 /* VRPC_VERBS_TRACE=1: log completions and credits (-1: not read yet;
  * defined in verbs_dev.c). */
 extern int vrpc_verbs_trace;
-#define TRACE(...)                                                                                  \
-	do {                                                                                        \
-		if (vrpc_verbs_trace < 0)                                                           \
-			vrpc_verbs_trace = vrpc_env_flag(VRPC_ENV_VERBS_TRACE);                     \
-		if (vrpc_verbs_trace)                                                               \
-			vrpc_verbs_trace_log(__VA_ARGS__);                                          \
-	} while (0)
+#define TRACE(...)                                                                                                     \
+    do {                                                                                                               \
+        if (vrpc_verbs_trace < 0)                                                                                      \
+            vrpc_verbs_trace = vrpc_env_flag(VRPC_ENV_VERBS_TRACE);                                                    \
+        if (vrpc_verbs_trace)                                                                                          \
+            vrpc_verbs_trace_log(__VA_ARGS__);                                                                         \
+    } while (0)
 
 /* A trace line stamped with CLOCK_MONOTONIC in microseconds (the clock of
  * vrpc_now_ns, so that a program's own timestamps line up with it). */
@@ -508,44 +509,44 @@ void vrpc_verbs_trace_log(const char *fmt, ...) __attribute__((format(printf, 1,
 
 static inline void verbs_wake(int fd)
 {
-	uint64_t one = 1;
-	ssize_t r = write(fd, &one, sizeof(one));
-	(void)r;
+    uint64_t one = 1;
+    ssize_t r = write(fd, &one, sizeof(one));
+    (void)r;
 }
 
 static inline void verbs_drain(int fd)
 {
-	uint64_t v;
-	ssize_t r = read(fd, &v, sizeof(v));
-	(void)r;
+    uint64_t v;
+    ssize_t r = read(fd, &v, sizeof(v));
+    (void)r;
 }
 
-static inline void verbs_cq_stage(struct vcq *cq, uint32_t op, struct vep *ep, struct vrpc_buf *buf, uint64_t wr_id, int status,
-		  uint32_t len, uint32_t imm)
+static inline void verbs_cq_stage(struct vcq *cq, uint32_t op, struct vep *ep, struct vrpc_buf *buf, uint64_t wr_id,
+                                  int status, uint32_t len, uint32_t imm)
 {
-	struct vrpc_wc *w;
-	if (cq->st_tail - cq->st_head == cq->st_cap) {
-		/* grow (rare: only when one poll produces more than the ring holds) */
-		unsigned ncap = cq->st_cap * 2, n = cq->st_tail - cq->st_head;
-		struct vrpc_wc *ns = malloc(ncap * sizeof(*ns));
-		if (!ns)
-			abort();
-		for (unsigned i = 0; i < n; i++)
-			ns[i] = cq->stage[(cq->st_head + i) % cq->st_cap];
-		free(cq->stage);
-		cq->stage = ns;
-		cq->st_cap = ncap;
-		cq->st_head = 0;
-		cq->st_tail = n;
-	}
-	w = &cq->stage[cq->st_tail++ % cq->st_cap];
-	w->opcode = op;
-	w->ep = ep ? &ep->base : NULL;
-	w->buf = buf;
-	w->wr_id = wr_id;
-	w->status = status;
-	w->byte_len = status ? 0 : len;
-	w->imm = status ? 0 : imm;
+    struct vrpc_wc *w;
+    if (cq->st_tail - cq->st_head == cq->st_cap) {
+        /* grow (rare: only when one poll produces more than the ring holds) */
+        unsigned ncap = cq->st_cap * 2, n = cq->st_tail - cq->st_head;
+        struct vrpc_wc *ns = malloc(ncap * sizeof(*ns));
+        if (!ns)
+            abort();
+        for (unsigned i = 0; i < n; i++)
+            ns[i] = cq->stage[(cq->st_head + i) % cq->st_cap];
+        free(cq->stage);
+        cq->stage = ns;
+        cq->st_cap = ncap;
+        cq->st_head = 0;
+        cq->st_tail = n;
+    }
+    w = &cq->stage[cq->st_tail++ % cq->st_cap];
+    w->opcode = op;
+    w->ep = ep ? &ep->base : NULL;
+    w->buf = buf;
+    w->wr_id = wr_id;
+    w->status = status;
+    w->byte_len = status ? 0 : len;
+    w->imm = status ? 0 : imm;
 }
 
 static inline uint32_t verbs_msg_ring_used(const struct vep *ep) { return ep->tail - ep->head; }
@@ -554,52 +555,53 @@ static inline uint32_t verbs_msg_ring_used(const struct vep *ep) { return ep->ta
  * chunks, window operations (ep->lock). */
 static inline bool verbs_ep_sq_idle_locked(const struct vep *ep)
 {
-	return ep->head == ep->tail && !ep->rd_inflight && !ep->rq_head && !ep->mw_inflight;
+    return ep->head == ep->tail && !ep->rd_inflight && !ep->rq_head && !ep->mw_inflight;
 }
 
-static inline int verbs_msg_post_locked(struct vep *ep, struct vrpc_buf *buf, uint32_t len, uint32_t imm, uint64_t wr_id, bool more)
+static inline int verbs_msg_post_locked(struct vep *ep, struct vrpc_buf *buf, uint32_t len, uint32_t imm,
+                                        uint64_t wr_id, bool more)
 {
-	struct ibv_send_wr wr, *bad;
-	struct ibv_sge sge;
-	struct hdr ctl, *h = buf ? (struct hdr *)((char *)buf->data - HDR_LEN) : &ctl;
-	int rc;
-	h->credits = htons((uint16_t)atomic_exchange(&ep->cr.credit_ret, 0));
-	h->flags = htons(buf ? 0 : HDR_CREDIT_ONLY);
-	h->ctl_seen = htonl(atomic_load(&ep->ctl_rcvd));
-	memset(&wr, 0, sizeof(wr));
-	sge.addr = (uintptr_t)h;
-	sge.length = HDR_LEN + len;
-	sge.lkey = buf ? buf->mr->lkey : 0;
-	wr.wr_id = (ep->seq_head + verbs_msg_ring_used(ep)) << WRID_SEQ_SHIFT;
-	wr.sg_list = &sge;
-	wr.num_sge = 1;
-	wr.opcode = IBV_WR_SEND_WITH_IMM;
-	wr.imm_data = htonl(imm);
-	if (sge.length <= ep->max_inline)
-		wr.send_flags |= IBV_SEND_INLINE;
-	/* selective signalling: a signalled completion retires every earlier
+    struct ibv_send_wr wr, *bad;
+    struct ibv_sge sge;
+    struct hdr ctl, *h = buf ? (struct hdr *)((char *)buf->data - HDR_LEN) : &ctl;
+    int rc;
+    h->credits = htons((uint16_t)atomic_exchange(&ep->cr.credit_ret, 0));
+    h->flags = htons(buf ? 0 : HDR_CREDIT_ONLY);
+    h->ctl_seen = htonl(atomic_load(&ep->ctl_rcvd));
+    memset(&wr, 0, sizeof(wr));
+    sge.addr = (uintptr_t)h;
+    sge.length = HDR_LEN + len;
+    sge.lkey = buf ? buf->mr->lkey : 0;
+    wr.wr_id = (ep->seq_head + verbs_msg_ring_used(ep)) << WRID_SEQ_SHIFT;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_SEND_WITH_IMM;
+    wr.imm_data = htonl(imm);
+    if (sge.length <= ep->max_inline)
+        wr.send_flags |= IBV_SEND_INLINE;
+    /* selective signalling: a signalled completion retires every earlier
 	 * send of the QP; signal every sig_every, when nothing follows, and
 	 * before the ring could fill */
-	if (!more || ep->unsignaled + 1 >= ep->sig_every || verbs_msg_ring_used(ep) + 2 > ep->ring_mask) {
-		wr.send_flags |= IBV_SEND_SIGNALED;
-		ep->unsignaled = 0;
-	} else {
-		ep->unsignaled++;
-	}
-	rc = ibv_post_send(ep->qp, &wr, &bad);
-	TRACE("verbs: post qpn %u len %u credits %u ret %u ctl %d rc %d", ep->qpn, len, ep->credits, ntohs(h->credits),
-	      !buf, rc);
-	if (rc) {
-		atomic_fetch_add(&ep->cr.credit_ret, ntohs(h->credits));
-		return verbs_err_pos(rc);
-	}
-	ep->ring[ep->tail & ep->ring_mask] = (struct sent){ .buf = buf, .wr_id = wr_id };
-	ep->tail++;
-	if (buf)
-		ep->credits--;
-	else
-		ep->ctl_sent++;
-	return 0;
+    if (!more || ep->unsignaled + 1 >= ep->sig_every || verbs_msg_ring_used(ep) + 2 > ep->ring_mask) {
+        wr.send_flags |= IBV_SEND_SIGNALED;
+        ep->unsignaled = 0;
+    } else {
+        ep->unsignaled++;
+    }
+    rc = ibv_post_send(ep->qp, &wr, &bad);
+    TRACE("verbs: post qpn %u len %u credits %u ret %u ctl %d rc %d", ep->qpn, len, ep->credits, ntohs(h->credits),
+          !buf, rc);
+    if (rc) {
+        atomic_fetch_add(&ep->cr.credit_ret, ntohs(h->credits));
+        return verbs_err_pos(rc);
+    }
+    ep->ring[ep->tail & ep->ring_mask] = (struct sent){.buf = buf, .wr_id = wr_id};
+    ep->tail++;
+    if (buf)
+        ep->credits--;
+    else
+        ep->ctl_sent++;
+    return 0;
 }
 
 /* Graceful close: once every send accepted before vrpc_ep_close() has been
@@ -611,10 +613,11 @@ static inline int verbs_msg_post_locked(struct vep *ep, struct vrpc_buf *buf, ui
  * disconnect in that state (REP sent), leaving both sides waiting forever. */
 static inline void verbs_ep_close_progress_locked(struct vep *ep)
 {
-	if (ep->state == S_CLOSING && ep->cm_up && !ep->disc_sent && !ep->wq_head && verbs_ep_sq_idle_locked(ep) && ep->id) {
-		ep->disc_sent = true;
-		rdma_disconnect(ep->id);
-	}
+    if (ep->state == S_CLOSING && ep->cm_up && !ep->disc_sent && !ep->wq_head && verbs_ep_sq_idle_locked(ep) &&
+        ep->id) {
+        ep->disc_sent = true;
+        rdma_disconnect(ep->id);
+    }
 }
 
 /* The credit clock (credit_watchdog, ep->lock): runs while sends wait with
@@ -622,70 +625,79 @@ static inline void verbs_ep_close_progress_locked(struct vep *ep)
  * just came, so a wait that goes on starts again from now. */
 static inline void verbs_msg_wait_clock_locked(struct vep *ep, bool fresh)
 {
-	bool waiting = ep->wq_head && !ep->credits;
-	uint64_t old = atomic_load_explicit(&ep->wait_ns, memory_order_relaxed);
-	if (waiting && (!old || fresh)) {
-		atomic_store_explicit(&ep->wait_ns, vrpc_tp_now_ns(), memory_order_relaxed);
-		if (!old)
-			atomic_fetch_add(&ep->cq->waiting, 1);
-	} else if (!waiting && old) {
-		atomic_store_explicit(&ep->wait_ns, 0, memory_order_relaxed);
-		atomic_fetch_sub(&ep->cq->waiting, 1);
-	}
+    bool waiting = ep->wq_head && !ep->credits;
+    uint64_t old = atomic_load_explicit(&ep->wait_ns, memory_order_relaxed);
+    if (waiting && (!old || fresh)) {
+        atomic_store_explicit(&ep->wait_ns, vrpc_tp_now_ns(), memory_order_relaxed);
+        if (!old)
+            atomic_fetch_add(&ep->cq->waiting, 1);
+    } else if (!waiting && old) {
+        atomic_store_explicit(&ep->wait_ns, 0, memory_order_relaxed);
+        atomic_fetch_sub(&ep->cq->waiting, 1);
+    }
 }
 
-static inline bool verbs_msg_can_post(const struct vep *ep) { return ep->credits >= 1 && verbs_msg_ring_used(ep) < ep->ring_mask; }
+static inline bool verbs_msg_can_post(const struct vep *ep)
+{
+    return ep->credits >= 1 && verbs_msg_ring_used(ep) < ep->ring_mask;
+}
 
 static inline void verbs_msg_pump_locked(struct vep *ep)
 {
-	if (ep->state != S_OPEN && ep->state != S_CLOSING)
-		return;
-	while (ep->wq_head && verbs_msg_can_post(ep)) {
-		struct vrpc_buf *b = ep->wq_head;
-		bool more = b->next && ep->credits > 1;
-		if (verbs_msg_post_locked(ep, b, b->len, (uint32_t)b->priv[1], b->priv[0], more))
-			return;
-		ep->wq_head = b->next;
-		if (!ep->wq_head)
-			ep->wq_tail = NULL;
-		ep->nwait--;
-	}
-	if (ep->wq_head || atomic_load_explicit(&ep->wait_ns, memory_order_relaxed))
-		verbs_msg_wait_clock_locked(ep, false);
+    if (ep->state != S_OPEN && ep->state != S_CLOSING)
+        return;
+    while (ep->wq_head && verbs_msg_can_post(ep)) {
+        struct vrpc_buf *b = ep->wq_head;
+        bool more = b->next && ep->credits > 1;
+        if (verbs_msg_post_locked(ep, b, b->len, (uint32_t)b->priv[1], b->priv[0], more))
+            return;
+        ep->wq_head = b->next;
+        if (!ep->wq_head)
+            ep->wq_tail = NULL;
+        ep->nwait--;
+    }
+    if (ep->wq_head || atomic_load_explicit(&ep->wait_ns, memory_order_relaxed))
+        verbs_msg_wait_clock_locked(ep, false);
 }
 
 static inline uint64_t verbs_ms_from_now(uint32_t ms) { return vrpc_tp_now_ns() + (uint64_t)ms * 1000000u; }
 
 static inline struct vep *verbs_cq_map_get(struct vcq *cq, uint32_t qpn)
 {
-	for (uint32_t i = qpn & cq->map_mask;; i = (i + 1) & cq->map_mask) {
-		if (!cq->map[i])
-			return NULL;
-		if (cq->map[i]->qpn == qpn)
-			return cq->map[i];
-	}
+    for (uint32_t i = qpn & cq->map_mask;; i = (i + 1) & cq->map_mask) {
+        if (!cq->map[i])
+            return NULL;
+        if (cq->map[i]->qpn == qpn)
+            return cq->map[i];
+    }
 }
 
 /* A completion's error, for final_status (poller). */
 static inline void verbs_ep_note_wc(struct vep *ep, enum ibv_wc_status st, int err)
 {
-	if (st == IBV_WC_WR_FLUSH_ERR)
-		ep->flushed++;
-	else if (st != IBV_WC_SUCCESS && !ep->wc_err)
-		ep->wc_err = err;
+    if (st == IBV_WC_WR_FLUSH_ERR)
+        ep->flushed++;
+    else if (st != IBV_WC_SUCCESS && !ep->wc_err)
+        ep->wc_err = err;
 }
 
 static inline int verbs_wc_status(enum ibv_wc_status st)
 {
-	switch (st) {
-	case IBV_WC_SUCCESS: return 0;
-	case IBV_WC_WR_FLUSH_ERR: return -ECANCELED;
-	case IBV_WC_RETRY_EXC_ERR: return -ETIMEDOUT;
-	case IBV_WC_RNR_RETRY_EXC_ERR: return -ENOBUFS;
-	case IBV_WC_REM_ACCESS_ERR:
-	case IBV_WC_LOC_PROT_ERR: return -EACCES;
-	default: return -EIO;
-	}
+    switch (st) {
+    case IBV_WC_SUCCESS:
+        return 0;
+    case IBV_WC_WR_FLUSH_ERR:
+        return -ECANCELED;
+    case IBV_WC_RETRY_EXC_ERR:
+        return -ETIMEDOUT;
+    case IBV_WC_RNR_RETRY_EXC_ERR:
+        return -ENOBUFS;
+    case IBV_WC_REM_ACCESS_ERR:
+    case IBV_WC_LOC_PROT_ERR:
+        return -EACCES;
+    default:
+        return -EIO;
+    }
 }
 
 #endif

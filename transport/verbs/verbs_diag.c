@@ -39,8 +39,8 @@ char *vrpc_verbs_advice(enum vrpc_verbs_problem p, const struct vrpc_verbs_diag 
             snprintf(buf, len, "port %d of %s is DOWN: `ip link set %s up`, and check the cable", d->port,
                      or_dash(d->dev), d->netdev);
         else
-            snprintf(buf, len, "port %d of %s is DOWN: check the cable and the switch port (`rdma link`)",
-                     d->port, or_dash(d->dev));
+            snprintf(buf, len, "port %d of %s is DOWN: check the cable and the switch port (`rdma link`)", d->port,
+                     or_dash(d->dev));
         break;
     case VRPC_VP_NOT_RDMA_ADDR:
         snprintf(buf, len,
@@ -56,7 +56,8 @@ char *vrpc_verbs_advice(enum vrpc_verbs_problem p, const struct vrpc_verbs_diag 
         break;
     case VRPC_VP_MEMLOCK:
         snprintf(buf, len,
-                 "the locked-memory limit (ulimit -l) is %" PRIu64 " KiB, below what verbrpc registers (at least %" PRIu64
+                 "the locked-memory limit (ulimit -l) is %" PRIu64
+                 " KiB, below what verbrpc registers (at least %" PRIu64
                  " KiB): `ulimit -l unlimited`, or `* - memlock unlimited` in "
                  "/etc/security/limits.conf, or LimitMEMLOCK=infinity for a systemd service",
                  d->have / 1024, d->need / 1024);
@@ -64,8 +65,7 @@ char *vrpc_verbs_advice(enum vrpc_verbs_problem p, const struct vrpc_verbs_diag 
     case VRPC_VP_MTU:
         snprintf(buf, len,
                  "%s's MTU is %" PRIu64 ", below the %" PRIu64
-                 " the active RDMA MTU needs: `ip link set %s mtu %" PRIu64
-                 "` (on both hosts)",
+                 " the active RDMA MTU needs: `ip link set %s mtu %" PRIu64 "` (on both hosts)",
                  or_dash(d->netdev), d->have, d->need, or_dash(d->netdev), d->need);
         break;
     case VRPC_VP_NO_ROUTE:

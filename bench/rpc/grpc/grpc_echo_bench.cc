@@ -28,7 +28,8 @@ using vrpcbench::Echo;
 using vrpcbench::EchoReply;
 using vrpcbench::EchoRequest;
 
-namespace {
+namespace
+{
 
 bool g_json = false;
 unsigned g_duration_ms = 2000;
@@ -40,9 +41,9 @@ uint64_t now_ns()
         .count();
 }
 
-class EchoService final : public Echo::CallbackService {
-    grpc::ServerUnaryReactor *Echo(grpc::CallbackServerContext *ctx, const EchoRequest *req,
-                                   EchoReply *rep) override
+class EchoService final : public Echo::CallbackService
+{
+    grpc::ServerUnaryReactor *Echo(grpc::CallbackServerContext *ctx, const EchoRequest *req, EchoReply *rep) override
     {
         rep->set_payload(req->payload());
         rep->set_seq(req->seq());
@@ -52,7 +53,7 @@ class EchoService final : public Echo::CallbackService {
         return r;
     }
 
-public:
+  public:
     std::atomic<uint64_t> served{0};
 };
 
@@ -206,7 +207,7 @@ std::unique_ptr<Echo::Stub> stub_for(const std::string &target)
     return Echo::NewStub(ch);
 }
 
-}  // namespace
+} // namespace
 
 int main(int argc, char **argv)
 {
