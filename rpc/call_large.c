@@ -57,41 +57,11 @@ void vrpc_ch_request_revoked(struct vrpc_channel *ch, struct vrpc_pending_slot *
     struct vrpc_rndv_out *o = &s->out;
     struct vrpc_conn *c = vrpc_ep_user(o->ep);
     uint32_t gen = vrpc_wire_id_gen(o->id);
-    /* under conn_lock: hold_fired takes its own reference only while GRANTED */
+    /* under conn_lock: the hold timer takes its own reference only while GRANTED */
     vrpc_offer_revoked(&ch->offers, ch->wheel, o);
     vrpc_ch_zc_release(ch, s, true);
     conn_unref(c);
     slot_drop(s, gen);
-}
-
-/* The wheel's thread: a server that holds our request payload past the hold
- * timeout (no DONE, no RESPONSE) loses the connection, which ends the key. */
-static void hold_fired(void *ctx, uint64_t id)
-{
-    struct vrpc_channel *ch = ctx;
-    uint32_t idx = vrpc_wire_id_slot(id);
-    if (idx >= ch->pend->n)
-        return;
-    struct vrpc_rndv_out *o = &ch->pend->slots[idx].out;
-    struct vrpc_conn *c = NULL;
-    uint32_t len = 0;
-    pthread_mutex_lock(&ch->conn_lock);
-    if (vrpc_offer_granted(o, id)) {
-        c = vrpc_ep_user(o->ep);
-        len = o->len;
-        conn_ref(c); /* safe: the grant holds one until it goes IDLE under this lock */
-    }
-    pthread_mutex_unlock(&ch->conn_lock);
-    if (!c)
-        return;
-    char peer[VRPC_URI_MAX] = "?";
-    vrpc_ep_peer_uri(c->b.ep, peer, sizeof(peer));
-    vrpc_rpc_log("server %s held the %u-byte payload of call %#llx for %u ms without reading it; "
-                 "aborting the connection",
-                 peer, len, (unsigned long long)id, ch->o.hold_timeout_ms);
-    vrpc_ch_conn_fail(c, "connection closed: the server did not read a large request in time", false);
-    vrpc_ep_abort(c->b.ep, -ECONNABORTED);
-    conn_unref(c);
 }
 
 /* Poller: the read of a response payload finished (or could not start). */
@@ -307,8 +277,8 @@ static int request_grant_locked(struct vrpc_offer_q *q, struct vrpc_rndv_out *o,
     int rc = vrpc_offer_grant_locked(&c->b, o);
     if (rc == 0) {
         slot_hold(s); /* the grant's */
-        vrpc_timer_arm(ch->wheel, &o->hold_timer, vrpc_now_ns() + (int64_t)ch->o.hold_timeout_ms * 1000000, hold_fired,
-                       ch, o->p_id);
+        vrpc_timer_arm(ch->wheel, &o->hold_timer, vrpc_now_ns() + (int64_t)ch->o.hold_timeout_ms * 1000000,
+                       vrpc_offer_hold_fired, q, o->p_id);
     }
     return rc;
 }
@@ -342,9 +312,39 @@ static int request_offer_done(struct vrpc_offer_q *q, struct vrpc_rndv_out *o, e
     return 0;
 }
 
+/* The hold timer (rpc/offer.h), under conn_lock: a server that holds our
+ * request payload past the hold timeout (no DONE, no RESPONSE). */
+static bool request_hold_find_locked(struct vrpc_offer_q *q, uint64_t id, struct vrpc_offer_held *h)
+{
+    struct vrpc_channel *ch = container_of(q, struct vrpc_channel, offers);
+    uint32_t idx = vrpc_wire_id_slot(id);
+    if (idx >= ch->pend->n)
+        return false;
+    struct vrpc_rndv_out *o = &ch->pend->slots[idx].out;
+    if (!vrpc_offer_granted(o, id))
+        return false;
+    struct vrpc_conn *c = vrpc_ep_user(o->ep);
+    conn_ref(c); /* safe: the grant holds one until it goes IDLE under this lock */
+    *h = (struct vrpc_offer_held){.c = &c->b, .len = o->len, .id = id, .hold_ms = ch->o.hold_timeout_ms};
+    return true;
+}
+
+static void request_hold_kill(struct vrpc_conn_base *b)
+{
+    vrpc_ch_conn_fail(client_conn(b), "connection closed: the server did not read a large request in time", false);
+}
+
+static void request_conn_unref(struct vrpc_conn_base *b) { conn_unref(client_conn(b)); }
+
 const struct vrpc_offer_ops vrpc_ch_request_offer_ops = {
     .grant_locked = request_grant_locked,
     .done = request_offer_done,
+    .hold_find_locked = request_hold_find_locked,
+    .hold_kill = request_hold_kill,
+    .conn_unref = request_conn_unref,
+    .hold_peer = "server",
+    .hold_what = "payload",
+    .hold_note = "",
 };
 
 /* Offer the packed request payload (s->out.p_*, frame b with its header

@@ -569,7 +569,7 @@ void vrpc_srv_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, vo
         case VRPC_WC_REVOKE: {
             struct vrpc_rndv_out *o = (struct vrpc_rndv_out *)(uintptr_t)w->wr_id;
             struct sconn *c = vrpc_ep_user(o->ep);
-            /* under s->lock: hold_fired looks grants up there */
+            /* under s->lock: the hold timer looks grants up there */
             vrpc_offer_revoked(&pl->offers, c->s->wheel, o);
             vrpc_srv_sconn_unref(c); /* the grant's reference */
             break;

@@ -71,6 +71,25 @@ int vrpc_offer_grant_locked(struct vrpc_conn_base *c, struct vrpc_rndv_out *o)
     return rc;
 }
 
+void vrpc_offer_hold_fired(void *ctx, uint64_t arg)
+{
+    struct vrpc_offer_q *q = ctx;
+    const struct vrpc_offer_ops *ops = q->ops;
+    struct vrpc_offer_held h;
+    pthread_mutex_lock(q->lock);
+    bool found = ops->hold_find_locked(q, arg, &h);
+    pthread_mutex_unlock(q->lock);
+    if (!found)
+        return;
+    char peer[VRPC_URI_MAX] = "?";
+    vrpc_ep_peer_uri(h.c->ep, peer, sizeof(peer));
+    vrpc_rpc_log("%s %s held the %u-byte %s of call %#llx for %u ms without reading it%s; aborting the connection",
+                 ops->hold_peer, peer, h.len, ops->hold_what, (unsigned long long)h.id, h.hold_ms, ops->hold_note);
+    ops->hold_kill(h.c);
+    vrpc_ep_abort(h.c->ep, -ECONNABORTED);
+    ops->conn_unref(h.c);
+}
+
 void vrpc_offer_revoke(struct vrpc_rndv_retry *r, struct vrpc_rndv_out *o, const char *what)
 {
     int rc = vrpc_rndv_revoke(o);

@@ -20,6 +20,14 @@
 
 struct vrpc_offer_q;
 
+/* What the hold timer found (ops->hold_find_locked). */
+struct vrpc_offer_held {
+    struct vrpc_conn_base *c; /* the offer's connection, a reference taken for the timer */
+    uint32_t len;             /* the payload's bytes */
+    uint64_t id;              /* its call id */
+    uint32_t hold_ms;         /* the role's hold timeout */
+};
+
 struct vrpc_offer_ops {
     /* Under *q->lock: grant offer o (p_* written), usually through
      * vrpc_offer_grant_locked, and arm its hold timer. retry: o is on the
@@ -31,6 +39,18 @@ struct vrpc_offer_ops {
      * which thread this is (rpc/conn.h). Returns the role's outcome
      * (vrpc_offer_start). */
     int (*done)(struct vrpc_offer_q *q, struct vrpc_rndv_out *o, enum vrpc_send_ctx ctx);
+    /* The hold timer (vrpc_offer_hold_fired), under *q->lock: the offer the
+     * timer's arg names, if the peer still holds its grant past the hold
+     * timeout: fill *h, taking a reference of its connection; false if not. */
+    bool (*hold_find_locked)(struct vrpc_offer_q *q, uint64_t arg, struct vrpc_offer_held *h);
+    /* The role's consequence, no lock held, before the endpoint is aborted
+     * (-ECONNABORTED): c is dead from now on. */
+    void (*hold_kill)(struct vrpc_conn_base *c);
+    /* Drop the reference hold_find_locked took (no lock held). */
+    void (*conn_unref)(struct vrpc_conn_base *c);
+    /* The log line's words: the peer ("server"), what it held ("payload"),
+     * a note after "without reading it" ("" or " (no DONE)"). */
+    const char *hold_peer, *hold_what, *hold_note;
 };
 
 /* One owner's parked offers (the channel's; each server poller's). */
@@ -65,6 +85,13 @@ static inline bool vrpc_offer_any_parked(struct vrpc_offer_q *q)
  * endpoint, or -ENOTCONN when c is gone or dead. On success takes the
  * grant's reference of c (the endpoint outlives the key). */
 int vrpc_offer_grant_locked(struct vrpc_conn_base *c, struct vrpc_rndv_out *o);
+
+/* The hold timer's callback (the wheel's thread), armed by the role's
+ * grant_locked with ctx = q and an arg its hold_find_locked understands: a
+ * peer that holds a grant past the hold timeout (no DONE) loses the
+ * connection, which ends the key: logged, ops->hold_kill, the endpoint
+ * aborted with -ECONNABORTED, the timer's reference dropped. */
+void vrpc_offer_hold_fired(void *ctx, uint64_t arg);
 
 /* o's payload is granted for call id (the check DONE and RESPONSE make). */
 static inline bool vrpc_offer_granted(const struct vrpc_rndv_out *o, uint64_t id)

@@ -282,42 +282,6 @@ out:
         vrpc_futex_wake_all(&s->tasks);
 }
 
-/* The wheel's thread: the record's client has not sent DONE within the hold
- * timeout: close its connection (which ends the key). arg is the record. */
-static void hold_fired(void *ctx, uint64_t arg)
-{
-    struct vrpc_server *s = ctx;
-    struct vrpc_rndv_out *o = (struct vrpc_rndv_out *)(uintptr_t)arg;
-    struct sconn *found = NULL;
-    uint32_t len = 0;
-    uint64_t id = 0;
-    pthread_mutex_lock(&s->lock);
-    for (struct sconn *c = s->conns.next; c != &s->conns; c = c->next) {
-        if (c->rsp && o >= c->rsp && o < c->rsp + c->ncalls) {
-            /* the grant's reference on c is dropped only under s->lock (response_released) */
-            if (__atomic_load_n(&o->state, __ATOMIC_ACQUIRE) == VRPC_RNDV_GRANTED &&
-                vrpc_now_ns() - o->sent_ns >= (int64_t)s->o.hold_timeout_ms * 1000000) {
-                __atomic_add_fetch(&c->b.refs, 1, __ATOMIC_RELAXED);
-                found = c;
-                len = o->len;
-                id = o->id;
-            }
-            break;
-        }
-    }
-    pthread_mutex_unlock(&s->lock);
-    if (!found)
-        return;
-    char peer[VRPC_URI_MAX] = "?";
-    vrpc_ep_peer_uri(found->b.ep, peer, sizeof(peer));
-    vrpc_rpc_log("client %s held the %u-byte response of call %#llx for %u ms without reading it (no DONE); "
-                 "aborting the connection",
-                 peer, len, (unsigned long long)id, s->o.hold_timeout_ms);
-    __atomic_store_n(&found->b.dead, 1, __ATOMIC_RELEASE);
-    vrpc_ep_abort(found->b.ep, -ECONNABORTED);
-    vrpc_srv_sconn_unref(found);
-}
-
 /* The offer machine's grant of a response payload (rpc/offer.h). Under
  * s->lock, against on_disconnected: it sees the grant or we see `gone`.
  * -ENOSPC also while o still revokes the slot's previous payload (the
@@ -331,8 +295,8 @@ static int response_grant_locked(struct vrpc_offer_q *q, struct vrpc_rndv_out *o
         return -ENOSPC;
     int rc = vrpc_offer_grant_locked(&c->b, o); /* -ENOTCONN when gone or dead */
     if (rc == 0)
-        vrpc_timer_arm(s->wheel, &o->hold_timer, vrpc_now_ns() + (int64_t)s->o.hold_timeout_ms * 1000000, hold_fired, s,
-                       (uint64_t)(uintptr_t)o);
+        vrpc_timer_arm(s->wheel, &o->hold_timer, vrpc_now_ns() + (int64_t)s->o.hold_timeout_ms * 1000000,
+                       vrpc_offer_hold_fired, q, (uint64_t)(uintptr_t)o);
     return rc;
 }
 
@@ -366,9 +330,39 @@ static int response_offer_done(struct vrpc_offer_q *q, struct vrpc_rndv_out *o, 
     return rc;
 }
 
+/* The hold timer (rpc/offer.h), under s->lock: the record arg names, if
+ * its client has not sent DONE within the hold timeout. */
+static bool response_hold_find_locked(struct vrpc_offer_q *q, uint64_t arg, struct vrpc_offer_held *h)
+{
+    struct vrpc_server *s = container_of(q, struct poller, offers)->s;
+    struct vrpc_rndv_out *o = (struct vrpc_rndv_out *)(uintptr_t)arg;
+    for (struct sconn *c = s->conns.next; c != &s->conns; c = c->next) {
+        if (c->rsp && o >= c->rsp && o < c->rsp + c->ncalls) {
+            /* the grant's reference on c is dropped only under s->lock (response_released) */
+            if (__atomic_load_n(&o->state, __ATOMIC_ACQUIRE) != VRPC_RNDV_GRANTED ||
+                vrpc_now_ns() - o->sent_ns < (int64_t)s->o.hold_timeout_ms * 1000000)
+                return false;
+            __atomic_add_fetch(&c->b.refs, 1, __ATOMIC_RELAXED);
+            *h = (struct vrpc_offer_held){.c = &c->b, .len = o->len, .id = o->id, .hold_ms = s->o.hold_timeout_ms};
+            return true;
+        }
+    }
+    return false;
+}
+
+static void response_hold_kill(struct vrpc_conn_base *b) { __atomic_store_n(&b->dead, 1, __ATOMIC_RELEASE); }
+
+static void response_conn_unref(struct vrpc_conn_base *b) { vrpc_srv_sconn_unref(container_of(b, struct sconn, b)); }
+
 const struct vrpc_offer_ops vrpc_srv_response_offer_ops = {
     .grant_locked = response_grant_locked,
     .done = response_offer_done,
+    .hold_find_locked = response_hold_find_locked,
+    .hold_kill = response_hold_kill,
+    .conn_unref = response_conn_unref,
+    .hold_peer = "client",
+    .hold_what = "response",
+    .hold_note = " (no DONE)",
 };
 
 /* A response above the eager size: pack straight into a large buffer and
