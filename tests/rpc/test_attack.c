@@ -248,16 +248,20 @@ static bool write_all(int fd, const void *b, size_t n)
     return true;
 }
 
-/* Transport handshake granting `credits` with eager size `eager`. true: a
- * HELLO_ACK came (r->credits set); false: the server refused (closed). */
-static bool raw_hello(struct rawc *r, const char *uri, uint16_t credits, uint32_t eager)
+/* Transport handshake granting `credits` with eager size `eager`, its header
+ * claiming `len` payload bytes (which follow, zeros; a real HELLO has none).
+ * true: a HELLO_ACK came (r->credits set); false: the server refused (closed). */
+static bool raw_hello_len(struct rawc *r, const char *uri, uint16_t credits, uint32_t eager, uint32_t len)
 {
     struct vrpc_tcp_hdr h;
+    static const uint8_t zeros[64];
     memset(r, 0, sizeof(*r));
     r->fd = tcp_socket(uri);
     assert_true(r->fd >= 0);
-    thdr(&h, VRPC_TCP_HELLO, 0, eager, credits);
+    thdr(&h, VRPC_TCP_HELLO, len, eager, credits);
     assert_true(write_all(r->fd, &h, sizeof(h)));
+    assert_true(len <= sizeof(zeros));
+    assert_true(write_all(r->fd, zeros, len));
     struct pollfd pf = {.fd = r->fd, .events = POLLIN};
     if (poll(&pf, 1, 5000) <= 0 || recv(r->fd, &h, sizeof(h), MSG_WAITALL) != sizeof(h) ||
         h.type != VRPC_TCP_HELLO_ACK) {
@@ -266,6 +270,11 @@ static bool raw_hello(struct rawc *r, const char *uri, uint16_t credits, uint32_
     }
     r->credits = le16toh(h.credits);
     return true;
+}
+
+static bool raw_hello(struct rawc *r, const char *uri, uint16_t credits, uint32_t eager)
+{
+    return raw_hello_len(r, uri, credits, eager, 0);
 }
 
 /* Read what has arrived (waiting up to ms for the first bytes): count the
@@ -515,6 +524,33 @@ static void t_tiny_eager_refused(void **state)
     struct lat during = probe_stop(&p, "during");
     assert_unharmed(&before, &during);
     probe_close(&p);
+    vrpc_server_destroy(s);
+}
+
+/* A HELLO whose header claims a payload is refused: the handshake has none,
+ * and accepting it would parse the "payload" as the next frame's header. */
+static void t_hello_with_payload_refused(void **state)
+{
+    struct vrpc_server_opts o;
+    struct rawc r;
+    char uri[VRPC_URI_MAX];
+    uint8_t f[256];
+    static const uint32_t lens[] = {1, 8, VRPC_TCP_HDR_LEN, 64};
+    (void)state;
+    vrpc_server_opts_init(&o);
+    struct vrpc_server *s = server_start(&o, uri, sizeof(uri));
+    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+        if (raw_hello_len(&r, uri, 8, VRPC_EAGER_MIN, lens[i]))
+            fail_msg("a HELLO claiming %u payload bytes was accepted", lens[i]);
+        raw_close(&r);
+    }
+    /* a well-formed one still gets through */
+    assert_true(raw_hello(&r, uri, 8, VRPC_EAGER_MIN));
+    assert_true(raw_send(&r, f, rpc_hello_frame(f), 0));
+    while (raw_pump(&r, 200) && r.nframes < 1)
+        ;
+    assert_int_equal(r.nframes, 1); /* the RPC HELLO_ACK */
+    raw_close(&r);
     vrpc_server_destroy(s);
 }
 
@@ -788,6 +824,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(t_credits_never_returned),
         cmocka_unit_test(t_credits_never_returned_flood),
         cmocka_unit_test(t_tiny_eager_refused),
+        cmocka_unit_test(t_hello_with_payload_refused),
         cmocka_unit_test(t_idle_connections),
         cmocka_unit_test(t_max_connections),
         cmocka_unit_test(t_accept_storm),

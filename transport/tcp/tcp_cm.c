@@ -30,6 +30,12 @@ int vrpc_tcp_cm_handle_hello(struct tcp_cq *cq, struct tcp_ep *ep, const struct 
     *why = "unexpected HELLO";
     if (atomic_load(&ep->state) != S_HANDSHAKE || !l)
         return -EPROTO;
+    if (le32toh(h->len)) { /* a HELLO has no payload: its "payload" would be read as the next header */
+        snprintf(ep->why, sizeof ep->why, "refused: the peer's HELLO claims %u payload bytes (a HELLO has none)",
+                 le32toh(h->len));
+        *why = ep->why;
+        return -EPROTO;
+    }
     *why = "refused: the listener is closed";
     if (atomic_load(&l->closed))
         return -ECONNREFUSED;

@@ -1,7 +1,8 @@
 /* The TCP backend's wire format, shared with the bad-peer tests that forge it.
  * Every frame starts with a 16-byte little-endian header; DATA frames carry len
  * payload bytes after it. A connection starts with HELLO (client) answered by
- * HELLO_ACK (server): imm holds the eager size, credits the initial grant.
+ * HELLO_ACK (server): imm holds the eager size, credits the initial grant, len
+ * is 0 (a server refuses a HELLO that claims a payload).
  * Any frame after the handshake may return credits.
  *
  * Reads (vrpc_ep_read emulation; docs/design/large-messages.md section 7):
