@@ -492,6 +492,20 @@ static void t_credits_never_returned_flood(void **state)
 /* A HELLO announcing an eager size below VRPC_EAGER_MIN (44 was tried: every
  * response then went by rendezvous into a 64 KiB buffer) is refused; the
  * minimum itself is accepted and negotiated. */
+/* A well-formed client (transport HELLO granting 8 credits, eager size
+ * VRPC_EAGER_MIN, then the RPC HELLO) gets the server's RPC HELLO_ACK. */
+static void assert_hello_accepted(const char *uri)
+{
+    struct rawc r;
+    uint8_t f[256];
+    assert_true(raw_hello(&r, uri, 8, VRPC_EAGER_MIN));
+    assert_true(raw_send(&r, f, rpc_hello_frame(f), 0));
+    while (raw_pump(&r, 200) && r.nframes < 1)
+        ;
+    assert_int_equal(r.nframes, 1); /* the RPC HELLO_ACK */
+    raw_close(&r);
+}
+
 static void t_tiny_eager_refused(void **state)
 {
     struct vrpc_server_opts o;
@@ -514,12 +528,7 @@ static void t_tiny_eager_refused(void **state)
         }
         raw_close(&r);
     }
-    assert_true(raw_hello(&r, uri, 8, VRPC_EAGER_MIN));
-    assert_true(raw_send(&r, f, rpc_hello_frame(f), 0));
-    while (raw_pump(&r, 200) && r.nframes < 1)
-        ;
-    assert_int_equal(r.nframes, 1); /* the RPC HELLO_ACK */
-    raw_close(&r);
+    assert_hello_accepted(uri);
     usleep(200000);
     struct lat during = probe_stop(&p, "during");
     assert_unharmed(&before, &during);
@@ -534,7 +543,6 @@ static void t_hello_with_payload_refused(void **state)
     struct vrpc_server_opts o;
     struct rawc r;
     char uri[VRPC_URI_MAX];
-    uint8_t f[256];
     static const uint32_t lens[] = {1, 8, VRPC_TCP_HDR_LEN, 64};
     (void)state;
     vrpc_server_opts_init(&o);
@@ -545,12 +553,7 @@ static void t_hello_with_payload_refused(void **state)
         raw_close(&r);
     }
     /* a well-formed one still gets through */
-    assert_true(raw_hello(&r, uri, 8, VRPC_EAGER_MIN));
-    assert_true(raw_send(&r, f, rpc_hello_frame(f), 0));
-    while (raw_pump(&r, 200) && r.nframes < 1)
-        ;
-    assert_int_equal(r.nframes, 1); /* the RPC HELLO_ACK */
-    raw_close(&r);
+    assert_hello_accepted(uri);
     vrpc_server_destroy(s);
 }
 
