@@ -28,7 +28,7 @@
 #include "rpc_test.pb-c.h"
 
 static struct vrpc_method_desc m_echo = {"/vrpctest.Test/Echo", 0, &vrpctest__echo_request__descriptor,
-                                         &vrpctest__echo_reply__descriptor, NULL};
+                                         &vrpctest__echo_reply__descriptor, NULL, VRPC_METHOD_UNARY};
 
 static struct {
     struct vrpc_bench_opts bo;

@@ -40,7 +40,7 @@
 #define MAX_OUT 4
 
 static struct vrpc_method_desc m_echo = {"/vrpctest.Test/Echo", 0, &vrpctest__echo_request__descriptor,
-                                         &vrpctest__echo_reply__descriptor, NULL};
+                                         &vrpctest__echo_reply__descriptor, NULL, VRPC_METHOD_UNARY};
 
 static const struct rpc_bench_large_cfg *C;
 static uint8_t *g_data;         /* the pattern; the sources below are copies of it */

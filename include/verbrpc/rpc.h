@@ -82,6 +82,16 @@ struct vrpc_file_desc {
     size_t n_deps;
 };
 
+/* A method's shape, as written in the .proto. Streaming methods are served
+ * and called through <verbrpc/stream.h>; vrpc_call on one fails
+ * UNIMPLEMENTED without sending. */
+enum vrpc_method_kind {
+    VRPC_METHOD_UNARY = 0,            /* rpc M(Req) returns (Resp) */
+    VRPC_METHOD_SERVER_STREAMING = 1, /* rpc M(Req) returns (stream Resp) */
+    VRPC_METHOD_CLIENT_STREAMING = 2, /* rpc M(stream Req) returns (Resp) */
+    VRPC_METHOD_BIDI_STREAMING = 3,   /* rpc M(stream Req) returns (stream Resp) */
+};
+
 struct vrpc_method_desc {
     const char *full_name;                    /* "/pkg.Service/Method", as gRPC spells it */
     uint32_t id;                              /* vrpc_method_id(full_name) */
@@ -89,6 +99,7 @@ struct vrpc_method_desc {
     const ProtobufCMessageDescriptor *output; /* response type */
     const struct vrpc_file_desc *file;        /* the .proto that declares it, for reflection;
                                                  NULL: none (the method is still listed) */
+    enum vrpc_method_kind kind;               /* 0 (omitted): unary */
 };
 
 /* FNV-1a 32-bit hash of full_name (offset basis 2166136261, prime 16777619),
@@ -186,6 +197,9 @@ struct vrpc_channel_opts {
                                     UNAVAILABLE; the next call reconnects.
                                     0: 1 MiB/s */
     uint32_t transfer_floor_ms;  /* the fixed part of that limit; 0: 10000 */
+    uint32_t stream_window;      /* messages per stream the channel accepts from a
+                                    server before its application consumed them
+                                    (<verbrpc/stream.h>); 0: VRPC_STREAM_WINDOW_DEFAULT */
     uint32_t max_queued;         /* async calls queued, in order, while max_outstanding
                                     are pending; beyond them (and for a large request
                                     without a slot) vrpc_call_async returns -EAGAIN;
@@ -232,6 +246,18 @@ VRPC_API enum vrpc_channel_state vrpc_channel_state(const struct vrpc_channel *c
  * verbs address on no RDMA device), -EAFNOSUPPORT. */
 VRPC_API int vrpc_channel_connect(struct vrpc_channel *ch, int timeout_ms);
 
+/* Response metadata of a unary call: the caller gives the array, the call
+ * fills entries[0 .. n_initial) with the server's initial metadata and the
+ * next n_trailing with its trailing metadata (entries beyond cap are
+ * dropped, counted in n_dropped). Keys and values point into the memory of
+ * the response (a synchronous call: the thread's arena, valid as *resp;
+ * asynchronous: valid during the callback). Written on every outcome. */
+struct vrpc_resp_md {
+    struct vrpc_metadata *entries; /* cap entries, the caller's */
+    size_t cap;
+    size_t n_initial, n_trailing, n_dropped; /* out */
+};
+
 /* Per-call options. A zeroed struct (or NULL) means defaults. */
 #define VRPC_NO_TIMEOUT (-1)
 struct vrpc_call_opts {
@@ -240,14 +266,16 @@ struct vrpc_call_opts {
     const struct vrpc_metadata *md; /* md_count entries, copied into the request
                                            before the call function returns */
     size_t md_count;
-    uint64_t *call_id; /* if set, the call's id is stored here (atomically,
+    uint64_t *call_id;            /* if set, the call's id is stored here (atomically,
                                            with release order) before the call can complete
                                            and before the request is sent (an async call
                                            queued for lack of a slot gets its id when it is
                                            queued and keeps it when it is sent), so another
                                            thread can pass it to vrpc_channel_cancel. Ids
                                            are opaque; 0 is never an id. */
-    unsigned flags;    /* VRPC_CALL_* below; 0: none */
+    unsigned flags;               /* VRPC_CALL_* below; 0: none */
+    struct vrpc_resp_md *resp_md; /* if set, receives the server's initial and
+                                           trailing metadata (see below) */
 };
 
 /* vrpc_call_opts.flags: for vrpc_call_async, req and every byte it points to
@@ -379,6 +407,9 @@ struct vrpc_server_opts {
                                       (vrpc_ep_abort), so the buffer returns
                                       at once. 0: 1 MiB/s */
     uint32_t transfer_floor_ms;   /* the fixed part of that limit; 0: 10000 */
+    uint32_t stream_window;       /* messages per stream the server accepts from a
+                                      client before its handler consumed them
+                                      (<verbrpc/stream.h>); 0: VRPC_STREAM_WINDOW_DEFAULT */
     uint64_t cpu_mask;            /* CPU placement, bit i = CPU i (CPUs 0..63):
                                       poller i runs on the (i mod n)-th CPU of the
                                       mask, the workers of the server's own scheduler
@@ -491,6 +522,12 @@ VRPC_API int vrpc_server_call_metadata_at(const struct vrpc_server_call *call, s
 /* First value for key. -ENOENT if absent. */
 VRPC_API int vrpc_server_call_metadata_get(const struct vrpc_server_call *call, const char *key, const void **value,
                                            size_t *value_len);
+/* Response metadata of a unary call (copied): initial metadata, sent before
+ * the answer, and trailing metadata, sent with it; each at most once, before
+ * respond/fail. 0, -EALREADY (set before), -EINVAL (bad keys or values, more
+ * than VRPC_MD_MAX entries). */
+VRPC_API int vrpc_server_call_send_metadata(struct vrpc_server_call *call, const struct vrpc_metadata *md, size_t n);
+VRPC_API int vrpc_server_call_set_trailers(struct vrpc_server_call *call, const struct vrpc_metadata *md, size_t n);
 /* Memory from the call's arena (freed when the call is answered): lets a
  * handler build its response without malloc. NULL if out of memory. */
 VRPC_API void *vrpc_server_call_alloc(struct vrpc_server_call *call, size_t size);

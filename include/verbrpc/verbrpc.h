@@ -7,6 +7,7 @@
 #include <verbrpc/sched.h>
 #include <verbrpc/transport.h>
 #include <verbrpc/rpc.h>
+#include <verbrpc/stream.h>
 #include <verbrpc/metrics.h>
 
 #endif

@@ -47,7 +47,7 @@ static struct {
 static const uint64_t ci_seeds[] = {1, 2, 3, 42, 1234, 99991};
 
 static struct vrpc_method_desc m_echo = {"/vrpctest.Test/Echo", 0, &vrpctest__echo_request__descriptor,
-                                         &vrpctest__echo_reply__descriptor, NULL};
+                                         &vrpctest__echo_reply__descriptor, NULL, VRPC_METHOD_UNARY};
 
 /* ---- payloads both ends can check ---------------------------------------- */
 

@@ -29,7 +29,7 @@
 #define EAGER 8192u
 
 static struct vrpc_method_desc m_echo = {"/vrpctest.Test/Echo", 0, &vrpctest__echo_request__descriptor,
-                                         &vrpctest__echo_reply__descriptor, NULL};
+                                         &vrpctest__echo_reply__descriptor, NULL, VRPC_METHOD_UNARY};
 static int lfd;
 static char uri[64];
 /* The current input, copied for the server thread; busy while it serves. */

@@ -30,7 +30,7 @@
 #define EAGER 8192u
 
 static struct vrpc_method_desc m_echo = {"/vrpctest.Test/Echo", 0, &vrpctest__echo_request__descriptor,
-                                         &vrpctest__echo_reply__descriptor, NULL};
+                                         &vrpctest__echo_reply__descriptor, NULL, VRPC_METHOD_UNARY};
 static struct sockaddr_in sa;
 
 static void h_echo(struct vrpc_server_call *call, const ProtobufCMessage *msg, void *user)

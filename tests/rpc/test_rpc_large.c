@@ -35,7 +35,8 @@ static struct {
 
 #define M(name, in, out)                                                                                               \
     {                                                                                                                  \
-        "/vrpctest.Test/" name, 0, &vrpctest__##in##__descriptor, &vrpctest__##out##__descriptor, NULL                 \
+        "/vrpctest.Test/" name, 0, &vrpctest__##in##__descriptor, &vrpctest__##out##__descriptor, NULL,                \
+            VRPC_METHOD_UNARY                                                                                          \
     }
 static struct vrpc_method_desc m_echo = M("Echo", echo_request, echo_reply);
 static struct vrpc_method_desc m_multi = M("Multi", multi, echo_reply);
