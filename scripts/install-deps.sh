@@ -2,7 +2,7 @@
 # install-deps.sh - installs every Debian 12 package that verbrpc's build, tests,
 # Soft-RoCE VM tests and benchmarks need. Idempotent and quiet when nothing is missing.
 #   scripts/install-deps.sh           build + tests + Soft-RoCE VM
-#   scripts/install-deps.sh --bench   also the optional benchmark baselines (gRPC C++)
+#   scripts/install-deps.sh --bench   also the optional benchmark baselines (gRPC C++, libfabric)
 set -euo pipefail
 
 PKGS=(
@@ -32,7 +32,8 @@ PKGS=(
     clang libfuzzer-14-dev
 )
 if [[ ${1:-} == --bench ]]; then
-    PKGS+=(libgrpc++-dev protobuf-compiler-grpc)
+    # gRPC C++ (bench/rpc/grpc) and libfabric's fi_pingpong (bench/softroce/peers.sh)
+    PKGS+=(libgrpc++-dev protobuf-compiler-grpc libfabric-bin)
 fi
 
 missing=()
