@@ -7,6 +7,15 @@
 # shutdown. Busy-waiting is switched off on the verbrpc side (--no-spin) so
 # idle spinning is not counted as work; gRPC does not spin.
 #   bench/rpc/callgrind.sh BUILD_DIR [N] [--json]
+# VRPC_CG_BACKEND=verbs (in the Soft-RoCE VM, bench/softroce/cpu-in-vm.sh, or
+# on a host with an RDMA device; VRPC_VERBS_IP set): the same over verbs,
+# and beside it libfabric's fi_pingpong (verbs provider, FI_EP_MSG) per
+# round trip, instead of gRPC. Instruction counts are exact, so emulation
+# does not blur them (it only makes the run slow). fi_pingpong busy-polls
+# and cannot be told not to: its count includes the polling while it waits
+# for the other side, so it is an upper bound, and a side whose set-up
+# polling varies more than the calls cost (seen on the client) gives no
+# figure ("n/a").
 set -euo pipefail
 BUILD=${1:?usage: $0 BUILD_DIR [N] [--json]}
 N=${2:-2000}
@@ -18,6 +27,12 @@ command -v valgrind >/dev/null || { echo "callgrind.sh: valgrind not installed" 
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"; kill $(jobs -p) 2>/dev/null || true' EXIT
 VG=(valgrind --tool=callgrind --quiet)
+BACKEND=${VRPC_CG_BACKEND:-tcp}
+LISTEN=tcp://127.0.0.1:0
+if [[ $BACKEND == verbs ]]; then
+    [[ -n ${VRPC_VERBS_IP:-} ]] || { echo "callgrind.sh: VRPC_CG_BACKEND=verbs needs VRPC_VERBS_IP" >&2; exit 2; }
+    LISTEN=verbs://$VRPC_VERBS_IP:0
+fi
 
 ir() { awk '/^(summary|totals):/ { print $2; exit }' "$1"; }
 
@@ -28,7 +43,11 @@ start_server() {
     [[ -n $out ]] && pre=("${VG[@]}" --callgrind-out-file="$out")
     rm -f "$TMP/addr"
     if [[ $impl == verbrpc ]]; then
-        "${pre[@]}" "$RB" --role server --listen tcp://127.0.0.1:0 --exit-after "$calls" --no-spin >"$TMP/addr" &
+        "${pre[@]}" "$RB" --role server --listen "$LISTEN" --exit-after "$calls" --no-spin >"$TMP/addr" &
+    elif [[ $impl == fabric ]]; then # listens on its fixed control port
+        "${pre[@]}" fi_pingpong -p verbs -e msg -I "$calls" -S 32 >"$TMP/fabric.srv" &
+        sleep $((${#pre[@]} ? 15 : 2)) # no readiness signal: give it time to listen
+        echo "$VRPC_VERBS_IP" >"$TMP/addr"
     else
         "${pre[@]}" "$GB" --role server --listen 127.0.0.1:0 --exit-after "$calls" >"$TMP/addr" &
     fi
@@ -42,6 +61,8 @@ run_client() { # impl addr calls [valgrind-out]
     [[ -n $out ]] && pre=("${VG[@]}" --callgrind-out-file="$out")
     if [[ $impl == verbrpc ]]; then
         "${pre[@]}" "$RB" --role client --connect "$addr" --calls "$calls" --size 32 --no-spin
+    elif [[ $impl == fabric ]]; then
+        "${pre[@]}" fi_pingpong -p verbs -e msg -I "$calls" -S 32 "$addr" >/dev/null
     else
         "${pre[@]}" "$GB" --role client --connect "$addr" --calls "$calls" --size 32
     fi
@@ -65,22 +86,34 @@ measure() { # impl side -> instructions per call
 }
 
 impls=(verbrpc)
-[[ -x $GB ]] && impls+=(grpc)
+if [[ $BACKEND == verbs ]]; then
+    command -v fi_pingpong >/dev/null && impls+=(fabric)
+elif [[ -x $GB ]]; then
+    impls+=(grpc)
+fi
 declare -A R
 for impl in "${impls[@]}"; do
     for side in client server; do
         measure "$impl" "$side" >"$TMP/result"
         R[$impl.$side]=$(cat "$TMP/result")
+        [[ $impl == fabric && ${R[$impl.$side]} -le 0 ]] && R[$impl.$side]=n/a
         if [[ $JSON == --json ]]; then
             name="cpu:${impl}_${side}_instr_per_call"
-            [[ $impl == grpc ]] && name="baseline:$name"
+            [[ $BACKEND == verbs ]] && name="cpu:${impl}_verbs_${side}_instr_per_call"
+            [[ $impl != verbrpc ]] && name="baseline:$name"
             printf '{"name":"%s","ops_per_s":null,"p50_us":null,"p99_us":null,"instr_per_call":%s,"calls":%s,"payload":32}\n' \
-                "$name" "${R[$impl.$side]}" "$N"
+                "$name" "${R[$impl.$side]/n\/a/null}" "$N"
         else
-            printf '%-8s %-7s %10s instructions per call (N=%s, 32 B echo)\n' "$impl" "$side" "${R[$impl.$side]}" "$N"
+            printf '%-8s %-7s %10s instructions per call (N=%s, 32 B echo, %s)\n' "$impl" "$side" "${R[$impl.$side]}" "$N" "$BACKEND"
         fi
     done
 done
+if [[ -n ${R[fabric.client]:-} ]]; then
+    for side in client server; do
+        ratio=$(awk -v a="${R[verbrpc.$side]}" -v b="${R[fabric.$side]}" 'BEGIN { if (b + 0 > 0) printf "%.2f", a / b; else print "n/a" }')
+        [[ $JSON == --json ]] || echo "verbrpc RPC / fi_pingpong round trip (an upper bound: it busy-polls) on the $side: $ratio"
+    done
+fi
 if [[ -n ${R[grpc.client]:-} ]]; then
     for side in client server; do
         ratio=$(awk -v a="${R[verbrpc.$side]}" -v b="${R[grpc.$side]}" 'BEGIN { printf "%.3f", a / b }')
