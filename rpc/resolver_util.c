@@ -1,0 +1,234 @@
+/* Shared pieces of the resolvers (rpc/resolver_internal.h): URI sets,
+ * change-only delivery, the resolver thread's sleep, target options. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <verbrpc/transport.h>
+#include "common/clock.h"
+#include "common/log_internal.h"
+#include "rpc/resolver_internal.h"
+
+int vrpc_uri_set_add(struct vrpc_uri_set *s, const char *uri, char *why, size_t why_len)
+{
+    char **nv;
+    int rc;
+
+    if (strlen(uri) >= VRPC_RESOLVER_MAX_URI) {
+        snprintf(why, why_len, "longer than %d bytes", VRPC_RESOLVER_MAX_URI - 1);
+        return -EINVAL;
+    }
+    if ((rc = vrpc_uri_check(uri, why, why_len)))
+        return rc;
+    for (size_t i = 0; i < s->n; i++)
+        if (!strcmp(s->v[i], uri))
+            return 0;
+    if (s->n == VRPC_RESOLVER_MAX_ADDRS) {
+        snprintf(why, why_len, "more than %d addresses", VRPC_RESOLVER_MAX_ADDRS);
+        return -E2BIG;
+    }
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 8;
+        if (!(nv = realloc(s->v, cap * sizeof *nv)))
+            return -ENOMEM;
+        s->v = nv;
+        s->cap = cap;
+    }
+    if (!(s->v[s->n] = strdup(uri)))
+        return -ENOMEM;
+    s->n++;
+    return 0;
+}
+
+void vrpc_uri_set_clear(struct vrpc_uri_set *s)
+{
+    for (size_t i = 0; i < s->n; i++)
+        free(s->v[i]);
+    free(s->v);
+    s->v = NULL;
+    s->n = s->cap = 0;
+}
+
+static bool contains(const struct vrpc_uri_set *s, const char *uri)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (!strcmp(s->v[i], uri))
+            return true;
+    return false;
+}
+
+bool vrpc_uri_set_equal(const struct vrpc_uri_set *a, const struct vrpc_uri_set *b)
+{
+    if (a->n != b->n)
+        return false;
+    for (size_t i = 0; i < a->n; i++) /* both hold distinct strings */
+        if (!contains(b, a->v[i]))
+            return false;
+    return true;
+}
+
+void vrpc_rslv_deliver(struct vrpc_rslv_out *o, struct vrpc_uri_set *next)
+{
+    if (o->delivered && vrpc_uri_set_equal(&o->last, next)) {
+        vrpc_uri_set_clear(next);
+        return;
+    }
+    vrpc_uri_set_clear(&o->last);
+    o->last = *next;
+    *next = (struct vrpc_uri_set){0};
+    o->delivered = true;
+    o->fn(o->arg, (const char *const *)o->last.v, o->last.n);
+}
+
+void vrpc_rslv_out_fini(struct vrpc_rslv_out *o) { vrpc_uri_set_clear(&o->last); }
+
+static void *loop_main(void *p)
+{
+    struct vrpc_rslv_loop *l = p;
+    l->body(l->arg);
+    return NULL;
+}
+
+int vrpc_rslv_loop_start(struct vrpc_rslv_loop *l, void (*body)(void *), void *arg, uint32_t min_gap_ms)
+{
+    pthread_condattr_t ca;
+    int rc;
+
+    *l = (struct vrpc_rslv_loop){.body = body, .arg = arg, .min_gap_ns = (int64_t)min_gap_ms * 1000000};
+    pthread_mutex_init(&l->mu, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&l->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    if ((rc = pthread_create(&l->th, NULL, loop_main, l))) {
+        pthread_cond_destroy(&l->cv);
+        pthread_mutex_destroy(&l->mu);
+        return -rc;
+    }
+    l->started = true;
+    return 0;
+}
+
+bool vrpc_rslv_loop_wait(struct vrpc_rslv_loop *l, uint64_t timeout_ms)
+{
+    struct timespec ts;
+    bool stop;
+
+    vrpc_clock_mono_ts(&ts);
+    ts.tv_sec += (time_t)(timeout_ms / 1000);
+    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
+    if (ts.tv_nsec >= 1000000000) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000;
+    }
+    pthread_mutex_lock(&l->mu);
+    while (!l->stop && !l->kick)
+        if (pthread_cond_timedwait(&l->cv, &l->mu, &ts) == ETIMEDOUT)
+            break;
+    if (l->kick) {
+        l->kick = false;
+        l->last_kick_ns = vrpc_clock_mono_ns();
+    }
+    stop = l->stop;
+    pthread_mutex_unlock(&l->mu);
+    return stop;
+}
+
+bool vrpc_rslv_loop_stopping(struct vrpc_rslv_loop *l)
+{
+    bool stop;
+    pthread_mutex_lock(&l->mu);
+    stop = l->stop;
+    pthread_mutex_unlock(&l->mu);
+    return stop;
+}
+
+void vrpc_rslv_loop_refresh(struct vrpc_rslv_loop *l)
+{
+    pthread_mutex_lock(&l->mu);
+    if (!l->last_kick_ns || vrpc_clock_mono_ns() - l->last_kick_ns >= l->min_gap_ns) {
+        l->kick = true;
+        pthread_cond_signal(&l->cv);
+    }
+    pthread_mutex_unlock(&l->mu);
+}
+
+void vrpc_rslv_loop_stop(struct vrpc_rslv_loop *l)
+{
+    if (!l->started)
+        return;
+    pthread_mutex_lock(&l->mu);
+    l->stop = true;
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+    pthread_join(l->th, NULL);
+    pthread_cond_destroy(&l->cv);
+    pthread_mutex_destroy(&l->mu);
+    l->started = false;
+}
+
+const char *vrpc_rslv_prefix_scheme(const char *rest, char *scheme, size_t cap)
+{
+    size_t n = 0;
+
+    while ((rest[n] >= 'a' && rest[n] <= 'z') || rest[n] == '+')
+        n++;
+    scheme[0] = '\0';
+    if (n == 0 || rest[n] != '/' || !strncmp(rest + n, "://", 3) || n >= cap)
+        return rest;
+    memcpy(scheme, rest, n);
+    scheme[n] = '\0';
+    return rest + n + 1;
+}
+
+int vrpc_rslv_split_opts(const char *target, const char *rest, char **body_out,
+                         int (*opt)(void *ctx, const char *key, const char *val), void *ctx)
+{
+    const char *q = strchr(rest, '?');
+    char *body, *opts, *save = NULL;
+    int rc = 0;
+
+    if (!(body = strndup(rest, q ? (size_t)(q - rest) : strlen(rest))))
+        return -ENOMEM;
+    if (!q) {
+        *body_out = body;
+        return 0;
+    }
+    if (!(opts = strdup(q + 1))) {
+        free(body);
+        return -ENOMEM;
+    }
+    for (char *kv = strtok_r(opts, "&", &save); kv && !rc; kv = strtok_r(NULL, "&", &save)) {
+        char *eq = strchr(kv, '=');
+        if (!eq) {
+            vrpc_rpc_log("resolver: '%s': option '%s' has no '=value'", target, kv);
+            rc = -EINVAL;
+            break;
+        }
+        *eq = '\0';
+        if ((rc = opt(ctx, kv, eq + 1)))
+            vrpc_rpc_log("resolver: '%s': bad option %s=%s", target, kv, eq + 1);
+    }
+    free(opts);
+    if (rc) {
+        free(body);
+        return rc;
+    }
+    *body_out = body;
+    return 0;
+}
+
+int vrpc_rslv_parse_u32(const char *val, uint32_t lo, uint32_t hi, uint32_t *out)
+{
+    char *end;
+    unsigned long x;
+
+    if (!*val || *val < '0' || *val > '9')
+        return -EINVAL;
+    errno = 0;
+    x = strtoul(val, &end, 10);
+    if (errno || *end || x < lo || x > hi)
+        return -EINVAL;
+    *out = (uint32_t)x;
+    return 0;
+}
