@@ -9,6 +9,8 @@
 
 static const struct vrpc_resolver_ops *const schemes[] = {
     &vrpc_resolver_list,
+    &vrpc_resolver_dns,
+    &vrpc_resolver_file,
 };
 
 /* The table entry whose scheme target starts with (followed by "://"). */

@@ -43,9 +43,9 @@ void vrpc_rslv_out_fini(struct vrpc_rslv_out *o);
 /* A resolver's own thread. vrpc_rslv_loop_start runs body(arg) on a new
  * thread; body calls vrpc_rslv_loop_wait between rounds; stop makes every
  * wait return true at once and joins. refresh makes the current or next wait
- * return false early (at most once per min_gap_ms since the last early
- * return, so that a storm of failures does not turn into a storm of
- * look-ups). */
+ * return false early, but not sooner than min_gap_ms after the last early
+ * return (deferred, not lost), so that a storm of failures does not turn into
+ * a storm of look-ups. refresh and stop: any thread. */
 struct vrpc_rslv_loop {
     pthread_mutex_t mu;
     pthread_cond_t cv; /* CLOCK_MONOTONIC */
@@ -67,10 +67,10 @@ void vrpc_rslv_loop_stop(struct vrpc_rslv_loop *l); /* safe if never started */
  * (NUL-terminated, empty if none) and returns the rest after the '/'. */
 const char *vrpc_rslv_prefix_scheme(const char *rest, char *scheme, size_t cap);
 
-/* Split "body?k=v&k=v": copies body into a new string *body_out (free it)
- * and calls opt for each option; -EINVAL (logged with the target) for an
- * option without '=', or whatever opt returns that is not 0. */
-int vrpc_rslv_split_opts(const char *target, const char *rest, char **body_out,
+/* Split rest = "body?k=v&k=v": copies body into a new string *body_out (free
+ * it) and calls opt for each option; -EINVAL (logged with scheme://rest) for
+ * an option without '=', or whatever opt returns that is not 0 (logged). */
+int vrpc_rslv_split_opts(const char *scheme, const char *rest, char **body_out,
                          int (*opt)(void *ctx, const char *key, const char *val), void *ctx);
 /* A whole decimal in lo..hi, or -EINVAL. */
 int vrpc_rslv_parse_u32(const char *val, uint32_t lo, uint32_t hi, uint32_t *out);

@@ -1,6 +1,7 @@
 /* Shared pieces of the resolvers (rpc/resolver_internal.h): URI sets,
  * change-only delivery, the resolver thread's sleep, target options. */
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,25 +110,37 @@ int vrpc_rslv_loop_start(struct vrpc_rslv_loop *l, void (*body)(void *), void *a
     return 0;
 }
 
+static void ns_to_ts(int64_t ns, struct timespec *ts)
+{
+    ts->tv_sec = (time_t)(ns / 1000000000);
+    ts->tv_nsec = (long)(ns % 1000000000);
+}
+
+/* A refresh ends the wait at once, or at last_kick + min_gap if that is
+ * later (the refresh is deferred, never lost). */
 bool vrpc_rslv_loop_wait(struct vrpc_rslv_loop *l, uint64_t timeout_ms)
 {
+    int64_t now = vrpc_clock_mono_ns();
+    int64_t deadline = timeout_ms > (uint64_t)INT64_MAX / 2000000 ? INT64_MAX / 2 : now + (int64_t)timeout_ms * 1000000;
     struct timespec ts;
     bool stop;
 
-    vrpc_clock_mono_ts(&ts);
-    ts.tv_sec += (time_t)(timeout_ms / 1000);
-    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
-    if (ts.tv_nsec >= 1000000000) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000;
-    }
     pthread_mutex_lock(&l->mu);
-    while (!l->stop && !l->kick)
-        if (pthread_cond_timedwait(&l->cv, &l->mu, &ts) == ETIMEDOUT)
-            break;
-    if (l->kick) {
-        l->kick = false;
-        l->last_kick_ns = vrpc_clock_mono_ns();
+    while (!l->stop && now < deadline) {
+        int64_t until = deadline;
+        if (l->kick) {
+            int64_t kick_at = l->last_kick_ns ? l->last_kick_ns + l->min_gap_ns : now;
+            if (now >= kick_at) {
+                l->kick = false;
+                l->last_kick_ns = now;
+                break;
+            }
+            if (kick_at < until)
+                until = kick_at;
+        }
+        ns_to_ts(until, &ts);
+        pthread_cond_timedwait(&l->cv, &l->mu, &ts);
+        now = vrpc_clock_mono_ns();
     }
     stop = l->stop;
     pthread_mutex_unlock(&l->mu);
@@ -146,10 +159,8 @@ bool vrpc_rslv_loop_stopping(struct vrpc_rslv_loop *l)
 void vrpc_rslv_loop_refresh(struct vrpc_rslv_loop *l)
 {
     pthread_mutex_lock(&l->mu);
-    if (!l->last_kick_ns || vrpc_clock_mono_ns() - l->last_kick_ns >= l->min_gap_ns) {
-        l->kick = true;
-        pthread_cond_signal(&l->cv);
-    }
+    l->kick = true;
+    pthread_cond_signal(&l->cv);
     pthread_mutex_unlock(&l->mu);
 }
 
@@ -181,7 +192,7 @@ const char *vrpc_rslv_prefix_scheme(const char *rest, char *scheme, size_t cap)
     return rest + n + 1;
 }
 
-int vrpc_rslv_split_opts(const char *target, const char *rest, char **body_out,
+int vrpc_rslv_split_opts(const char *scheme, const char *rest, char **body_out,
                          int (*opt)(void *ctx, const char *key, const char *val), void *ctx)
 {
     const char *q = strchr(rest, '?');
@@ -201,13 +212,13 @@ int vrpc_rslv_split_opts(const char *target, const char *rest, char **body_out,
     for (char *kv = strtok_r(opts, "&", &save); kv && !rc; kv = strtok_r(NULL, "&", &save)) {
         char *eq = strchr(kv, '=');
         if (!eq) {
-            vrpc_rpc_log("resolver: '%s': option '%s' has no '=value'", target, kv);
+            vrpc_rpc_log("resolver: '%s://%s': option '%s' has no '=value'", scheme, rest, kv);
             rc = -EINVAL;
             break;
         }
         *eq = '\0';
         if ((rc = opt(ctx, kv, eq + 1)))
-            vrpc_rpc_log("resolver: '%s': bad option %s=%s", target, kv, eq + 1);
+            vrpc_rpc_log("resolver: '%s://%s': bad option %s=%s", scheme, rest, kv, eq + 1);
     }
     free(opts);
     if (rc) {

@@ -1,7 +1,8 @@
-/* The resolver core (rpc/resolver.c, rpc/resolver_util.c) and the list://
- * resolver: which targets are resolver targets, the sets list:// yields and
- * the malformed ones it refuses with -EINVAL, change-only delivery, the
- * resolver thread's refresh and stop. */
+/* The resolver core (rpc/resolver.c, rpc/resolver_util.c) and the list://,
+ * dns:// and file:// resolvers: which targets are resolver targets, the sets
+ * they yield and the malformed ones refused with -EINVAL, change-only
+ * delivery, the resolver thread's refresh and stop; DNS through a replaced
+ * look-up (and a real one of "localhost"), files in a temporary directory. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -13,6 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/stat.h>
 #include "common/clock.h"
 #include "rpc/resolver.h"
 #include "rpc/resolver_internal.h"
@@ -62,7 +66,7 @@ static bool seen_is_locked(struct seen *s, const char *want)
 }
 
 /* Wait (at most timeout_ms) until the last set is want. */
-__attribute__((unused)) static bool seen_wait(struct seen *s, const char *want, int timeout_ms)
+static bool seen_wait(struct seen *s, const char *want, int timeout_ms)
 {
     int64_t end = vrpc_clock_mono_ns() + (int64_t)timeout_ms * 1000000;
     bool ok;
@@ -230,6 +234,263 @@ static void t_loop_refresh_and_stop(void **state)
     vrpc_rslv_loop_stop(&c.loop); /* twice: no-op */
 }
 
+/* ---- dns:// through a fake look-up ---- */
+
+static pthread_mutex_t fake_mu = PTHREAD_MUTEX_INITIALIZER;
+static char fake_addrs[256]; /* "a,b,c" or "!" (the look-up fails: EAI_AGAIN) */
+static int fake_calls;
+
+static void fake_set(const char *addrs)
+{
+    pthread_mutex_lock(&fake_mu);
+    snprintf(fake_addrs, sizeof fake_addrs, "%s", addrs);
+    pthread_mutex_unlock(&fake_mu);
+}
+
+static void fake_free(struct addrinfo *res)
+{
+    while (res) {
+        struct addrinfo *next = res->ai_next;
+        free(res->ai_addr);
+        free(res);
+        res = next;
+    }
+}
+
+/* One addrinfo for the IP literal ip and port. */
+static struct addrinfo *fake_one(const char *ip, int port)
+{
+    struct addrinfo *ai = calloc(1, sizeof *ai);
+    struct sockaddr_in6 *a6 = calloc(1, sizeof *a6); /* big enough for either */
+    struct sockaddr_in *a4 = (struct sockaddr_in *)a6;
+    ai->ai_addr = (struct sockaddr *)a6;
+    ai->ai_socktype = SOCK_STREAM;
+    if (inet_pton(AF_INET, ip, &a4->sin_addr) == 1) {
+        a4->sin_family = AF_INET;
+        a4->sin_port = htons((uint16_t)port);
+        ai->ai_family = AF_INET;
+        ai->ai_addrlen = sizeof *a4;
+    } else {
+        assert_int_equal(inet_pton(AF_INET6, ip, &a6->sin6_addr), 1);
+        a6->sin6_family = AF_INET6;
+        a6->sin6_port = htons((uint16_t)port);
+        ai->ai_family = AF_INET6;
+        ai->ai_addrlen = sizeof *a6;
+    }
+    return ai;
+}
+
+static int fake_lookup(const char *node, const char *service, const struct addrinfo *hints, struct addrinfo **res)
+{
+    char buf[256];
+    struct addrinfo *head = NULL, **tail = &head;
+    (void)hints;
+    assert_string_equal(node, "svc.example");
+    pthread_mutex_lock(&fake_mu);
+    fake_calls++;
+    snprintf(buf, sizeof buf, "%s", fake_addrs);
+    pthread_mutex_unlock(&fake_mu);
+    if (!strcmp(buf, "!"))
+        return EAI_AGAIN;
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        *tail = fake_one(t, atoi(service));
+        tail = &(*tail)->ai_next;
+    }
+    *res = head;
+    return head ? 0 : EAI_NONAME;
+}
+
+static int fake_calls_now(void)
+{
+    pthread_mutex_lock(&fake_mu);
+    int n = fake_calls;
+    pthread_mutex_unlock(&fake_mu);
+    return n;
+}
+
+static int seen_updates(struct seen *s)
+{
+    pthread_mutex_lock(&s->mu);
+    int n = s->updates;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+static void t_dns_bad(void **state)
+{
+    (void)state;
+    expect_bad("dns://");
+    expect_bad("dns://svc.example");
+    expect_bad("dns://svc.example:99999");
+    expect_bad("dns://svc.example:1?interval_ms=5");
+    expect_bad("dns://svc.example:1?interval_ms");
+    expect_bad("dns://svc.example:1?interval_ms=1x");
+    expect_bad("dns://svc.example:1?colour=red");
+    expect_bad("dns://tcp/");
+}
+
+static void t_dns_fake_periodic(void **state)
+{
+    (void)state;
+    struct vrpc_resolver *r = NULL;
+    struct seen s;
+    seen_init(&s);
+    fake_set("10.0.0.1,10.0.0.2,fd00::1,10.0.0.1");
+    vrpc_resolver_dns_set_lookup(fake_lookup, fake_free);
+    assert_int_equal(vrpc_resolver_create("dns://tcp/svc.example:5000?interval_ms=100", on_update, &s, &r), 0);
+    assert_true(seen_wait(&s, "tcp://10.0.0.1:5000,tcp://10.0.0.2:5000,tcp://[fd00::1]:5000", 10000));
+    int before = fake_calls_now();
+    fake_set("10.0.0.3");
+    assert_true(seen_wait(&s, "tcp://10.0.0.3:5000", 10000)); /* the next period's look-up */
+    assert_true(fake_calls_now() > before);
+
+    /* failures keep the last set; the look-up is tried again */
+    int updates = seen_updates(&s);
+    fake_set("!");
+    before = fake_calls_now();
+    usleep(1500 * 1000);
+    assert_true(fake_calls_now() > before);
+    fake_set(""); /* no address at all: also kept */
+    usleep(1500 * 1000);
+    assert_int_equal(seen_updates(&s), updates);
+    assert_true(seen_wait(&s, "tcp://10.0.0.3:5000", 0));
+    fake_set("10.0.0.4");
+    assert_true(seen_wait(&s, "tcp://10.0.0.4:5000", 10000)); /* within the back-off */
+    vrpc_resolver_destroy(r);
+    vrpc_resolver_dns_set_lookup(NULL, NULL);
+}
+
+static void t_dns_refresh(void **state)
+{
+    (void)state;
+    struct vrpc_resolver *r = NULL;
+    struct seen s;
+    seen_init(&s);
+    fake_set("10.0.0.1");
+    vrpc_resolver_dns_set_lookup(fake_lookup, fake_free);
+    assert_int_equal(vrpc_resolver_create("dns://svc.example:6000?interval_ms=0", on_update, &s, &r), 0);
+    assert_true(seen_wait(&s, "10.0.0.1:6000", 10000));
+    fake_set("10.0.0.2,10.0.0.1");
+    usleep(300 * 1000); /* no period: nothing looks again by itself */
+    assert_true(seen_wait(&s, "10.0.0.1:6000", 0));
+    vrpc_resolver_refresh(r);
+    assert_true(seen_wait(&s, "10.0.0.1:6000,10.0.0.2:6000", 10000));
+    fake_set("10.0.0.2");
+    vrpc_resolver_refresh(r); /* within a second of the last: deferred, not lost */
+    assert_true(seen_wait(&s, "10.0.0.2:6000", 10000));
+    vrpc_resolver_destroy(r);
+    vrpc_resolver_dns_set_lookup(NULL, NULL);
+}
+
+/* A real getaddrinfo of "localhost": 127.0.0.1 and/or ::1. */
+static void t_dns_localhost(void **state)
+{
+    (void)state;
+    struct vrpc_resolver *r = NULL;
+    struct seen s;
+    bool ok = false;
+    seen_init(&s);
+    assert_int_equal(vrpc_resolver_create("dns://tcp/localhost:7000", on_update, &s, &r), 0);
+    for (int i = 0; i < 1000 && !ok; i++) {
+        pthread_mutex_lock(&s.mu);
+        for (size_t k = 0; k < s.n; k++)
+            ok |= !strcmp(s.uris[k], "tcp://127.0.0.1:7000") || !strcmp(s.uris[k], "tcp://[::1]:7000");
+        pthread_mutex_unlock(&s.mu);
+        if (!ok)
+            usleep(10000);
+    }
+    vrpc_resolver_destroy(r);
+    assert_true(ok);
+}
+
+/* ---- file:// in a temporary directory ---- */
+
+static char g_dir[64];
+
+/* Replace path's content by rename (what the guide recommends). */
+static void write_file(const char *path, const char *text)
+{
+    char tmp[256];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(rename(tmp, path), 0);
+}
+
+static void make_dir(void)
+{
+    if (!g_dir[0]) {
+        snprintf(g_dir, sizeof g_dir, "/tmp/vrpc-resolver-XXXXXX");
+        assert_non_null(mkdtemp(g_dir));
+    }
+}
+
+static void t_file_bad(void **state)
+{
+    (void)state;
+    expect_bad("file://");
+    expect_bad("file:///");
+    expect_bad("file://relative/path");
+    expect_bad("file:///x?poll_ms=1");
+    expect_bad("file:///x?interval_ms=100");
+}
+
+static void t_file_follows(void **state)
+{
+    (void)state;
+    char path[128], target[192];
+    struct vrpc_resolver *r = NULL;
+    struct seen s;
+    seen_init(&s);
+    make_dir();
+    snprintf(path, sizeof path, "%s/servers", g_dir);
+    snprintf(target, sizeof target, "file://%s?poll_ms=20", path);
+    write_file(path, "# kv servers\ntcp://10.0.0.1:5000\n\n  verbs://[fd00::2]:7000   # the RDMA one\r\n10.0.0.3:1\n");
+    assert_int_equal(vrpc_resolver_create(target, on_update, &s, &r), 0);
+    assert_true(seen_wait(&s, "tcp://10.0.0.1:5000,verbs://[fd00::2]:7000,10.0.0.3:1", 10000));
+
+    write_file(path, "tcp://10.0.0.1:5000\ntcp://10.0.0.4:5000\n");
+    assert_true(seen_wait(&s, "tcp://10.0.0.1:5000,tcp://10.0.0.4:5000", 10000));
+
+    int updates = seen_updates(&s);
+    write_file(path, "tcp://10.0.0.1:5000\nnot a uri\n"); /* malformed: the last set stays */
+    usleep(300 * 1000);
+    assert_int_equal(unlink(path), 0); /* gone: the last set stays */
+    usleep(300 * 1000);
+    assert_int_equal(seen_updates(&s), updates);
+    assert_true(seen_wait(&s, "tcp://10.0.0.1:5000,tcp://10.0.0.4:5000", 0));
+
+    write_file(path, "# nobody now\n");
+    assert_true(seen_wait(&s, "", 10000)); /* a valid empty file: the empty set */
+    write_file(path, "tcp://127.0.0.1:9\n");
+    vrpc_resolver_refresh(r);
+    assert_true(seen_wait(&s, "tcp://127.0.0.1:9", 10000));
+    vrpc_resolver_destroy(r);
+    unlink(path);
+}
+
+static void t_file_missing_at_start(void **state)
+{
+    (void)state;
+    char path[128], target[192];
+    struct vrpc_resolver *r = NULL;
+    struct seen s;
+    seen_init(&s);
+    make_dir();
+    snprintf(path, sizeof path, "%s/later", g_dir);
+    snprintf(target, sizeof target, "file://%s?poll_ms=20", path);
+    assert_int_equal(vrpc_resolver_create(target, on_update, &s, &r), 0);
+    usleep(200 * 1000);
+    assert_int_equal(seen_updates(&s), 0); /* nothing known: nothing delivered */
+    write_file(path, "tcp://10.0.0.9:1\n");
+    assert_true(seen_wait(&s, "tcp://10.0.0.9:1", 10000));
+    vrpc_resolver_destroy(r);
+    unlink(path);
+    rmdir(g_dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -239,6 +500,13 @@ int main(void)
         cmocka_unit_test(t_list_too_many),
         cmocka_unit_test(t_deliver_changes_only),
         cmocka_unit_test(t_loop_refresh_and_stop),
+        cmocka_unit_test(t_dns_bad),
+        cmocka_unit_test(t_dns_fake_periodic),
+        cmocka_unit_test(t_dns_refresh),
+        cmocka_unit_test(t_dns_localhost),
+        cmocka_unit_test(t_file_bad),
+        cmocka_unit_test(t_file_follows),
+        cmocka_unit_test(t_file_missing_at_start),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
