@@ -6,7 +6,9 @@
  *   dns://tcp/name:port                  one scheme for every address
  * interval_ms: 0 (never periodically) or 100..86400000; default 30000. A
  * failed look-up (or one with no address) keeps the last set and is tried
- * again after 1 s, 2 s, ... up to the interval. */
+ * again after 1 s, 2 s, ... up to the interval. getaddrinfo cannot be
+ * interrupted: destroy waits for a look-up in progress (the system
+ * resolver's timeout, a few seconds at most). */
 #include <errno.h>
 #include <netdb.h>
 #include <pthread.h>

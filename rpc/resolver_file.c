@@ -108,7 +108,8 @@ static void file_round(struct file_resolver *r)
         if (rc != r->last_err || rc == -EINVAL)
             vrpc_rpc_log("resolver: file '%s': %s; keeping the last set", r->path, why[0] ? why : strerror(-rc));
         r->last_err = rc;
-        r->last = st.st_ino && rc == -EINVAL ? st : r->last; /* a malformed file: not re-read until it changes */
+        if (rc == -EINVAL) /* a malformed file (stat succeeded): not re-read until it changes */
+            r->last = st;
         vrpc_uri_set_clear(&s);
         return;
     }

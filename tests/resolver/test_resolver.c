@@ -17,6 +17,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/stat.h>
+#include <verbrpc/discovery.h>
 #include "common/clock.h"
 #include "rpc/resolver.h"
 #include "rpc/resolver_internal.h"
@@ -84,6 +85,9 @@ static void t_is_target(void **state)
 {
     (void)state;
     assert_true(vrpc_resolver_is_target("list://a:1"));
+    assert_true(vrpc_resolver_is_target("dns://a:1"));
+    assert_true(vrpc_resolver_is_target("file:///a"));
+    assert_true(vrpc_resolver_is_target("etcd://a:1/p/"));
     assert_false(vrpc_resolver_is_target("tcp://a:1"));
     assert_false(vrpc_resolver_is_target("a:1"));
     assert_false(vrpc_resolver_is_target("list:a:1"));
@@ -96,6 +100,24 @@ static void t_is_target(void **state)
     assert_null(r);
     vrpc_resolver_destroy(NULL);
     vrpc_resolver_refresh(NULL);
+}
+
+/* A build without libcurl/jansson names what it lacks. */
+static void t_etcd_not_built(void **state)
+{
+    (void)state;
+#ifdef VRPC_TEST_HAVE_ETCD
+    skip(); /* built with etcd: tests/resolver/test_etcd covers it */
+#else
+    struct vrpc_resolver *r = NULL;
+    struct vrpc_etcd_reg *g = NULL;
+    struct seen s;
+    seen_init(&s);
+    assert_int_equal(vrpc_resolver_create("etcd://127.0.0.1:2379/svc/", on_update, &s, &r), -ENOTSUP);
+    assert_null(r);
+    assert_int_equal(vrpc_etcd_register("127.0.0.1:2379", "/svc/", "tcp://127.0.0.1:1", 5, &g), -ENOTSUP);
+    assert_null(g);
+#endif
 }
 
 /* target resolves (inside create) to exactly want. */
@@ -495,6 +517,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(t_is_target),
+        cmocka_unit_test(t_etcd_not_built),
         cmocka_unit_test(t_list_good),
         cmocka_unit_test(t_list_bad),
         cmocka_unit_test(t_list_too_many),
