@@ -349,6 +349,7 @@ static void t_dns_bad(void **state)
     expect_bad("dns://svc.example:1?interval_ms=1x");
     expect_bad("dns://svc.example:1?colour=red");
     expect_bad("dns://tcp/");
+    expect_bad("dns:////svc.example:1");
 }
 
 static void t_dns_fake_periodic(void **state)
@@ -390,7 +391,7 @@ static void t_dns_refresh(void **state)
     seen_init(&s);
     fake_set("10.0.0.1");
     vrpc_resolver_dns_set_lookup(fake_lookup, fake_free);
-    assert_int_equal(vrpc_resolver_create("dns://svc.example:6000?interval_ms=0", on_update, &s, &r), 0);
+    assert_int_equal(vrpc_resolver_create("dns:///svc.example:6000?interval_ms=0", on_update, &s, &r), 0);
     assert_true(seen_wait(&s, "10.0.0.1:6000", 10000));
     fake_set("10.0.0.2,10.0.0.1");
     usleep(300 * 1000); /* no period: nothing looks again by itself */
