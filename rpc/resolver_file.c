@@ -43,44 +43,71 @@ static bool same_stat(const struct stat *a, const struct stat *b)
            a->st_ctim.tv_sec == b->st_ctim.tv_sec && a->st_ctim.tv_nsec == b->st_ctim.tv_nsec;
 }
 
-/* One line (NUL-terminated, may be changed): trimmed, comment cut, added. */
-static int parse_line(char *line, struct vrpc_uri_set *s, char *why, size_t why_len)
+/* One line [b, e): comment cut, trimmed, added. */
+static int parse_line(const char *b, const char *e, struct vrpc_uri_set *s, char *why, size_t why_len)
 {
-    char *hash = strchr(line, '#'), *e;
+    char line[VRPC_RESOLVER_MAX_URI + 1];
+    const char *hash = memchr(b, '#', (size_t)(e - b));
 
     if (hash)
-        *hash = '\0';
-    while (*line == ' ' || *line == '\t')
-        line++;
-    e = line + strlen(line);
-    while (e > line && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\r'))
-        *--e = '\0';
-    return *line ? vrpc_uri_set_add(s, line, why, why_len) : 0;
+        e = hash;
+    while (b < e && (*b == ' ' || *b == '\t'))
+        b++;
+    while (e > b && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\r'))
+        e--;
+    if (b == e)
+        return 0;
+    if ((size_t)(e - b) >= sizeof line) {
+        snprintf(why, why_len, "longer than %d bytes", VRPC_RESOLVER_MAX_URI - 1);
+        return -EINVAL;
+    }
+    if (memchr(b, '\0', (size_t)(e - b))) {
+        snprintf(why, why_len, "a NUL byte");
+        return -EINVAL;
+    }
+    memcpy(line, b, (size_t)(e - b));
+    line[e - b] = '\0';
+    return vrpc_uri_set_add(s, line, why, why_len);
 }
 
-/* Read and parse the whole file into s; 0 or a negative errno, why set. */
-static int read_set(struct file_resolver *r, FILE *f, struct vrpc_uri_set *s, char *why, size_t why_len)
+int vrpc_rslv_parse_lines(const char *text, size_t len, struct vrpc_uri_set *s, char *why, size_t why_len)
 {
-    char line[VRPC_RESOLVER_MAX_URI + 64], inner[128];
+    const char *p = text, *end = text + len;
+    char inner[128];
     int lineno = 0, rc;
 
-    while (fgets(line, sizeof line, f)) {
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *e = nl ? nl : end;
         lineno++;
-        if (!strchr(line, '\n') && !feof(f)) {
-            snprintf(why, why_len, "line %d is longer than %zu bytes", lineno, sizeof line - 2);
-            return -EINVAL;
-        }
-        line[strcspn(line, "\n")] = '\0';
-        if ((rc = parse_line(line, s, inner, sizeof inner))) {
+        inner[0] = '\0';
+        if ((rc = parse_line(p, e, s, inner, sizeof inner))) {
             snprintf(why, why_len, "line %d: %s", lineno, inner);
             return rc;
         }
-    }
-    if (ferror(f)) {
-        snprintf(why, why_len, "read error");
-        return -EIO;
+        p = nl ? nl + 1 : end;
     }
     return 0;
+}
+
+/* Read and parse the whole file (at most FILE_MAX_BYTES) into s. */
+static int read_set(FILE *f, struct vrpc_uri_set *s, char *why, size_t why_len)
+{
+    char *buf = malloc(FILE_MAX_BYTES + 1);
+    size_t n;
+    int rc;
+
+    if (!buf)
+        return -ENOMEM;
+    n = fread(buf, 1, FILE_MAX_BYTES + 1, f);
+    if (ferror(f))
+        rc = -EIO;
+    else if (n > FILE_MAX_BYTES)
+        rc = -EFBIG;
+    else
+        rc = vrpc_rslv_parse_lines(buf, n, s, why, why_len);
+    free(buf);
+    return rc;
 }
 
 /* Read the file if it changed since the last read; keep the last set on failure. */
@@ -101,7 +128,7 @@ static void file_round(struct file_resolver *r)
     else if (!(f = fopen(r->path, "r")))
         rc = -errno;
     else
-        rc = read_set(r, f, &s, why, sizeof why);
+        rc = read_set(f, &s, why, sizeof why);
     if (f)
         fclose(f);
     if (rc) {

@@ -72,6 +72,12 @@ const char *vrpc_rslv_prefix_scheme(const char *rest, char *scheme, size_t cap);
  * an option without '=', or whatever opt returns that is not 0 (logged). */
 int vrpc_rslv_split_opts(const char *scheme, const char *rest, char **body_out,
                          int (*opt)(void *ctx, const char *key, const char *val), void *ctx);
+/* The file:// format: one URI per line of text[0..len) ('#' to the end of
+ * the line a comment, spaces and a trailing CR ignored, blank lines
+ * skipped), added to s. 0, or -EINVAL/-E2BIG/-ENOMEM with why saying
+ * which line and why (rpc/resolver_file.c). */
+int vrpc_rslv_parse_lines(const char *text, size_t len, struct vrpc_uri_set *s, char *why, size_t why_len);
+
 /* A whole decimal in lo..hi, or -EINVAL. */
 int vrpc_rslv_parse_u32(const char *val, uint32_t lo, uint32_t hi, uint32_t *out);
 

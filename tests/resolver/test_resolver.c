@@ -460,6 +460,35 @@ static void t_file_bad(void **state)
     expect_bad("file:///x?interval_ms=100");
 }
 
+/* The file format itself (vrpc_rslv_parse_lines). */
+static void t_file_lines(void **state)
+{
+    (void)state;
+    struct vrpc_uri_set set = {0};
+    char why[160], big[VRPC_RESOLVER_MAX_URI + 40];
+    const char ok[] = "#c\r\n  tcp://a:1\t# x\r\n\n\t\nb:2"; /* CRLF, tabs, no final newline */
+    assert_int_equal(vrpc_rslv_parse_lines(ok, sizeof ok - 1, &set, why, sizeof why), 0);
+    assert_int_equal(set.n, 2);
+    assert_string_equal(set.v[0], "tcp://a:1");
+    assert_string_equal(set.v[1], "b:2");
+    vrpc_uri_set_clear(&set);
+    assert_int_equal(vrpc_rslv_parse_lines("", 0, &set, why, sizeof why), 0);
+    assert_int_equal(set.n, 0);
+
+    const char nul[] = "a:1\nb:\0002\n";
+    assert_int_equal(vrpc_rslv_parse_lines(nul, sizeof nul - 1, &set, why, sizeof why), -EINVAL);
+    assert_non_null(strstr(why, "line 2"));
+    vrpc_uri_set_clear(&set);
+    memset(big, 'a', sizeof big - 3);
+    memcpy(big + sizeof big - 3, ":1", 3);
+    assert_int_equal(vrpc_rslv_parse_lines(big, strlen(big), &set, why, sizeof why), -EINVAL);
+    assert_non_null(strstr(why, "longer"));
+    vrpc_uri_set_clear(&set);
+    assert_int_equal(vrpc_rslv_parse_lines("a:1\nb c:2\n", 11, &set, why, sizeof why), -EINVAL);
+    assert_non_null(strstr(why, "line 2"));
+    vrpc_uri_set_clear(&set);
+}
+
 static void t_file_follows(void **state)
 {
     (void)state;
@@ -529,6 +558,7 @@ int main(void)
         cmocka_unit_test(t_dns_refresh),
         cmocka_unit_test(t_dns_localhost),
         cmocka_unit_test(t_file_bad),
+        cmocka_unit_test(t_file_lines),
         cmocka_unit_test(t_file_follows),
         cmocka_unit_test(t_file_missing_at_start),
     };
