@@ -32,7 +32,8 @@ struct etcd_resolver {
     struct vrpc_rslv_loop loop;
     struct vrpc_rslv_out out;
     struct vrpc_etcd_client client;
-    char *target; /* for the log */
+    char *target;  /* for the log */
+    char err[160]; /* what etcd's last error message in the watch said */
     char *key_b64, *end_b64;
     struct kv *kvs; /* the prefix's keys now */
     size_t n, cap;
@@ -163,8 +164,13 @@ static int on_watch_msg(void *ctx, json_t *m)
     size_t i;
     int rc;
 
-    if (!res || json_object_get(m, "error"))
+    if (!res || json_object_get(m, "error")) {
+        json_t *e = json_object_get(m, "error");
+        const char *t = json_string_value(json_object_get(e, "message"));
+        t = t ? t : json_string_value(e);
+        snprintf(r->err, sizeof r->err, "the watch failed: %s", t ? t : "a message without a result");
         return -EPROTO;
+    }
     if (json_is_true(json_object_get(res, "canceled")) || vrpc_etcd_json_i64(res, "compact_revision") > 0)
         return ETCD_STALE;
     json_array_foreach(json_object_get(res, "events"), i, ev)
@@ -188,13 +194,14 @@ static int etcd_watch(struct etcd_resolver *r, char *msg, size_t msg_len)
     int rc;
     if (!req)
         return -ENOMEM;
+    r->err[0] = '\0';
     rc = vrpc_etcd_stream(&r->client, "/v3/watch", req, on_watch_msg, r, msg, msg_len);
     json_decref(req);
     if (rc == 0) {
         snprintf(msg, msg_len, "etcd closed the watch");
         rc = -ECONNRESET;
     } else if (rc == -EPROTO && !msg[0])
-        snprintf(msg, msg_len, "etcd ended the watch with an error");
+        snprintf(msg, msg_len, "%s", r->err[0] ? r->err : "etcd ended the watch with an error");
     return rc;
 }
 
