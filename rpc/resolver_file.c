@@ -1,7 +1,10 @@
 /* file:// targets: one server URI (or bare host:port) per line of a file,
  * '#' to the end of a line a comment, blank lines skipped. The resolver's
- * thread looks at the file (stat: inode, size, mtime, ctime) every poll_ms
- * (10..60000, default 1000) and reads it again when it changed:
+ * thread looks at the file (stat: inode, size, mtime, ctime) whenever inotify
+ * reports a change in its directory (a file closed after writing, renamed,
+ * created, deleted) and at least every poll_ms (10..60000, default 1000; for
+ * what inotify misses, e.g. network file systems), and reads it again when
+ * it changed:
  *   file:///etc/kv-servers.txt[?poll_ms=N]
  * A file that is missing, unreadable, larger than 1 MiB or has a malformed
  * line (logged with its number) keeps the last set; replace the file by
@@ -10,7 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include "common/container_of.h"
 #include "common/log_internal.h"
 #include "rpc/resolver_internal.h"
@@ -145,12 +150,41 @@ static void file_round(struct file_resolver *r)
     vrpc_rslv_deliver(&r->out, &s);
 }
 
+/* An inotify descriptor watching path's directory, or -1 (then polling only). */
+static int watch_dir(const char *path)
+{
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    size_t len = slash == path ? 1 : (size_t)(slash - path);
+    int fd;
+
+    if (len >= sizeof dir || (fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC)) < 0)
+        return -1;
+    memcpy(dir, path, len);
+    dir[len] = '\0';
+    if (inotify_add_watch(fd, dir, IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_CREATE | IN_DELETE | IN_ATTRIB) <
+        0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 static void file_main(void *arg)
 {
     struct file_resolver *r = arg;
-    do
+    int fd = watch_dir(r->path);
+    char events[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+    bool ready;
+
+    do {
+        /* any event in the directory: look (stat says whether our file changed) */
+        while (fd >= 0 && read(fd, events, sizeof events) > 0)
+            ;
         file_round(r);
-    while (!vrpc_rslv_loop_wait(&r->loop, r->poll_ms));
+    } while (!vrpc_rslv_loop_wait_fd(&r->loop, fd, r->poll_ms, &ready));
+    if (fd >= 0)
+        close(fd);
 }
 
 static void file_destroy(struct vrpc_resolver *base)

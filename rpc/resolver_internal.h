@@ -51,6 +51,7 @@ struct vrpc_rslv_loop {
     pthread_cond_t cv; /* CLOCK_MONOTONIC */
     pthread_t th;
     bool started, stop, kick;
+    int efd; /* eventfd: refresh and stop wake vrpc_rslv_loop_wait_fd's poll */
     int64_t last_kick_ns, min_gap_ns;
     void (*body)(void *arg);
     void *arg;
@@ -58,6 +59,9 @@ struct vrpc_rslv_loop {
 int vrpc_rslv_loop_start(struct vrpc_rslv_loop *l, void (*body)(void *), void *arg, uint32_t min_gap_ms);
 /* true: stop now; false: the period ended or a refresh came. */
 bool vrpc_rslv_loop_wait(struct vrpc_rslv_loop *l, uint64_t timeout_ms);
+/* The same, but also returns (false, *ready true) as soon as fd is readable
+ * (the caller drains it). Loop thread only. */
+bool vrpc_rslv_loop_wait_fd(struct vrpc_rslv_loop *l, int fd, uint64_t timeout_ms, bool *ready);
 bool vrpc_rslv_loop_stopping(struct vrpc_rslv_loop *l);
 void vrpc_rslv_loop_refresh(struct vrpc_rslv_loop *l);
 void vrpc_rslv_loop_stop(struct vrpc_rslv_loop *l); /* safe if never started */

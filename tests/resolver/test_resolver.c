@@ -523,6 +523,33 @@ static void t_file_follows(void **state)
     unlink(path);
 }
 
+/* With a poll period of a minute, a change is still seen at once (inotify). */
+static void t_file_inotify(void **state)
+{
+    (void)state;
+    char path[128], target[192];
+    struct vrpc_resolver *r = NULL;
+    struct seen s;
+    seen_init(&s);
+    make_dir();
+    snprintf(path, sizeof path, "%s/watched", g_dir);
+    snprintf(target, sizeof target, "file://%s?poll_ms=60000", path);
+    write_file(path, "tcp://10.0.0.1:1\n");
+    assert_int_equal(vrpc_resolver_create(target, on_update, &s, &r), 0);
+    assert_true(seen_wait(&s, "tcp://10.0.0.1:1", 10000));
+    write_file(path, "tcp://10.0.0.2:1\n"); /* by rename */
+    assert_true(seen_wait(&s, "tcp://10.0.0.2:1", 10000));
+    FILE *f = fopen(path, "a"); /* in place: seen at close */
+    assert_non_null(f);
+    fputs("tcp://10.0.0.3:1\n", f);
+    assert_int_equal(fclose(f), 0);
+    assert_true(seen_wait(&s, "tcp://10.0.0.2:1,tcp://10.0.0.3:1", 10000));
+    int64_t t0 = vrpc_clock_mono_ns();
+    vrpc_resolver_destroy(r); /* not a minute: stop wakes the poll */
+    assert_true(vrpc_clock_mono_ns() - t0 < 10LL * 1000000000);
+    unlink(path);
+}
+
 static void t_file_missing_at_start(void **state)
 {
     (void)state;
@@ -560,6 +587,7 @@ int main(void)
         cmocka_unit_test(t_file_bad),
         cmocka_unit_test(t_file_lines),
         cmocka_unit_test(t_file_follows),
+        cmocka_unit_test(t_file_inotify),
         cmocka_unit_test(t_file_missing_at_start),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
