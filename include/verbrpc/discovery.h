@@ -22,7 +22,8 @@ struct vrpc_etcd_reg;
  * (etcd's client URLs without http://, tried in turn); prefix: e.g.
  * "/services/kv/" (non-empty); server_uri: the URI clients connect to, as
  * vrpc_uri_check accepts it (an address they can reach, not 0.0.0.0). Blocks
- * until the key is in etcd (a few seconds at most). 0 and *out, -EINVAL (bad
+ * until the key is in etcd (each endpoint tried once, the lease grant and the
+ * put at most 3 s each, connecting included). 0 and *out, -EINVAL (bad
  * argument, logged), -ECONNREFUSED / -ETIMEDOUT (no endpoint answered),
  * -EPROTO (etcd refused: the message is logged), -ENOTSUP (built without
  * libcurl/jansson), -ENOMEM. Any thread. */
