@@ -203,6 +203,9 @@ static int request(struct vrpc_etcd_client *c, const char *path, json_t *req, ui
     else if (x->badmsg) {
         snprintf(msg, msg_len, "a streamed message is not JSON");
         rc = -EPROTO;
+    } else if (rc == CURLE_WRITE_ERROR) {
+        snprintf(msg, msg_len, "a response or message larger than %u bytes", ETCD_MAX_BODY);
+        rc = -EPROTO;
     } else if (rc == CURLE_OK && http != 200) {
         error_text(x->buf, x->len, http, msg, msg_len);
         rc = -EPROTO;
