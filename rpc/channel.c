@@ -65,13 +65,6 @@ int vrpc_channel_connect(struct vrpc_channel *ch, int timeout_ms)
 
 /* ---- create / destroy ------------------------------------------------------ */
 
-static void worker_arena(unsigned worker, void *arg)
-{
-    (void)worker;
-    (void)arg;
-    vrpc_rpc_tls_arena();
-}
-
 /* The channel's locks, lists and options (defaults filled in). */
 static void channel_init(struct vrpc_channel *ch, const struct vrpc_channel_opts *opts)
 {
@@ -156,11 +149,11 @@ static int channel_sched(struct vrpc_channel *ch)
         sc.nworkers = ch->o.threads;
         if (ch->o.no_spin)
             sc.spin_us = 1; /* the scheduler's minimum: 0 means its default */
-        /* async completions unpack into the worker's arena: create it now,
-         * not on the worker's first completion (which may come late: an idle
-         * worker that is still spinning takes new tasks without waking the
-         * others) */
-        sc.worker_start = worker_arena;
+        /* async completions unpack into the worker's arenas: create them
+         * and their first blocks now, not on the worker's first completion
+         * (which may come late: an idle worker that is still spinning takes
+         * new tasks without waking the others) */
+        sc.worker_start = vrpc_rpc_worker_start;
         sc.cpu_mask = ch->o.cpu_mask;
         sc.spin_yield = ch->o.cpu_mask != 0; /* they share the poller's CPU */
         if ((rc = vrpc_sched_create(&sc, &ch->sched)))

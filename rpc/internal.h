@@ -35,6 +35,13 @@ enum vrpc_arena_kind {
     VRPC_ARENA_KINDS = 2,
 };
 struct vrpc_arena *vrpc_rpc_tls_arena_of(enum vrpc_arena_kind kind);
+/* Creates the calling thread's arenas and their first blocks now, so that its
+ * first response (an async callback's, or a vrpc_call's made from a handler
+ * or a callback) allocates nothing. The worker_start hook of the schedulers
+ * channels and servers create (vrpc_sched_config.worker_start; worker and arg
+ * unused). Out of memory is not an error here: the arenas are then created
+ * on first use, as on any other thread. */
+void vrpc_rpc_worker_start(unsigned worker, void *arg);
 static inline struct vrpc_arena *vrpc_rpc_tls_arena(void) { return vrpc_rpc_tls_arena_of(VRPC_ARENA_SYNC); }
 
 /* Message-buffer pools the RPC layer registers (eager-size buffers): a

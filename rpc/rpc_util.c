@@ -53,6 +53,17 @@ struct vrpc_arena *vrpc_rpc_tls_arena_of(enum vrpc_arena_kind kind)
     return &t->a[kind];
 }
 
+void vrpc_rpc_worker_start(unsigned worker, void *arg)
+{
+    (void)worker;
+    (void)arg;
+    for (int i = 0; i < VRPC_ARENA_KINDS; i++) {
+        struct vrpc_arena *a = vrpc_rpc_tls_arena_of((enum vrpc_arena_kind)i);
+        if (a)
+            (void)vrpc_arena_warm(a);
+    }
+}
+
 void vrpc_thread_release(void)
 {
     if (!tls_arenas)

@@ -129,6 +129,9 @@ static int start_sched(struct vrpc_server *s)
             sc.spin_us = 1; /* the scheduler's minimum: 0 means its default */
         sc.cpu_mask = s->o.cpu_mask;
         sc.spin_yield = s->o.cpu_mask != 0; /* they share CPUs with the pollers */
+        /* handlers that call out (or callbacks of channels sharing this
+         * scheduler) unpack responses into the worker's arenas */
+        sc.worker_start = vrpc_rpc_worker_start;
         if ((rc = vrpc_sched_create(&sc, &s->sched)))
             return rc;
         s->own_sched = true;
