@@ -194,8 +194,13 @@ static void wake_if_needed(struct vrpc_sched *s)
 {
     /* The caller's task publication before the nspinning load (store-load;
      * pairs with the read-modify-write of nspinning in idle_wait/spin_found,
-     * which is followed by the spinner's own queue loads). */
-    ck_pr_fence_store_load();
+     * which is followed by the spinner's own queue loads). Callers published
+     * with a locked instruction followed by fence_atomic_load, which already
+     * orders this load; only a producer under the asymmetric fence did not
+     * (a parking worker's membarrier() does not help here: spinners do not
+     * call it). */
+    if (s->asym_fence)
+        ck_pr_fence_store_load();
     if (vs_load_32(&s->nspinning) == 0)
         wake_one(s);
 }
@@ -741,12 +746,18 @@ int vrpc_sched_producer_submit(struct vrpc_sched_producer *p, struct vrpc_task *
     s = p->s;
     if (vs_load_32(&s->stopping))
         return -ESHUTDOWN;
-    if (!vrpc_ring_push(&p->ring, t))
+    /* The store publishing t before the idle-bit loads (store-load, pairs
+     * with idle_wait): the ring's tail exchange or the stack's CAS is a
+     * locked instruction, i.e. that fence on x86 (see vrpc_ring_push for why
+     * not an mfence), and fence_atomic_load emits whatever else a weaker
+     * memory model needs. With the asymmetric fence a parking worker's
+     * membarrier() fences us: a plain store and a compiler barrier. */
+    if (!vrpc_ring_push(&p->ring, t, !s->asym_fence))
         vrpc_inject_push(&s->inject, t);
     if (s->asym_fence)
-        ck_pr_barrier(); /* compiler only: a parking worker's membarrier() fences us */
-    else                 /* the store publishing t before the idle-bit loads (store-load, pairs with idle_wait) */
-        ck_pr_fence_store_load();
+        ck_pr_barrier();
+    else
+        ck_pr_fence_atomic_load();
     if (any_idle(s))
         wake_if_needed(s);
     return 0;
