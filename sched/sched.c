@@ -30,6 +30,7 @@
 #define BATCH 32     /* most tasks a worker takes from a producer ring at once */
 #define FAIR_TICK 61 /* every FAIR_TICK-th task comes from the shared queues first */
 #define MAX_WORKERS 4096
+#define SPIN_ALWAYS_NS (UINT64_C(1) << 60) /* VRPC_SCHED_SPIN_ALWAYS: 36 years */
 
 /* One per worker thread: its deque, the event count it sleeps on (one per
  * worker, so that a waker wakes exactly the worker whose idle bit it claimed),
@@ -561,6 +562,10 @@ int vrpc_sched_create(const struct vrpc_sched_config *cfg, struct vrpc_sched **o
     s->n = s->cfg.nworkers;
     s->spin_ns = (uint64_t)s->cfg.spin_us * 1000u;
     s->max_spinning = s->n / 2 ? s->n / 2 : 1;
+    if (s->cfg.spin_us == VRPC_SCHED_SPIN_ALWAYS) {
+        s->spin_ns = SPIN_ALWAYS_NS; /* 4 * it still fits, now + that too */
+        s->max_spinning = s->n;      /* cores of their own: nobody to leave room for */
+    }
     /* VRPC_SCHED_MEMBARRIER=1 selects the asymmetric fence (tests cover both). */
     s->asym_fence = vrpc_env_flag(VRPC_ENV_SCHED_MEMBARRIER) && membarrier_available();
     s->nidle_words = (s->n + 63) / 64;
