@@ -1,6 +1,7 @@
 /* Arena allocator for protobuf-c unpack, see arena.h. */
 #include "rpc/arena.h"
 
+#include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -31,6 +32,13 @@ void vrpc_arena_init(struct vrpc_arena *a, size_t initial, size_t limit)
     a->pb.alloc = pb_alloc;
     a->pb.free = pb_free;
     a->pb.allocator_data = a;
+}
+
+int vrpc_arena_warm(struct vrpc_arena *a)
+{
+    if (!a->base && !(a->base = aligned_alloc(16, a->cap)))
+        return -ENOMEM;
+    return 0;
 }
 
 void *vrpc_arena_alloc(struct vrpc_arena *a, size_t n)

@@ -28,6 +28,10 @@ struct vrpc_arena {
 
 /* initial: size of the first block (allocated lazily); limit as above. */
 void vrpc_arena_init(struct vrpc_arena *a, size_t initial, size_t limit);
+/* Allocate the first block now rather than on the first vrpc_arena_alloc:
+ * for an arena whose owner must not allocate later (a worker's response
+ * arenas, see vrpc_rpc_tls_arenas_warm). 0 or -ENOMEM. */
+int vrpc_arena_warm(struct vrpc_arena *a);
 /* 16-byte aligned memory valid until the next reset; NULL if over the limit
  * or out of memory. */
 void *vrpc_arena_alloc(struct vrpc_arena *a, size_t n);

@@ -65,13 +65,6 @@ int vrpc_channel_connect(struct vrpc_channel *ch, int timeout_ms)
 
 /* ---- create / destroy ------------------------------------------------------ */
 
-static void worker_arena(unsigned worker, void *arg)
-{
-    (void)worker;
-    (void)arg;
-    vrpc_rpc_tls_arena();
-}
-
 /* The channel's locks, lists and options (defaults filled in). */
 static void channel_init(struct vrpc_channel *ch, const struct vrpc_channel_opts *opts)
 {
@@ -129,12 +122,15 @@ static int channel_transport(struct vrpc_channel *ch)
 /* The pending-call table; a freed slot pumps the async backlog. */
 static int channel_pending(struct vrpc_channel *ch)
 {
+    struct vrpc_rpc_spin sp;
     int rc;
 
     if ((rc = vrpc_pending_create(ch->o.max_outstanding, &ch->pend)))
         return rc;
-    if (ch->o.no_spin)
-        ch->pend->spin = false;
+    vrpc_rpc_spin_mode(ch->o.no_spin, ch->o.spin_us, &sp);
+    ch->pend->spin = sp.wait;
+    ch->pend->spin_ns = sp.wait_ns;
+    ch->pend->spin_cap_ns = sp.wait_cap_ns;
     /* pinned: callers are expected on the poller's CPU (rpc.h, cpu_mask) */
     ch->pend->poller_cpu = ch->o.cpu_mask ? __builtin_ctzll(ch->o.cpu_mask) : -1; /* as ca.cpu below */
     ch->pend->on_free = vrpc_ch_pump;
@@ -146,6 +142,7 @@ static int channel_pending(struct vrpc_channel *ch)
  * the poller's producer ring into it. */
 static int channel_sched(struct vrpc_channel *ch)
 {
+    struct vrpc_rpc_spin sp;
     int rc;
 
     if (ch->o.sched) {
@@ -154,13 +151,13 @@ static int channel_sched(struct vrpc_channel *ch)
         struct vrpc_sched_config sc;
         vrpc_sched_config_init(&sc);
         sc.nworkers = ch->o.threads;
-        if (ch->o.no_spin)
-            sc.spin_us = 1; /* the scheduler's minimum: 0 means its default */
-        /* async completions unpack into the worker's arena: create it now,
-         * not on the worker's first completion (which may come late: an idle
-         * worker that is still spinning takes new tasks without waking the
-         * others) */
-        sc.worker_start = worker_arena;
+        vrpc_rpc_spin_mode(ch->o.no_spin, ch->o.spin_us, &sp);
+        sc.spin_us = sp.sched_spin_us;
+        /* async completions unpack into the worker's arenas: create them
+         * and their first blocks now, not on the worker's first completion
+         * (which may come late: an idle worker that is still spinning takes
+         * new tasks without waking the others) */
+        sc.worker_start = vrpc_rpc_worker_start;
         sc.cpu_mask = ch->o.cpu_mask;
         sc.spin_yield = ch->o.cpu_mask != 0; /* they share the poller's CPU */
         if ((rc = vrpc_sched_create(&sc, &ch->sched)))
@@ -173,6 +170,7 @@ static int channel_sched(struct vrpc_channel *ch)
 /* The message pools, the CQ and its poller, and the posted receives. */
 static int channel_cq(struct vrpc_channel *ch)
 {
+    struct vrpc_rpc_spin sp;
     struct vrpc_cq_attr ca;
     uint32_t eager = vrpc_transport_eager_size(ch->tp);
     int rc;
@@ -184,7 +182,9 @@ static int channel_cq(struct vrpc_channel *ch)
     vrpc_cq_attr_init(&ca);
     ca.cb = vrpc_ch_cq_cb;
     ca.cb_arg = ch;
-    ca.busy_poll_us = ch->o.no_spin ? 0 : VRPC_RPC_BUSY_POLL_US;
+    vrpc_rpc_spin_mode(ch->o.no_spin, ch->o.spin_us, &sp);
+    ca.busy_poll_us = sp.poll_us;
+    ca.busy_poll_max_us = sp.poll_max_us;
     ca.max_recv = RECV_BUFS;
     ca.name = "vrpc-ch-poll";
     ca.cpu = ch->o.cpu_mask ? __builtin_ctzll(ch->o.cpu_mask) : -1;

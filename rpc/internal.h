@@ -18,12 +18,25 @@
 #define VRPC_RPC_DEFAULT_EAGER 8192u
 
 /* How long a channel's or server's poller busy-polls after its last
- * completion before it sleeps (unless no_spin). It must outlast a round trip
+ * completion before it sleeps, at least, in the adaptive latency mode (the
+ * default, see VRPC_SPIN_ADAPTIVE in rpc.h; the window grows with slower
+ * round trips up to VRPC_SPIN_ADAPTIVE_MAX_US). It must outlast a round trip
  * counted from the send completion that opens it (about 17-25 us on TCP over
  * loopback in a VM): a response that finds the poller asleep pays an epoll
  * wake-up, and if its CPU went idle meanwhile a wake from idle (~100 us on a
- * VM). As long as a synchronous caller's and an idle worker's spin. */
+ * VM). Also the floor of a synchronous caller's window, and an idle
+ * worker's spin (vrpc_sched_config.spin_us default). */
 #define VRPC_RPC_BUSY_POLL_US 50u
+
+/* What a latency mode (no_spin, spin_us: VRPC_SPIN_* in rpc.h) means for
+ * each kind of waiting thread of a channel or server. */
+struct vrpc_rpc_spin {
+    uint32_t poll_us, poll_max_us; /* vrpc_cq_attr.busy_poll_us, busy_poll_max_us */
+    unsigned sched_spin_us;        /* vrpc_sched_config.spin_us of an own scheduler */
+    bool wait;                     /* synchronous callers spin at all */
+    uint64_t wait_ns, wait_cap_ns; /* vrpc_pending.spin_ns, spin_cap_ns */
+};
+void vrpc_rpc_spin_mode(bool no_spin, uint32_t spin_us, struct vrpc_rpc_spin *out);
 
 /* The calling thread's arenas for unpacking responses (created on first use,
  * freed at thread exit or vrpc_thread_release). NULL if out of memory.
@@ -35,6 +48,13 @@ enum vrpc_arena_kind {
     VRPC_ARENA_KINDS = 2,
 };
 struct vrpc_arena *vrpc_rpc_tls_arena_of(enum vrpc_arena_kind kind);
+/* Creates the calling thread's arenas and their first blocks now, so that its
+ * first response (an async callback's, or a vrpc_call's made from a handler
+ * or a callback) allocates nothing. The worker_start hook of the schedulers
+ * channels and servers create (vrpc_sched_config.worker_start; worker and arg
+ * unused). Out of memory is not an error here: the arenas are then created
+ * on first use, as on any other thread. */
+void vrpc_rpc_worker_start(unsigned worker, void *arg);
 static inline struct vrpc_arena *vrpc_rpc_tls_arena(void) { return vrpc_rpc_tls_arena_of(VRPC_ARENA_SYNC); }
 
 /* Message-buffer pools the RPC layer registers (eager-size buffers): a

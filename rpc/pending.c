@@ -6,6 +6,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <time.h>
+#include "common/clock.h"
 #include "rpc/futex.h"
 #include "rpc/wire.h"
 
@@ -33,6 +34,7 @@ int vrpc_pending_create(uint32_t n, struct vrpc_pending **out)
     }
     p->n = p->limit = p->nfree = n;
     p->spin = true;
+    p->spin_ns = 50000; /* fixed 50 us until the owner says otherwise */
     p->poller_cpu = -1;
     for (uint32_t i = 0; i < n; i++) {
         p->slots[i].index = i;
@@ -192,29 +194,62 @@ void vrpc_pending_publish(struct vrpc_pending_slot *s, uint32_t gen)
         vrpc_futex_wake_all(&s->done);
 }
 
-/* How long a synchronous waiter spins before sleeping on its futex: most
- * responses on a fast transport arrive within it and save a wake-up (2000
- * pauses are about 37 us on this machine's EPYC). A waiter running on its
- * poller's CPU sleeps at once instead: the pinned poller busy-polls without
- * yielding to it (transport.c), wakes it and yields right after delivering;
- * spinning, even by yielding, would only take turns with the poller and delay
- * the poll that finds the response (rpc_bench, split placement: p75 of a 32 B
- * echo 24.9 -> 19.7 us). */
-#define WAIT_SPINS 2000
+/* A synchronous waiter spins (spin_ns, see pending.h) before sleeping on its
+ * futex: most responses on a fast transport arrive within a round trip and
+ * save a wake-up. It reads the clock every SPIN_CHECK pauses (about 1 us).
+ * A waiter running on its poller's CPU sleeps at once instead, whatever the
+ * mode: the pinned poller busy-polls without yielding to it (transport.c),
+ * wakes it and yields right after delivering; spinning, even by yielding,
+ * would only take turns with the poller and delay the poll that finds the
+ * response (rpc_bench, split placement: p75 of a 32 B echo 24.9 -> 19.7 us). */
+#define SPIN_CHECK 64
+
+static bool spin_until(struct vrpc_pending_slot *s, uint32_t gen, uint64_t t0, uint64_t window_ns, uint64_t polite_ns)
+{
+    for (uint32_t i = 1;; i++) {
+        if (__atomic_load_n(&s->done, __ATOMIC_ACQUIRE) == gen)
+            return true;
+        __builtin_ia32_pause();
+        if (i % SPIN_CHECK == 0) {
+            uint64_t t = (uint64_t)vrpc_clock_mono_ns() - t0;
+            if (t >= window_ns)
+                return false;
+            if (t >= polite_ns)
+                sched_yield();
+        }
+    }
+}
 
 void vrpc_pending_wait(struct vrpc_pending_slot *s, uint32_t gen)
 {
-    bool spin = s->table->spin && (s->table->poller_cpu < 0 || sched_getcpu() != s->table->poller_cpu);
-    for (uint32_t i = 0; spin && i < WAIT_SPINS; i++) {
-        if (__atomic_load_n(&s->done, __ATOMIC_ACQUIRE) == gen)
+    struct vrpc_pending *t = s->table;
+    bool spin = t->spin && (t->poller_cpu < 0 || sched_getcpu() != t->poller_cpu);
+    uint64_t t0 = 0;
+
+    if (spin) {
+        bool adaptive = t->spin_cap_ns > t->spin_ns;
+        uint64_t win = adaptive ? vrpc_spin_window_ns(&t->spin_est, t->spin_ns, t->spin_cap_ns) : t->spin_ns;
+        t0 = (uint64_t)vrpc_clock_mono_ns();
+        /* Past the floor (the old fixed window) a waiter yields between
+         * looks: on a machine with more runnable threads than CPUs the thread
+         * that produces the answer (the poller, the server) may need this
+         * CPU, and a longer window that spun without yielding would delay
+         * the answer it waits for, lengthen the next waits, and so grow its
+         * own window to the cap (rpc_bench, unpinned on 2 loaded CPUs: p50
+         * 1 ms, the cap). With idle CPUs a yield returns at once. */
+        if (spin_until(s, gen, t0, win, t->spin_ns)) {
+            if (adaptive)
+                vrpc_spin_est_add(&t->spin_est, (uint64_t)vrpc_clock_mono_ns() - t0, t->spin_cap_ns);
             return;
-        __builtin_ia32_pause();
+        }
     }
     __atomic_store_n(&s->sleeping, 1, __ATOMIC_SEQ_CST);
     uint32_t v;
     while ((v = __atomic_load_n(&s->done, __ATOMIC_SEQ_CST)) != gen)
         vrpc_futex_wait(&s->done, v);
     __atomic_store_n(&s->sleeping, 0, __ATOMIC_RELAXED);
+    if (spin && t->spin_cap_ns > t->spin_ns) /* how long it took: the next window */
+        vrpc_spin_est_add(&t->spin_est, (uint64_t)vrpc_clock_mono_ns() - t0, t->spin_cap_ns);
 }
 
 /* Set bit in generation gen's word; free the slot when both done bits are set. */

@@ -37,6 +37,7 @@
 #include <stdint.h>
 #include <verbrpc/rpc.h>
 #include <verbrpc/sched.h>
+#include "common/spin.h"
 #include "rpc/rndv.h"
 #include "rpc/timer.h"
 
@@ -111,6 +112,12 @@ struct vrpc_pending {
     pthread_mutex_t lock; /* free stack, in_use, limit, closed */
     pthread_cond_t cond;  /* signalled when a slot frees or the table closes */
     struct vrpc_pending_slot *slots;
+    /* How long a waiter spins: spin_ns fixed (UINT64_MAX: until answered),
+     * or, if spin_cap_ns > spin_ns, adaptive between the two (common/spin.h:
+     * twice the recent waits, in spin_est). */
+    uint64_t spin_ns;
+    uint64_t spin_cap_ns;
+    _Alignas(64) struct vrpc_spin_est spin_est; /* adaptive: the recent waits (any waiter, relaxed) */
 };
 
 int vrpc_pending_create(uint32_t n, struct vrpc_pending **out);

@@ -53,6 +53,42 @@ struct vrpc_arena *vrpc_rpc_tls_arena_of(enum vrpc_arena_kind kind)
     return &t->a[kind];
 }
 
+void vrpc_rpc_worker_start(unsigned worker, void *arg)
+{
+    (void)worker;
+    (void)arg;
+    for (int i = 0; i < VRPC_ARENA_KINDS; i++) {
+        struct vrpc_arena *a = vrpc_rpc_tls_arena_of((enum vrpc_arena_kind)i);
+        if (a)
+            (void)vrpc_arena_warm(a);
+    }
+}
+
+void vrpc_rpc_spin_mode(bool no_spin, uint32_t spin_us, struct vrpc_rpc_spin *out)
+{
+    memset(out, 0, sizeof *out);
+    if (no_spin) {
+        out->sched_spin_us = 1; /* the scheduler's minimum: 0 means its default */
+        return;
+    }
+    out->wait = true;
+    if (spin_us == VRPC_SPIN_ALWAYS) {
+        out->poll_us = VRPC_BUSY_POLL_ALWAYS;
+        out->sched_spin_us = VRPC_SCHED_SPIN_ALWAYS;
+        out->wait_ns = UINT64_MAX;
+    } else if (spin_us == VRPC_SPIN_ADAPTIVE) {
+        out->poll_us = VRPC_RPC_BUSY_POLL_US;
+        out->poll_max_us = VRPC_SPIN_ADAPTIVE_MAX_US;
+        out->sched_spin_us = 0; /* its own adaptive default */
+        out->wait_ns = (uint64_t)VRPC_RPC_BUSY_POLL_US * 1000u;
+        out->wait_cap_ns = (uint64_t)VRPC_SPIN_ADAPTIVE_MAX_US * 1000u;
+    } else {
+        out->poll_us = spin_us;
+        out->sched_spin_us = spin_us;
+        out->wait_ns = (uint64_t)spin_us * 1000u;
+    }
+}
+
 void vrpc_thread_release(void)
 {
     if (!tls_arenas)

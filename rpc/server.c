@@ -117,6 +117,7 @@ static int start_transport(struct vrpc_server *s, const char *tname)
 /* Start, step 2: the caller's scheduler, or one of our own. */
 static int start_sched(struct vrpc_server *s)
 {
+    struct vrpc_rpc_spin sp;
     int rc;
 
     if (s->o.sched) {
@@ -125,10 +126,13 @@ static int start_sched(struct vrpc_server *s)
         struct vrpc_sched_config sc;
         vrpc_sched_config_init(&sc);
         sc.nworkers = s->o.threads;
-        if (s->o.no_spin)
-            sc.spin_us = 1; /* the scheduler's minimum: 0 means its default */
+        vrpc_rpc_spin_mode(s->o.no_spin, s->o.spin_us, &sp);
+        sc.spin_us = sp.sched_spin_us;
         sc.cpu_mask = s->o.cpu_mask;
         sc.spin_yield = s->o.cpu_mask != 0; /* they share CPUs with the pollers */
+        /* handlers that call out (or callbacks of channels sharing this
+         * scheduler) unpack responses into the worker's arenas */
+        sc.worker_start = vrpc_rpc_worker_start;
         if ((rc = vrpc_sched_create(&sc, &s->sched)))
             return rc;
         s->own_sched = true;
@@ -154,6 +158,7 @@ static int start_pollers(struct vrpc_server *s, struct vrpc_cq **cqs)
         return -ENOMEM;
     for (unsigned i = 0; i < s->o.pollers && i < 64; i++) {
         struct poller *pl = &s->pollers[i];
+        struct vrpc_rpc_spin sp;
         struct vrpc_cq_attr ca;
         pl->s = s;
         vrpc_offer_q_init(&pl->offers, &vrpc_srv_response_offer_ops, &s->lock);
@@ -162,7 +167,9 @@ static int start_pollers(struct vrpc_server *s, struct vrpc_cq **cqs)
         vrpc_cq_attr_init(&ca);
         ca.cb = vrpc_srv_cq_cb;
         ca.cb_arg = pl;
-        ca.busy_poll_us = s->o.no_spin ? 0 : VRPC_RPC_BUSY_POLL_US;
+        vrpc_rpc_spin_mode(s->o.no_spin, s->o.spin_us, &sp);
+        ca.busy_poll_us = sp.poll_us;
+        ca.busy_poll_max_us = sp.poll_max_us;
         ca.max_recv = SERVER_RECV_BUFS + RECV_PER_CONN * s->o.max_connections + RECV_CHUNK;
         ca.name = "vrpc-srv-poll";
         ca.cpu = nth_cpu(s->o.cpu_mask, i);

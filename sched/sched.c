@@ -30,6 +30,7 @@
 #define BATCH 32     /* most tasks a worker takes from a producer ring at once */
 #define FAIR_TICK 61 /* every FAIR_TICK-th task comes from the shared queues first */
 #define MAX_WORKERS 4096
+#define SPIN_ALWAYS_NS (UINT64_C(1) << 60) /* VRPC_SCHED_SPIN_ALWAYS: 36 years */
 
 /* One per worker thread: its deque, the event count it sleeps on (one per
  * worker, so that a waker wakes exactly the worker whose idle bit it claimed),
@@ -194,8 +195,13 @@ static void wake_if_needed(struct vrpc_sched *s)
 {
     /* The caller's task publication before the nspinning load (store-load;
      * pairs with the read-modify-write of nspinning in idle_wait/spin_found,
-     * which is followed by the spinner's own queue loads). */
-    ck_pr_fence_store_load();
+     * which is followed by the spinner's own queue loads). Callers published
+     * with a locked instruction followed by fence_atomic_load, which already
+     * orders this load; only a producer under the asymmetric fence did not
+     * (a parking worker's membarrier() does not help here: spinners do not
+     * call it). */
+    if (s->asym_fence)
+        ck_pr_fence_store_load();
     if (vs_load_32(&s->nspinning) == 0)
         wake_one(s);
 }
@@ -556,6 +562,10 @@ int vrpc_sched_create(const struct vrpc_sched_config *cfg, struct vrpc_sched **o
     s->n = s->cfg.nworkers;
     s->spin_ns = (uint64_t)s->cfg.spin_us * 1000u;
     s->max_spinning = s->n / 2 ? s->n / 2 : 1;
+    if (s->cfg.spin_us == VRPC_SCHED_SPIN_ALWAYS) {
+        s->spin_ns = SPIN_ALWAYS_NS; /* 4 * it still fits, now + that too */
+        s->max_spinning = s->n;      /* cores of their own: nobody to leave room for */
+    }
     /* VRPC_SCHED_MEMBARRIER=1 selects the asymmetric fence (tests cover both). */
     s->asym_fence = vrpc_env_flag(VRPC_ENV_SCHED_MEMBARRIER) && membarrier_available();
     s->nidle_words = (s->n + 63) / 64;
@@ -741,12 +751,18 @@ int vrpc_sched_producer_submit(struct vrpc_sched_producer *p, struct vrpc_task *
     s = p->s;
     if (vs_load_32(&s->stopping))
         return -ESHUTDOWN;
-    if (!vrpc_ring_push(&p->ring, t))
+    /* The store publishing t before the idle-bit loads (store-load, pairs
+     * with idle_wait): the ring's tail exchange or the stack's CAS is a
+     * locked instruction, i.e. that fence on x86 (see vrpc_ring_push for why
+     * not an mfence), and fence_atomic_load emits whatever else a weaker
+     * memory model needs. With the asymmetric fence a parking worker's
+     * membarrier() fences us: a plain store and a compiler barrier. */
+    if (!vrpc_ring_push(&p->ring, t, !s->asym_fence))
         vrpc_inject_push(&s->inject, t);
     if (s->asym_fence)
-        ck_pr_barrier(); /* compiler only: a parking worker's membarrier() fences us */
-    else                 /* the store publishing t before the idle-bit loads (store-load, pairs with idle_wait) */
-        ck_pr_fence_store_load();
+        ck_pr_barrier();
+    else
+        ck_pr_fence_atomic_load();
     if (any_idle(s))
         wake_if_needed(s);
     return 0;

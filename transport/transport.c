@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "common/log_internal.h"
+#include "common/spin.h"
 #include "transport/lbuf.h"
 #include "transport/transport_ops.h"
 
@@ -259,20 +260,53 @@ static void deliver(struct vrpc_cq *cq, unsigned n)
  * on the host unchanged). */
 #define PINNED_YIELD_NS 100000u
 
+/* The poller's busy window (vrpc_cq_attr.busy_poll_us and busy_poll_max_us):
+ * fixed, for ever, or adaptive (common/spin.h: twice the recent gaps between
+ * completion batches, between the two bounds). Poller only. */
+struct busy_window {
+    uint64_t floor_ns, cap_ns; /* cap_ns > floor_ns: adaptive */
+    uint64_t ns;               /* the current window; UINT64_MAX: always */
+    uint64_t last_batch;       /* when the previous batch was delivered */
+    struct vrpc_spin_est est;
+};
+
+static void busy_window_init(struct busy_window *bw, const struct vrpc_cq_attr *a, uint64_t now)
+{
+    memset(bw, 0, sizeof *bw);
+    bw->floor_ns = (uint64_t)a->busy_poll_us * 1000u;
+    bw->cap_ns = a->busy_poll_max_us > a->busy_poll_us && a->busy_poll_us ? (uint64_t)a->busy_poll_max_us * 1000u : 0;
+    bw->ns = a->busy_poll_us == VRPC_BUSY_POLL_ALWAYS ? UINT64_MAX : bw->floor_ns;
+    bw->last_batch = now;
+}
+
+/* A batch was delivered at now: the gap since the last one is a sample. */
+static inline void busy_window_batch(struct busy_window *bw, uint64_t now)
+{
+    if (!bw->cap_ns)
+        return;
+    vrpc_spin_est_add(&bw->est, now - bw->last_batch, bw->cap_ns);
+    bw->ns = vrpc_spin_window_ns(&bw->est, bw->floor_ns, bw->cap_ns);
+    bw->last_batch = now;
+}
+
 static void *poller_main(void *arg)
 {
     struct vrpc_cq *cq = arg;
     const struct vrpc_transport_ops *ops = cq->tp->ops;
-    uint64_t busy_ns = (uint64_t)cq->attr.busy_poll_us * 1000u, idle_since = vrpc_tp_now_ns();
+    uint64_t idle_since = vrpc_tp_now_ns();
     uint64_t yielded = idle_since, now;
+    struct busy_window bw;
     int n;
 
+    busy_window_init(&bw, &cq->attr, idle_since);
     for (;;) {
         n = ops->cq_poll(cq, cq->wc, cq->attr.depth);
         if (n > 0) {
             deliver(cq, (unsigned)n);
-            if (busy_ns)
+            if (bw.ns) {
                 idle_since = vrpc_tp_now_ns();
+                busy_window_batch(&bw, idle_since);
+            }
             /* pinned: the callback likely readied a thread of this CPU (a
              * worker, a waiting caller); let it run before polling again */
             if (cq->attr.cpu >= 0) {
@@ -283,7 +317,8 @@ static void *poller_main(void *arg)
         }
         if (atomic_load_explicit(&cq->stopping, memory_order_acquire))
             break;
-        if (busy_ns && (now = vrpc_tp_now_ns()) - idle_since < busy_ns) {
+        /* (bw.ns == UINT64_MAX, always: the test below always holds) */
+        if (bw.ns && (now = vrpc_tp_now_ns()) - idle_since < bw.ns) {
             /* Spinning. Unpinned: let a runnable thread of this CPU go first
              * (on an oversubscribed machine the peer we wait for may be one).
              * Pinned: the threads it serves on its CPU sleep (or spin by
@@ -305,6 +340,7 @@ static void *poller_main(void *arg)
         if (n > 0) {
             deliver(cq, (unsigned)n);
             idle_since = vrpc_tp_now_ns();
+            busy_window_batch(&bw, idle_since);
             continue;
         }
         if (atomic_load_explicit(&cq->stopping, memory_order_acquire))

@@ -37,6 +37,7 @@ static struct {
     unsigned long calls, exit_after;
     unsigned size;
     bool no_spin, duration_set;
+    uint32_t spin_us;     /* --spin adaptive|always|N: the latency mode (spin_us) */
     const char *payloads; /* --payload LIST: the large-message mode */
     unsigned rounds;
     bool split; /* placement: client side on ccpu, server side on scpu */
@@ -103,6 +104,7 @@ static struct vrpc_server *server_start(const char *uri)
     int rc;
     vrpc_server_opts_init(&o);
     o.no_spin = g.no_spin;
+    o.spin_us = g.spin_us;
     o.cpu_mask = g.split ? cpu_bit(g.scpu) : 0; /* its poller and workers */
     if ((rc = vrpc_server_create(&o, &s)) || (rc = vrpc_server_register(s, &m_echo, h_echo, NULL)) ||
         (rc = vrpc_server_start(s, uri))) {
@@ -120,6 +122,7 @@ static struct vrpc_channel *channel_open(const char *uri)
     vrpc_channel_opts_init(&o);
     o.src_addr = g.client_ip;
     o.no_spin = g.no_spin;
+    o.spin_us = g.spin_us;
     o.cpu_mask = g.split ? cpu_bit(g.ccpu) : 0; /* its poller and workers, with the caller */
     if ((rc = vrpc_channel_create(uri, &o, &ch)) || (rc = vrpc_channel_connect(ch, 10000))) {
         fprintf(stderr, "rpc_bench: channel to %s: %s\n", uri, strerror(-rc));
@@ -294,6 +297,7 @@ static void tp_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, void
 
 static void tp_open(struct tp *t, bool server, int cpu)
 {
+    struct vrpc_rpc_spin sp;
     struct vrpc_cq_attr ca;
     memset(t, 0, sizeof(*t));
     t->server = server;
@@ -305,8 +309,10 @@ static void tp_open(struct tp *t, bool server, int cpu)
     vrpc_cq_attr_init(&ca);
     ca.cb = tp_cb;
     ca.cb_arg = t;
-    ca.busy_poll_us = g.no_spin ? 0 : VRPC_RPC_BUSY_POLL_US; /* as the RPC core's pollers */
-    ca.cpu = cpu;                                            /* as the RPC core's pollers are placed */
+    vrpc_rpc_spin_mode(g.no_spin, g.spin_us, &sp); /* as the RPC core's pollers */
+    ca.busy_poll_us = sp.poll_us;
+    ca.busy_poll_max_us = sp.poll_max_us;
+    ca.cpu = cpu; /* as the RPC core's pollers are placed */
     if (vrpc_cq_create(t->t, &ca, &t->cq))
         exit(1);
     for (int i = 0; i < 64; i++) {
@@ -545,7 +551,8 @@ static void usage(FILE *f, const char *argv0)
 {
     fprintf(f,
             "usage: %s [--backend tcp|verbs] [--json] [--quick] [--duration-ms N] [--server-ip IP]\n"
-            "          [--client-ip IP] [--no-spin] [--rounds N] [--placement split|none|C,S]\n"
+            "          [--client-ip IP] [--no-spin] [--spin adaptive|always|US] [--rounds N]\n"
+            "          [--placement split|none|C,S]\n"
             "       %s --role server --listen URI [--exit-after CALLS] [--placement ...]\n"
             "       %s --role client --connect URI --calls N [--size BYTES] [--placement ...]\n"
             "       %s --payload 65536,1048576,16777216 [--backend ...] [--json] [--duration-ms N]\n"
@@ -555,6 +562,9 @@ static void usage(FILE *f, const char *argv0)
             "--placement: split (default with 2+ CPUs): the client side (calling thread, channel\n"
             "poller and workers; the transport client; gRPC's client process) on the first CPU\n"
             "we may use, the server side on the second; C,S: on CPUs C and S; none: unpinned.\n"
+            "--spin: the latency mode of both sides (vrpc_channel_opts.spin_us): adaptive (the\n"
+            "default), always (pollers, waiting callers and idle workers never sleep), or a fixed\n"
+            "window in microseconds; the transport ping-pong's pollers follow it.\n"
             "Verbs: --server-ip defaults to\n"
             "VRPC_VERBS_IP (or VRPC_VERBS_IP_B, with VRPC_VERBS_IP_A as --client-ip).\n"
             "--payload: large messages instead: requests of each size (bytes_per_s), 1 and 4\n"
@@ -613,7 +623,12 @@ int main(int argc, char **argv)
             g.bo.quick = true;
         else if (!strcmp(a, "--no-spin"))
             g.no_spin = true;
-        else if (!strcmp(a, "--backend") && v)
+        else if (!strcmp(a, "--spin") && v) {
+            const char *m = argv[++i];
+            g.spin_us = !strcmp(m, "always")     ? VRPC_SPIN_ALWAYS
+                        : !strcmp(m, "adaptive") ? VRPC_SPIN_ADAPTIVE
+                                                 : (uint32_t)strtoul(m, NULL, 10);
+        } else if (!strcmp(a, "--backend") && v)
             g.backend = argv[++i];
         else if (!strcmp(a, "--server-ip") && v)
             g.server_ip = argv[++i];

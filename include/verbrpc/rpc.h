@@ -154,6 +154,32 @@ enum vrpc_channel_state {
 };
 VRPC_API const char *vrpc_channel_state_name(enum vrpc_channel_state st);
 
+/* Latency modes (vrpc_channel_opts.spin_us, vrpc_server_opts.spin_us): how
+ * long the threads that wait for the network busy-wait before they sleep.
+ * Spinning saves the wake-up a sleeper pays when its message comes (an epoll
+ * or futex wake, on an idle CPU of a VM a wake from idle: tens of us); it
+ * costs the CPU it spins on, while nothing comes.
+ *
+ * VRPC_SPIN_ADAPTIVE (0): pollers spin twice the recent gaps between their
+ * completions and synchronous callers twice the recent round trips (EWMAs),
+ * at least 50 us and at most VRPC_SPIN_ADAPTIVE_MAX_US per wait; when most
+ * recent waits were longer than that (sparse traffic, slow handlers), 50 us.
+ * Idle workers adapt between 12.5 and 200 us (vrpc_sched_config.spin_us).
+ * On a fast link this is the fixed 50 us of earlier versions; on a slow one
+ * (a VM, emulated RDMA) it follows the round trip instead of paying a wake-up
+ * per message. Idle, nothing spins.
+ * VRPC_SPIN_ALWAYS: never sleep. The poller busy-polls, idle workers spin
+ * and waiting callers spin until answered: every core they run on is busy
+ * all the time, idle or not. For dedicated cores, as perftest and HPC
+ * frameworks run; with fewer cores than spinning threads it is slower, not
+ * faster (they take turns). A caller running on its pinned poller's CPU
+ * (cpu_mask) still sleeps at once.
+ * N: a fixed window of N microseconds for the poller and callers (workers
+ * adapt around it, as vrpc_sched_config.spin_us says). */
+#define VRPC_SPIN_ADAPTIVE 0u
+#define VRPC_SPIN_ALWAYS UINT32_MAX
+#define VRPC_SPIN_ADAPTIVE_MAX_US 1000u
+
 struct vrpc_channel_opts {
     struct vrpc_sched *sched;    /* workers for async callbacks; NULL: the channel
                                     creates its own with `threads` workers. A caller's
@@ -176,7 +202,18 @@ struct vrpc_channel_opts {
                                     it picks the device); NULL: any. Copied. */
     bool no_spin;                /* never busy-wait (poller, own workers, synchronous
                                     waiters sleep at once): lower latency is traded
-                                    for CPU; for CPU accounting, e.g. under callgrind */
+                                    for CPU; for CPU accounting, e.g. under callgrind.
+                                    Overrides spin_us. */
+    uint32_t spin_us;            /* the latency mode: how long the channel's poller,
+                                    its synchronous callers waiting for a response
+                                    and the idle workers of its own scheduler spin
+                                    before they sleep (a caller's scheduler keeps its
+                                    own setting). VRPC_SPIN_ADAPTIVE (0, the default):
+                                    about as long as recent waits took, see
+                                    VRPC_SPIN_ADAPTIVE; VRPC_SPIN_ALWAYS: never sleep,
+                                    the lowest latency for a poller and workers that
+                                    keep their CPUs busy even when idle (dedicated
+                                    cores); N: that many microseconds each */
     uint64_t max_pinned;         /* bytes the channel's large-message buffers may
                                     keep registered (vrpc_transport_attr.max_pinned);
                                     0: 256 MiB; must be >= max_msg_size */
@@ -364,6 +401,9 @@ struct vrpc_server_opts {
                                       each client's own limit. */
     uint32_t max_depth;       /* protobuf nesting limit for requests; 0: 64 */
     bool no_spin;             /* never busy-wait (see vrpc_channel_opts) */
+    uint32_t spin_us;         /* the latency mode of the server's pollers and of
+                                 the idle workers of its own scheduler, as
+                                 vrpc_channel_opts.spin_us (no_spin overrides it) */
     uint64_t max_pinned;      /* bytes the server's large-message buffers may
                                       keep registered; 0: 256 MiB; >= max_msg_size */
     uint32_t hold_timeout_ms; /* a client that has not read (DONE) a large

@@ -61,12 +61,18 @@ static inline void vrpc_task_init(struct vrpc_task *t, vrpc_task_fn fn)
 struct vrpc_sched;
 struct vrpc_sched_producer;
 
+/* vrpc_sched_config.spin_us: idle workers spin for ever. */
+#define VRPC_SCHED_SPIN_ALWAYS UINT32_MAX
+
 struct vrpc_sched_config {
     unsigned nworkers;      /* 0: number of online CPUs */
     unsigned deque_size;    /* per-worker deque slots, power of two; 0: 4096 */
     unsigned spin_us;       /* how long an idle worker keeps looking for work before it
                                sleeps (adapted between spin_us / 4 and 4 * spin_us;
-                               with spin_yield, always 4 * spin_us); 0: 50 us */
+                               with spin_yield, always 4 * spin_us); 0: 50 us;
+                               VRPC_SCHED_SPIN_ALWAYS: idle workers never sleep
+                               (all of them may spin at once): for workers that
+                               have cores to themselves */
     bool pin_cpus;          /* pin worker i to the (i mod n)-th CPU the process may run on */
     uint64_t cpu_mask;      /* if nonzero: pin worker i to the (i mod n)-th CPU set in
                                it instead (bit c = CPU c, CPUs 0..63), whatever

@@ -320,12 +320,17 @@ VRPC_API uint32_t vrpc_pool_avail(const struct vrpc_pool *pool);
 /* Called on the CQ's poller thread with n >= 1 completions; see "Completions". */
 typedef void (*vrpc_cq_cb)(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, void *arg);
 
+/* vrpc_cq_attr.busy_poll_us: busy-poll for ever, never sleep. */
+#define VRPC_BUSY_POLL_ALWAYS UINT32_MAX
+
 struct vrpc_cq_attr {
     vrpc_cq_cb cb; /* required */
     void *cb_arg;
     uint32_t busy_poll_us; /* spin this long without completions before arming
                               and sleeping; 0: sleep right away (poll, arm,
-                              poll, sleep). TCP: bytes of a large transfer
+                              poll, sleep); VRPC_BUSY_POLL_ALWAYS: never arm
+                              nor sleep (the poller keeps its CPU busy: for a
+                              dedicated core). TCP: bytes of a large transfer
                               (vrpc_ep_read data in or out) count as activity
                               too, so a poller does not sleep while one runs */
     uint32_t depth;        /* completions per callback batch, at most; 0: 64 */
@@ -337,6 +342,11 @@ struct vrpc_cq_attr {
                               polls): threads of its CPU that wait for it should
                               sleep, not spin. */
     const char *name;      /* poller thread name (<=15 chars); NULL: "vrpc-cq" */
+    /* Adaptive window if > busy_poll_us (> 0): the poller spins twice the
+     * recent gaps between its completion batches (an EWMA of the gaps up to
+     * this long), at least busy_poll_us and at most this; when most recent
+     * gaps were longer (sparse traffic), busy_poll_us. 0: fixed busy_poll_us. */
+    uint32_t busy_poll_max_us;
 };
 
 VRPC_API void vrpc_cq_attr_init(struct vrpc_cq_attr *attr);

@@ -166,8 +166,8 @@ static void test_ring_exactly_once(void **state)
     for (int i = 0; i < 3; i++)
         assert_int_equal(pthread_create(&th[i], NULL, ring_consumer, c), 0);
     for (uint32_t i = 0; i < n; i++)
-        while (!vrpc_ring_push(&c->ring, &c->items[i].t))
-            ck_pr_stall(); /* full: consumers will make room */
+        while (!vrpc_ring_push(&c->ring, &c->items[i].t, (i & 1) != 0)) /* both ways of publishing */
+            ck_pr_stall();                                              /* full: consumers will make room */
     for (int i = 0; i < 3; i++)
         pthread_join(th[i], NULL);
     assert_int_equal(vrpc_ring_size(&c->ring), 0);
