@@ -47,6 +47,74 @@ static int unpack_response(struct vrpc_pending_slot *s, struct vrpc_arena *a, Pr
     return rc;
 }
 
+/* ---- response metadata (vrpc_call_opts.resp_md) ----------------------------- */
+
+/* Poller: append a metadata block to the slot's copy. False: no memory
+ * (the metadata is then dropped, the call goes on). */
+static bool md_append(struct vrpc_pending_slot *s, const uint8_t *md, uint32_t len)
+{
+    if (s->md_len + len > s->md_cap) {
+        uint32_t cap = s->md_len + len < 256 ? 256 : s->md_len + len;
+        uint8_t *nb = realloc(s->md, cap);
+        if (!nb)
+            return false;
+        s->md = nb;
+        s->md_cap = cap;
+    }
+    memcpy(s->md + s->md_len, md, len);
+    s->md_len += len;
+    return true;
+}
+
+void vrpc_ch_unary_headers(struct vrpc_conn *c, struct vrpc_pending_slot *s, const struct vrpc_wire_hdr *h,
+                           const uint8_t *md)
+{
+    if (s->hdrs) {
+        vrpc_ch_protocol_error(c, "HEADERS twice for one call", -EPROTO);
+        return;
+    }
+    s->hdrs = true;
+    if (s->resp_md && h->md_len && md_append(s, md, h->md_len))
+        s->imd_len = h->md_len;
+}
+
+/* Entries of one block into r (up to its cap; the rest counted dropped). */
+static size_t md_block_out(struct vrpc_resp_md *r, size_t at, const uint8_t *p, uint32_t len)
+{
+    struct vrpc_metadata tmp[VRPC_MD_MAX];
+    int n = len ? vrpc_wire_md_decode(p, len, tmp, VRPC_MD_MAX) : 0;
+    size_t k = 0;
+    for (int i = 0; i < n; i++) {
+        if (at + k < r->cap)
+            r->entries[at + k++] = tmp[i];
+        else
+            r->n_dropped++;
+    }
+    return k;
+}
+
+/* The owner, once the outcome is published: fill the caller's resp_md. a:
+ * copy the blocks into this arena (a synchronous call's: the slot's copy
+ * is reused once the slot frees); NULL: point into the slot (an async
+ * callback's, valid while it runs). */
+static void resp_md_fill(struct vrpc_pending_slot *s, struct vrpc_arena *a)
+{
+    struct vrpc_resp_md *r = s->resp_md;
+    if (!r)
+        return;
+    r->n_initial = r->n_trailing = r->n_dropped = 0;
+    if (!__atomic_load_n(&s->md_final, __ATOMIC_ACQUIRE) || !s->md_len)
+        return;
+    uint8_t *p = s->md;
+    if (a) {
+        if (!(p = vrpc_arena_alloc(a, s->md_len)))
+            return;
+        memcpy(p, s->md, s->md_len);
+    }
+    r->n_initial = md_block_out(r, 0, p, s->imd_len);
+    r->n_trailing = md_block_out(r, r->n_initial, p + s->imd_len, s->md_len - s->imd_len);
+}
+
 /* ---- completing a call ------------------------------------------------- */
 
 /* Async completion on a worker: unpack, run the callback, release. */
@@ -67,6 +135,7 @@ static void async_done_task(struct vrpc_task *t)
             msg = m;
     }
     call_metrics(ch, s->method, s->st.code, s->start_ns);
+    resp_md_fill(s, NULL);
     s->cb(&s->st, msg, s->cb_arg);
     /* resp was valid only during the callback: its large buffer goes back
      * now rather than at this worker's next unpack */
@@ -198,6 +267,11 @@ static void on_response(struct vrpc_channel *ch, struct vrpc_conn *c, const stru
     if (slot_is_stream(s)) {
         vrpc_ch_stream_on_response(ch, c, s, h, payload - h->md_len, payload);
         return;
+    }
+    if (s->resp_md) { /* the trailers, then md is complete (resp_md_fill) */
+        if (h->md_len)
+            md_append(s, payload - h->md_len, h->md_len);
+        __atomic_store_n(&s->md_final, true, __ATOMIC_RELEASE);
     }
     /* a RESPONSE also ends the grant of a request payload the server did not read */
     if (vrpc_offer_granted(&s->out, h->request_id))
@@ -386,6 +460,7 @@ static void call_open(struct vrpc_channel *ch, struct vrpc_conn *c, const struct
     if (cs->cb)
         conn_ref(c);
     s->qent = NULL;
+    s->resp_md = cs->o ? cs->o->resp_md : NULL;
     open_call(ch, s, id);
     check_expired(ch, cs->deadline, id);
 }
@@ -484,6 +559,8 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
                         m->full_name);
         return VRPC_UNIMPLEMENTED;
     }
+    if (o && o->resp_md) /* every outcome writes it; a call that gets a slot fills it */
+        o->resp_md->n_initial = o->resp_md->n_trailing = o->resp_md->n_dropped = 0;
     cs.m = m;
     cs.req = req;
     cs.o = o;
@@ -569,6 +646,7 @@ int vrpc_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m, const P
     } else if (st != &local) {
         *st = s->st;
     }
+    resp_md_fill(s, vrpc_rpc_tls_arena());
     if (s->deadline_ns != VRPC_NO_DEADLINE)
         vrpc_timer_cancel(ch->wheel, &s->timer);
     call_metrics(ch, m, code, s->start_ns);

@@ -72,7 +72,8 @@ struct queued {
     void *arg;
     int64_t deadline;
     struct vrpc_timer timer; /* its deadline while queued */
-    struct vrpc_task task;   /* runs cb when it failed while queued */
+    struct vrpc_resp_md *resp_md;
+    struct vrpc_task task; /* runs cb when it failed while queued */
     struct vrpc_status st;
 };
 
@@ -241,6 +242,9 @@ void vrpc_ch_fail_pending(struct vrpc_channel *ch, struct vrpc_conn *c, enum vrp
  * hold. Drops an async call's own reference of c. */
 void vrpc_ch_request_go(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s, uint32_t gen,
                         struct vrpc_buf *b, uint32_t flen, int rc, enum vrpc_send_ctx ctx);
+/* Poller: HEADERS for a unary call's slot s (its initial metadata). */
+void vrpc_ch_unary_headers(struct vrpc_conn *c, struct vrpc_pending_slot *s, const struct vrpc_wire_hdr *h,
+                           const uint8_t *md);
 /* The client's RESPONSE entry (poller). */
 void vrpc_ch_on_response(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h, const uint8_t *body);
 
@@ -254,6 +258,11 @@ void vrpc_ch_on_response(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h
  * open decides it here (decide makes it exactly once). */
 static inline void open_call(struct vrpc_channel *ch, struct vrpc_pending_slot *s, uint64_t id)
 {
+    s->hdrs = false;
+    if (s->resp_md) {
+        s->md_len = s->imd_len = 0;
+        s->md_final = false;
+    }
     if (s->deadline_ns != VRPC_NO_DEADLINE)
         vrpc_timer_arm(ch->wheel, &s->timer, s->deadline_ns, vrpc_ch_deadline_fired, ch, id);
     vrpc_pending_open(s);

@@ -162,6 +162,7 @@ static void stream_open(struct vrpc_stream *s, const struct vrpc_stream_opts *o,
     slot->start_ns = s->start_ns;
     slot->out.zc = 0;
     slot->qent = NULL;
+    slot->resp_md = NULL;
     pthread_mutex_lock(&ch->slock);
     ch->streams[slot->index] = s;
     pthread_mutex_unlock(&ch->slock);

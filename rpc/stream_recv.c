@@ -20,15 +20,15 @@ void vrpc_ch_stream_slot_cb(const struct vrpc_status *st, const ProtobufCMessage
 
 /* The stream a frame of c names, with ch->slock held (the caller unlocks),
  * or NULL with *err set for a protocol error (NULL, *err NULL: the stream
- * ended here, the frame crossed our CANCEL: dropped). unary_ok: for a unary
- * call's id *unary is set and NULL returned without an error. */
+ * ended here, the frame crossed our CANCEL: dropped). unary: for a unary
+ * call's id *unary is its slot and NULL returned without an error. */
 static struct vrpc_stream *frame_stream(struct vrpc_channel *ch, struct vrpc_conn *c, const struct vrpc_wire_hdr *h,
-                                        const char *what, bool *unary, const char **err)
+                                        const char *what, struct vrpc_pending_slot **unary, const char **err)
 {
     struct vrpc_pending_slot *slot = vrpc_pending_lookup(ch->pend, h->request_id);
     *err = NULL;
     if (unary)
-        *unary = false;
+        *unary = NULL;
     pthread_mutex_lock(&ch->slock);
     if (!slot || __atomic_load_n((struct vrpc_conn **)&slot->conn, __ATOMIC_ACQUIRE) != c ||
         ((uint32_t)__atomic_load_n(&slot->xfer, __ATOMIC_ACQUIRE) & VRPC_PEND_XFER_SEEN)) {
@@ -37,7 +37,7 @@ static struct vrpc_stream *frame_stream(struct vrpc_channel *ch, struct vrpc_con
     }
     if (!slot_is_stream(slot)) {
         if (unary)
-            *unary = true;
+            *unary = slot;
         else
             *err = what;
         return NULL;
@@ -128,7 +128,7 @@ void vrpc_ch_on_headers(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h,
     struct vrpc_conn *c = client_conn(b);
     struct vrpc_channel *ch = c->ch;
     const char *err;
-    bool unary;
+    struct vrpc_pending_slot *unary;
 
     struct vrpc_stream *s = frame_stream(ch, c, h, "HEADERS for a request id not in use", &unary, &err);
     if (s) {
@@ -144,11 +144,11 @@ void vrpc_ch_on_headers(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h,
         }
         pthread_mutex_unlock(&s->mu);
     }
-    /* a unary call's initial metadata: accepted (vrpc_call_opts.resp_md is
-     * not filled by this client yet) */
     pthread_mutex_unlock(&ch->slock);
     if (err)
         vrpc_ch_protocol_error(c, err, -EPROTO);
+    else if (unary) /* a unary call's initial metadata */
+        vrpc_ch_unary_headers(c, unary, h, body);
 }
 
 void vrpc_ch_on_window(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h, const uint8_t *body)

@@ -783,6 +783,113 @@ static void test_shapes(void **state)
     fake_close(&f);
 }
 
+/* Unary response metadata (vrpc_call_opts.resp_md): HEADERS' entries then
+ * the RESPONSE's trailers, for a synchronous and an asynchronous call;
+ * beyond cap they are counted dropped; a HEADERS twice closes the
+ * connection. */
+struct unary_md {
+    struct fake *f;
+    unsigned from;
+    int ncalls;
+};
+static void *unary_md_server(void *arg)
+{
+    struct unary_md *u = arg;
+    for (int k = 0; k < u->ncalls; k++) {
+        int i = fake_wait(u->f, VRPC_FT_REQUEST, &u->from, 5000);
+        if (i < 0)
+            return NULL;
+        uint64_t id = u->f->recs[i].h.request_id;
+        srv_headers(u->f, id, "i", "one");
+        uint8_t buf[64];
+        Vrpctest__EchoReply r = VRPCTEST__ECHO_REPLY__INIT;
+        r.seq = 3;
+        size_t n = vrpctest__echo_reply__pack(&r, buf);
+        struct vrpc_metadata e[2] = {{.key = "t1", .value = "x", .value_len = 1},
+                                     {.key = "t2", .value = "yy", .value_len = 2}};
+        uint8_t md[128];
+        struct vrpc_wire_hdr h = {.type = VRPC_FT_RESPONSE, .request_id = id, .payload_len = (uint32_t)n};
+        h.md_len = (uint32_t)vrpc_wire_md_size(e, 2);
+        vrpc_wire_md_encode(md, e, 2);
+        uint8_t fr[256];
+        memcpy(fr, md, h.md_len);
+        memcpy(fr + h.md_len, buf, n);
+        h.version = VRPC_WIRE_VERSION;
+        struct vrpc_buf *b = vrpc_pool_get(u->f->pool);
+        vrpc_wire_hdr_encode(b->data, &h);
+        memcpy(b->data + VRPC_WIRE_HDR_LEN, fr, h.md_len + n);
+        vrpc_ep_send(__atomic_load_n(&u->f->ep, __ATOMIC_ACQUIRE), b, VRPC_WIRE_HDR_LEN + h.md_len + (uint32_t)n, 0, 0,
+                     0);
+    }
+    return NULL;
+}
+
+struct async_md {
+    struct vrpc_resp_md *rm;
+    unsigned done; /* atomic */
+    int code;
+    bool ok;
+};
+static void async_md_cb(const struct vrpc_status *st, const ProtobufCMessage *resp, void *arg)
+{
+    struct async_md *a = arg;
+    a->code = st->code;
+    a->ok = resp && a->rm->n_initial == 1 && a->rm->n_trailing == 2 && strcmp(a->rm->entries[2].key, "t2") == 0 &&
+            a->rm->entries[2].value_len == 2 && memcmp(a->rm->entries[2].value, "yy", 2) == 0;
+    __atomic_store_n(&a->done, 1, __ATOMIC_RELEASE);
+}
+
+static void test_unary_resp_md(void **state)
+{
+    (void)state;
+    struct fake f;
+    fake_open(&f, 8);
+    struct vrpc_channel *ch = new_channel(f.uri, 8);
+    connect_fake(ch, &f);
+    struct unary_md u = {.f = &f, .ncalls = 3};
+    pthread_t t;
+    pthread_create(&t, NULL, unary_md_server, &u);
+    struct vrpc_metadata ents[3];
+    struct vrpc_resp_md rm = {.entries = ents, .cap = 3};
+    struct vrpc_call_opts o = {.resp_md = &rm};
+    Vrpctest__EchoRequest r = req_of(1);
+    ProtobufCMessage *resp;
+    struct vrpc_status st;
+    assert_int_equal(vrpc_call(ch, &m_unary, &r.base, &resp, &o, &st), VRPC_OK);
+    assert_int_equal(((Vrpctest__EchoReply *)resp)->seq, 3);
+    assert_int_equal(rm.n_initial, 1);
+    assert_int_equal(rm.n_trailing, 2);
+    assert_int_equal(rm.n_dropped, 0);
+    assert_string_equal(ents[0].key, "i");
+    assert_memory_equal(ents[0].value, "one", 3);
+    assert_string_equal(ents[1].key, "t1");
+    assert_string_equal(ents[2].key, "t2");
+    rm.cap = 1; /* the trailers do not fit */
+    assert_int_equal(vrpc_call(ch, &m_unary, &r.base, &resp, &o, &st), VRPC_OK);
+    assert_int_equal(rm.n_initial, 1);
+    assert_int_equal(rm.n_trailing, 0);
+    assert_int_equal(rm.n_dropped, 2);
+    rm.cap = 3;
+    struct async_md a = {.rm = &rm};
+    assert_int_equal(vrpc_call_async(ch, &m_unary, &r.base, &o, async_md_cb, &a), 0);
+    for (int i = 0; i < 5000 && !__atomic_load_n(&a.done, __ATOMIC_ACQUIRE); i++)
+        usleep(1000);
+    assert_int_equal(a.code, VRPC_OK);
+    assert_true(a.ok);
+    pthread_join(t, NULL);
+    /* a call without resp_md ignores HEADERS; twice is a protocol error */
+    struct unary_bg bg = {.ch = ch};
+    pthread_create(&t, NULL, unary_main, &bg);
+    int i = fake_wait(&f, VRPC_FT_REQUEST, &u.from, 5000);
+    assert_true(i >= 0);
+    srv_headers(&f, f.recs[i].h.request_id, "a", "1");
+    srv_headers(&f, f.recs[i].h.request_id, "a", "2");
+    pthread_join(t, NULL);
+    assert_int_equal(bg.code, VRPC_UNAVAILABLE);
+    vrpc_channel_destroy(ch);
+    fake_close(&f);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -795,9 +902,13 @@ static int setup(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bidi_sync_windows),          cmocka_unit_test(test_deadline_and_cancel),
-        cmocka_unit_test(test_loss_and_channel_destroy),   cmocka_unit_test(test_bad_server_frames),
-        cmocka_unit_test(test_callbacks_and_async_writes), cmocka_unit_test(test_shapes),
+        cmocka_unit_test(test_bidi_sync_windows),
+        cmocka_unit_test(test_deadline_and_cancel),
+        cmocka_unit_test(test_loss_and_channel_destroy),
+        cmocka_unit_test(test_bad_server_frames),
+        cmocka_unit_test(test_callbacks_and_async_writes),
+        cmocka_unit_test(test_shapes),
+        cmocka_unit_test(test_unary_resp_md),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
