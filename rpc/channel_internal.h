@@ -324,6 +324,9 @@ void vrpc_ch_offer_request(struct vrpc_channel *ch, struct vrpc_conn *c, struct 
 /* Poller: RESPONSE|RNDV: read the payload (unless the call is already over). */
 void vrpc_ch_on_large_response(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s,
                                const struct vrpc_wire_hdr *h, const uint8_t *descp);
+/* Poller: DONE with code for the RNDV payload of id (never waits; closes c
+ * if it cannot go). */
+void vrpc_ch_send_done(struct vrpc_channel *ch, struct vrpc_conn *c, uint64_t id, enum vrpc_code code);
 /* The client's DONE entry (poller). */
 void vrpc_ch_on_done(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h, const uint8_t *body);
 /* Poller: the REVOKE completion of the call's grant. */

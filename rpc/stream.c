@@ -484,7 +484,7 @@ int vrpc_stream_trailing_metadata_get(const struct vrpc_stream *s, const char *k
 void vrpc_stream_free(struct vrpc_stream *s)
 {
     struct smsg *n;
-    while ((n = smq_pop(&s->rx)))
+    while ((n = smq_pop(&s->rx)) || (n = smq_pop(&s->rx_hold)))
         free(n);
     while ((n = s->spare)) {
         s->spare = n->next;

@@ -30,6 +30,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <verbrpc/stream.h>
 #include "rpc/arena.h"
 #include "rpc/channel_internal.h"
@@ -68,6 +69,8 @@ struct vrpc_stream {
     /* under mu: */
     struct smq rx;          /* received, not yet consumed */
     struct smq tx;          /* async writes waiting for window */
+    struct smq rx_hold;     /* received behind a large MESSAGE being read */
+    bool large_busy;        /* a large MESSAGE is being read (rpc/stream_large.c) */
     struct smsg *spare;     /* free nodes */
     uint32_t rx_window;     /* ours (the HELLO's stream_window) */
     uint64_t rx_allowed;    /* MESSAGEs the server may send: window + returned */
@@ -110,6 +113,15 @@ void vrpc_ch_stream_on_response(struct vrpc_channel *ch, struct vrpc_conn *c, st
 void vrpc_ch_on_message(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h, const uint8_t *body);
 void vrpc_ch_on_headers(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h, const uint8_t *body);
 void vrpc_ch_on_window(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h, const uint8_t *body);
+
+/* ---- rpc/stream_large.c: large MESSAGEs from the server ------------------- */
+
+/* Poller, ch->slock held: MESSAGE|RNDV of stream s (window counted by the
+ * caller): read it into a large buffer through the slot's rndv_in. NULL or
+ * a protocol error. */
+const char *vrpc_ch_stream_large_in(struct vrpc_stream *s, const struct vrpc_wire_hdr *h, const uint8_t *descp);
+/* Poller: the READ of a large stream MESSAGE finished (or failed to start). */
+void vrpc_ch_stream_read_done(struct vrpc_channel *ch, struct vrpc_pending_slot *slot, int status);
 
 /* The stream task: callbacks, async writes, window, release (s->mu held:
  * submits s->task unless it is scheduled; on_poller: through the
@@ -160,8 +172,14 @@ static inline struct smsg *smq_pop(struct smq *q)
     return n;
 }
 
+/* Nodes above this go back to malloc, not to the spare list. */
+#define SMSG_SPARE_MAX (64u << 10)
 static inline void spare_put_locked(struct vrpc_stream *s, struct smsg *n)
 {
+    if (n->cap > SMSG_SPARE_MAX) {
+        free(n);
+        return;
+    }
     n->next = s->spare;
     s->spare = n;
 }

@@ -71,6 +71,10 @@ static const char *message_in_locked(struct vrpc_stream *s, const uint8_t *paylo
     }
     memcpy(n->data, payload, len);
     n->len = len;
+    if (s->large_busy) { /* in order: after the large one being read */
+        smq_push(&s->rx_hold, n);
+        return NULL;
+    }
     smq_push(&s->rx, n);
     pthread_cond_broadcast(&s->cond);
     if (s->has_cbs)
@@ -91,9 +95,12 @@ void vrpc_ch_on_message(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h,
     }
     struct vrpc_stream *s = frame_stream(ch, c, h, "stream MESSAGE for a request id not in use", NULL, &err);
     if (s && (h->flags & VRPC_FF_RNDV)) {
-        /* not read by this client yet: the stream fails (under slock, so s
-         * stays), the server's grant ends with the stream */
-        vrpc_stream_fail(s, VRPC_UNIMPLEMENTED, "large stream messages are not supported by this client yet");
+        pthread_mutex_lock(&s->mu);
+        bool beyond = s->rx_got >= s->rx_allowed;
+        if (!beyond)
+            s->rx_got++;
+        pthread_mutex_unlock(&s->mu);
+        err = beyond ? "stream MESSAGE beyond the window" : vrpc_ch_stream_large_in(s, h, body + h->md_len);
     } else if (s) {
         pthread_mutex_lock(&s->mu);
         err = message_in_locked(s, body + h->md_len, h->payload_len, &oom);
@@ -101,6 +108,8 @@ void vrpc_ch_on_message(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h,
         if (oom)
             vrpc_stream_fail(s, VRPC_RESOURCE_EXHAUSTED, "out of memory for a stream message");
     }
+    if (!s && !err && (h->flags & VRPC_FF_RNDV)) /* ended here: the server's grant ends now */
+        vrpc_ch_send_done(ch, c, h->request_id, VRPC_CANCELLED);
     pthread_mutex_unlock(&ch->slock);
     if (err)
         vrpc_ch_protocol_error(c, err, -EPROTO);

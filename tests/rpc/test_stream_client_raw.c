@@ -199,8 +199,10 @@ static void fake_hello(struct fake *f)
     unsigned from = 0;
     assert_true(fake_wait(f, VRPC_FT_HELLO, &from, 5000) >= 0);
     uint8_t p[VRPC_WIRE_HELLO_LEN];
-    struct vrpc_wire_hello hs = {
-        .max_msg_size = 1 << 20, .max_concurrent = 64, .features = VRPC_FEAT_STREAM, .stream_window = f->window};
+    struct vrpc_wire_hello hs = {.max_msg_size = 1 << 20,
+                                 .max_concurrent = 64,
+                                 .features = VRPC_FEAT_STREAM | VRPC_FEAT_LARGE,
+                                 .stream_window = f->window};
     vrpc_wire_hello_encode(p, &hs);
     struct vrpc_wire_hdr h = {.type = VRPC_FT_HELLO_ACK, .payload_len = sizeof(p)};
     fake_send(f, &h, NULL, p);
@@ -890,6 +892,72 @@ static void test_unary_resp_md(void **state)
     fake_close(&f);
 }
 
+/* A large MESSAGE from the server (RNDV): the client reads it, answers DONE
+ * OK keyed by the stream's id, and delivers it in order with the small
+ * ones around it. */
+static void test_large_message_in(void **state)
+{
+    (void)state;
+    struct fake f;
+    fake_open(&f, 8);
+    struct vrpc_channel *ch = new_channel(f.uri, 8);
+    connect_fake(ch, &f);
+    unsigned from = 0;
+    uint64_t id;
+    struct vrpc_stream *s = open_stream(ch, &f, &m_bidi, NULL, &from, &id);
+    size_t big = 300 << 10;
+    uint8_t *pay = malloc(big);
+    for (size_t i = 0; i < big; i++)
+        pay[i] = (uint8_t)(i * 7 + 1);
+    Vrpctest__EchoReply r = VRPCTEST__ECHO_REPLY__INIT;
+    r.seq = 2;
+    r.payload.data = pay;
+    r.payload.len = big;
+    size_t plen = vrpctest__echo_reply__get_packed_size(&r);
+    struct vrpc_buf *lb;
+    assert_int_equal(vrpc_lbuf_get(f.tp, plen, &lb), 0);
+    vrpctest__echo_reply__pack(&r, lb->data);
+    uint32_t rkey;
+    struct vrpc_ep *ep = __atomic_load_n(&f.ep, __ATOMIC_ACQUIRE);
+    assert_int_equal(vrpc_ep_grant(ep, lb->mr, lb->data, (uint32_t)plen, &rkey), 0);
+    srv_msg(&f, id, 1);
+    uint8_t desc[VRPC_WIRE_DESC_LEN];
+    struct vrpc_wire_desc d = {.addr = (uint64_t)(uintptr_t)lb->data, .rkey = rkey};
+    vrpc_wire_desc_encode(desc, &d);
+    struct vrpc_wire_hdr h = {
+        .type = VRPC_FT_MESSAGE, .flags = VRPC_FF_RNDV, .request_id = id, .payload_len = (uint32_t)plen};
+    /* the descriptor stands where the payload would: send it by hand */
+    struct vrpc_buf *b = vrpc_pool_get(f.pool);
+    h.version = VRPC_WIRE_VERSION;
+    vrpc_wire_hdr_encode(b->data, &h);
+    memcpy(b->data + VRPC_WIRE_HDR_LEN, desc, sizeof desc);
+    assert_int_equal(vrpc_ep_send(ep, b, VRPC_WIRE_HDR_LEN + sizeof desc, 0, 0, 0), 0);
+    srv_msg(&f, id, 3);
+    ProtobufCMessage *msg;
+    for (uint64_t want = 1; want <= 3; want++) {
+        assert_int_equal(vrpc_stream_read(s, &msg), 0);
+        Vrpctest__EchoReply *got = (Vrpctest__EchoReply *)msg;
+        assert_int_equal(got->seq, want);
+        if (want == 2) {
+            assert_int_equal(got->payload.len, big);
+            assert_memory_equal(got->payload.data, pay, big);
+        }
+    }
+    unsigned df = from;
+    int di = fake_wait(&f, VRPC_FT_DONE, &df, 5000);
+    assert_true(di >= 0);
+    assert_int_equal(f.recs[di].h.request_id, id);
+    assert_int_equal(f.recs[di].h.status, VRPC_OK);
+    assert_int_equal(vrpc_ep_revoke(ep, rkey, 1), 0);
+    srv_end(&f, id, VRPC_OK, NULL, NULL);
+    assert_int_equal(vrpc_stream_finish(s, NULL, NULL), VRPC_OK);
+    vrpc_stream_destroy(s);
+    vrpc_channel_destroy(ch);
+    fake_close(&f);
+    vrpc_lbuf_put(lb);
+    free(pay);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -909,6 +977,7 @@ int main(void)
         cmocka_unit_test(test_callbacks_and_async_writes),
         cmocka_unit_test(test_shapes),
         cmocka_unit_test(test_unary_resp_md),
+        cmocka_unit_test(test_large_message_in),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
