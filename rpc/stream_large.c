@@ -195,7 +195,6 @@ int vrpc_stream_write_large(struct vrpc_stream *s, const ProtobufCMessage *msg, 
     o->p_nsegs = 0;
     o->p_len = len;
     o->p_id = s->id;
-    o->zc = 0;
     if ((rc = grant_out(s, o))) {
         vrpc_lbuf_put(lb);
         return rc;
