@@ -519,6 +519,83 @@ static void test_loss_and_channel_destroy(void **state)
     fake_close(&f);
 }
 
+/* GOAWAY: the open stream goes on on its connection (messages both ways,
+ * its end); a new stream goes to a new connection. */
+struct start_bg {
+    struct vrpc_channel *ch;
+    struct vrpc_stream *s;
+    int rc;
+};
+static void *start_main(void *arg)
+{
+    struct start_bg *b = arg;
+    b->rc = vrpc_stream_start(b->ch, &m_bidi, NULL, &b->s);
+    return NULL;
+}
+
+static void test_goaway(void **state)
+{
+    (void)state;
+    struct fake f;
+    fake_open(&f, 8);
+    struct vrpc_channel *ch = new_channel(f.uri, 8);
+    connect_fake(ch, &f);
+    unsigned from = 0;
+    uint64_t id;
+    struct vrpc_stream *s = open_stream(ch, &f, &m_bidi, NULL, &from, &id);
+    struct vrpc_ep *ep1 = __atomic_load_n(&f.ep, __ATOMIC_ACQUIRE);
+    struct vrpc_wire_hdr g = {.type = VRPC_FT_GOAWAY};
+    fake_send(&f, &g, NULL, NULL);
+    for (int i = 0; i < 5000 && vrpc_channel_state(ch) == VRPC_CHANNEL_READY; i++)
+        usleep(1000);
+    assert_int_not_equal(vrpc_channel_state(ch), VRPC_CHANNEL_READY);
+    /* a new stream: a second connection (its HELLO answered here) */
+    struct start_bg b = {.ch = ch};
+    pthread_t t;
+    pthread_create(&t, NULL, start_main, &b);
+    unsigned hf = from;
+    assert_true(fake_wait(&f, VRPC_FT_HELLO, &hf, 5000) >= 0);
+    for (int i = 0; i < 5000 && __atomic_load_n(&f.ep, __ATOMIC_ACQUIRE) == ep1; i++)
+        usleep(1000);
+    struct vrpc_ep *ep2 = __atomic_load_n(&f.ep, __ATOMIC_ACQUIRE);
+    assert_ptr_not_equal(ep2, ep1);
+    uint8_t p[VRPC_WIRE_HELLO_LEN];
+    struct vrpc_wire_hello hs = {.max_msg_size = 1 << 20,
+                                 .max_concurrent = 64,
+                                 .features = VRPC_FEAT_STREAM | VRPC_FEAT_LARGE,
+                                 .stream_window = 8};
+    vrpc_wire_hello_encode(p, &hs);
+    struct vrpc_wire_hdr ha = {.type = VRPC_FT_HELLO_ACK, .payload_len = sizeof(p)};
+    fake_send(&f, &ha, NULL, p);
+    pthread_join(t, NULL);
+    assert_int_equal(b.rc, 0);
+    unsigned rf = hf;
+    int ri = fake_wait(&f, VRPC_FT_REQUEST, &rf, 5000);
+    assert_true(ri >= 0);
+    uint64_t id2 = f.recs[ri].h.request_id;
+    /* the old stream, on the old connection, both ways */
+    Vrpctest__EchoRequest r = req_of(4);
+    assert_int_equal(vrpc_stream_write(s, &r.base), 0);
+    unsigned mf = hf;
+    assert_true(fake_wait(&f, VRPC_FT_MESSAGE, &mf, 5000) >= 0);
+    __atomic_store_n(&f.ep, ep1, __ATOMIC_RELEASE);
+    srv_msg(&f, id, 8);
+    srv_end(&f, id, VRPC_OK, NULL, NULL);
+    ProtobufCMessage *msg;
+    assert_int_equal(vrpc_stream_read(s, &msg), 0);
+    assert_int_equal(((Vrpctest__EchoReply *)msg)->seq, 8);
+    assert_int_equal(vrpc_stream_finish(s, NULL, NULL), VRPC_OK);
+    vrpc_stream_destroy(s);
+    __atomic_store_n(&f.ep, ep2, __ATOMIC_RELEASE);
+    srv_end(&f, id2, VRPC_OK, NULL, NULL);
+    assert_int_equal(vrpc_stream_finish(b.s, NULL, NULL), VRPC_OK);
+    vrpc_stream_destroy(b.s);
+    vrpc_channel_destroy(ch);
+    vrpc_ep_close(ep1);
+    vrpc_ep_destroy(ep1);
+    fake_close(&f);
+}
+
 /* Each bad frame a server may send closes the connection and ends the
  * stream UNAVAILABLE. */
 enum bad {
@@ -1070,6 +1147,7 @@ int main(void)
         cmocka_unit_test(test_unary_resp_md),
         cmocka_unit_test(test_large_message_in),
         cmocka_unit_test(test_large_message_out),
+        cmocka_unit_test(test_goaway),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
