@@ -300,6 +300,8 @@ static void abandon_call(struct vrpc_server_call *call)
 static void request_read_done(struct poller *pl, struct vrpc_rndv_in *in, int status)
 {
     struct vrpc_server_call *call = container_of(in, struct vrpc_server_call, in);
+    if (call->st && vrpc_srv_stream_read_done(call, status))
+        return;
     struct sconn *c = call->conn;
     struct vrpc_buf *lb = in->lb;
     in->lb = NULL;

@@ -297,6 +297,9 @@ void vrpc_srv_stream_free(struct vrpc_server_stream *st);
 void vrpc_srv_stream_on_message(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8_t *body);
 void vrpc_srv_stream_on_half_close(struct sconn *c, const struct vrpc_wire_hdr *h);
 void vrpc_srv_stream_on_window(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8_t *body);
+/* Poller: the read of a large client MESSAGE (into call->in) finished, or
+ * failed with status; true if call->in was a stream's (else it is a request's). */
+bool vrpc_srv_stream_read_done(struct vrpc_server_call *call, int status);
 /* Poller: CANCEL of a stream call in flight (generation gen). */
 void vrpc_srv_stream_cancel(struct vrpc_server_call *call, uint32_t gen);
 

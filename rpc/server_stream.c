@@ -37,6 +37,11 @@ void vrpc_srv_stream_drop_in_locked(struct vrpc_server_stream *st)
     while (st->in_head) {
         struct srv_msg *m = st->in_head;
         st->in_head = m->next;
+        if (m == st->rd_node) {
+            m->orphan = true; /* its read's completion frees it */
+            continue;
+        }
+        vrpc_lbuf_put(m->lb);
         free(m);
     }
     st->in_tail = NULL;
@@ -180,8 +185,22 @@ static void deliver_locked(struct vrpc_server_stream *st, struct srv_msg *m)
     const struct vrpc_method_desc *md = call->method;
     uint32_t gen = st->gen;
     ProtobufCMessage *msg = NULL;
+    if (m->failed) { /* its read failed: the stream is ending; it counts as consumed */
+        free(m);
+        consumed_locked(st);
+        return;
+    }
     pthread_mutex_unlock(&st->lock);
-    int rc = vrpc_pb_unpack(md->input, m->data, m->len, call->s->o.max_depth, &st->arena, &msg);
+    int rc;
+    if (m->lb) {
+        rc = vrpc_pb_unpack_ref(md->input, m->lb->data, m->len, call->s->o.max_depth, &st->arena, &msg);
+        if (rc)
+            vrpc_lbuf_put(m->lb);
+        else
+            vrpc_arena_hold(&st->arena, m->lb); /* back at the arena's reset */
+    } else {
+        rc = vrpc_pb_unpack(md->input, m->data, m->len, call->s->o.max_depth, &st->arena, &msg);
+    }
     free(m);
     if (rc) {
         char why[VRPC_STATUS_MSG_MAX];
@@ -237,14 +256,14 @@ static bool step_locked(struct vrpc_server_stream *st)
         vrpc_srv_stream_drop_in_locked(st);
         return true;
     }
-    if (st->in_head) {
+    if (st->in_head && !st->in_head->pending) {
         struct srv_msg *m = st->in_head;
         if (!(st->in_head = m->next))
             st->in_tail = NULL;
         deliver_locked(st, m);
         return true;
     }
-    if (st->hc_pending && !st->ended) {
+    if (st->hc_pending && !st->ended && !st->in_head) {
         st->hc_pending = false;
         if (st->ops->on_half_close)
             RUN_CB(st, st->ops->on_half_close(st, st->user));
@@ -354,10 +373,8 @@ static int message_check_locked(struct sconn *c, struct vrpc_server_stream *st, 
                  c->s->max_payload);
         serr = why;
         code = VRPC_RESOURCE_EXHAUSTED;
-    } else if (h->flags & VRPC_FF_RNDV) {
-        serr = "large messages inside a stream are not served by this server yet";
-        code = VRPC_UNIMPLEMENTED;
-    }
+    } else if ((h->flags & VRPC_FF_RNDV) && st->rd_busy)
+        perr = "a second large MESSAGE before the DONE of the first";
     if (!perr && !serr)
         return 0;
     pthread_mutex_unlock(&st->lock);
@@ -371,6 +388,120 @@ static int message_check_locked(struct sconn *c, struct vrpc_server_stream *st, 
     return -1;
 }
 
+/* Append m to the client's messages (lock held). */
+static void queue_locked(struct sconn *c, struct vrpc_server_stream *st, struct srv_msg *m, uint16_t flags)
+{
+    if (st->in_tail)
+        st->in_tail->next = m;
+    else
+        st->in_head = m;
+    st->in_tail = m;
+    st->recv_avail--;
+    st->nin++;
+    if (flags & VRPC_FF_END)
+        st->half_closed = st->hc_pending = true;
+    vrpc_srv_stream_kick_locked(st, c->poller->prod);
+}
+
+/* A large client MESSAGE: queued as pending while its payload is read into
+ * a large buffer (the call's rndv_in, idle in a stream call); the read's
+ * completion sends DONE (vrpc_srv_stream_read_done). Lock held; dropped. */
+static void rndv_message_locked(struct sconn *c, struct vrpc_server_stream *st, const struct vrpc_wire_hdr *h,
+                                const uint8_t *body, uint32_t gen)
+{
+    struct vrpc_server *s = c->s;
+    struct vrpc_server_call *call = st->call;
+    struct vrpc_wire_desc d;
+    char why[VRPC_STATUS_MSG_MAX];
+    struct vrpc_buf *lb = NULL;
+    struct srv_msg *m = NULL;
+    if (vrpc_wire_desc_decode(body, h->payload_len, &d)) {
+        pthread_mutex_unlock(&st->lock);
+        vrpc_srv_conn_protocol_error(c, "bad rendezvous MESSAGE (zero key or range overflow)", -EPROTO);
+        return;
+    }
+    if (c->rd_pinned + h->payload_len > s->o.max_pinned_per_conn)
+        snprintf(why, sizeof(why), "large messages being read on this connection would exceed max_pinned_per_conn");
+    else if (!vrpc_rndv_buf(s->tp, s->o.max_pinned, h->payload_len, &lb, why, sizeof(why)) &&
+             !(m = calloc(1, sizeof(*m))))
+        snprintf(why, sizeof(why), "server out of memory");
+    if (!m) {
+        vrpc_lbuf_put(lb);
+        pthread_mutex_unlock(&st->lock);
+        refuse_rndv(c, h->request_id, VRPC_RESOURCE_EXHAUSTED);
+        vrpc_srv_stream_end(st, gen, VRPC_RESOURCE_EXHAUSTED, why);
+        return;
+    }
+    m->len = h->payload_len;
+    m->pending = true;
+    queue_locked(c, st, m, h->flags);
+    st->rd_busy = true;
+    st->rd_node = m;
+    call->in = (struct vrpc_rndv_in){
+        .lb = lb, .ep = c->b.ep, .addr = d.addr, .rkey = d.rkey, .len = h->payload_len, .id = h->request_id};
+    c->rd_pinned += h->payload_len;
+    pthread_mutex_unlock(&st->lock);
+    int rc = vrpc_rndv_read(&call->in);
+    if (rc == -ENOSPC)
+        vrpc_rndv_read_later(&c->poller->retry, &call->in);
+    else if (rc)
+        vrpc_srv_stream_read_done(call, rc);
+}
+
+/* The DONE of a large client message, and the stream's end if its read failed. */
+static void read_done_answer(struct sconn *c, struct vrpc_server_stream *st, int status, bool live, uint64_t id,
+                             uint32_t gen)
+{
+    if (status == -EACCES) {
+        vrpc_srv_conn_protocol_error(c, "its large-message descriptor could not be read (bad key or range)", -EPROTO);
+        return;
+    }
+    if (vrpc_conn_is_dead(&c->b))
+        return;
+    struct vrpc_wire_hdr d = {.version = VRPC_WIRE_VERSION,
+                              .type = VRPC_FT_DONE,
+                              .request_id = id,
+                              .status = status ? VRPC_INTERNAL
+                                        : live ? 0
+                                               : VRPC_CANCELLED};
+    vrpc_srv_conn_send_simple(c, &d, NULL, 0, false);
+    if (status && live)
+        vrpc_srv_stream_end(st, gen, VRPC_INTERNAL, "large stream message could not be read");
+}
+
+bool vrpc_srv_stream_read_done(struct vrpc_server_call *call, int status)
+{
+    struct vrpc_server_stream *st = call->st;
+    if (!st->rd_busy) /* (written by this poller only) */
+        return false;
+    struct sconn *c = st->conn;
+    struct vrpc_buf *lb = call->in.lb;
+    call->in.lb = NULL;
+    c->rd_pinned -= call->in.len;
+    pthread_mutex_lock(&st->lock);
+    struct srv_msg *m = st->rd_node;
+    st->rd_busy = false;
+    st->rd_node = NULL;
+    bool live = st->open && !st->ended && !st->finished && !m->orphan;
+    uint32_t gen = st->gen;
+    uint64_t id = st->id;
+    if (m->orphan) {
+        free(m);
+    } else {
+        m->pending = false;
+        if (status == 0 && live)
+            m->lb = lb, lb = NULL;
+        else
+            m->failed = true;
+        vrpc_srv_stream_kick_locked(st, c->poller->prod);
+    }
+    pthread_cond_broadcast(&st->cond);
+    pthread_mutex_unlock(&st->lock);
+    vrpc_lbuf_put(lb);
+    read_done_answer(c, st, status, live, id, gen);
+    return true;
+}
+
 void vrpc_srv_stream_on_message(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8_t *body)
 {
     uint32_t gen;
@@ -382,25 +513,19 @@ void vrpc_srv_stream_on_message(struct sconn *c, const struct vrpc_wire_hdr *h, 
     }
     if (message_check_locked(c, st, h, gen))
         return;
+    if (h->flags & VRPC_FF_RNDV) {
+        rndv_message_locked(c, st, h, body, gen);
+        return;
+    }
     struct srv_msg *m = malloc(sizeof(*m) + h->payload_len);
     if (!m) {
         pthread_mutex_unlock(&st->lock);
         vrpc_srv_stream_end(st, gen, VRPC_RESOURCE_EXHAUSTED, "server out of memory");
         return;
     }
-    m->next = NULL;
-    m->len = h->payload_len;
+    *m = (struct srv_msg){.len = h->payload_len};
     memcpy(m->data, body, h->payload_len);
-    if (st->in_tail)
-        st->in_tail->next = m;
-    else
-        st->in_head = m;
-    st->in_tail = m;
-    st->recv_avail--;
-    st->nin++;
-    if (h->flags & VRPC_FF_END)
-        st->half_closed = st->hc_pending = true;
-    vrpc_srv_stream_kick_locked(st, c->poller->prod);
+    queue_locked(c, st, m, h->flags);
     pthread_mutex_unlock(&st->lock);
 }
 

@@ -9,9 +9,14 @@
 #include <stdint.h>
 #include "rpc/server_internal.h"
 
-/* A client message, copied out of its receive buffer on arrival. */
+/* A client message, copied out of its receive buffer on arrival, or a large
+ * one (RNDV) in lb once read: pending until then (later messages wait behind
+ * it), failed if the read did not complete; orphan: dropped from the queue
+ * while its read runs (the read's completion frees it). */
 struct srv_msg {
     struct srv_msg *next;
+    struct vrpc_buf *lb;
+    bool pending, failed, orphan;
     uint32_t len;
     uint8_t data[];
 };
@@ -44,25 +49,27 @@ struct vrpc_server_stream {
     enum vrpc_method_kind kind;
     uint64_t id;
     uint32_t gen;
-    bool open;           /* from open until finish (or release unstarted) */
-    bool start_pending;  /* start has not run */
-    bool started;        /* start ran */
-    bool ended;          /* the server ended it (detach): no more frames out */
-    bool finished;       /* the application called finish: no more callbacks */
-    bool half_closed;    /* the client half-closed */
-    bool hc_pending;     /* on_half_close to deliver (after the queued messages) */
-    bool cancel_pending; /* on_cancel to deliver */
-    bool running;        /* the task is queued or running */
-    bool in_cb;          /* the task runs a callback now */
-    bool sending;        /* a message is being handed to the transport */
-    bool md_sent;        /* HEADERS went out (or the first message did) */
-    pthread_t runner;    /* the task's thread while running */
-    uint32_t nin, nout;  /* client messages received, messages written */
-    uint32_t recv_avail; /* client messages still accepted before a WINDOW of ours */
-    uint32_t consumed;   /* consumed and not yet returned */
-    uint32_t window;     /* our stream_window */
-    uint64_t send_avail; /* messages we may still send */
-    uint32_t nqueued;    /* async writes accepted, callback not run */
+    bool open;               /* from open until finish (or release unstarted) */
+    bool start_pending;      /* start has not run */
+    bool started;            /* start ran */
+    bool ended;              /* the server ended it (detach): no more frames out */
+    bool finished;           /* the application called finish: no more callbacks */
+    bool half_closed;        /* the client half-closed */
+    bool hc_pending;         /* on_half_close to deliver (after the queued messages) */
+    bool cancel_pending;     /* on_cancel to deliver */
+    bool running;            /* the task is queued or running */
+    bool in_cb;              /* the task runs a callback now */
+    bool sending;            /* a message is being handed to the transport */
+    bool md_sent;            /* HEADERS went out (or the first message did) */
+    pthread_t runner;        /* the task's thread while running */
+    uint32_t nin, nout;      /* client messages received, messages written */
+    uint32_t recv_avail;     /* client messages still accepted before a WINDOW of ours */
+    uint32_t consumed;       /* consumed and not yet returned */
+    uint32_t window;         /* our stream_window */
+    uint64_t send_avail;     /* messages we may still send */
+    uint32_t nqueued;        /* async writes accepted, callback not run */
+    bool rd_busy;            /* a large client message is being read (into call->in): at most one */
+    struct srv_msg *rd_node; /* its queue entry */
     struct srv_msg *in_head, *in_tail;
     struct srv_out *out_head, *out_tail;
 };

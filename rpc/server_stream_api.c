@@ -233,7 +233,7 @@ static void finish_wait_locked(struct vrpc_server_stream *st)
         }
     }
     st->finished = true;
-    while (st->in_cb && !self)
+    while ((st->in_cb && !self) || st->rd_busy) /* a large message's read ends on the poller */
         pthread_cond_wait(&st->cond, &st->lock);
     vrpc_srv_stream_drop_in_locked(st);
     st->open = false;

@@ -42,6 +42,7 @@ struct rc {
     struct frame *f;
     unsigned n;
     unsigned disconnected;
+    struct vrpc_buf *lb; /* a large buffer granted to the server, put back at rc_close */
 };
 
 static void rc_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, void *arg)
@@ -70,7 +71,7 @@ static void rc_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, void
             vrpc_pool_put(w->buf);
         } else if (w->opcode == VRPC_WC_DISCONNECTED) {
             pthread_mutex_lock(&r->lock);
-            r->disconnected = 1;
+            __atomic_store_n(&r->disconnected, 1, __ATOMIC_RELEASE);
             pthread_cond_broadcast(&r->cond);
             pthread_mutex_unlock(&r->lock);
         }
@@ -123,8 +124,10 @@ static void rc_open(struct rc *r, const char *uri, uint32_t window)
     ea.cq = r->cq;
     assert_int_equal(vrpc_connect(r->tp, uri, &ea, &r->ep), 0);
     uint8_t p[VRPC_WIRE_HELLO_LEN];
-    struct vrpc_wire_hello hs = {
-        .max_msg_size = 1 << 20, .max_concurrent = 2048, .features = VRPC_FEAT_STREAM, .stream_window = window};
+    struct vrpc_wire_hello hs = {.max_msg_size = 1 << 20,
+                                 .max_concurrent = 2048,
+                                 .features = VRPC_FEAT_STREAM | VRPC_FEAT_LARGE,
+                                 .stream_window = window};
     vrpc_wire_hello_encode(p, &hs);
     send_frame(r, &(struct vrpc_wire_hdr){.type = VRPC_FT_HELLO, .payload_len = VRPC_WIRE_HELLO_LEN}, NULL, p);
 }
@@ -133,13 +136,14 @@ static void rc_close(struct rc *r)
 {
     vrpc_ep_close(r->ep);
     pthread_mutex_lock(&r->lock);
-    for (int i = 0; i < 100 && !r->disconnected; i++) {
+    for (int i = 0; i < 100 && !__atomic_load_n(&r->disconnected, __ATOMIC_ACQUIRE); i++) {
         pthread_mutex_unlock(&r->lock);
         usleep(100000);
         pthread_mutex_lock(&r->lock);
     }
     pthread_mutex_unlock(&r->lock);
     vrpc_ep_destroy(r->ep);
+    vrpc_lbuf_put(r->lb); /* its grant died with the endpoint */
     vrpc_cq_destroy(r->cq);
     vrpc_pool_destroy(r->pool);
     vrpc_transport_destroy(r->tp);
@@ -492,6 +496,48 @@ static void assert_unary_ok(struct rc *r, uint64_t id)
 
 /* ---- tests ---------------------------------------------------------------------- */
 
+/* A large client message (RNDV) inside a stream: read by the server, DONE,
+ * delivered in order with the small ones around it. */
+static void t_large_client_message(void **state)
+{
+    (void)state;
+    struct rc r;
+    connect_g(&r, 64);
+    open_stream(&r, ID(0), m_bidi.id, 0);
+    send_msg(&r, ID(0), 1, 0);
+    Vrpctest__EchoRequest q = VRPCTEST__ECHO_REQUEST__INIT;
+    static uint8_t big[200000];
+    memset(big, 0x5a, sizeof big);
+    q.payload.data = big;
+    q.payload.len = sizeof big;
+    q.seq = 2;
+    size_t n = vrpctest__echo_request__get_packed_size(&q);
+    assert_int_equal(vrpc_lbuf_get(r.tp, n, &r.lb), 0);
+    vrpctest__echo_request__pack(&q, r.lb->data);
+    uint32_t rkey;
+    assert_int_equal(vrpc_ep_grant(r.ep, r.lb->mr, r.lb->data, (uint32_t)n, &rkey), 0);
+    uint8_t desc[VRPC_WIRE_DESC_LEN];
+    vrpc_wire_desc_encode(desc, &(struct vrpc_wire_desc){.addr = (uint64_t)(uintptr_t)r.lb->data, .rkey = rkey});
+    send_frame(&r,
+               &(struct vrpc_wire_hdr){
+                   .type = VRPC_FT_MESSAGE, .flags = VRPC_FF_RNDV, .request_id = ID(0), .payload_len = (uint32_t)n},
+               NULL, desc);
+    send_msg(&r, ID(0), 3, 0); /* small, behind the large one */
+    struct frame *d = take(&r, VRPC_FT_DONE, ID(0), 10000);
+    assert_non_null(d);
+    assert_int_equal(d->h.status, 0);
+    for (uint64_t i = 1; i <= 3; i++) {
+        struct frame *m = take(&r, VRPC_FT_MESSAGE, ID(0), 5000);
+        assert_non_null(m);
+        assert_int_equal(reply_seq(m), i);
+    }
+    send_simple(&r, VRPC_FT_HALF_CLOSE, ID(0));
+    struct frame *end = take(&r, VRPC_FT_RESPONSE, ID(0), 5000);
+    assert_non_null(end);
+    assert_int_equal(end->h.status, VRPC_OK);
+    rc_close(&r);
+}
+
 /* Unary response metadata: HEADERS before the RESPONSE, trailers in it, on
  * success and on failure; a call without any sends neither. */
 static void t_unary_response_metadata(void **state)
@@ -642,7 +688,7 @@ static void t_bidi_window_returned(void **state)
     struct frame *end = take(&r, VRPC_FT_RESPONSE, ID(2), 5000);
     assert_non_null(end);
     assert_int_equal(end->h.status, VRPC_OK);
-    assert_false(r.disconnected);
+    assert_false(__atomic_load_n(&r.disconnected, __ATOMIC_ACQUIRE));
     rc_close(&r);
 }
 
@@ -1053,6 +1099,7 @@ int main(int argc, char **argv)
         cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(t_unary_response_metadata),
+        cmocka_unit_test(t_large_client_message),
         cmocka_unit_test(t_server_streaming),
         cmocka_unit_test(t_client_window_bounds_writes),
         cmocka_unit_test(t_bidi_window_returned),
