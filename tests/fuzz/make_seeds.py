@@ -207,6 +207,9 @@ def method_id(name):
 
 
 ECHO = method_id("/vrpctest.Test/Echo")
+STREAM = method_id("/vrpctest.Test/Stream")
+COUNT = method_id("/vrpctest.Test/Count")
+ID1S = (1 << 32) | 4
 
 
 def frames(*fs):
@@ -227,6 +230,26 @@ RPC = {
                                               flags=FF_RNDV, payload_len=100000)),
     "done_unasked": frames(r_hello, rpc_frame(DONE, rid=ID)),
     "no_hello": frames(rpc_frame(REQUEST, echo_req, rid=ID, method=ECHO)),
+    "stream_bidi": frames(r_hello, rpc_frame(REQUEST, rid=ID, method=STREAM, flags=FF_STREAM | FF_DEADLINE,
+                                             budget=500000, md_block=md([(b"k", b"v")])),
+                          rpc_frame(MESSAGE, echo_req, rid=ID), rpc_frame(MESSAGE, echo_req, rid=ID),
+                          rpc_frame(WINDOW, struct.pack("<I", 8), rid=ID), rpc_frame(HALF_CLOSE, rid=ID)),
+    "stream_end_flag": frames(r_hello, rpc_frame(REQUEST, rid=ID, method=COUNT, flags=FF_STREAM),
+                              rpc_frame(MESSAGE, echo_req, rid=ID, flags=FF_END)),
+    "stream_cancel": frames(r_hello, rpc_frame(REQUEST, rid=ID, method=STREAM, flags=FF_STREAM),
+                            rpc_frame(MESSAGE, echo_req, rid=ID), rpc_frame(CANCEL, rid=ID),
+                            rpc_frame(MESSAGE, echo_req, rid=ID)),
+    "stream_bad_rules": frames(r_hello, rpc_frame(REQUEST, rid=ID, method=COUNT, flags=FF_STREAM),
+                               rpc_frame(MESSAGE, echo_req, rid=ID), rpc_frame(MESSAGE, echo_req, rid=ID),
+                               rpc_frame(REQUEST, rid=ID1S, method=ECHO, flags=FF_STREAM),
+                               rpc_frame(HALF_CLOSE, rid=ID1S), rpc_frame(HALF_CLOSE, rid=ID1S)),
+    "stream_window_overflow": frames(r_hello, rpc_frame(REQUEST, rid=ID, method=STREAM, flags=FF_STREAM),
+                                     rpc_frame(WINDOW, struct.pack("<I", 0x7fffffff), rid=ID)),
+    "stream_rndv_message": frames(r_hello, rpc_frame(REQUEST, rid=ID, method=STREAM, flags=FF_STREAM),
+                                  rpc_frame(MESSAGE, desc(0x7f0000001000, 0x105), rid=ID, flags=FF_RNDV,
+                                            payload_len=100000)),
+    "stream_on_unary": frames(r_hello, rpc_frame(REQUEST, echo_req, rid=ID, method=ECHO),
+                              rpc_frame(MESSAGE, echo_req, rid=ID), rpc_frame(HEADERS, b"", md([(b"a", b"")]), rid=ID)),
 }
 
 # ---- RPC channel: the same framing, from the server's side ----------------------
