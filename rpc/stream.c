@@ -271,7 +271,7 @@ int vrpc_stream_write(struct vrpc_stream *s, const ProtobufCMessage *msg)
         return (int)plen;
     pthread_mutex_lock(&s->mu);
     int rc;
-    while (!(rc = write_check_locked(s)) && (s->tx.head || s->tx_sent >= s->tx_allowed))
+    while (!(rc = write_check_locked(s)) && (s->tx.head || s->tx_busy || s->tx_sent >= s->tx_allowed))
         pthread_cond_wait(&s->cond, &s->mu);
     if (rc) {
         pthread_mutex_unlock(&s->mu);
@@ -316,7 +316,7 @@ int vrpc_stream_write_async(struct vrpc_stream *s, const ProtobufCMessage *msg, 
         return (int)plen;
     pthread_mutex_lock(&s->mu);
     int rc = write_check_locked(s);
-    if (!rc && s->tx.n >= VRPC_STREAM_ASYNC_WRITES_MAX)
+    if (!rc && s->tx.n + s->tx_busy >= VRPC_STREAM_ASYNC_WRITES_MAX)
         rc = -EAGAIN;
     struct smsg *n = rc ? NULL : vrpc_stream_node_locked(s, (uint32_t)plen);
     if (!rc && !n)
@@ -346,7 +346,7 @@ int vrpc_stream_close_send(struct vrpc_stream *s)
     int rc = s->ended ? -EPIPE : s->half_closed ? -EALREADY : 0;
     if (!rc) {
         s->half_closed = true;
-        if (s->tx.head) { /* after the queued writes: the task sends it */
+        if (s->tx.head || s->tx_busy) { /* after the queued writes: the task sends it */
             vrpc_stream_kick_locked(s, false);
         } else {
             s->hc_sent = true;

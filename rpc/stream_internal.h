@@ -69,6 +69,7 @@ struct vrpc_stream {
     /* under mu: */
     struct smq rx;          /* received, not yet consumed */
     struct smq tx;          /* async writes waiting for window */
+    bool tx_busy;           /* the task is sending one taken off tx */
     struct smq rx_hold;     /* received behind a large MESSAGE being read */
     bool large_busy;        /* a large MESSAGE is being read (rpc/stream_large.c) */
     struct smsg *spare;     /* free nodes */

@@ -13,6 +13,8 @@
 #include "rpc/status.h"
 #include "rpc/stream_internal.h"
 
+static bool large_deliver(struct vrpc_stream *s, const struct vrpc_buf *lb, uint32_t len);
+
 const char *vrpc_ch_stream_large_in(struct vrpc_stream *s, const struct vrpc_wire_hdr *h, const uint8_t *descp)
 {
     struct vrpc_channel *ch = s->ch;
@@ -56,10 +58,15 @@ const char *vrpc_ch_stream_large_in(struct vrpc_stream *s, const struct vrpc_wir
     s->large_busy = true;
     pthread_mutex_unlock(&s->mu);
     int rc = vrpc_rndv_read(in);
-    if (rc == -ENOSPC)
+    if (rc == -ENOSPC) {
         vrpc_rndv_read_later(&ch->retry, in);
-    else if (rc)
-        vrpc_ch_stream_read_done(ch, slot, rc);
+    } else if (rc) { /* as vrpc_ch_stream_read_done, but ch->slock is ours already */
+        in->lb = NULL;
+        vrpc_lbuf_put(lb);
+        large_deliver(s, NULL, 0);
+        vrpc_stream_fail(s, VRPC_UNAVAILABLE, "cannot read a large stream message");
+        slot_drop(slot, vrpc_wire_id_gen(h->request_id));
+    }
     return NULL;
 }
 

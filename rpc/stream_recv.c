@@ -312,6 +312,7 @@ static bool tx_one_locked(struct vrpc_stream *s)
         smq_pop(&s->tx);
         bool ended = s->ended;
         s->tx_sent++;
+        s->tx_busy = true; /* still outstanding, and ahead of any later write */
         pthread_mutex_unlock(&s->mu);
         int rc = ended ? -EPIPE
                  : VRPC_WIRE_HDR_LEN + n->len > vrpc_ep_eager_size(s->c->b.ep)
@@ -321,8 +322,9 @@ static bool tx_one_locked(struct vrpc_stream *s)
             vrpc_stream_fail(s, VRPC_UNAVAILABLE, "stream send failed");
         n->cb(s, rc ? -EPIPE : 0, n->arg);
         pthread_mutex_lock(&s->mu);
+        s->tx_busy = false;
         spare_put_locked(s, n);
-        pthread_cond_broadcast(&s->cond); /* a write_async waiting for room */
+        pthread_cond_broadcast(&s->cond); /* a write waiting behind it */
         return true;
     }
     if (!n && s->half_closed && !s->hc_sent && !s->ended) {

@@ -1126,6 +1126,51 @@ static void test_large_message_out(void **state)
     free(b3);
 }
 
+/* Async writes then a sync write and the half-close: on the wire in the
+ * order they were made (the sync write waits for the async ones). */
+static void test_async_then_sync_order(void **state)
+{
+    (void)state;
+    struct fake f;
+    fake_open(&f, 100); /* room for all 80 */
+    struct vrpc_channel *ch = new_channel(f.uri, 8);
+    connect_fake(ch, &f);
+    unsigned from = 0;
+    uint64_t id;
+    struct vrpc_stream *s = open_stream(ch, &f, &m_bidi, NULL, &from, &id);
+    struct cbs_state c = {.lock = PTHREAD_MUTEX_INITIALIZER};
+    for (int round = 0; round < 20; round++) {
+        for (int i = 0; i < 3; i++) {
+            Vrpctest__EchoRequest r = req_of((uint64_t)(round * 4 + i));
+            assert_int_equal(vrpc_stream_write_async(s, &r.base, cb_write, &c), 0);
+        }
+        Vrpctest__EchoRequest r = req_of((uint64_t)(round * 4 + 3));
+        assert_int_equal(vrpc_stream_write(s, &r.base), 0);
+    }
+    assert_int_equal(vrpc_stream_close_send(s), 0);
+    assert_true(fake_wait(&f, VRPC_FT_HALF_CLOSE, &from, 5000) >= 0);
+    assert_int_equal(fake_wait_count(&f, VRPC_FT_MESSAGE, 80), 80);
+    pthread_mutex_lock(&f.lock);
+    uint64_t seq = 0;
+    for (unsigned i = 0; i < f.n; i++) {
+        if (f.recs[i].h.type == VRPC_FT_HALF_CLOSE)
+            assert_int_equal(seq, 80);
+        if (f.recs[i].h.type != VRPC_FT_MESSAGE)
+            continue;
+        Vrpctest__EchoRequest *r = vrpctest__echo_request__unpack(NULL, f.recs[i].h.payload_len, f.recs[i].body);
+        assert_non_null(r);
+        assert_int_equal(r->seq, seq++);
+        vrpctest__echo_request__free_unpacked(r, NULL);
+    }
+    pthread_mutex_unlock(&f.lock);
+    srv_end(&f, id, VRPC_OK, NULL, NULL);
+    assert_int_equal(vrpc_stream_finish(s, NULL, NULL), VRPC_OK);
+    assert_int_equal(locked_read(&c, &c.writes_ok), 60);
+    vrpc_stream_destroy(s);
+    vrpc_channel_destroy(ch);
+    fake_close(&f);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -1148,6 +1193,7 @@ int main(void)
         cmocka_unit_test(test_large_message_in),
         cmocka_unit_test(test_large_message_out),
         cmocka_unit_test(test_goaway),
+        cmocka_unit_test(test_async_then_sync_order),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
