@@ -61,6 +61,7 @@ const struct vrpc_method_desc verbrpc__health__v1__health__check__method = {
     .input = &verbrpc__health__v1__health_check_request__descriptor,
     .output = &verbrpc__health__v1__health_check_response__descriptor,
     .file = &verbrpc_2fhealth_2eproto__vrpc_file,
+    .kind = VRPC_METHOD_UNARY,
 };
 
 int verbrpc__health__v1__health__check__call(struct vrpc_channel *ch, const Verbrpc__Health__V1__HealthCheckRequest *req, Verbrpc__Health__V1__HealthCheckResponse **resp,
