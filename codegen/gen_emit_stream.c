@@ -32,8 +32,8 @@ static void decl_client_sync(struct emit_ctx *e, const struct method_names *mn)
                      " * __finish(). Returns 0 and *out (the caller's until\n"
                      " * vrpc_stream_destroy()); a stream that could not open or send still\n"
                      " * returns 0 and its first read or finish says why. -EINVAL (bad\n"
-                     " * arguments, or *req too large; nothing left open), -ESHUTDOWN. See\n"
-                     " * vrpc_stream_start(). */\n");
+                     " * arguments, or *req not sendable), -EMSGSIZE (*req too large): then\n"
+                     " * nothing is left open. -ESHUTDOWN. See vrpc_stream_start(). */\n");
         sb_printf(h,
                   "%sint %s__start(struct vrpc_channel *ch, const %s *req,\n"
                   "        const struct vrpc_call_opts *opts, struct vrpc_stream **out);\n\n",
@@ -102,10 +102,15 @@ static void decl_client_async(struct emit_ctx *e, const struct method_names *mn)
     if (server_writes_many(mn))
         sb_printf(h, "    %s on_read;\n", mn->read_type);
     sb_printf(h, "    %s done;\n    void *arg;\n};\n", mn->done_type);
-    sb_printf(h, "/* Client, asynchronous reading: as __start(), the answers and the end go\n"
-                 " * to a's callbacks on scheduler workers. If the stream was opened but its\n"
-                 " * first message could not be sent (-EINVAL), it is destroyed and done has\n"
-                 " * run (CANCELLED) before this returns. */\n");
+    if (mn->kind == GEN_SERVER_STREAMING)
+        sb_append(h, "/* Client, asynchronous reading: as __start(), the answers and the end go\n"
+                     " * to a's callbacks on scheduler workers. If the stream was opened but its\n"
+                     " * request could not be sent (-EINVAL, -EMSGSIZE), it is destroyed and\n"
+                     " * done has run (CANCELLED) before this returns. */\n");
+    else
+        sb_append(h, "/* Client, asynchronous reading: as __start(), the answers and the end go\n"
+                     " * to a's callbacks on scheduler workers. Returns as __start(); done runs\n"
+                     " * only if it returned 0. */\n");
     sb_printf(h,
               "%sint %s__start_async(struct vrpc_channel *ch, %s%s%sconst struct vrpc_call_opts *opts,\n"
               "        %s *a, struct vrpc_stream **out);\n\n",
@@ -205,8 +210,9 @@ static void def_open(struct emit_ctx *e, const struct method_names *mn)
         sb_append(&e->c, "    rc = vrpc_stream_write(s, (const ProtobufCMessage *)req);\n"
                          "    if (rc == 0)\n"
                          "        rc = vrpc_stream_close_send(s);\n"
-                         "    /* Other failures end the stream: its read or finish says why. */\n"
-                         "    if (rc == -EINVAL) {\n"
+                         "    /* A request that cannot be sent is the caller's error; other\n"
+                         "     * failures end the stream: its read or finish says why. */\n"
+                         "    if (rc == -EINVAL || rc == -EMSGSIZE) {\n"
                          "        vrpc_stream_destroy(s);\n"
                          "        return rc;\n"
                          "    }\n");
