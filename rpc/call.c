@@ -9,6 +9,7 @@
 #include <string.h>
 #include "rpc/channel_internal.h"
 #include "rpc/status.h"
+#include "rpc/stream_internal.h"
 
 /* Completion of an asynchronous call that failed before it got a slot. */
 struct early_fail {
@@ -94,6 +95,10 @@ void vrpc_ch_complete_submit(struct vrpc_channel *ch, struct vrpc_pending_slot *
 void vrpc_ch_complete(struct vrpc_channel *ch, struct vrpc_pending_slot *s, uint32_t gen, bool on_poller)
 {
     if (s->cb) {
+        if (slot_is_stream(s)) {
+            vrpc_ch_stream_end(ch, s, on_poller);
+            return;
+        }
         /* a request still granted from the caller's memory: vrpc_ch_zc_release runs
          * the callback (exactly one of the two sees the other's bit) */
         if (__atomic_load_n(&s->out.zc, __ATOMIC_ACQUIRE) &&
@@ -190,6 +195,10 @@ static void on_response(struct vrpc_channel *ch, struct vrpc_conn *c, const stru
         return;
     }
     uint32_t gen = vrpc_wire_id_gen(h->request_id);
+    if (slot_is_stream(s)) {
+        vrpc_ch_stream_on_response(ch, c, s, h, payload - h->md_len, payload);
+        return;
+    }
     /* a RESPONSE also ends the grant of a request payload the server did not read */
     if (vrpc_offer_granted(&s->out, h->request_id))
         request_revoke(ch, s);
@@ -248,7 +257,7 @@ static void early_fail_task(struct vrpc_task *t)
     free(e);
 }
 
-static int64_t call_deadline(const struct vrpc_channel *ch, const struct vrpc_call_opts *o)
+int64_t vrpc_ch_call_deadline(const struct vrpc_channel *ch, const struct vrpc_call_opts *o)
 {
     int64_t t = o ? o->timeout_us : 0;
     if (t == 0)
@@ -298,7 +307,7 @@ void vrpc_ch_request_go(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrp
 }
 
 /* vrpc_ch_get_conn's failure as the call's status; returns its code. */
-static int conn_refused(struct vrpc_channel *ch, int rc, struct vrpc_status *st)
+int vrpc_ch_conn_refused(struct vrpc_channel *ch, int rc, struct vrpc_status *st)
 {
     if (rc == -ESHUTDOWN)
         vrpc_status_set(st, VRPC_UNAVAILABLE, "channel is shutting down");
@@ -470,12 +479,17 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
     struct vrpc_pending_slot *s = NULL;
     int rc;
 
+    if (m->kind != VRPC_METHOD_UNARY) {
+        vrpc_status_set(st, VRPC_UNIMPLEMENTED, "method %s is streaming: call it through vrpc_stream_start",
+                        m->full_name);
+        return VRPC_UNIMPLEMENTED;
+    }
     cs.m = m;
     cs.req = req;
     cs.o = o;
     cs.cb = cb;
     cs.arg = arg;
-    cs.deadline = call_deadline(ch, o);
+    cs.deadline = vrpc_ch_call_deadline(ch, o);
     cs.mdsz = 0;
     cs.lb = NULL;
     cs.gat.nsegs = 0;
@@ -486,7 +500,7 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
     }
     rc = vrpc_ch_get_conn(ch, cs.deadline, false, &c);
     if (rc)
-        return conn_refused(ch, rc, st);
+        return vrpc_ch_conn_refused(ch, rc, st);
     size_t need = vrpc_pb_packed_size(req) + (size_t)cs.mdsz;
     if (need > c->b.max_payload) {
         rc = request_too_big(c, need, st);

@@ -10,6 +10,7 @@
  *   rpc/call_queue.c    async calls queued for lack of a slot
  *   rpc/call_large.c    large messages: request offers (grant, hold timer,
  *                       DONE, revoke), zero-copy requests, response reads
+ *   rpc/stream*.c       streams (their own private header, rpc/stream_internal.h)
  * Nothing here is part of the public API. */
 #ifndef VRPC_RPC_CHANNEL_INTERNAL_H
 #define VRPC_RPC_CHANNEL_INTERNAL_H
@@ -42,6 +43,8 @@ struct vrpc_conn {
     bool gather;                   /* the transport grants gathered windows (vrpc_ep_grant_segs):
                              requests may be sent from the caller's memory */
     struct vrpc_conn *next, *prev; /* channel's list of live endpoints, under conn_lock */
+    uint32_t stream_window;        /* the server's (HELLO_ACK): MESSAGEs we may send per
+                                      stream before it returns window */
 };
 
 /* An asynchronous call waiting for a slot: all max_outstanding are pending.
@@ -112,6 +115,8 @@ struct vrpc_channel {
     struct vrpc_rndv_retry retry; /* reads/revokes to retry (poller only) */
     struct vrpc_offer_q offers;   /* request offers waiting for a grant (lock: conn_lock) */
     struct vrpc_method_table *mt; /* per-method call metrics (rpc/metrics.h) */
+    pthread_mutex_t slock;        /* streams[] (rpc/stream_internal.h) */
+    struct vrpc_stream **streams; /* by slot index: the open stream of that slot, or NULL */
 };
 
 /* A call being started: start_call's arguments and what its steps work
@@ -260,6 +265,11 @@ static inline void check_expired(struct vrpc_channel *ch, int64_t deadline, uint
     if (deadline != VRPC_NO_DEADLINE && vrpc_now_ns() >= deadline)
         vrpc_ch_deadline_fired(ch, id);
 }
+
+/* A call's deadline from its options (VRPC_NO_DEADLINE: none). */
+int64_t vrpc_ch_call_deadline(const struct vrpc_channel *ch, const struct vrpc_call_opts *o);
+/* vrpc_ch_get_conn's failure rc as a call's status; returns its code. */
+int vrpc_ch_conn_refused(struct vrpc_channel *ch, int rc, struct vrpc_status *st);
 
 /* ---- rpc/channel_conn.c: connections and the poller ---------------------- */
 
