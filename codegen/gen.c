@@ -262,6 +262,12 @@ void gen_method_names_init(struct method_names *mn, const struct svc_names *sn, 
     mn->member = member_reserved(lower) ? gen_str_printf("%s_", lower) : xstrdup(lower);
     mn->done_type = gen_str_printf("%s_%s_Done", sn->c_type, camel);
     mn->async_type = gen_str_printf("%s_%s_Async", sn->c_type, camel);
+    mn->read_type = gen_str_printf("%s_%s_OnRead", sn->c_type, camel);
+    mn->ops_type = gen_str_printf("%s_%s_StreamOps", sn->c_type, camel);
+    mn->kind = m->client_streaming && m->server_streaming ? GEN_BIDI_STREAMING
+               : m->client_streaming                      ? GEN_CLIENT_STREAMING
+               : m->server_streaming                      ? GEN_SERVER_STREAMING
+                                                          : GEN_UNARY;
     mn->in = gen_symtab_find(st, m->input_type);
     mn->out = gen_symtab_find(st, m->output_type);
     free(lower);
@@ -277,6 +283,38 @@ void gen_method_names_free(struct method_names *mn)
     free(mn->member);
     free(mn->done_type);
     free(mn->async_type);
+    free(mn->read_type);
+    free(mn->ops_type);
+}
+
+const char *gen_kind_enum(enum gen_kind k)
+{
+    switch (k) {
+    case GEN_SERVER_STREAMING:
+        return "VRPC_METHOD_SERVER_STREAMING";
+    case GEN_CLIENT_STREAMING:
+        return "VRPC_METHOD_CLIENT_STREAMING";
+    case GEN_BIDI_STREAMING:
+        return "VRPC_METHOD_BIDI_STREAMING";
+    case GEN_UNARY:
+        break;
+    }
+    return "VRPC_METHOD_UNARY";
+}
+
+const char *gen_kind_words(enum gen_kind k)
+{
+    switch (k) {
+    case GEN_SERVER_STREAMING:
+        return "server streaming";
+    case GEN_CLIENT_STREAMING:
+        return "client streaming";
+    case GEN_BIDI_STREAMING:
+        return "bidirectional streaming";
+    case GEN_UNARY:
+        break;
+    }
+    return "unary";
 }
 
 /* ---- the driver ----------------------------------------------------------- */

@@ -1,5 +1,5 @@
 /* gen_check: what protoc-gen-verbrpc refuses before writing anything
- * (streaming methods, proto3 `optional`, clashing C names and method ids),
+ * (proto3 `optional`, clashing C names and method ids, unknown types),
  * each reported with the file, the line and column protoc recorded, and the
  * reason. */
 #include "gen_priv.h"
@@ -172,15 +172,6 @@ void gen_check_file(struct gen_output *out, const FileProto *f, const struct sym
             struct method_names mn;
 
             gen_method_names_init(&mn, &sn, m, st);
-            if (m->client_streaming || m->server_streaming) {
-                const char *kind = m->client_streaming && m->server_streaming ? "bidirectional streaming"
-                                   : m->client_streaming                      ? "client streaming"
-                                                                              : "server streaming";
-                diag(out, f, mpath, 4,
-                     "method '%s' of service '%s' is %s; verbrpc supports unary methods only "
-                     "(one request, one response): remove 'stream' or split the stream into unary calls",
-                     m->name, sn.full, kind);
-            }
             if (!mn.in || !mn.out)
                 diag(out, f, mpath, 4, "method '%s' of service '%s': type '%s' not found in the request", m->name,
                      sn.full, !mn.in ? m->input_type : m->output_type);
@@ -188,6 +179,9 @@ void gen_check_file(struct gen_output *out, const FileProto *f, const struct sym
                        4);
             idents_add(&ids, xstrdup(mn.done_type), gen_str_printf("method '%s' of service '%s'", m->name, sn.full),
                        mpath, 4);
+            if (mn.kind != GEN_UNARY)
+                idents_add(&ids, xstrdup(mn.ops_type), gen_str_printf("method '%s' of service '%s'", m->name, sn.full),
+                           mpath, 4);
             /* Handler members live in the service's impl struct. */
             idents_add(&ids, gen_str_printf("%s_VrpcImpl.%s", sn.c_type, mn.member),
                        gen_str_printf("method '%s' of service '%s'", m->name, sn.full), mpath, 4);

@@ -41,8 +41,7 @@ static void emit_comment_lines(struct strbuf *sb, const char *comment, const cha
     }
 }
 
-static void emit_location_comment(struct strbuf *sb, const FileProto *f, const int32_t *path, size_t n,
-                                  const char *indent)
+void gen_emit_location_comment(struct strbuf *sb, const FileProto *f, const int32_t *path, size_t n, const char *indent)
 {
     const Google__Protobuf__SourceCodeInfo__Location *l = gen_find_location(f, path, n);
 
@@ -63,14 +62,6 @@ static void emit_location_comment(struct strbuf *sb, const FileProto *f, const i
     }
 }
 
-struct emit_ctx {
-    const FileProto *f;
-    const struct symtab *st;
-    const char *api;   /* "" or "VRPC_API " */
-    const char *ident; /* the file's C identifier: <ident>__vrpc_file */
-    struct strbuf h, c;
-};
-
 static void emit_method_decls(struct emit_ctx *e, const struct svc_names *sn, const MethodProto *m,
                               const struct method_names *mn, const int32_t *mpath)
 {
@@ -78,7 +69,7 @@ static void emit_method_decls(struct emit_ctx *e, const struct svc_names *sn, co
     const char *in = mn->in->c_type, *out = mn->out->c_type;
 
     sb_printf(h, "/* ---- rpc %s(%s) returns (%s) ---- */\n", m->name, m->input_type + 1, m->output_type + 1);
-    emit_location_comment(h, e->f, mpath, 4, "");
+    gen_emit_location_comment(h, e->f, mpath, 4, "");
     sb_printf(h, "#define %s__METHOD_ID 0x%08" PRIx32 "u /* FNV-1a 32 of \"%s\" */\n", mn->upper, mn->id, mn->full);
     sb_printf(h, "%sextern const struct vrpc_method_desc %s__method;\n\n", e->api, mn->prefix);
 
@@ -127,8 +118,13 @@ static void emit_method_defs(struct emit_ctx *e, const struct svc_names *sn, con
               "    .input = &%s__descriptor,\n"
               "    .output = &%s__descriptor,\n"
               "    .file = &%s__vrpc_file,\n"
+              "    .kind = %s,\n"
               "};\n\n",
-              mn->prefix, mn->full, mn->id, mn->in->c_lower, mn->out->c_lower, e->ident);
+              mn->prefix, mn->full, mn->id, mn->in->c_lower, mn->out->c_lower, e->ident, gen_kind_enum(mn->kind));
+    if (mn->kind != GEN_UNARY) {
+        gen_emit_stream_defs(e, sn, mn);
+        return;
+    }
 
     sb_printf(c,
               "int %s__call(struct vrpc_channel *ch, const %s *req, %s **resp,\n"
@@ -188,11 +184,15 @@ static void emit_service_decls(struct emit_ctx *e, size_t si, const struct svc_n
     int32_t spath[2] = {FILE_SERVICE, (int32_t)si};
 
     sb_printf(&e->h, "/* ======== service %s ======== */\n", sn->full);
-    emit_location_comment(&e->h, e->f, spath, 2, "");
+    gen_emit_location_comment(&e->h, e->f, spath, 2, "");
     sb_append(&e->h, "\n");
     for (size_t mi = 0; mi < s->n_method; mi++) {
         int32_t mpath[4] = {FILE_SERVICE, (int32_t)si, SVC_METHOD, (int32_t)mi};
-        emit_method_decls(e, sn, s->method[mi], &mns[mi], mpath);
+
+        if (mns[mi].kind != GEN_UNARY)
+            gen_emit_stream_decls(e, s->method[mi], &mns[mi], mpath);
+        else
+            emit_method_decls(e, sn, s->method[mi], &mns[mi], mpath);
     }
 
     /* Method table, server implementation struct, registration. */
@@ -200,6 +200,22 @@ static void emit_service_decls(struct emit_ctx *e, size_t si, const struct svc_n
     sb_printf(&e->h, "#define %s__VRPC_N_METHODS %zu\n", sn->upper, s->n_method);
     sb_printf(&e->h, "%sextern const struct vrpc_method_desc *const %s__vrpc_methods[%zu];\n\n", e->api, sn->lower,
               s->n_method ? s->n_method : 1);
+}
+
+static bool svc_has_streams(const SvcProto *s)
+{
+    for (size_t mi = 0; mi < s->n_method; mi++)
+        if (s->method[mi]->client_streaming || s->method[mi]->server_streaming)
+            return true;
+    return false;
+}
+
+static bool file_has_streams(const FileProto *f)
+{
+    for (size_t si = 0; si < f->n_service; si++)
+        if (svc_has_streams(f->service[si]))
+            return true;
+    return false;
 }
 
 /* The .h part of a service's server side: the impl struct, the
@@ -212,8 +228,11 @@ static void emit_impl_decl(struct emit_ctx *e, const SvcProto *s, const struct s
               " * called as fn(call, req, user). A handler answers with the method's\n"
               " * __respond() or with vrpc_server_call_fail(), at once or later from any\n"
               " * thread; *req is valid until then. A NULL handler leaves the method\n"
-              " * unregistered (callers get UNIMPLEMENTED). */\n",
-              sn->full);
+              " * unregistered (callers get UNIMPLEMENTED).%s */\n",
+              sn->full,
+              svc_has_streams(s) ? "\n * A streaming method's member is its table of typed stream callbacks\n"
+                                   " * (its _StreamOps); a NULL start leaves it unregistered."
+                                 : "");
     sb_printf(&e->h, "typedef struct %s_VrpcImpl %s_VrpcImpl;\nstruct %s_VrpcImpl {\n", sn->c_type, sn->c_type,
               sn->c_type);
     sb_append(&e->h, "    void *user; /* passed to every handler */\n");
@@ -221,14 +240,21 @@ static void emit_impl_decl(struct emit_ctx *e, const SvcProto *s, const struct s
         const struct method_names *mn = &mns[mi];
 
         sb_printf(&e->h, "    /* rpc %s */\n", s->method[mi]->name);
+        if (mn->kind != GEN_UNARY) {
+            gen_emit_stream_member(e, mn);
+            continue;
+        }
         sb_printf(&e->h, "    void (*%s)(struct vrpc_server_call *call, const %s *req, void *user);\n", mn->member,
                   mn->in->c_type);
     }
     sb_append(&e->h, "};\n\n");
-    sb_printf(&e->h, "/* Registers every non-NULL handler of *impl with server s, before\n"
-                     " * vrpc_server_start(). *impl is read at every call: it must outlive the\n"
-                     " * server. Returns 0, -EINVAL if s or impl is NULL, or the first\n"
-                     " * vrpc_server_register() error (methods registered before it stay). */\n");
+    sb_printf(&e->h,
+              "/* Registers every non-NULL handler of *impl with server s, before\n"
+              " * vrpc_server_start(). *impl is read at every call: it must outlive the\n"
+              " * server. Returns 0, -EINVAL if s or impl is NULL, or the first\n"
+              " * %s error (methods registered before it stay). */\n",
+              svc_has_streams(s) ? "vrpc_server_register() or vrpc_server_register_stream()\n *"
+                                 : "vrpc_server_register()");
     sb_printf(&e->h, "%sint %s__vrpc_register(struct vrpc_server *s, const %s_VrpcImpl *impl);\n\n", e->api, sn->lower,
               sn->c_type);
 }
@@ -264,6 +290,10 @@ static void emit_service_defs(struct emit_ctx *e, const SvcProto *s, const struc
     for (size_t mi = 0; mi < s->n_method; mi++) {
         const struct method_names *mn = &mns[mi];
 
+        if (mn->kind != GEN_UNARY) {
+            gen_emit_stream_register(e, mn);
+            continue;
+        }
         sb_printf(&e->c,
                   "    if (impl->%s && (rc = vrpc_server_register(s, &%s__method, %s__serve, u)) != 0)\n"
                   "        return rc;\n",
@@ -303,24 +333,24 @@ void gen_emit_file(struct gen_output *out, const Google__Protobuf__Compiler__Cod
               " * verbrpc client stubs, method descriptors and server registration for\n"
               " * its services; the message types are protoc-c's, from %s.pb-c.h. */\n"
               "#ifndef VRPC_GEN_%s__INCLUDED\n#define VRPC_GEN_%s__INCLUDED\n\n"
-              "#include <verbrpc/rpc.h>\n#include \"%s.pb-c.h\"\n\n"
+              "#include <verbrpc/%s.h>\n#include \"%s.pb-c.h\"\n\n"
               "#ifdef __cplusplus\nextern \"C\" {\n#endif\n\n",
-              f->name, base, ident, ident, base);
+              f->name, base, ident, ident, file_has_streams(f) ? "stream" : "rpc", base);
     {
         /* The file's own description usually sits before `syntax` (path 12)
          * or `package` (path 2). */
         int32_t syntax_path[1] = {12}, package_path[1] = {2};
         size_t before = e.h.len;
 
-        emit_location_comment(&e.h, f, syntax_path, 1, "");
-        emit_location_comment(&e.h, f, package_path, 1, "");
+        gen_emit_location_comment(&e.h, f, syntax_path, 1, "");
+        gen_emit_location_comment(&e.h, f, package_path, 1, "");
         if (e.h.len != before)
             sb_append(&e.h, "\n");
     }
     sb_printf(&e.c,
               "/* Generated by protoc-gen-verbrpc from %s. Do not edit. */\n"
-              "#include \"%s.vrpc.h\"\n\n#include <errno.h>\n#include <stdint.h>\n\n",
-              f->name, base);
+              "#include \"%s.vrpc.h\"\n\n#include <errno.h>\n#include <stdint.h>\n%s\n",
+              f->name, base, file_has_streams(f) ? "#include <string.h>\n" : "");
     sb_printf(&e.h,
               "/* This file's descriptor (and, through .deps, its imports'), served by\n"
               " * every server's reflection service for the methods registered from it. */\n"

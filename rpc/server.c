@@ -255,8 +255,10 @@ int vrpc_server_shutdown(struct vrpc_server *s, int timeout_ms)
         pthread_mutex_unlock(&s->lock);
         return s->shut_rc;
     }
-    __atomic_store_n(&s->shutting, 1, __ATOMIC_SEQ_CST);
+    bool first = !__atomic_exchange_n(&s->shutting, 1, __ATOMIC_SEQ_CST);
     pthread_mutex_unlock(&s->lock);
+    if (first && s->hooks.on_shutdown)
+        s->hooks.on_shutdown(s->hooks.arg);
 
     vrpc_listener_destroy(s->listener);
     s->listener = NULL;
@@ -293,6 +295,10 @@ int vrpc_server_shutdown(struct vrpc_server *s, int timeout_ms)
     return rc;
 }
 
+void vrpc_server_core_set_hooks(struct vrpc_server *s, const struct vrpc_server_hooks *h) { s->hooks = *h; }
+
+void *vrpc_server_core_hooks_arg(const struct vrpc_server *s) { return s->hooks.arg; }
+
 void vrpc_server_destroy(struct vrpc_server *s)
 {
     if (!s)
@@ -327,6 +333,8 @@ void vrpc_server_destroy(struct vrpc_server *s)
         vrpc_sched_destroy(s->sched);
     while ((v = __atomic_load_n(&s->tasks, __ATOMIC_ACQUIRE)) != 0)
         vrpc_rpc_futex_wait_ns(&s->tasks, v, 10000000);
+    if (s->hooks.on_destroy)
+        s->hooks.on_destroy(s->hooks.arg);
     vrpc_pool_destroy(s->recv_pool);
     vrpc_pool_destroy(s->send_pool);
     vrpc_transport_destroy(s->tp);

@@ -19,6 +19,7 @@
 #include "rpc/metrics.h"
 #include "rpc/offer.h"
 #include "rpc/rndv.h"
+#include "rpc/server_core.h"
 #include "rpc/timer.h"
 #include "rpc/wire.h"
 
@@ -179,6 +180,7 @@ struct vrpc_server {
     int64_t sweep_every_ns;
     char metrics_addr[VRPC_URI_MAX]; /* opts.metrics_addr, copied; "": none */
     struct vrpc_metrics_http *http;  /* its endpoint (rpc/metrics_http.c) */
+    struct vrpc_server_hooks hooks;  /* the layer above's (server_core.h) */
 };
 
 #define ST_GEN(w) ((uint32_t)((w) >> 32))

@@ -1,5 +1,5 @@
-/* kvstore_client: single KvStore commands, the server's health and
- * statistics, or a load (closed loop: a fixed number of calls in flight,
+/* kvstore_client: single KvStore commands, Watch and BulkPut streams
+ * (kv_stream_cmds.c), the server's health and statistics, or a load (closed loop: a fixed number of calls in flight,
  * each completion issuing the next) that prints throughput and latency
  * percentiles.
  *   kvstore_client [--connect URI] [--threads N] COMMAND ...
@@ -18,6 +18,7 @@
 #include <verbrpc/verbrpc.h>
 
 #include "ex_util.h"
+#include "kv_stream_cmds.h"
 #include "kvstore/kvstore.vrpc.h"
 
 struct load_cfg {
@@ -40,6 +41,10 @@ static void usage(FILE *f, const char *argv0)
             "  get KEY           print the value under KEY (longer values: size + checksum)\n"
             "  delete KEY        remove KEY\n"
             "  scan [START [END [LIMIT]]]  pairs with START <= key < END, in key order\n"
+            "  watch [PREFIX [COUNT]]  print each change to keys starting with PREFIX (a Watch\n"
+            "                    stream); stop after COUNT changes (default: until the server ends it)\n"
+            "  bulkput PREFIX COUNT [BYTES]  store COUNT pairs PREFIX00000000... with BYTES-byte\n"
+            "                    values (default 16) on one BulkPut stream; prints the rate\n"
             "  health [SERVICE]  the server's health (or a service's, e.g. examples.kvstore.v1.KvStore)\n"
             "  stats [PREFIX]    the server's per-method statistics (methods starting with PREFIX)\n"
             "  load              run a load and print throughput and latency; options:\n"
@@ -689,6 +694,25 @@ int main(int argc, char **argv)
             rc = 2;
         } else {
             rc = cmd_scan(ch, nargs > 0 ? args[0] : "", nargs > 1 ? args[1] : "", (unsigned)limit);
+        }
+    } else if (strcmp(cmd, "watch") == 0 && nargs <= 2) {
+        unsigned long long count = 0;
+
+        if (nargs == 2 && !ex_parse_uint(args[1], &count)) {
+            fprintf(stderr, "kvstore_client: bad watch count '%s'\n", args[1]);
+            rc = 2;
+        } else {
+            rc = kv_cmd_watch(ch, nargs ? args[0] : "", count);
+        }
+    } else if (strcmp(cmd, "bulkput") == 0 && (nargs == 2 || nargs == 3)) {
+        unsigned long long count = 0, bytes = 16;
+
+        if (!ex_parse_uint(args[1], &count) ||
+            (nargs == 3 && (!ex_parse_uint(args[2], &bytes) || bytes > (1u << 30)))) {
+            fprintf(stderr, "kvstore_client: bad bulkput count or size '%s'\n", args[nargs - 1]);
+            rc = 2;
+        } else {
+            rc = kv_cmd_bulkput(ch, args[0], count, (size_t)bytes);
         }
     } else if (strcmp(cmd, "health") == 0 && nargs <= 1) {
         rc = cmd_health(ch, nargs ? args[0] : "");

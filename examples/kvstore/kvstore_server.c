@@ -1,7 +1,8 @@
 /* kvstore_server: serves examples.kvstore.v1.KvStore (Put/Get/Delete/Scan on
- * a concurrent in-memory table) plus verbrpc's Health and Stats, until
- * Ctrl-C. Handlers answer at once; they build replies in the call's arena
- * (vrpc_server_call_alloc), so serving allocates only for stored data.
+ * a concurrent in-memory table, Watch and BulkPut streams: kv_watch.c) plus
+ * verbrpc's Health and Stats, until Ctrl-C. Unary handlers answer at once;
+ * they build replies in the call's arena (vrpc_server_call_alloc), so
+ * serving allocates only for stored data (and a watcher per Watch).
  *   kvstore_server [--listen URI] [--threads N] [--pollers N] [--shards N]
  *                  [--max-msg-size B] [--uri-file PATH] [--metrics IP:PORT]
  *                  [--register ETCD/PREFIX] */
@@ -15,12 +16,14 @@
 
 #include "ex_util.h"
 #include "kv_table.h"
+#include "kv_watch.h"
 #include "kvstore/kvstore.vrpc.h"
 
 #define SCAN_DEFAULT_LIMIT 100
 #define SCAN_MAX_LIMIT 1000
 
 struct kv_server {
+    struct kv_watch watch; /* first: the streaming handlers' user (kv_watch.h) */
     struct kv_table *table;
     size_t scan_max_bytes; /* keeps Scan replies under the message size limit */
 };
@@ -37,7 +40,7 @@ static void put(struct vrpc_server_call *call, const Examples__Kvstore__V1__PutR
         vrpc_server_call_fail(call, VRPC_INVALID_ARGUMENT, "empty key");
         return;
     }
-    rc = kv_table_put(kv->table, req->key, req->value.data, req->value.len);
+    rc = kv_watch_put(&kv->watch, req->key, req->value.data, req->value.len);
     if (rc < 0) {
         vrpc_server_call_fail(call, VRPC_RESOURCE_EXHAUSTED, "out of memory");
         return;
@@ -66,7 +69,7 @@ static void delete_(struct vrpc_server_call *call, const Examples__Kvstore__V1__
     struct kv_server *kv = user;
     Examples__Kvstore__V1__DeleteReply reply = EXAMPLES__KVSTORE__V1__DELETE_REPLY__INIT;
 
-    reply.existed = kv_table_delete(kv->table, req->key ? req->key : "") == 1;
+    reply.existed = kv_watch_delete(&kv->watch, req->key ? req->key : "") == 1;
     examples__kvstore__v1__kv_store__delete__respond(call, &reply);
 }
 
@@ -129,7 +132,8 @@ static void usage(FILE *f, const char *argv0)
             "                     127.0.0.1:2379/services/kv/) under a 10 s lease kept alive, removed\n"
             "                     on Ctrl-C; clients connect to etcd://E/P (listen on an address\n"
             "                     they can reach, not 0.0.0.0)\n"
-            "Serves examples.kvstore.v1.KvStore plus verbrpc's Health and Stats; Ctrl-C stops it.\n",
+            "Serves examples.kvstore.v1.KvStore (with its Watch and BulkPut streams) plus verbrpc's\n"
+            "Health and Stats; Ctrl-C stops it.\n",
             argv0);
 }
 
@@ -235,6 +239,8 @@ int main(int argc, char **argv)
         (o.max_msg_size && o.max_msg_size < VRPC_MSG_SIZE_DEFAULT ? o.max_msg_size : VRPC_MSG_SIZE_DEFAULT) - 1024;
 
     rc = kv_table_create((unsigned)shards, &kv.table);
+    kv_watch_init(&kv.watch, kv.table);
+    kv_watch_set_ops(&impl);
     if (rc == 0)
         rc = vrpc_server_create(&o, &s);
     if (rc == 0)
@@ -246,6 +252,7 @@ int main(int argc, char **argv)
     if (rc != 0) {
         fprintf(stderr, "kvstore_server: cannot serve on %s: %s\n", listen_uri, strerror(-rc));
         vrpc_server_destroy(s);
+        kv_watch_destroy(&kv.watch);
         kv_table_destroy(kv.table);
         return 1;
     }
@@ -264,11 +271,13 @@ int main(int argc, char **argv)
     fflush(stdout);
 
     ex_wait_for_signal();
-    vrpc_etcd_deregister(reg); /* first: clients stop choosing this server */
+    vrpc_etcd_deregister(reg);   /* first: clients stop choosing this server */
+    kv_watch_end_all(&kv.watch); /* open watches would hold the drain up */
     rc = vrpc_server_shutdown(s, 2000);
     printf("kvstore_server: shut down with %zu keys stored%s\n", kv_table_count(kv.table),
            rc == 0 ? "" : " (calls still in flight were dropped)");
     vrpc_server_destroy(s);
+    kv_watch_destroy(&kv.watch);
     kv_table_destroy(kv.table);
     return 0;
 }

@@ -8,6 +8,7 @@
 #include <verbrpc/transport.h>
 #include <verbrpc/rpc.h>
 #include <verbrpc/stream.h>
+#include <verbrpc/health.h>
 #include <verbrpc/metrics.h>
 #include <verbrpc/discovery.h>
 

@@ -17,6 +17,7 @@
 #include "kw/keywords.vrpc.h"
 #include "odd/odd_names.vrpc.h"
 #include "shop/shop.vrpc.h"
+#include "stream/feeds.vrpc.h"
 
 static uint8_t *g_set;
 static size_t g_set_len;
@@ -91,6 +92,7 @@ static void test_bytes_equal_protoc(void **state)
     check_file(&kw_2fkeywords_2eproto__vrpc_file);
     check_file(&odd_2fodd_5fnames_2eproto__vrpc_file); /* imports protobuf-c.proto, with options */
     check_file(&common_2ftypes_2eproto__vrpc_file);
+    check_file(&stream_2ffeeds_2eproto__vrpc_file); /* streaming methods */
 }
 
 static void test_symbols_and_methods(void **state)
@@ -104,6 +106,8 @@ static void test_symbols_and_methods(void **state)
     assert_false(has_symbol(shop, "cg.shop.v1.Nope"));
     assert_true(has_symbol(&common_2ftypes_2eproto__vrpc_file, "cg.common.Item.Dimensions")); /* nested */
     assert_ptr_equal(cg__shop__v1__catalog__lookup__method.file, shop);
+    assert_true(has_symbol(&stream_2ffeeds_2eproto__vrpc_file, "cg.stream.v1.Ticker.Trade"));
+    assert_ptr_equal(cg__stream__v1__ticker__trade__method.file, &stream_2ffeeds_2eproto__vrpc_file);
 }
 
 int main(int argc, char **argv)

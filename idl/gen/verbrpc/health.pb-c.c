@@ -205,12 +205,14 @@ const ProtobufCMessageDescriptor verbrpc__health__v1__health_check_response__des
   (ProtobufCMessageInit) verbrpc__health__v1__health_check_response__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCMethodDescriptor verbrpc__health__v1__health__method_descriptors[1] =
+static const ProtobufCMethodDescriptor verbrpc__health__v1__health__method_descriptors[2] =
 {
   { "Check", &verbrpc__health__v1__health_check_request__descriptor, &verbrpc__health__v1__health_check_response__descriptor },
+  { "Watch", &verbrpc__health__v1__health_check_request__descriptor, &verbrpc__health__v1__health_check_response__descriptor },
 };
 const unsigned verbrpc__health__v1__health__method_indices_by_name[] = {
-  0         /* Check */
+  0,        /* Check */
+  1         /* Watch */
 };
 const ProtobufCServiceDescriptor verbrpc__health__v1__health__descriptor =
 {
@@ -219,7 +221,7 @@ const ProtobufCServiceDescriptor verbrpc__health__v1__health__descriptor =
   "Health",
   "Verbrpc__Health__V1__Health",
   "verbrpc.health.v1",
-  1,
+  2,
   verbrpc__health__v1__health__method_descriptors,
   verbrpc__health__v1__health__method_indices_by_name
 };
@@ -230,6 +232,14 @@ void verbrpc__health__v1__health__check(ProtobufCService *service,
 {
   assert(service->descriptor == &verbrpc__health__v1__health__descriptor);
   service->invoke(service, 0, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
+}
+void verbrpc__health__v1__health__watch(ProtobufCService *service,
+                                        const Verbrpc__Health__V1__HealthCheckRequest *input,
+                                        Verbrpc__Health__V1__HealthCheckResponse_Closure closure,
+                                        void *closure_data)
+{
+  assert(service->descriptor == &verbrpc__health__v1__health__descriptor);
+  service->invoke(service, 1, (const ProtobufCMessage *) input, (ProtobufCClosure) closure, closure_data);
 }
 void verbrpc__health__v1__health__init (Verbrpc__Health__V1__Health_Service *service,
                                         Verbrpc__Health__V1__Health_ServiceDestroy destroy)

@@ -26,7 +26,7 @@ typedef enum _Verbrpc__Health__V1__HealthCheckResponse__ServingStatus {
   VERBRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING = 1,
   VERBRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING = 2,
   /*
-   * used only by gRPC's Watch
+   * used only by Watch
    */
   VERBRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN = 3
     PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(VERBRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS)
@@ -115,6 +115,10 @@ struct Verbrpc__Health__V1__Health_Service
                 const Verbrpc__Health__V1__HealthCheckRequest *input,
                 Verbrpc__Health__V1__HealthCheckResponse_Closure closure,
                 void *closure_data);
+  void (*watch)(Verbrpc__Health__V1__Health_Service *service,
+                const Verbrpc__Health__V1__HealthCheckRequest *input,
+                Verbrpc__Health__V1__HealthCheckResponse_Closure closure,
+                void *closure_data);
 };
 typedef void (*Verbrpc__Health__V1__Health_ServiceDestroy)(Verbrpc__Health__V1__Health_Service *);
 void verbrpc__health__v1__health__init (Verbrpc__Health__V1__Health_Service *service,
@@ -123,8 +127,13 @@ void verbrpc__health__v1__health__init (Verbrpc__Health__V1__Health_Service *ser
     { &verbrpc__health__v1__health__descriptor, protobuf_c_service_invoke_internal, NULL }
 #define VERBRPC__HEALTH__V1__HEALTH__INIT(function_prefix__) \
     { VERBRPC__HEALTH__V1__HEALTH__BASE_INIT,\
-      function_prefix__ ## check  }
+      function_prefix__ ## check,\
+      function_prefix__ ## watch  }
 void verbrpc__health__v1__health__check(ProtobufCService *service,
+                                        const Verbrpc__Health__V1__HealthCheckRequest *input,
+                                        Verbrpc__Health__V1__HealthCheckResponse_Closure closure,
+                                        void *closure_data);
+void verbrpc__health__v1__health__watch(ProtobufCService *service,
                                         const Verbrpc__Health__V1__HealthCheckRequest *input,
                                         Verbrpc__Health__V1__HealthCheckResponse_Closure closure,
                                         void *closure_data);

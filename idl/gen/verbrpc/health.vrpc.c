@@ -3,11 +3,12 @@
 
 #include <errno.h>
 #include <stdint.h>
+#include <string.h>
 
 /* ======== descriptors, for the reflection service ======== */
 
 /* verbrpc/health.proto */
-static const uint8_t verbrpc_2fhealth_2eproto__vrpc_file_data[378] = {
+static const uint8_t verbrpc_2fhealth_2eproto__vrpc_file_data[469] = {
     0x0a, 0x14, 0x76, 0x65, 0x72, 0x62, 0x72, 0x70, 0x63, 0x2f, 0x68, 0x65, 0x61, 0x6c, 0x74, 0x68,
     0x2e, 0x70, 0x72, 0x6f, 0x74, 0x6f, 0x12, 0x11, 0x76, 0x65, 0x72, 0x62, 0x72, 0x70, 0x63, 0x2e,
     0x68, 0x65, 0x61, 0x6c, 0x74, 0x68, 0x2e, 0x76, 0x31, 0x22, 0x2e, 0x0a, 0x12, 0x48, 0x65, 0x61,
@@ -25,13 +26,19 @@ static const uint8_t verbrpc_2fhealth_2eproto__vrpc_file_data[378] = {
     0x07, 0x53, 0x45, 0x52, 0x56, 0x49, 0x4e, 0x47, 0x10, 0x01, 0x12, 0x0f, 0x0a, 0x0b, 0x4e, 0x4f,
     0x54, 0x5f, 0x53, 0x45, 0x52, 0x56, 0x49, 0x4e, 0x47, 0x10, 0x02, 0x12, 0x13, 0x0a, 0x0f, 0x53,
     0x45, 0x52, 0x56, 0x49, 0x43, 0x45, 0x5f, 0x55, 0x4e, 0x4b, 0x4e, 0x4f, 0x57, 0x4e, 0x10, 0x03,
-    0x32, 0x60, 0x0a, 0x06, 0x48, 0x65, 0x61, 0x6c, 0x74, 0x68, 0x12, 0x56, 0x0a, 0x05, 0x43, 0x68,
-    0x65, 0x63, 0x6b, 0x12, 0x25, 0x2e, 0x76, 0x65, 0x72, 0x62, 0x72, 0x70, 0x63, 0x2e, 0x68, 0x65,
+    0x32, 0xba, 0x01, 0x0a, 0x06, 0x48, 0x65, 0x61, 0x6c, 0x74, 0x68, 0x12, 0x56, 0x0a, 0x05, 0x43,
+    0x68, 0x65, 0x63, 0x6b, 0x12, 0x25, 0x2e, 0x76, 0x65, 0x72, 0x62, 0x72, 0x70, 0x63, 0x2e, 0x68,
+    0x65, 0x61, 0x6c, 0x74, 0x68, 0x2e, 0x76, 0x31, 0x2e, 0x48, 0x65, 0x61, 0x6c, 0x74, 0x68, 0x43,
+    0x68, 0x65, 0x63, 0x6b, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x1a, 0x26, 0x2e, 0x76, 0x65,
+    0x72, 0x62, 0x72, 0x70, 0x63, 0x2e, 0x68, 0x65, 0x61, 0x6c, 0x74, 0x68, 0x2e, 0x76, 0x31, 0x2e,
+    0x48, 0x65, 0x61, 0x6c, 0x74, 0x68, 0x43, 0x68, 0x65, 0x63, 0x6b, 0x52, 0x65, 0x73, 0x70, 0x6f,
+    0x6e, 0x73, 0x65, 0x12, 0x58, 0x0a, 0x05, 0x57, 0x61, 0x74, 0x63, 0x68, 0x12, 0x25, 0x2e, 0x76,
+    0x65, 0x72, 0x62, 0x72, 0x70, 0x63, 0x2e, 0x68, 0x65, 0x61, 0x6c, 0x74, 0x68, 0x2e, 0x76, 0x31,
+    0x2e, 0x48, 0x65, 0x61, 0x6c, 0x74, 0x68, 0x43, 0x68, 0x65, 0x63, 0x6b, 0x52, 0x65, 0x71, 0x75,
+    0x65, 0x73, 0x74, 0x1a, 0x26, 0x2e, 0x76, 0x65, 0x72, 0x62, 0x72, 0x70, 0x63, 0x2e, 0x68, 0x65,
     0x61, 0x6c, 0x74, 0x68, 0x2e, 0x76, 0x31, 0x2e, 0x48, 0x65, 0x61, 0x6c, 0x74, 0x68, 0x43, 0x68,
-    0x65, 0x63, 0x6b, 0x52, 0x65, 0x71, 0x75, 0x65, 0x73, 0x74, 0x1a, 0x26, 0x2e, 0x76, 0x65, 0x72,
-    0x62, 0x72, 0x70, 0x63, 0x2e, 0x68, 0x65, 0x61, 0x6c, 0x74, 0x68, 0x2e, 0x76, 0x31, 0x2e, 0x48,
-    0x65, 0x61, 0x6c, 0x74, 0x68, 0x43, 0x68, 0x65, 0x63, 0x6b, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e,
-    0x73, 0x65, 0x62, 0x06, 0x70, 0x72, 0x6f, 0x74, 0x6f, 0x33,
+    0x65, 0x63, 0x6b, 0x52, 0x65, 0x73, 0x70, 0x6f, 0x6e, 0x73, 0x65, 0x30, 0x01, 0x62, 0x06, 0x70,
+    0x72, 0x6f, 0x74, 0x6f, 0x33,
 };
 static const char *const verbrpc_2fhealth_2eproto__vrpc_file_symbols[] = {
     "verbrpc.health.v1.HealthCheckRequest",
@@ -39,6 +46,7 @@ static const char *const verbrpc_2fhealth_2eproto__vrpc_file_symbols[] = {
     "verbrpc.health.v1.HealthCheckResponse.ServingStatus",
     "verbrpc.health.v1.Health",
     "verbrpc.health.v1.Health.Check",
+    "verbrpc.health.v1.Health.Watch",
 };
 static const struct vrpc_file_desc *const verbrpc_2fhealth_2eproto__vrpc_file_deps[] = {
     NULL,
@@ -46,9 +54,9 @@ static const struct vrpc_file_desc *const verbrpc_2fhealth_2eproto__vrpc_file_de
 const struct vrpc_file_desc verbrpc_2fhealth_2eproto__vrpc_file = {
     .name = "verbrpc/health.proto",
     .data = verbrpc_2fhealth_2eproto__vrpc_file_data,
-    .len = 378,
+    .len = 469,
     .symbols = verbrpc_2fhealth_2eproto__vrpc_file_symbols,
-    .n_symbols = 5,
+    .n_symbols = 6,
     .deps = verbrpc_2fhealth_2eproto__vrpc_file_deps,
     .n_deps = 0,
 };
@@ -61,6 +69,7 @@ const struct vrpc_method_desc verbrpc__health__v1__health__check__method = {
     .input = &verbrpc__health__v1__health_check_request__descriptor,
     .output = &verbrpc__health__v1__health_check_response__descriptor,
     .file = &verbrpc_2fhealth_2eproto__vrpc_file,
+    .kind = VRPC_METHOD_UNARY,
 };
 
 int verbrpc__health__v1__health__check__call(struct vrpc_channel *ch, const Verbrpc__Health__V1__HealthCheckRequest *req, Verbrpc__Health__V1__HealthCheckResponse **resp,
@@ -102,8 +111,148 @@ static void verbrpc__health__v1__health__check__serve(struct vrpc_server_call *c
     s->check(call, (const Verbrpc__Health__V1__HealthCheckRequest *)req, s->user);
 }
 
-const struct vrpc_method_desc *const verbrpc__health__v1__health__vrpc_methods[1] = {
+const struct vrpc_method_desc verbrpc__health__v1__health__watch__method = {
+    .full_name = "/verbrpc.health.v1.Health/Watch",
+    .id = 0xdcf567ffu,
+    .input = &verbrpc__health__v1__health_check_request__descriptor,
+    .output = &verbrpc__health__v1__health_check_response__descriptor,
+    .file = &verbrpc_2fhealth_2eproto__vrpc_file,
+    .kind = VRPC_METHOD_SERVER_STREAMING,
+};
+
+static int verbrpc__health__v1__health__watch__open(struct vrpc_channel *ch, const Verbrpc__Health__V1__HealthCheckRequest *req, const struct vrpc_call_opts *opts,
+        const struct vrpc_stream_cbs *cbs, struct vrpc_stream **out)
+{
+    struct vrpc_stream_opts o;
+    struct vrpc_stream *s = NULL;
+    int rc;
+
+    if (!out || !req)
+        return -EINVAL;
+    memset(&o, 0, sizeof(o));
+    if (opts)
+        o.call = *opts;
+    o.cbs = cbs;
+    rc = vrpc_stream_start(ch, &verbrpc__health__v1__health__watch__method, &o, &s);
+    if (rc != 0)
+        return rc;
+    rc = vrpc_stream_write(s, (const ProtobufCMessage *)req);
+    if (rc == 0)
+        rc = vrpc_stream_close_send(s);
+    /* A request that cannot be sent is the caller's error; other
+     * failures end the stream: its read or finish says why. */
+    if (rc == -EINVAL || rc == -EMSGSIZE) {
+        vrpc_stream_destroy(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+int verbrpc__health__v1__health__watch__start(struct vrpc_channel *ch, const Verbrpc__Health__V1__HealthCheckRequest *req,
+        const struct vrpc_call_opts *opts, struct vrpc_stream **out)
+{
+    return verbrpc__health__v1__health__watch__open(ch, req, opts, NULL, out);
+}
+
+int verbrpc__health__v1__health__watch__read(struct vrpc_stream *s, Verbrpc__Health__V1__HealthCheckResponse **msg)
+{
+    ProtobufCMessage *m = NULL;
+    int rc = vrpc_stream_read(s, &m);
+
+    if (rc == 0)
+        *msg = (Verbrpc__Health__V1__HealthCheckResponse *)m;
+    return rc;
+}
+
+int verbrpc__health__v1__health__watch__finish(struct vrpc_stream *s, struct vrpc_status *st)
+{
+    return vrpc_stream_finish(s, NULL, st);
+}
+
+static void verbrpc__health__v1__health__watch__on_read(struct vrpc_stream *s, const ProtobufCMessage *msg, void *arg)
+{
+    const Verbrpc__Health__V1__Health_Watch_Async *a = arg;
+
+    if (a->on_read)
+        a->on_read(s, (const Verbrpc__Health__V1__HealthCheckResponse *)msg, a->arg);
+}
+
+static void verbrpc__health__v1__health__watch__on_done(struct vrpc_stream *s, const struct vrpc_status *st, const ProtobufCMessage *resp, void *arg)
+{
+    const Verbrpc__Health__V1__Health_Watch_Async *a = arg;
+
+    /* a may be freed by done: nothing touches it after the call. */
+    (void)resp;
+    a->done(s, st, a->arg);
+}
+
+int verbrpc__health__v1__health__watch__start_async(struct vrpc_channel *ch, const Verbrpc__Health__V1__HealthCheckRequest *req, const struct vrpc_call_opts *opts,
+        Verbrpc__Health__V1__Health_Watch_Async *a, struct vrpc_stream **out)
+{
+    struct vrpc_stream_cbs cbs;
+
+    if (!a || !a->done)
+        return -EINVAL;
+    memset(&cbs, 0, sizeof(cbs));
+    cbs.on_read = verbrpc__health__v1__health__watch__on_read;
+    cbs.on_done = verbrpc__health__v1__health__watch__on_done;
+    cbs.arg = a;
+    return verbrpc__health__v1__health__watch__open(ch, req, opts, &cbs, out);
+}
+
+static void verbrpc__health__v1__health__watch__srv_start(struct vrpc_server_stream *s, void *impl)
+{
+    const Verbrpc__Health__V1__Health_VrpcImpl *i = impl;
+
+    i->watch.start(s, i->user);
+}
+
+static void verbrpc__health__v1__health__watch__srv_read(struct vrpc_server_stream *s, const ProtobufCMessage *msg, void *impl)
+{
+    const Verbrpc__Health__V1__Health_VrpcImpl *i = impl;
+
+    if (i->watch.on_read)
+        i->watch.on_read(s, (const Verbrpc__Health__V1__HealthCheckRequest *)msg, i->user);
+}
+
+static void verbrpc__health__v1__health__watch__srv_half_close(struct vrpc_server_stream *s, void *impl)
+{
+    const Verbrpc__Health__V1__Health_VrpcImpl *i = impl;
+
+    if (i->watch.on_half_close)
+        i->watch.on_half_close(s, i->user);
+}
+
+static void verbrpc__health__v1__health__watch__srv_cancel(struct vrpc_server_stream *s, void *impl)
+{
+    const Verbrpc__Health__V1__Health_VrpcImpl *i = impl;
+
+    if (i->watch.on_cancel)
+        i->watch.on_cancel(s, i->user);
+}
+
+static const struct vrpc_server_stream_ops verbrpc__health__v1__health__watch__stream_ops = {
+    .start = verbrpc__health__v1__health__watch__srv_start,
+    .on_read = verbrpc__health__v1__health__watch__srv_read,
+    .on_half_close = verbrpc__health__v1__health__watch__srv_half_close,
+    .on_cancel = verbrpc__health__v1__health__watch__srv_cancel,
+};
+
+int verbrpc__health__v1__health__watch__send(struct vrpc_server_stream *s, const Verbrpc__Health__V1__HealthCheckResponse *msg)
+{
+    return vrpc_server_stream_write(s, (const ProtobufCMessage *)msg);
+}
+
+int verbrpc__health__v1__health__watch__send_async(struct vrpc_server_stream *s, const Verbrpc__Health__V1__HealthCheckResponse *msg,
+        vrpc_server_stream_write_cb cb, void *arg)
+{
+    return vrpc_server_stream_write_async(s, (const ProtobufCMessage *)msg, cb, arg);
+}
+
+const struct vrpc_method_desc *const verbrpc__health__v1__health__vrpc_methods[2] = {
     &verbrpc__health__v1__health__check__method,
+    &verbrpc__health__v1__health__watch__method,
 };
 
 int verbrpc__health__v1__health__vrpc_register(struct vrpc_server *s, const Verbrpc__Health__V1__Health_VrpcImpl *impl)
@@ -116,6 +265,8 @@ int verbrpc__health__v1__health__vrpc_register(struct vrpc_server *s, const Verb
     if (!s || !impl)
         return -EINVAL;
     if (impl->check && (rc = vrpc_server_register(s, &verbrpc__health__v1__health__check__method, verbrpc__health__v1__health__check__serve, u)) != 0)
+        return rc;
+    if (impl->watch.start && (rc = vrpc_server_register_stream(s, &verbrpc__health__v1__health__watch__method, &verbrpc__health__v1__health__watch__stream_ops, u)) != 0)
         return rc;
     return rc;
 }

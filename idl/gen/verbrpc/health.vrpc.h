@@ -4,7 +4,7 @@
 #ifndef VRPC_GEN_verbrpc_2fhealth_2eproto__INCLUDED
 #define VRPC_GEN_verbrpc_2fhealth_2eproto__INCLUDED
 
-#include <verbrpc/rpc.h>
+#include <verbrpc/stream.h>
 #include "verbrpc/health.pb-c.h"
 
 #ifdef __cplusplus
@@ -14,9 +14,9 @@ extern "C" {
 /*
  * Health checking, as gRPC's grpc.health.v1.Health (same messages and
  * meanings, in verbrpc's own package so that it never clashes with a copy of
- * gRPC's file compiled into the same program). Every verbrpc server serves it.
- * Watch, a server-streaming method in gRPC, is left out: verbrpc methods are
- * unary.
+ * gRPC's file compiled into the same program). Every verbrpc server serves it;
+ * applications set their services' status with vrpc_server_set_serving_status()
+ * (<verbrpc/health.h>).
  */
 
 /* This file's descriptor (and, through .deps, its imports'), served by
@@ -27,8 +27,9 @@ VRPC_API extern const struct vrpc_file_desc verbrpc_2fhealth_2eproto__vrpc_file;
 
 /* ---- rpc Check(verbrpc.health.v1.HealthCheckRequest) returns (verbrpc.health.v1.HealthCheckResponse) ---- */
 /*
- * SERVING for the server ("") and for every service it has methods of;
- * a service it does not serve fails with NOT_FOUND, as in gRPC.
+ * The status set for the service, else SERVING for the server ("") and for
+ * every service it has methods of; a service it does not know fails with
+ * NOT_FOUND, as in gRPC. NOT_SERVING for all once the server drains.
  */
 #define VERBRPC__HEALTH__V1__HEALTH__CHECK__METHOD_ID 0x6b1960a4u /* FNV-1a 32 of "/verbrpc.health.v1.Health/Check" */
 VRPC_API extern const struct vrpc_method_desc verbrpc__health__v1__health__check__method;
@@ -63,26 +64,100 @@ VRPC_API int verbrpc__health__v1__health__check__call_async(struct vrpc_channel 
  * *resp stays the caller's). */
 VRPC_API int verbrpc__health__v1__health__check__respond(struct vrpc_server_call *call, const Verbrpc__Health__V1__HealthCheckResponse *resp);
 
+/* ---- rpc Watch(verbrpc.health.v1.HealthCheckRequest) returns (stream verbrpc.health.v1.HealthCheckResponse), server streaming ---- */
+/*
+ * The service's status at once (SERVICE_UNKNOWN for a service not known),
+ * then each change, until the client cancels; when the server drains,
+ * NOT_SERVING and then the end (UNAVAILABLE).
+ */
+#define VERBRPC__HEALTH__V1__HEALTH__WATCH__METHOD_ID 0xdcf567ffu /* FNV-1a 32 of "/verbrpc.health.v1.Health/Watch" */
+VRPC_API extern const struct vrpc_method_desc verbrpc__health__v1__health__watch__method;
+
+/* Client: opens the stream, sends *req (it stays the caller's) and
+ * half-closes; then read the answers with __read() and end with
+ * __finish(). Returns 0 and *out (the caller's until
+ * vrpc_stream_destroy()); a stream that could not open or send still
+ * returns 0 and its first read or finish says why. -EINVAL (bad
+ * arguments, or *req not sendable), -EMSGSIZE (*req too large): then
+ * nothing is left open. -ESHUTDOWN. See vrpc_stream_start(). */
+VRPC_API int verbrpc__health__v1__health__watch__start(struct vrpc_channel *ch, const Verbrpc__Health__V1__HealthCheckRequest *req,
+        const struct vrpc_call_opts *opts, struct vrpc_stream **out);
+
+/* Reads the next answer: 0 and *msg (in the stream's memory, valid until
+ * the next read or finish), -ENODATA at the end. See vrpc_stream_read(). */
+VRPC_API int verbrpc__health__v1__health__watch__read(struct vrpc_stream *s, Verbrpc__Health__V1__HealthCheckResponse **msg);
+/* Waits for the end: returns the status code (0 = VRPC_OK), and the code
+ * and message in *st if not NULL. See vrpc_stream_finish(). */
+VRPC_API int verbrpc__health__v1__health__watch__finish(struct vrpc_stream *s, struct vrpc_status *st);
+
+typedef void (*Verbrpc__Health__V1__Health_Watch_OnRead)(struct vrpc_stream *s, const Verbrpc__Health__V1__HealthCheckResponse *msg, void *arg);
+typedef void (*Verbrpc__Health__V1__Health_Watch_Done)(struct vrpc_stream *s, const struct vrpc_status *st, void *arg);
+/* An asynchronous stream's callbacks, owned by the caller: keep it valid
+ * until done has started (done may free it). on_read gets each answer,
+ * in order (msg valid during the call; a NULL on_read drops them); done
+ * runs exactly once, at the end, with the final status (valid during the
+ * call). See vrpc_stream_cbs. */
+typedef struct Verbrpc__Health__V1__Health_Watch_Async Verbrpc__Health__V1__Health_Watch_Async;
+struct Verbrpc__Health__V1__Health_Watch_Async {
+    Verbrpc__Health__V1__Health_Watch_OnRead on_read;
+    Verbrpc__Health__V1__Health_Watch_Done done;
+    void *arg;
+};
+/* Client, asynchronous reading: as __start(), the answers and the end go
+ * to a's callbacks on scheduler workers. If the stream was opened but its
+ * request could not be sent (-EINVAL, -EMSGSIZE), it is destroyed and
+ * done has run (CANCELLED) before this returns. */
+VRPC_API int verbrpc__health__v1__health__watch__start_async(struct vrpc_channel *ch, const Verbrpc__Health__V1__HealthCheckRequest *req,
+        const struct vrpc_call_opts *opts,
+        Verbrpc__Health__V1__Health_Watch_Async *a, struct vrpc_stream **out);
+
+/* Server: the method's callbacks, its member of the impl struct. start
+ * runs when a stream opens; on_read for the one request (msg valid during the
+ * call); on_half_close once the client sends no more; on_cancel if the
+ * stream is cancelled; user is the impl's. The stream ends with
+ * vrpc_server_stream_finish(), exactly once, from any thread. Only start
+ * is required (other NULL members: the event is ignored). See
+ * vrpc_server_stream_ops. */
+typedef struct Verbrpc__Health__V1__Health_Watch_StreamOps Verbrpc__Health__V1__Health_Watch_StreamOps;
+struct Verbrpc__Health__V1__Health_Watch_StreamOps {
+    void (*start)(struct vrpc_server_stream *s, void *user);
+    void (*on_read)(struct vrpc_server_stream *s, const Verbrpc__Health__V1__HealthCheckRequest *msg, void *user);
+    void (*on_half_close)(struct vrpc_server_stream *s, void *user);
+    void (*on_cancel)(struct vrpc_server_stream *s, void *user);
+};
+/* Server: sends one answer (*msg stays the caller's), blocking while the
+ * client's window is closed. See vrpc_server_stream_write(). */
+VRPC_API int verbrpc__health__v1__health__watch__send(struct vrpc_server_stream *s, const Verbrpc__Health__V1__HealthCheckResponse *msg);
+/* Server: sends one answer without waiting. See
+ * vrpc_server_stream_write_async(). */
+VRPC_API int verbrpc__health__v1__health__watch__send_async(struct vrpc_server_stream *s, const Verbrpc__Health__V1__HealthCheckResponse *msg,
+        vrpc_server_stream_write_cb cb, void *arg);
+
 /* Every method of verbrpc.health.v1.Health, in .proto order. */
-#define VERBRPC__HEALTH__V1__HEALTH__VRPC_N_METHODS 1
-VRPC_API extern const struct vrpc_method_desc *const verbrpc__health__v1__health__vrpc_methods[1];
+#define VERBRPC__HEALTH__V1__HEALTH__VRPC_N_METHODS 2
+VRPC_API extern const struct vrpc_method_desc *const verbrpc__health__v1__health__vrpc_methods[2];
 
 /* A server's implementation of verbrpc.health.v1.Health: one handler per method, all
  * called as fn(call, req, user). A handler answers with the method's
  * __respond() or with vrpc_server_call_fail(), at once or later from any
  * thread; *req is valid until then. A NULL handler leaves the method
- * unregistered (callers get UNIMPLEMENTED). */
+ * unregistered (callers get UNIMPLEMENTED).
+ * A streaming method's member is its table of typed stream callbacks
+ * (its _StreamOps); a NULL start leaves it unregistered. */
 typedef struct Verbrpc__Health__V1__Health_VrpcImpl Verbrpc__Health__V1__Health_VrpcImpl;
 struct Verbrpc__Health__V1__Health_VrpcImpl {
     void *user; /* passed to every handler */
     /* rpc Check */
     void (*check)(struct vrpc_server_call *call, const Verbrpc__Health__V1__HealthCheckRequest *req, void *user);
+    /* rpc Watch */
+    Verbrpc__Health__V1__Health_Watch_StreamOps watch;
 };
 
 /* Registers every non-NULL handler of *impl with server s, before
  * vrpc_server_start(). *impl is read at every call: it must outlive the
  * server. Returns 0, -EINVAL if s or impl is NULL, or the first
- * vrpc_server_register() error (methods registered before it stay). */
+ * vrpc_server_register() or vrpc_server_register_stream()
+ * error (methods registered before it stay). */
 VRPC_API int verbrpc__health__v1__health__vrpc_register(struct vrpc_server *s, const Verbrpc__Health__V1__Health_VrpcImpl *impl);
 
 #ifdef __cplusplus

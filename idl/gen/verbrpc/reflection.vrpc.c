@@ -83,6 +83,7 @@ const struct vrpc_method_desc verbrpc__reflection__v1__reflection__list_services
     .input = &verbrpc__reflection__v1__list_services_request__descriptor,
     .output = &verbrpc__reflection__v1__list_services_response__descriptor,
     .file = &verbrpc_2freflection_2eproto__vrpc_file,
+    .kind = VRPC_METHOD_UNARY,
 };
 
 int verbrpc__reflection__v1__reflection__list_services__call(struct vrpc_channel *ch, const Verbrpc__Reflection__V1__ListServicesRequest *req, Verbrpc__Reflection__V1__ListServicesResponse **resp,
@@ -130,6 +131,7 @@ const struct vrpc_method_desc verbrpc__reflection__v1__reflection__file_containi
     .input = &verbrpc__reflection__v1__file_containing_symbol_request__descriptor,
     .output = &verbrpc__reflection__v1__file_descriptor_response__descriptor,
     .file = &verbrpc_2freflection_2eproto__vrpc_file,
+    .kind = VRPC_METHOD_UNARY,
 };
 
 int verbrpc__reflection__v1__reflection__file_containing_symbol__call(struct vrpc_channel *ch, const Verbrpc__Reflection__V1__FileContainingSymbolRequest *req, Verbrpc__Reflection__V1__FileDescriptorResponse **resp,
@@ -177,6 +179,7 @@ const struct vrpc_method_desc verbrpc__reflection__v1__reflection__file_by_filen
     .input = &verbrpc__reflection__v1__file_by_filename_request__descriptor,
     .output = &verbrpc__reflection__v1__file_descriptor_response__descriptor,
     .file = &verbrpc_2freflection_2eproto__vrpc_file,
+    .kind = VRPC_METHOD_UNARY,
 };
 
 int verbrpc__reflection__v1__reflection__file_by_filename__call(struct vrpc_channel *ch, const Verbrpc__Reflection__V1__FileByFilenameRequest *req, Verbrpc__Reflection__V1__FileDescriptorResponse **resp,

@@ -79,6 +79,7 @@ const struct vrpc_method_desc verbrpc__stats__v1__stats__get__method = {
     .input = &verbrpc__stats__v1__get_stats_request__descriptor,
     .output = &verbrpc__stats__v1__get_stats_response__descriptor,
     .file = &verbrpc_2fstats_2eproto__vrpc_file,
+    .kind = VRPC_METHOD_UNARY,
 };
 
 int verbrpc__stats__v1__stats__get__call(struct vrpc_channel *ch, const Verbrpc__Stats__V1__GetStatsRequest *req, Verbrpc__Stats__V1__GetStatsResponse **resp,
