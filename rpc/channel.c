@@ -13,11 +13,14 @@
 #include <string.h>
 #include <time.h>
 #include "rpc/channel_internal.h"
+#include "rpc/lb.h"
 
 #define RECV_BUFS VRPC_CHANNEL_RECV_BUFS
 
 enum vrpc_channel_state vrpc_channel_state(const struct vrpc_channel *ch)
 {
+    if (ch->lb)
+        return vrpc_lb_state(ch->lb);
     return (enum vrpc_channel_state)__atomic_load_n(&ch->state, __ATOMIC_ACQUIRE);
 }
 
@@ -30,6 +33,8 @@ int vrpc_channel_metrics_text(const struct vrpc_channel *ch, char **out, size_t 
 {
     if (!ch || !out || !len)
         return -EINVAL;
+    if (ch->lb)
+        return vrpc_lb_metrics_text(ch->lb, out, len);
     return vrpc_method_table_text(ch->mt, "vrpc_client_", ch->tp, ch->turi, out, len);
 }
 
@@ -45,6 +50,8 @@ int vrpc_channel_connect(struct vrpc_channel *ch, int timeout_ms)
     struct vrpc_conn *c;
     int64_t end = vrpc_now_ns() + (int64_t)timeout_ms * 1000000;
     int rc;
+    if (ch->lb)
+        return vrpc_lb_connect(ch->lb, timeout_ms);
     for (;;) {
         rc = vrpc_ch_get_conn(ch, end, true, &c);
         if (rc == 0) {
@@ -209,6 +216,8 @@ int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *opts, s
 
     if (!uri || !out)
         return -EINVAL;
+    if (vrpc_resolver_is_target(uri))
+        return vrpc_lb_create(uri, opts, out);
     ch = calloc(1, sizeof(*ch));
     if (!ch)
         return -ENOMEM;
@@ -242,6 +251,10 @@ void vrpc_channel_destroy(struct vrpc_channel *ch)
 {
     if (!ch)
         return;
+    if (ch->lb) {
+        vrpc_lb_destroy(ch);
+        return;
+    }
     set_state(ch, VRPC_CHANNEL_SHUTDOWN);
     vrpc_ch_queue_close(ch); /* queued async calls complete once, with CANCELLED */
     if (ch->pend) {
