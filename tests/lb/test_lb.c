@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -465,6 +466,116 @@ static void t_outlier(void **state)
     vrpc_channel_destroy(ch);
 }
 
+/* ---- asynchronous calls ------------------------------------------------------------ */
+
+struct acount {
+    unsigned inflight, ok, failed, cancelled; /* atomic */
+};
+
+static void acb(const struct vrpc_status *st, const ProtobufCMessage *resp, void *arg)
+{
+    struct acount *a = arg;
+    if (st->code == VRPC_OK)
+        assert_non_null(resp);
+    __atomic_add_fetch(st->code == VRPC_OK          ? &a->ok
+                       : st->code == VRPC_CANCELLED ? &a->cancelled
+                                                    : &a->failed,
+                       1, __ATOMIC_RELAXED);
+    __atomic_sub_fetch(&a->inflight, 1, __ATOMIC_RELEASE);
+}
+
+static int async_echo(struct vrpc_channel *ch, struct acount *a, uint32_t mode, uint32_t sleep_ms,
+                      struct vrpc_call_opts *co)
+{
+    Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT; /* gone after the call returns: retries use a copy */
+    r.mode = mode;
+    r.sleep_ms = sleep_ms;
+    __atomic_add_fetch(&a->inflight, 1, __ATOMIC_RELAXED);
+    int rc = vrpc_call_async(ch, &lb_m_echo, &r.base, co, acb, a);
+    if (rc)
+        __atomic_sub_fetch(&a->inflight, 1, __ATOMIC_RELAXED);
+    return rc;
+}
+
+static void wait_idle(struct acount *a, int ms)
+{
+    int64_t end = now_ms() + ms;
+    while (__atomic_load_n(&a->inflight, __ATOMIC_ACQUIRE) && now_ms() < end)
+        usleep(1000);
+    assert_int_equal(__atomic_load_n(&a->inflight, __ATOMIC_ACQUIRE), 0);
+}
+
+static void t_async_kill(void **state)
+{
+    (void)state;
+    assert_int_equal(start_n(3, NULL), 0);
+    struct vrpc_retry_policy pol = {.method = "*", .max_attempts = 4, .idempotent = true};
+    struct vrpc_channel_opts o;
+    vrpc_channel_opts_init(&o);
+    o.retry = &pol;
+    o.n_retry = 1;
+    o.retry_max_tokens = 100; /* ~11 of 32 calls in flight die at once: the default budget (10) retries 5 */
+    struct vrpc_channel *ch = open_ch(NULL, 3, &o);
+    struct acount a = {0};
+    int64_t t0 = now_ms();
+    bool killed = false;
+    while (now_ms() - t0 < 1200) {
+        if (!killed && now_ms() - t0 >= 400) {
+            lb_srv_stop(&g_srv[1], SIGKILL);
+            killed = true;
+        }
+        if (__atomic_load_n(&a.inflight, __ATOMIC_ACQUIRE) >= 32) {
+            usleep(200);
+            continue;
+        }
+        struct vrpc_call_opts co = {.timeout_us = 5000000};
+        assert_int_equal(async_echo(ch, &a, 0, 2, &co), 0);
+    }
+    wait_idle(&a, 10000);
+    printf("async load, server killed: %u ok, %u failed\n", a.ok, a.failed);
+    assert_int_equal(a.failed, 0);
+    assert_true(a.ok > 100);
+    vrpc_channel_destroy(ch);
+}
+
+static void t_async_cancel_destroy(void **state)
+{
+    (void)state;
+    assert_int_equal(start_n(3, NULL), 0);
+    struct vrpc_retry_policy pol = {
+        .method = "*", .max_attempts = 5, .initial_backoff_ms = 5000, .max_backoff_ms = 5000, .idempotent = true};
+    struct vrpc_channel_opts o;
+    vrpc_channel_opts_init(&o);
+    o.retry = &pol;
+    o.n_retry = 1;
+    o.retry_max_tokens = 1000;
+    o.outlier_failures = 1000000;
+    struct vrpc_channel *ch = open_ch(NULL, 3, &o);
+    struct acount a = {0};
+    uint64_t id_slow = 0, id_retry = 0;
+    struct vrpc_call_opts co = {.timeout_us = 20000000, .call_id = &id_slow};
+    assert_int_equal(async_echo(ch, &a, 0, 2000, &co), 0); /* in flight */
+    co.call_id = &id_retry;
+    assert_int_equal(async_echo(ch, &a, 2, 0, &co), 0); /* fails, then waits up to 5 s to retry */
+    usleep(100000);
+    int64_t t0 = now_ms();
+    assert_int_equal(vrpc_channel_cancel(ch, id_slow), 0);
+    assert_int_equal(vrpc_channel_cancel(ch, id_retry), 0);
+    wait_idle(&a, 3000);
+    printf("two async calls cancelled (one in flight, one waiting to retry) in %lld ms\n", (long long)(now_ms() - t0));
+    assert_int_equal(a.cancelled, 2);
+    assert_int_equal(vrpc_channel_cancel(ch, id_slow), -ENOENT);
+    /* destroy with calls in flight and waiting to retry: each callback once */
+    for (int i = 0; i < 10; i++) {
+        co.call_id = NULL;
+        assert_int_equal(async_echo(ch, &a, i % 2 ? 2 : 0, i % 2 ? 0 : 2000, &co), 0);
+    }
+    usleep(100000);
+    vrpc_channel_destroy(ch);
+    assert_int_equal(__atomic_load_n(&a.inflight, __ATOMIC_ACQUIRE), 0);
+    assert_int_equal(a.cancelled, 12);
+}
+
 /* A plain channel names its server too. */
 static void t_peer_plain(void **state)
 {
@@ -494,6 +605,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(t_budget, teardown),
         cmocka_unit_test_teardown(t_non_idempotent, teardown),
         cmocka_unit_test_teardown(t_outlier, teardown),
+        cmocka_unit_test_teardown(t_async_kill, teardown),
+        cmocka_unit_test_teardown(t_async_cancel_destroy, teardown),
         cmocka_unit_test_teardown(t_peer_plain, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
