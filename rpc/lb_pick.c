@@ -153,9 +153,17 @@ static struct vrpc_subch *pick_ring(const struct lb_set *set, bool has_key, uint
         else
             hi = mid;
     }
+    /* the key's owner, or past it only while it is down (back-off, ejected,
+     * NOT_SERVING): one still connecting gets the call, which waits for the
+     * connect, so that keys do not move while a channel starts up */
     for (size_t i = 0; i < set->nring; i++) {
         struct vrpc_subch *s = set->subs[set->ring[(lo + i) % set->nring].sub];
         if (vrpc_lb_usable(s, 0))
+            return s;
+        enum vrpc_channel_state st = vrpc_lb_sub_state(s);
+        if ((st == VRPC_CHANNEL_IDLE || st == VRPC_CHANNEL_CONNECTING) &&
+            __atomic_load_n(&s->health, __ATOMIC_RELAXED) != LB_HEALTH_NOT_SERVING &&
+            vrpc_now_ns() >= __atomic_load_n(&s->ejected_until, __ATOMIC_RELAXED))
             return s;
     }
     return fallback(set, set->ring[lo % set->nring].sub);
