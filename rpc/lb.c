@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <time.h>
 #include "rpc/channel_internal.h"
 #include "rpc/lb.h"
@@ -59,10 +60,8 @@ enum vrpc_channel_state vrpc_lb_sub_state(const struct vrpc_subch *s)
     return best;
 }
 
-struct vrpc_channel *vrpc_lb_sub_channel(struct vrpc_subch *s)
+struct vrpc_channel *vrpc_lb_sub_channel_any(struct vrpc_subch *s)
 {
-    if (s->nch == 1)
-        return s->ch[0];
     uint32_t start = __atomic_fetch_add(&s->next_ch, 1, __ATOMIC_RELAXED);
     for (unsigned i = 0; i < s->nch; i++) {
         struct vrpc_channel *c = s->ch[(start + i) % s->nch];
@@ -74,12 +73,19 @@ struct vrpc_channel *vrpc_lb_sub_channel(struct vrpc_subch *s)
 
 struct vrpc_subch *vrpc_lb_sub_get(struct vrpc_lb *lb, bool has_key, uint64_t key)
 {
-    pthread_rwlock_rdlock(&lb->lock);
-    struct vrpc_subch *s = vrpc_lb_pick(lb, lb->set, has_key, key);
+    struct vrpc_subch *s = vrpc_lb_pick(lb, lb_read_begin(lb), has_key, key);
     if (s)
         __atomic_add_fetch(&s->refs, 1, __ATOMIC_RELAXED);
-    pthread_rwlock_unlock(&lb->lock);
+    lb_read_end(lb);
     return s;
+}
+
+struct lb_set *lb_set_replace(struct vrpc_lb *lb, struct lb_set *set)
+{
+    struct lb_set *old = __atomic_exchange_n(&lb->set, set, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&lb->readers, __ATOMIC_ACQUIRE))
+        sched_yield(); /* a reader's look is a few hundred instructions */
+    return old;
 }
 
 void vrpc_lb_sub_put(struct vrpc_lb *lb, struct vrpc_subch *s)
@@ -148,17 +154,13 @@ static struct lb_set *set_build(struct vrpc_lb *lb, const struct lb_set *old, co
 static void on_update(void *arg, const char *const *uris, size_t n)
 {
     struct vrpc_lb *lb = arg;
-    pthread_rwlock_rdlock(&lb->lock);
-    struct lb_set *old = lb->set; /* only this thread replaces it */
-    pthread_rwlock_unlock(&lb->lock);
+    struct lb_set *old = __atomic_load_n(&lb->set, __ATOMIC_ACQUIRE); /* only this thread replaces it */
     struct lb_set *set = set_build(lb, old, uris, n);
     if (!set) {
         vrpc_rpc_log("channel %s: out of memory for a new set of %zu servers; the last set stays", lb->target, n);
         return;
     }
-    pthread_rwlock_wrlock(&lb->lock);
-    lb->set = set;
-    pthread_rwlock_unlock(&lb->lock);
+    lb_set_replace(lb, set);
     /* the old set's references: a subchannel no longer named goes to the
      * graveyard, reaped by the lb thread once its attempts are over */
     pthread_mutex_lock(&lb->mu);
@@ -271,7 +273,6 @@ int vrpc_lb_create(const char *target, const struct vrpc_channel_opts *o, struct
     ch->lb = lb;
     lb->parent = ch;
     snprintf(lb->target, sizeof(lb->target), "%s", target);
-    pthread_rwlock_init(&lb->lock, NULL);
     pthread_mutex_init(&lb->mu, NULL);
     pthread_cond_init(&lb->cond, NULL);
     pthread_mutex_init(&lb->pool_mu, NULL);
@@ -305,16 +306,16 @@ enum vrpc_channel_state vrpc_lb_state(const struct vrpc_lb *lb)
                                [VRPC_CHANNEL_SHUTDOWN] = 0};
     enum vrpc_channel_state best = VRPC_CHANNEL_IDLE;
     struct vrpc_lb *l = (struct vrpc_lb *)lb;
-    pthread_rwlock_rdlock(&l->lock);
-    if (l->set && l->set->n) {
+    struct lb_set *set = lb_read_begin(l);
+    if (set && set->n) {
         best = VRPC_CHANNEL_SHUTDOWN;
-        for (size_t i = 0; i < l->set->n; i++) {
-            enum vrpc_channel_state st = vrpc_lb_sub_state(l->set->subs[i]);
+        for (size_t i = 0; i < set->n; i++) {
+            enum vrpc_channel_state st = vrpc_lb_sub_state(set->subs[i]);
             if (rank[st] > rank[best])
                 best = st;
         }
     }
-    pthread_rwlock_unlock(&l->lock);
+    lb_read_end(l);
     return best == VRPC_CHANNEL_SHUTDOWN ? VRPC_CHANNEL_TRANSIENT_FAILURE : best;
 }
 
@@ -350,10 +351,7 @@ void vrpc_lb_destroy(struct vrpc_channel *parent)
     /* the subchannels' channels complete their calls with CANCELLED (the
      * parent is SHUTDOWN: no retry); a subchannel's memory stays until the
      * last callback using it is over */
-    pthread_rwlock_wrlock(&lb->lock);
-    struct lb_set *set = lb->set;
-    lb->set = NULL;
-    pthread_rwlock_unlock(&lb->lock);
+    struct lb_set *set = lb_set_replace(lb, NULL);
     for (size_t i = 0; set && i < set->n; i++) {
         set->subs[i]->next_dead = lb->dead;
         lb->dead = set->subs[i];
@@ -374,7 +372,6 @@ void vrpc_lb_destroy(struct vrpc_channel *parent)
     for (size_t i = 0; lb->retry && i < lb->o.n_retry; i++)
         free((char *)lb->retry[i].method);
     free(lb->retry);
-    pthread_rwlock_destroy(&lb->lock);
     pthread_mutex_destroy(&lb->mu);
     pthread_cond_destroy(&lb->cond);
     pthread_mutex_destroy(&lb->pool_mu);

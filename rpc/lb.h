@@ -71,9 +71,9 @@ struct vrpc_lb {
     struct vrpc_retry_policy *retry;           /* o.n_retry, names copied */
     const struct vrpc_retry_policy *retry_any; /* the "*" entry or NULL */
 
-    pthread_rwlock_t lock; /* set */
-    struct lb_set *set;
-    uint32_t rr; /* atomic round-robin counter */
+    struct lb_set *set; /* atomic; read between lb_read_begin/end */
+    uint32_t readers;   /* atomic: threads between lb_read_begin and lb_read_end */
+    uint32_t rr;        /* atomic round-robin counter */
 
     pthread_mutex_t mu; /* graveyard, delayed list, thread wake-up */
     pthread_cond_t cond;
@@ -112,7 +112,23 @@ void vrpc_lb_sub_free(struct vrpc_subch *s);
 /* Wake the channel's thread (new subchannels, a failure, a cancel). */
 void vrpc_lb_kick(struct vrpc_lb *lb);
 /* One of s's channels, READY ones first. */
-struct vrpc_channel *vrpc_lb_sub_channel(struct vrpc_subch *s);
+struct vrpc_channel *vrpc_lb_sub_channel_any(struct vrpc_subch *s);
+static inline struct vrpc_channel *vrpc_lb_sub_channel(struct vrpc_subch *s)
+{
+    return s->nch == 1 ? s->ch[0] : vrpc_lb_sub_channel_any(s);
+}
+
+/* The current set, for a short look (no blocking in between): the set
+ * replaced under a reader is freed only once every reader that may have seen
+ * it has ended (lb_set_replace waits for readers to be 0). */
+static inline struct lb_set *lb_read_begin(struct vrpc_lb *lb)
+{
+    __atomic_add_fetch(&lb->readers, 1, __ATOMIC_SEQ_CST);
+    return __atomic_load_n(&lb->set, __ATOMIC_SEQ_CST);
+}
+static inline void lb_read_end(struct vrpc_lb *lb) { __atomic_sub_fetch(&lb->readers, 1, __ATOMIC_RELEASE); }
+/* Publish set (one writer at a time); returns the old one, no reader's any more. */
+struct lb_set *lb_set_replace(struct vrpc_lb *lb, struct lb_set *set);
 /* The best state of s's channels. */
 enum vrpc_channel_state vrpc_lb_sub_state(const struct vrpc_subch *s);
 
@@ -126,8 +142,15 @@ struct vrpc_subch *vrpc_lb_pick(struct vrpc_lb *lb, const struct lb_set *set, bo
 int vrpc_lb_ring_build(struct lb_set *set);
 uint64_t vrpc_lb_hash(const void *p, size_t len);
 /* An attempt on s ended with code: counters and outlier ejection. */
-void vrpc_lb_outcome(struct vrpc_lb *lb, struct vrpc_subch *s, int code);
-bool vrpc_lb_usable(const struct vrpc_subch *s, int64_t now);
+void vrpc_lb_outcome_slow(struct vrpc_lb *lb, struct vrpc_subch *s, int code);
+static inline void vrpc_lb_outcome(struct vrpc_lb *lb, struct vrpc_subch *s, int code)
+{
+    __atomic_add_fetch(&s->calls, 1, __ATOMIC_RELAXED);
+    if (code == VRPC_OK && !__atomic_load_n(&s->consec_fail, __ATOMIC_RELAXED) &&
+        !__atomic_load_n(&s->ejected_until, __ATOMIC_RELAXED))
+        return;
+    vrpc_lb_outcome_slow(lb, s, code);
+}
 uint64_t vrpc_lb_rand(void);
 
 /* ---- rpc/lb_call.c ----------------------------------------------------------- */

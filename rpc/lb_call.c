@@ -263,13 +263,15 @@ static void no_server(const struct vrpc_lb *lb, struct vrpc_status *st)
 /* ---- synchronous calls ---------------------------------------------------------------- */
 
 /* One attempt of a synchronous call on a picked subchannel. */
-static int sync_attempt(struct vrpc_lb *lb, struct vrpc_subch *sub, struct lb_call *c, const struct vrpc_method_desc *m,
-                        const ProtobufCMessage *req, ProtobufCMessage **resp, const struct vrpc_call_opts *o,
-                        int64_t deadline, struct vrpc_status *st)
+static int sync_attempt(struct vrpc_lb *lb, struct vrpc_subch *sub, struct lb_call *c, bool first,
+                        const struct vrpc_method_desc *m, const ProtobufCMessage *req, ProtobufCMessage **resp,
+                        const struct vrpc_call_opts *o, int64_t deadline, struct vrpc_status *st)
 {
     struct vrpc_channel *ch = vrpc_lb_sub_channel(sub);
-    struct vrpc_call_opts io;
-    if (!attempt_opts(o, deadline, c ? &c->inner_id : NULL, &io)) {
+    struct vrpc_call_opts io, *iop = NULL;
+    /* the first attempt of a call without options: the channel's own
+     * default deadline is the same as ours */
+    if ((o || c || !first) && !attempt_opts(o, deadline, c ? &c->inner_id : NULL, iop = &io)) {
         vrpc_status_set(st, VRPC_DEADLINE_EXCEEDED, "deadline exceeded");
         return VRPC_DEADLINE_EXCEEDED;
     }
@@ -285,7 +287,7 @@ static int sync_attempt(struct vrpc_lb *lb, struct vrpc_subch *sub, struct lb_ca
         }
     }
     __atomic_add_fetch(&sub->outstanding, 1, __ATOMIC_RELAXED);
-    int code = vrpc_call(ch, m, req, resp, &io, st);
+    int code = vrpc_call(ch, m, req, resp, iop, st);
     __atomic_sub_fetch(&sub->outstanding, 1, __ATOMIC_RELAXED);
     vrpc_lb_outcome(lb, sub, code);
     if (c) {
@@ -325,9 +327,11 @@ int vrpc_lb_call(struct vrpc_lb *lb, const struct vrpc_method_desc *m, const Pro
             break;
         }
         tr.attempts++;
-        code = sync_attempt(lb, sub, c, m, req, resp, o, deadline, st);
+        code = sync_attempt(lb, sub, c, tr.attempts == 1, m, req, resp, o, deadline, st);
         copy_peer(o, sub->uri);
         vrpc_lb_sub_put(lb, sub);
+        if (code == VRPC_OK)
+            break;
         int64_t delay;
         bool cancelled = false;
         if (c) {

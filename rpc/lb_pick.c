@@ -60,15 +60,15 @@ int vrpc_lb_ring_build(struct lb_set *set)
     return 0;
 }
 
-bool vrpc_lb_usable(const struct vrpc_subch *s, int64_t now)
+static inline bool usable(const struct vrpc_subch *s)
 {
     if (__atomic_load_n(&s->health, __ATOMIC_RELAXED) == LB_HEALTH_NOT_SERVING)
         return false;
     int64_t until = __atomic_load_n(&s->ejected_until, __ATOMIC_RELAXED);
-    if (until && (now ? now : vrpc_now_ns()) < until)
+    if (until && vrpc_now_ns() < until)
         return false;
-    if (s->nch == 1)
-        return vrpc_channel_state(s->ch[0]) == VRPC_CHANNEL_READY;
+    if (s->nch == 1) /* a subchannel's channels are plain ones: their own state */
+        return __atomic_load_n(&s->ch[0]->state, __ATOMIC_ACQUIRE) == VRPC_CHANNEL_READY;
     return vrpc_lb_sub_state(s) == VRPC_CHANNEL_READY;
 }
 
@@ -95,7 +95,7 @@ static struct vrpc_subch *pick_scan(const struct lb_set *set, size_t start)
 {
     for (size_t i = 0; i < set->n; i++) {
         struct vrpc_subch *s = set->subs[(start + i) % set->n];
-        if (vrpc_lb_usable(s, 0))
+        if (usable(s))
             return s;
     }
     return fallback(set, start);
@@ -106,16 +106,16 @@ static struct vrpc_subch *pick_scan(const struct lb_set *set, size_t start)
 static struct vrpc_subch *pick_rr(const struct lb_set *set, uint32_t turn)
 {
     struct vrpc_subch *s = set->subs[turn % set->n];
-    if (vrpc_lb_usable(s, 0))
+    if (usable(s))
         return s;
-    size_t usable = 0;
+    size_t nu = 0;
     for (size_t i = 0; i < set->n; i++)
-        usable += vrpc_lb_usable(set->subs[i], 0);
-    if (!usable)
+        nu += usable(set->subs[i]);
+    if (!nu)
         return fallback(set, turn % set->n);
-    size_t k = turn % usable;
+    size_t k = turn % nu;
     for (size_t i = 0; i < set->n; i++)
-        if (vrpc_lb_usable(set->subs[i], 0) && k-- == 0)
+        if (usable(set->subs[i]) && k-- == 0)
             return set->subs[i];
     return pick_scan(set, turn % set->n); /* the states changed meanwhile */
 }
@@ -130,7 +130,7 @@ static struct vrpc_subch *pick_least(const struct lb_set *set)
         return pick_scan(set, 0);
     size_t b = (a + 1 + (r >> 32) % (n - 1)) % n; /* != a */
     struct vrpc_subch *x = set->subs[a], *y = set->subs[b];
-    bool ux = vrpc_lb_usable(x, 0), uy = vrpc_lb_usable(y, 0);
+    bool ux = usable(x), uy = usable(y);
     if (ux && uy)
         return __atomic_load_n(&x->outstanding, __ATOMIC_RELAXED) <= __atomic_load_n(&y->outstanding, __ATOMIC_RELAXED)
                    ? x
@@ -158,7 +158,7 @@ static struct vrpc_subch *pick_ring(const struct lb_set *set, bool has_key, uint
      * connect, so that keys do not move while a channel starts up */
     for (size_t i = 0; i < set->nring; i++) {
         struct vrpc_subch *s = set->subs[set->ring[(lo + i) % set->nring].sub];
-        if (vrpc_lb_usable(s, 0))
+        if (usable(s))
             return s;
         enum vrpc_channel_state st = vrpc_lb_sub_state(s);
         if ((st == VRPC_CHANNEL_IDLE || st == VRPC_CHANNEL_CONNECTING) &&
@@ -173,6 +173,8 @@ struct vrpc_subch *vrpc_lb_pick(struct vrpc_lb *lb, const struct lb_set *set, bo
 {
     if (!set || !set->n)
         return NULL;
+    if (set->n == 1 && usable(set->subs[0]))
+        return set->subs[0]; /* every policy's choice */
     switch (lb->o.lb_policy) {
     case VRPC_LB_PICK_FIRST:
         return pick_scan(set, 0);
@@ -192,9 +194,8 @@ static bool is_failure(int code)
     return code == VRPC_UNAVAILABLE || code == VRPC_INTERNAL || code == VRPC_UNKNOWN || code == VRPC_DEADLINE_EXCEEDED;
 }
 
-void vrpc_lb_outcome(struct vrpc_lb *lb, struct vrpc_subch *s, int code)
+void vrpc_lb_outcome_slow(struct vrpc_lb *lb, struct vrpc_subch *s, int code)
 {
-    __atomic_add_fetch(&s->calls, 1, __ATOMIC_RELAXED);
     if (!is_failure(code)) {
         if (__atomic_load_n(&s->consec_fail, __ATOMIC_RELAXED))
             __atomic_store_n(&s->consec_fail, 0, __ATOMIC_RELAXED);

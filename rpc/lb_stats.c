@@ -27,11 +27,11 @@ size_t vrpc_channel_subchannels(const struct vrpc_channel *ch, struct vrpc_subch
         return 0;
     struct vrpc_lb *lb = ch->lb;
     int64_t now = vrpc_now_ns();
-    pthread_rwlock_rdlock(&lb->lock);
-    size_t n = lb->set ? lb->set->n : 0;
+    struct lb_set *set = lb_read_begin(lb);
+    size_t n = set ? set->n : 0;
     for (size_t i = 0; i < n && i < cap && out; i++)
-        sub_info(lb->set->subs[i], &out[i], now);
-    pthread_rwlock_unlock(&lb->lock);
+        sub_info(set->subs[i], &out[i], now);
+    lb_read_end(lb);
     return n;
 }
 

@@ -55,15 +55,25 @@ static struct vrpc_subch **snapshot(struct vrpc_lb *lb, size_t *n)
 {
     struct vrpc_subch **v = NULL;
     *n = 0;
-    pthread_rwlock_rdlock(&lb->lock);
-    if (lb->set && lb->set->n && (v = malloc(lb->set->n * sizeof(*v)))) {
-        *n = lb->set->n;
-        for (size_t i = 0; i < *n; i++) {
-            v[i] = lb->set->subs[i];
-            __atomic_add_fetch(&v[i]->refs, 1, __ATOMIC_RELAXED);
+    size_t want = 0;
+    for (;;) { /* no allocation while reading */
+        struct lb_set *set = lb_read_begin(lb);
+        size_t have = set ? set->n : 0;
+        if (v && have <= want) {
+            *n = have;
+            for (size_t i = 0; i < have; i++) {
+                v[i] = set->subs[i];
+                __atomic_add_fetch(&v[i]->refs, 1, __ATOMIC_RELAXED);
+            }
         }
+        lb_read_end(lb);
+        if (!have || (v && have <= want))
+            return v;
+        free(v);
+        want = have;
+        if (!(v = malloc(want * sizeof(*v))))
+            return NULL;
     }
-    pthread_rwlock_unlock(&lb->lock);
     return v;
 }
 
