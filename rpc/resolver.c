@@ -7,10 +7,13 @@
 #include "common/log_internal.h"
 #include "rpc/resolver.h"
 
+/* etcd is in every build; without libcurl/jansson its create says -ENOTSUP
+ * (rpc/etcd_none.c). */
 static const struct vrpc_resolver_ops *const schemes[] = {
     &vrpc_resolver_list,
     &vrpc_resolver_dns,
     &vrpc_resolver_file,
+    &vrpc_resolver_etcd,
 };
 
 /* The table entry whose scheme target starts with (followed by "://"). */

@@ -4,9 +4,12 @@
  * becoming "[scheme://]address:port".
  *   dns://name:port[?interval_ms=N]      addresses as bare host:port (auto)
  *   dns://tcp/name:port                  one scheme for every address
+ *   dns:///name:port                     gRPC's spelling (empty authority): the same
  * interval_ms: 0 (never periodically) or 100..86400000; default 30000. A
  * failed look-up (or one with no address) keeps the last set and is tried
- * again after 1 s, 2 s, ... up to the interval. */
+ * again after 1 s, 2 s, ... up to the interval. getaddrinfo cannot be
+ * interrupted: destroy waits for a look-up in progress (the system
+ * resolver's timeout, a few seconds at most). */
 #include <errno.h>
 #include <netdb.h>
 #include <pthread.h>
@@ -156,7 +159,7 @@ static int dns_parse(struct dns_resolver *r, const char *rest)
 
     if ((rc = vrpc_rslv_split_opts("dns", rest, &body, dns_opt, r)))
         return rc;
-    hp = vrpc_rslv_prefix_scheme(body, r->scheme, sizeof r->scheme);
+    hp = vrpc_rslv_prefix_scheme(body[0] == '/' ? body + 1 : body, r->scheme, sizeof r->scheme);
     snprintf(uri, sizeof uri, "%s%s%s", r->scheme, *r->scheme ? "://" : "", hp);
     if ((rc = vrpc_uri_check(uri, why, sizeof why)) || (rc = split_hostport(r, hp))) {
         vrpc_rpc_log("resolver: bad target 'dns://%s': %s", rest, why[0] ? why : "bad host:port");

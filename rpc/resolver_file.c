@@ -1,7 +1,10 @@
 /* file:// targets: one server URI (or bare host:port) per line of a file,
  * '#' to the end of a line a comment, blank lines skipped. The resolver's
- * thread looks at the file (stat: inode, size, mtime, ctime) every poll_ms
- * (10..60000, default 1000) and reads it again when it changed:
+ * thread looks at the file (stat: inode, size, mtime, ctime) whenever inotify
+ * reports a change in its directory (a file closed after writing, renamed,
+ * created, deleted) and at least every poll_ms (10..60000, default 1000; for
+ * what inotify misses, e.g. network file systems), and reads it again when
+ * it changed:
  *   file:///etc/kv-servers.txt[?poll_ms=N]
  * A file that is missing, unreadable, larger than 1 MiB or has a malformed
  * line (logged with its number) keeps the last set; replace the file by
@@ -10,7 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include "common/container_of.h"
 #include "common/log_internal.h"
 #include "rpc/resolver_internal.h"
@@ -43,44 +48,71 @@ static bool same_stat(const struct stat *a, const struct stat *b)
            a->st_ctim.tv_sec == b->st_ctim.tv_sec && a->st_ctim.tv_nsec == b->st_ctim.tv_nsec;
 }
 
-/* One line (NUL-terminated, may be changed): trimmed, comment cut, added. */
-static int parse_line(char *line, struct vrpc_uri_set *s, char *why, size_t why_len)
+/* One line [b, e): comment cut, trimmed, added. */
+static int parse_line(const char *b, const char *e, struct vrpc_uri_set *s, char *why, size_t why_len)
 {
-    char *hash = strchr(line, '#'), *e;
+    char line[VRPC_RESOLVER_MAX_URI + 1];
+    const char *hash = memchr(b, '#', (size_t)(e - b));
 
     if (hash)
-        *hash = '\0';
-    while (*line == ' ' || *line == '\t')
-        line++;
-    e = line + strlen(line);
-    while (e > line && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\r'))
-        *--e = '\0';
-    return *line ? vrpc_uri_set_add(s, line, why, why_len) : 0;
+        e = hash;
+    while (b < e && (*b == ' ' || *b == '\t'))
+        b++;
+    while (e > b && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\r'))
+        e--;
+    if (b == e)
+        return 0;
+    if ((size_t)(e - b) >= sizeof line) {
+        snprintf(why, why_len, "longer than %d bytes", VRPC_RESOLVER_MAX_URI - 1);
+        return -EINVAL;
+    }
+    if (memchr(b, '\0', (size_t)(e - b))) {
+        snprintf(why, why_len, "a NUL byte");
+        return -EINVAL;
+    }
+    memcpy(line, b, (size_t)(e - b));
+    line[e - b] = '\0';
+    return vrpc_uri_set_add(s, line, why, why_len);
 }
 
-/* Read and parse the whole file into s; 0 or a negative errno, why set. */
-static int read_set(struct file_resolver *r, FILE *f, struct vrpc_uri_set *s, char *why, size_t why_len)
+int vrpc_rslv_parse_lines(const char *text, size_t len, struct vrpc_uri_set *s, char *why, size_t why_len)
 {
-    char line[VRPC_RESOLVER_MAX_URI + 64], inner[128];
+    const char *p = text, *end = text + len;
+    char inner[128];
     int lineno = 0, rc;
 
-    while (fgets(line, sizeof line, f)) {
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *e = nl ? nl : end;
         lineno++;
-        if (!strchr(line, '\n') && !feof(f)) {
-            snprintf(why, why_len, "line %d is longer than %zu bytes", lineno, sizeof line - 2);
-            return -EINVAL;
-        }
-        line[strcspn(line, "\n")] = '\0';
-        if ((rc = parse_line(line, s, inner, sizeof inner))) {
+        inner[0] = '\0';
+        if ((rc = parse_line(p, e, s, inner, sizeof inner))) {
             snprintf(why, why_len, "line %d: %s", lineno, inner);
             return rc;
         }
-    }
-    if (ferror(f)) {
-        snprintf(why, why_len, "read error");
-        return -EIO;
+        p = nl ? nl + 1 : end;
     }
     return 0;
+}
+
+/* Read and parse the whole file (at most FILE_MAX_BYTES) into s. */
+static int read_set(FILE *f, struct vrpc_uri_set *s, char *why, size_t why_len)
+{
+    char *buf = malloc(FILE_MAX_BYTES + 1);
+    size_t n;
+    int rc;
+
+    if (!buf)
+        return -ENOMEM;
+    n = fread(buf, 1, FILE_MAX_BYTES + 1, f);
+    if (ferror(f))
+        rc = -EIO;
+    else if (n > FILE_MAX_BYTES)
+        rc = -EFBIG;
+    else
+        rc = vrpc_rslv_parse_lines(buf, n, s, why, why_len);
+    free(buf);
+    return rc;
 }
 
 /* Read the file if it changed since the last read; keep the last set on failure. */
@@ -101,14 +133,15 @@ static void file_round(struct file_resolver *r)
     else if (!(f = fopen(r->path, "r")))
         rc = -errno;
     else
-        rc = read_set(r, f, &s, why, sizeof why);
+        rc = read_set(f, &s, why, sizeof why);
     if (f)
         fclose(f);
     if (rc) {
         if (rc != r->last_err || rc == -EINVAL)
             vrpc_rpc_log("resolver: file '%s': %s; keeping the last set", r->path, why[0] ? why : strerror(-rc));
         r->last_err = rc;
-        r->last = st.st_ino && rc == -EINVAL ? st : r->last; /* a malformed file: not re-read until it changes */
+        if (rc == -EINVAL) /* a malformed file (stat succeeded): not re-read until it changes */
+            r->last = st;
         vrpc_uri_set_clear(&s);
         return;
     }
@@ -117,12 +150,41 @@ static void file_round(struct file_resolver *r)
     vrpc_rslv_deliver(&r->out, &s);
 }
 
+/* An inotify descriptor watching path's directory, or -1 (then polling only). */
+static int watch_dir(const char *path)
+{
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    size_t len = slash == path ? 1 : (size_t)(slash - path);
+    int fd;
+
+    if (len >= sizeof dir || (fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC)) < 0)
+        return -1;
+    memcpy(dir, path, len);
+    dir[len] = '\0';
+    if (inotify_add_watch(fd, dir, IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_CREATE | IN_DELETE | IN_ATTRIB) <
+        0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 static void file_main(void *arg)
 {
     struct file_resolver *r = arg;
-    do
+    int fd = watch_dir(r->path);
+    char events[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+    bool ready;
+
+    do {
+        /* any event in the directory: look (stat says whether our file changed) */
+        while (fd >= 0 && read(fd, events, sizeof events) > 0)
+            ;
         file_round(r);
-    while (!vrpc_rslv_loop_wait(&r->loop, r->poll_ms));
+    } while (!vrpc_rslv_loop_wait_fd(&r->loop, fd, r->poll_ms, &ready));
+    if (fd >= 0)
+        close(fd);
 }
 
 static void file_destroy(struct vrpc_resolver *base)

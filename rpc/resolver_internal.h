@@ -51,6 +51,7 @@ struct vrpc_rslv_loop {
     pthread_cond_t cv; /* CLOCK_MONOTONIC */
     pthread_t th;
     bool started, stop, kick;
+    int efd; /* eventfd: refresh and stop wake vrpc_rslv_loop_wait_fd's poll */
     int64_t last_kick_ns, min_gap_ns;
     void (*body)(void *arg);
     void *arg;
@@ -58,6 +59,9 @@ struct vrpc_rslv_loop {
 int vrpc_rslv_loop_start(struct vrpc_rslv_loop *l, void (*body)(void *), void *arg, uint32_t min_gap_ms);
 /* true: stop now; false: the period ended or a refresh came. */
 bool vrpc_rslv_loop_wait(struct vrpc_rslv_loop *l, uint64_t timeout_ms);
+/* The same, but also returns (false, *ready true) as soon as fd is readable
+ * (the caller drains it). Loop thread only. */
+bool vrpc_rslv_loop_wait_fd(struct vrpc_rslv_loop *l, int fd, uint64_t timeout_ms, bool *ready);
 bool vrpc_rslv_loop_stopping(struct vrpc_rslv_loop *l);
 void vrpc_rslv_loop_refresh(struct vrpc_rslv_loop *l);
 void vrpc_rslv_loop_stop(struct vrpc_rslv_loop *l); /* safe if never started */
@@ -72,6 +76,12 @@ const char *vrpc_rslv_prefix_scheme(const char *rest, char *scheme, size_t cap);
  * an option without '=', or whatever opt returns that is not 0 (logged). */
 int vrpc_rslv_split_opts(const char *scheme, const char *rest, char **body_out,
                          int (*opt)(void *ctx, const char *key, const char *val), void *ctx);
+/* The file:// format: one URI per line of text[0..len) ('#' to the end of
+ * the line a comment, spaces and a trailing CR ignored, blank lines
+ * skipped), added to s. 0, or -EINVAL/-E2BIG/-ENOMEM with why saying
+ * which line and why (rpc/resolver_file.c). */
+int vrpc_rslv_parse_lines(const char *text, size_t len, struct vrpc_uri_set *s, char *why, size_t why_len);
+
 /* A whole decimal in lo..hi, or -EINVAL. */
 int vrpc_rslv_parse_u32(const char *val, uint32_t lo, uint32_t hi, uint32_t *out);
 

@@ -5,6 +5,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <unistd.h>
+#include <sys/eventfd.h>
 #include <verbrpc/transport.h>
 #include "common/clock.h"
 #include "common/log_internal.h"
@@ -96,12 +99,15 @@ int vrpc_rslv_loop_start(struct vrpc_rslv_loop *l, void (*body)(void *), void *a
     int rc;
 
     *l = (struct vrpc_rslv_loop){.body = body, .arg = arg, .min_gap_ns = (int64_t)min_gap_ms * 1000000};
+    l->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); /* -1: wait_fd falls back to short polls */
     pthread_mutex_init(&l->mu, NULL);
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&l->cv, &ca);
     pthread_condattr_destroy(&ca);
     if ((rc = pthread_create(&l->th, NULL, loop_main, l))) {
+        if (l->efd >= 0)
+            close(l->efd);
         pthread_cond_destroy(&l->cv);
         pthread_mutex_destroy(&l->mu);
         return -rc;
@@ -116,6 +122,24 @@ static void ns_to_ts(int64_t ns, struct timespec *ts)
     ts->tv_nsec = (long)(ns % 1000000000);
 }
 
+/* Under l->mu: true and the kick consumed if a refresh is due now; else
+ * *until lowered to when a deferred one will be. */
+static bool kick_due_locked(struct vrpc_rslv_loop *l, int64_t now, int64_t *until)
+{
+    int64_t kick_at;
+    if (!l->kick)
+        return false;
+    kick_at = l->last_kick_ns ? l->last_kick_ns + l->min_gap_ns : now;
+    if (now >= kick_at) {
+        l->kick = false;
+        l->last_kick_ns = now;
+        return true;
+    }
+    if (kick_at < *until)
+        *until = kick_at;
+    return false;
+}
+
 /* A refresh ends the wait at once, or at last_kick + min_gap if that is
  * later (the refresh is deferred, never lost). */
 bool vrpc_rslv_loop_wait(struct vrpc_rslv_loop *l, uint64_t timeout_ms)
@@ -128,16 +152,8 @@ bool vrpc_rslv_loop_wait(struct vrpc_rslv_loop *l, uint64_t timeout_ms)
     pthread_mutex_lock(&l->mu);
     while (!l->stop && now < deadline) {
         int64_t until = deadline;
-        if (l->kick) {
-            int64_t kick_at = l->last_kick_ns ? l->last_kick_ns + l->min_gap_ns : now;
-            if (now >= kick_at) {
-                l->kick = false;
-                l->last_kick_ns = now;
-                break;
-            }
-            if (kick_at < until)
-                until = kick_at;
-        }
+        if (kick_due_locked(l, now, &until))
+            break;
         ns_to_ts(until, &ts);
         pthread_cond_timedwait(&l->cv, &l->mu, &ts);
         now = vrpc_clock_mono_ns();
@@ -145,6 +161,46 @@ bool vrpc_rslv_loop_wait(struct vrpc_rslv_loop *l, uint64_t timeout_ms)
     stop = l->stop;
     pthread_mutex_unlock(&l->mu);
     return stop;
+}
+
+bool vrpc_rslv_loop_wait_fd(struct vrpc_rslv_loop *l, int fd, uint64_t timeout_ms, bool *ready)
+{
+    int64_t now = vrpc_clock_mono_ns();
+    int64_t deadline = timeout_ms > (uint64_t)INT64_MAX / 2000000 ? INT64_MAX / 2 : now + (int64_t)timeout_ms * 1000000;
+
+    *ready = false;
+    for (;;) {
+        int64_t until = deadline;
+        bool stop, due;
+        pthread_mutex_lock(&l->mu);
+        stop = l->stop;
+        due = !stop && kick_due_locked(l, now, &until);
+        pthread_mutex_unlock(&l->mu);
+        if (stop || due || now >= deadline)
+            return stop;
+        struct pollfd p[2] = {{.fd = fd, .events = POLLIN}, {.fd = l->efd, .events = POLLIN}};
+        int64_t ms = (until - now + 999999) / 1000000;
+        if (l->efd < 0 && ms > 100)
+            ms = 100; /* no eventfd: see stop and refresh at least every 100 ms */
+        if (poll(p, l->efd >= 0 ? 2 : 1, ms > INT32_MAX ? INT32_MAX : (int)ms) > 0) {
+            uint64_t v;
+            if (p[1].revents & POLLIN && read(l->efd, &v, sizeof v) < 0)
+                v = 0; /* drained (EAGAIN: another wake took it) */
+            if (p[0].revents & (POLLIN | POLLERR | POLLHUP)) {
+                *ready = true;
+                return vrpc_rslv_loop_stopping(l);
+            }
+        }
+        now = vrpc_clock_mono_ns();
+    }
+}
+
+/* Wake a poll in vrpc_rslv_loop_wait_fd. */
+static void wake_fd(struct vrpc_rslv_loop *l)
+{
+    uint64_t one = 1;
+    if (l->efd >= 0 && write(l->efd, &one, sizeof one) < 0)
+        one = 0; /* the counter is full: a wake is pending anyway */
 }
 
 bool vrpc_rslv_loop_stopping(struct vrpc_rslv_loop *l)
@@ -162,6 +218,7 @@ void vrpc_rslv_loop_refresh(struct vrpc_rslv_loop *l)
     l->kick = true;
     pthread_cond_signal(&l->cv);
     pthread_mutex_unlock(&l->mu);
+    wake_fd(l);
 }
 
 void vrpc_rslv_loop_stop(struct vrpc_rslv_loop *l)
@@ -172,7 +229,10 @@ void vrpc_rslv_loop_stop(struct vrpc_rslv_loop *l)
     l->stop = true;
     pthread_cond_broadcast(&l->cv);
     pthread_mutex_unlock(&l->mu);
+    wake_fd(l);
     pthread_join(l->th, NULL);
+    if (l->efd >= 0)
+        close(l->efd);
     pthread_cond_destroy(&l->cv);
     pthread_mutex_destroy(&l->mu);
     l->started = false;

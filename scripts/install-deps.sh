@@ -18,8 +18,13 @@ PKGS=(
     # an HTTP server library rather than an HTTP parser of our own; optional
     # (VRPC_WITH_METRICS), the library builds without it
     libmicrohttpd-dev
-    # JSON for the verbrpc tool (call's requests and responses, stats --json): protobuf-c has no JSON
+    # JSON for the verbrpc tool (call's requests and responses, stats --json): protobuf-c has no JSON;
+    # also etcd discovery's JSON (the gateway's requests, responses and watch messages)
     libjansson-dev
+    # etcd discovery (etcd:// targets, vrpc_etcd_register): an HTTP client library for etcd's JSON
+    # gateway rather than an HTTP client of our own; optional (VRPC_WITH_ETCD), and the etcd
+    # server the tests start (test_etcd skips without /usr/bin/etcd)
+    libcurl4-openssl-dev etcd-server
     # sanitizer runtimes (gcc 12)
     libasan8 libubsan1 libtsan2
     # Soft-RoCE VM: qemu, initramfs tools, and what the guest runs from the host root

@@ -3,7 +3,8 @@
  * Ctrl-C. Handlers answer at once; they build replies in the call's arena
  * (vrpc_server_call_alloc), so serving allocates only for stored data.
  *   kvstore_server [--listen URI] [--threads N] [--pollers N] [--shards N]
- *                  [--max-msg-size B] [--uri-file PATH] [--metrics IP:PORT] */
+ *                  [--max-msg-size B] [--uri-file PATH] [--metrics IP:PORT]
+ *                  [--register ETCD/PREFIX] */
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -111,6 +112,7 @@ static void usage(FILE *f, const char *argv0)
     fprintf(f,
             "usage: %s [--listen URI] [--threads N] [--pollers N] [--shards N]\n"
             "          [--max-msg-size B] [--uri-file PATH] [--metrics IP:PORT]\n"
+            "          [--register HOST:PORT[,HOST:PORT]/PREFIX]\n"
             "  --listen URI       where to listen: tcp://HOST:PORT, verbs://IP:PORT (IP of an RDMA\n"
             "                     device), auto://HOST:PORT or HOST:PORT (default tcp://127.0.0.1:7071;\n"
             "                     port 0 picks a free one)\n"
@@ -123,8 +125,33 @@ static void usage(FILE *f, const char *argv0)
             "  --uri-file PATH    write the bound URI to PATH once listening\n"
             "  --metrics IP:PORT  serve Prometheus metrics at http://IP:PORT/metrics (plain HTTP,\n"
             "                     no authentication: use 127.0.0.1 or a private address)\n"
+            "  --register E/P     register the bound URI in etcd (client URLs E, key prefix P, e.g.\n"
+            "                     127.0.0.1:2379/services/kv/) under a 10 s lease kept alive, removed\n"
+            "                     on Ctrl-C; clients connect to etcd://E/P (listen on an address\n"
+            "                     they can reach, not 0.0.0.0)\n"
             "Serves examples.kvstore.v1.KvStore plus verbrpc's Health and Stats; Ctrl-C stops it.\n",
             argv0);
+}
+
+/* --register "endpoints/prefix": the bound URI into etcd; NULL on failure (logged). */
+static struct vrpc_etcd_reg *etcd_register(const char *spec, const char *bound)
+{
+    const char *slash = strchr(spec, '/');
+    struct vrpc_etcd_reg *reg = NULL;
+    char eps[256];
+    int rc = -EINVAL;
+
+    if (slash && slash > spec && (size_t)(slash - spec) < sizeof(eps)) {
+        memcpy(eps, spec, (size_t)(slash - spec));
+        eps[slash - spec] = '\0';
+        rc = vrpc_etcd_register(eps, slash, bound, 10, &reg);
+    }
+    if (rc) {
+        fprintf(stderr, "kvstore_server: cannot register in etcd (%s): %s\n", spec, strerror(-rc));
+        return NULL;
+    }
+    printf("kvstore_server: registered %s under etcd://%s\n", bound, spec);
+    return reg;
 }
 
 int main(int argc, char **argv)
@@ -137,10 +164,12 @@ int main(int argc, char **argv)
         {"max-msg-size", required_argument, NULL, 'm'},
         {"uri-file", required_argument, NULL, 'u'},
         {"metrics", required_argument, NULL, 'M'},
+        {"register", required_argument, NULL, 'r'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    const char *listen_uri = "tcp://127.0.0.1:7071", *uri_file = NULL;
+    const char *listen_uri = "tcp://127.0.0.1:7071", *uri_file = NULL, *etcd = NULL;
+    struct vrpc_etcd_reg *reg = NULL;
     struct kv_server kv = {.table = NULL};
     Examples__Kvstore__V1__KvStore_VrpcImpl impl = {
         .user = &kv,
@@ -167,6 +196,9 @@ int main(int argc, char **argv)
             break;
         case 'M':
             o.metrics_addr = optarg;
+            break;
+        case 'r':
+            etcd = optarg;
             break;
         case 't':
         case 'p':
@@ -224,8 +256,15 @@ int main(int argc, char **argv)
     fflush(stdout);
     if (uri_file && (rc = ex_write_file(uri_file, bound)) != 0)
         fprintf(stderr, "kvstore_server: cannot write %s: %s\n", uri_file, strerror(-rc));
+    if (etcd && !(reg = etcd_register(etcd, bound))) {
+        vrpc_server_destroy(s);
+        kv_table_destroy(kv.table);
+        return 1;
+    }
+    fflush(stdout);
 
     ex_wait_for_signal();
+    vrpc_etcd_deregister(reg); /* first: clients stop choosing this server */
     rc = vrpc_server_shutdown(s, 2000);
     printf("kvstore_server: shut down with %zu keys stored%s\n", kv_table_count(kv.table),
            rc == 0 ? "" : " (calls still in flight were dropped)");

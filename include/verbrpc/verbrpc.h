@@ -9,5 +9,6 @@
 #include <verbrpc/rpc.h>
 #include <verbrpc/stream.h>
 #include <verbrpc/metrics.h>
+#include <verbrpc/discovery.h>
 
 #endif

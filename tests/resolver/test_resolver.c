@@ -17,6 +17,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/stat.h>
+#include <verbrpc/discovery.h>
 #include "common/clock.h"
 #include "rpc/resolver.h"
 #include "rpc/resolver_internal.h"
@@ -84,6 +85,9 @@ static void t_is_target(void **state)
 {
     (void)state;
     assert_true(vrpc_resolver_is_target("list://a:1"));
+    assert_true(vrpc_resolver_is_target("dns://a:1"));
+    assert_true(vrpc_resolver_is_target("file:///a"));
+    assert_true(vrpc_resolver_is_target("etcd://a:1/p/"));
     assert_false(vrpc_resolver_is_target("tcp://a:1"));
     assert_false(vrpc_resolver_is_target("a:1"));
     assert_false(vrpc_resolver_is_target("list:a:1"));
@@ -96,6 +100,24 @@ static void t_is_target(void **state)
     assert_null(r);
     vrpc_resolver_destroy(NULL);
     vrpc_resolver_refresh(NULL);
+}
+
+/* A build without libcurl/jansson names what it lacks. */
+static void t_etcd_not_built(void **state)
+{
+    (void)state;
+#ifdef VRPC_TEST_HAVE_ETCD
+    skip(); /* built with etcd: tests/resolver/test_etcd covers it */
+#else
+    struct vrpc_resolver *r = NULL;
+    struct vrpc_etcd_reg *g = NULL;
+    struct seen s;
+    seen_init(&s);
+    assert_int_equal(vrpc_resolver_create("etcd://127.0.0.1:2379/svc/", on_update, &s, &r), -ENOTSUP);
+    assert_null(r);
+    assert_int_equal(vrpc_etcd_register("127.0.0.1:2379", "/svc/", "tcp://127.0.0.1:1", 5, &g), -ENOTSUP);
+    assert_null(g);
+#endif
 }
 
 /* target resolves (inside create) to exactly want. */
@@ -327,6 +349,7 @@ static void t_dns_bad(void **state)
     expect_bad("dns://svc.example:1?interval_ms=1x");
     expect_bad("dns://svc.example:1?colour=red");
     expect_bad("dns://tcp/");
+    expect_bad("dns:////svc.example:1");
 }
 
 static void t_dns_fake_periodic(void **state)
@@ -368,7 +391,7 @@ static void t_dns_refresh(void **state)
     seen_init(&s);
     fake_set("10.0.0.1");
     vrpc_resolver_dns_set_lookup(fake_lookup, fake_free);
-    assert_int_equal(vrpc_resolver_create("dns://svc.example:6000?interval_ms=0", on_update, &s, &r), 0);
+    assert_int_equal(vrpc_resolver_create("dns:///svc.example:6000?interval_ms=0", on_update, &s, &r), 0);
     assert_true(seen_wait(&s, "10.0.0.1:6000", 10000));
     fake_set("10.0.0.2,10.0.0.1");
     usleep(300 * 1000); /* no period: nothing looks again by itself */
@@ -437,6 +460,35 @@ static void t_file_bad(void **state)
     expect_bad("file:///x?interval_ms=100");
 }
 
+/* The file format itself (vrpc_rslv_parse_lines). */
+static void t_file_lines(void **state)
+{
+    (void)state;
+    struct vrpc_uri_set set = {0};
+    char why[160], big[VRPC_RESOLVER_MAX_URI + 40];
+    const char ok[] = "#c\r\n  tcp://a:1\t# x\r\n\n\t\nb:2"; /* CRLF, tabs, no final newline */
+    assert_int_equal(vrpc_rslv_parse_lines(ok, sizeof ok - 1, &set, why, sizeof why), 0);
+    assert_int_equal(set.n, 2);
+    assert_string_equal(set.v[0], "tcp://a:1");
+    assert_string_equal(set.v[1], "b:2");
+    vrpc_uri_set_clear(&set);
+    assert_int_equal(vrpc_rslv_parse_lines("", 0, &set, why, sizeof why), 0);
+    assert_int_equal(set.n, 0);
+
+    const char nul[] = "a:1\nb:\0002\n";
+    assert_int_equal(vrpc_rslv_parse_lines(nul, sizeof nul - 1, &set, why, sizeof why), -EINVAL);
+    assert_non_null(strstr(why, "line 2"));
+    vrpc_uri_set_clear(&set);
+    memset(big, 'a', sizeof big - 3);
+    memcpy(big + sizeof big - 3, ":1", 3);
+    assert_int_equal(vrpc_rslv_parse_lines(big, strlen(big), &set, why, sizeof why), -EINVAL);
+    assert_non_null(strstr(why, "longer"));
+    vrpc_uri_set_clear(&set);
+    assert_int_equal(vrpc_rslv_parse_lines("a:1\nb c:2\n", 11, &set, why, sizeof why), -EINVAL);
+    assert_non_null(strstr(why, "line 2"));
+    vrpc_uri_set_clear(&set);
+}
+
 static void t_file_follows(void **state)
 {
     (void)state;
@@ -471,6 +523,33 @@ static void t_file_follows(void **state)
     unlink(path);
 }
 
+/* With a poll period of a minute, a change is still seen at once (inotify). */
+static void t_file_inotify(void **state)
+{
+    (void)state;
+    char path[128], target[192];
+    struct vrpc_resolver *r = NULL;
+    struct seen s;
+    seen_init(&s);
+    make_dir();
+    snprintf(path, sizeof path, "%s/watched", g_dir);
+    snprintf(target, sizeof target, "file://%s?poll_ms=60000", path);
+    write_file(path, "tcp://10.0.0.1:1\n");
+    assert_int_equal(vrpc_resolver_create(target, on_update, &s, &r), 0);
+    assert_true(seen_wait(&s, "tcp://10.0.0.1:1", 10000));
+    write_file(path, "tcp://10.0.0.2:1\n"); /* by rename */
+    assert_true(seen_wait(&s, "tcp://10.0.0.2:1", 10000));
+    FILE *f = fopen(path, "a"); /* in place: seen at close */
+    assert_non_null(f);
+    fputs("tcp://10.0.0.3:1\n", f);
+    assert_int_equal(fclose(f), 0);
+    assert_true(seen_wait(&s, "tcp://10.0.0.2:1,tcp://10.0.0.3:1", 10000));
+    int64_t t0 = vrpc_clock_mono_ns();
+    vrpc_resolver_destroy(r); /* not a minute: stop wakes the poll */
+    assert_true(vrpc_clock_mono_ns() - t0 < 10LL * 1000000000);
+    unlink(path);
+}
+
 static void t_file_missing_at_start(void **state)
 {
     (void)state;
@@ -495,6 +574,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(t_is_target),
+        cmocka_unit_test(t_etcd_not_built),
         cmocka_unit_test(t_list_good),
         cmocka_unit_test(t_list_bad),
         cmocka_unit_test(t_list_too_many),
@@ -505,7 +585,9 @@ int main(void)
         cmocka_unit_test(t_dns_refresh),
         cmocka_unit_test(t_dns_localhost),
         cmocka_unit_test(t_file_bad),
+        cmocka_unit_test(t_file_lines),
         cmocka_unit_test(t_file_follows),
+        cmocka_unit_test(t_file_inotify),
         cmocka_unit_test(t_file_missing_at_start),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
