@@ -339,8 +339,7 @@ int vrpc_lb_connect(struct vrpc_lb *lb, int timeout_ms)
 void vrpc_lb_destroy(struct vrpc_channel *parent)
 {
     struct vrpc_lb *lb = parent->lb;
-    set_state(parent, VRPC_CHANNEL_SHUTDOWN);
-    vrpc_resolver_destroy(lb->res); /* no update from here on */
+    set_state(parent, VRPC_CHANNEL_SHUTDOWN); /* no retry starts from here on */
     if (lb->thr_started) {
         pthread_mutex_lock(&lb->mu);
         lb->stop = true;
@@ -348,6 +347,7 @@ void vrpc_lb_destroy(struct vrpc_channel *parent)
         pthread_mutex_unlock(&lb->mu);
         pthread_join(lb->thr, NULL); /* it completed the delayed calls (CANCELLED) */
     }
+    vrpc_resolver_destroy(lb->res); /* no update from here on (the thread refreshed it) */
     /* the subchannels' channels complete their calls with CANCELLED (the
      * parent is SHUTDOWN: no retry); a subchannel's memory stays until the
      * last callback using it is over */
@@ -360,8 +360,10 @@ void vrpc_lb_destroy(struct vrpc_channel *parent)
     for (struct vrpc_subch *s = lb->dead; s; s = s->next_dead)
         sub_close(s);
     uint32_t v; /* callbacks still running (early failures, a caller's scheduler) */
-    while ((v = __atomic_load_n(&lb->live_calls, __ATOMIC_ACQUIRE)) != 0)
+    while ((v = __atomic_load_n(&lb->live_calls, __ATOMIC_ACQUIRE)) != 0) {
+        vrpc_lb_run_delayed(lb, 0, true); /* one a callback delayed as the thread stopped */
         vrpc_rpc_futex_wait_ns(&lb->live_calls, v, 10000000);
+    }
     for (struct vrpc_subch *s = lb->dead, *nx; s; s = nx) {
         nx = s->next_dead;
         free(s);

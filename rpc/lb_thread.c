@@ -112,11 +112,15 @@ static void tend(struct vrpc_lb *lb)
 {
     size_t n;
     struct vrpc_subch **v = snapshot(lb, &n);
+    bool failing = false;
     for (size_t i = 0; i < n && !stopping(lb); i++) {
         for (unsigned k = 0; k < v[i]->nch; k++)
             connect_if_due(v[i]->ch[k]);
         health_check(lb, v[i], vrpc_now_ns());
+        failing |= vrpc_lb_sub_state(v[i]) == VRPC_CHANNEL_TRANSIENT_FAILURE;
     }
+    if (failing) /* a server gone: perhaps the source knows (the resolver limits the rate) */
+        vrpc_resolver_refresh(lb->res);
     for (size_t i = 0; i < n; i++)
         vrpc_lb_sub_put(lb, v[i]);
     free(v);

@@ -576,6 +576,71 @@ static void t_async_cancel_destroy(void **state)
     assert_int_equal(a.cancelled, 12);
 }
 
+/* ---- the set changes (file://): an added server gets calls, a removed one none ---------- */
+
+static void write_set(const char *path, const int *idx, int n)
+{
+    char tmp[256];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    assert_non_null(f);
+    for (int i = 0; i < n; i++)
+        fprintf(f, "%s\n", g_srv[idx[i]].uri);
+    fclose(f);
+    assert_int_equal(rename(tmp, path), 0);
+}
+
+/* Calls until one reaches server want (ms taken, or -1 after 5 s). */
+static int64_t until_server(struct vrpc_channel *ch, int want)
+{
+    int64_t t0 = now_ms();
+    while (now_ms() - t0 < 5000) {
+        int code;
+        if (call_echo(ch, &lb_m_echo, 0, 0, NULL, NULL, 0, &code) == want)
+            return now_ms() - t0;
+        assert_int_equal(code, VRPC_OK);
+        usleep(500);
+    }
+    return -1;
+}
+
+static void t_file_update(void **state)
+{
+    (void)state;
+    assert_int_equal(start_n(3, NULL), 0);
+    char dir[] = "/tmp/vrpc_lb_XXXXXX", path[300], target[320];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/servers", dir);
+    const int two[] = {0, 1}, three[] = {0, 1, 2}, last[] = {1, 2};
+    write_set(path, two, 2);
+    snprintf(target, sizeof target, "file://%s?poll_ms=50", path);
+    struct vrpc_channel *ch;
+    assert_int_equal(vrpc_channel_create(target, NULL, &ch), 0);
+    assert_int_equal(vrpc_channel_connect(ch, 5000), 0);
+    int64_t t = until_server(ch, 1);
+    assert_true(t >= 0);
+    write_set(path, three, 3); /* added */
+    t = until_server(ch, 2);
+    printf("file://: an added server got its first call after %lld ms\n", (long long)t);
+    assert_true(t >= 0 && t < 3000);
+    write_set(path, last, 2); /* server 0 removed */
+    int64_t end = now_ms() + 3000;
+    while (vrpc_channel_subchannels(ch, NULL, 0) != 2 && now_ms() < end)
+        usleep(1000);
+    assert_int_equal(vrpc_channel_subchannels(ch, NULL, 0), 2);
+    int count[3] = {0};
+    for (int i = 0; i < 200; i++) {
+        int code, s = call_echo(ch, &lb_m_echo, 0, 0, NULL, NULL, 0, &code);
+        assert_int_equal(code, VRPC_OK);
+        count[s]++;
+    }
+    printf("file://: after server 0 was removed: %d %d %d\n", count[0], count[1], count[2]);
+    assert_int_equal(count[0], 0);
+    vrpc_channel_destroy(ch);
+    unlink(path);
+    rmdir(dir);
+}
+
 /* A plain channel names its server too. */
 static void t_peer_plain(void **state)
 {
@@ -607,6 +672,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(t_outlier, teardown),
         cmocka_unit_test_teardown(t_async_kill, teardown),
         cmocka_unit_test_teardown(t_async_cancel_destroy, teardown),
+        cmocka_unit_test_teardown(t_file_update, teardown),
         cmocka_unit_test_teardown(t_peer_plain, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
