@@ -278,7 +278,7 @@ void vrpc_channel_destroy(struct vrpc_channel *ch)
         vrpc_rpc_futex_wait_ns(&ch->live_eps, v, 10000000);
     if (ch->pend) {
         pthread_mutex_lock(&ch->pend->lock);
-        while (ch->pend->in_use)
+        while (ch->pend->in_use || ch->pend->freeing)
             pthread_cond_wait(&ch->pend->cond, &ch->pend->lock);
         pthread_mutex_unlock(&ch->pend->lock);
     }

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include "lb_test.h"
@@ -35,6 +36,7 @@ int lb_srv_start(struct lb_srv *s, int id, int port, const char *extra)
     if (pid < 0)
         return -1;
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a test that crashed */
         dup2(fd[1], 1);
         close(fd[0]);
         close(fd[1]);
