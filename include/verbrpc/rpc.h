@@ -159,8 +159,9 @@ struct vrpc_channel_opts {
                                     creates its own with `threads` workers. A caller's
                                     scheduler must outlive the channel. */
     unsigned threads;            /* workers of the channel's own scheduler; 0: 2.
-                                    (A channel holds one connection and one poller:
-                                    spread load over pollers with several channels.) */
+                                    (A channel to one URI holds one connection and
+                                    one poller; one over many servers holds
+                                    conns_per_addr per server, each with its own.) */
     int64_t default_timeout_us;  /* deadline of calls whose opts say 0; 0: none */
     uint32_t max_msg_size;       /* largest response payload (metadata + message)
                                     accepted; 0: VRPC_MSG_SIZE_DEFAULT; at most
@@ -304,7 +305,13 @@ VRPC_API void vrpc_channel_opts_init(struct vrpc_channel_opts *o);
  * or a scheme that names no backend; logged with the reason), also for
  * max_msg_size above VRPC_MSG_SIZE_MAX or above max_pinned (logged with both
  * figures). A host name is resolved at connect time: one that does not
- * resolve fails the calls with UNAVAILABLE "cannot resolve the host name". */
+ * resolve fails the calls with UNAVAILABLE "cannot resolve the host name".
+ * A resolver target ("list://h1:p1,h2:p2", "dns://name:port", "file:///path",
+ * "etcd://host:port/prefix"; docs/GUIDE.md section 16) makes a channel over
+ * every server it names, following the set as it changes: each call goes to
+ * one of them by o->lb_policy, with health checks, outlier ejection and
+ * retries (vrpc_retry_policy); every function on channels works on it the
+ * same way. -ENOTSUP for a scheme this build lacks (etcd without libcurl). */
 VRPC_API int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *o, struct vrpc_channel **out);
 
 /* Fail every pending call with CANCELLED (each callback runs once), close the
