@@ -1,5 +1,6 @@
 /* The health service (verbrpc.health.v1.Health, as gRPC's grpc.health.v1):
- * SERVING for the server, or for one of the services it has methods of. */
+ * SERVING for the server, or for one of the services it has methods of
+ * (NOT_SERVING after vrpc_server_set_serving(s, false)). */
 #include "builtins.h"
 
 #include <string.h>
@@ -36,7 +37,8 @@ static void health_check(struct vrpc_server_call *call, const ProtobufCMessage *
             return;
         }
     }
-    resp.status = VERBRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+    resp.status = vrpc_server_serving(user) ? VERBRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
+                                            : VERBRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
     verbrpc__health__v1__health__check__respond(call, &resp);
 }
 

@@ -222,6 +222,17 @@ int vrpc_server_start(struct vrpc_server *s, const char *uri)
     return start_listen(s, turi, cqs);
 }
 
+void vrpc_server_set_serving(struct vrpc_server *s, bool serving)
+{
+    if (s)
+        __atomic_store_n(&s->not_serving, !serving, __ATOMIC_RELEASE);
+}
+
+bool vrpc_server_serving(const struct vrpc_server *s)
+{
+    return s && !__atomic_load_n(&s->not_serving, __ATOMIC_ACQUIRE);
+}
+
 int vrpc_server_uri(const struct vrpc_server *s, char *buf, size_t len)
 {
     if (!s || !s->listener || !s->uri[0])

@@ -158,6 +158,7 @@ struct vrpc_server {
     uint32_t inflight;              /* futex: calls arrived and not yet answered */
     uint32_t tasks;                 /* futex: call tasks submitted and not yet finished */
     uint32_t shutting;              /* atomic */
+    uint32_t not_serving;           /* atomic: vrpc_server_set_serving(false) */
     bool shut_done;
     int shut_rc;
     struct vrpc_timer sweep; /* vrpc_srv_conn_sweep: HELLO and idle timeouts */

@@ -563,6 +563,15 @@ VRPC_API int vrpc_server_start(struct vrpc_server *s, const char *uri);
  * -ENOSPC if len is too small, -ENOTCONN before start. */
 VRPC_API int vrpc_server_uri(const struct vrpc_server *s, char *buf, size_t len);
 
+/* What the built-in Health service (verbrpc.health.v1.Health/Check) answers
+ * for the server as a whole (service ""): SERVING (the default), or
+ * NOT_SERVING after vrpc_server_set_serving(s, false), e.g. while the
+ * process warms up or before maintenance. Channels over many servers that
+ * poll health (vrpc_channel_opts.health_check_ms) send it no new calls
+ * meanwhile; calls that still come are served. Any thread. */
+VRPC_API void vrpc_server_set_serving(struct vrpc_server *s, bool serving);
+VRPC_API bool vrpc_server_serving(const struct vrpc_server *s);
+
 /* Graceful shutdown: stop accepting, send GOAWAY on every connection (clients
  * send new calls elsewhere), wait up to timeout_ms for calls in flight to be
  * answered, then close every connection (calls still unanswered then are

@@ -2,7 +2,8 @@
  *   test_lb --serve ID PORT [fail-all]
  * serves vrpctest.Test/Echo and /EchoOnce on tcp://127.0.0.1:PORT (0: any),
  * prints "PORT p" on stdout once listening, and on SIGTERM drains
- * (vrpc_server_shutdown: GOAWAY, in-flight calls answered) and exits 0.
+ * (vrpc_server_shutdown: GOAWAY, in-flight calls answered) and exits 0;
+ * SIGUSR1 makes its Health say NOT_SERVING, SIGUSR2 SERVING again.
  * Echo answers with payload "sID"; the request's mode says how: 0 normal,
  * 1 UNAVAILABLE every other call (per process), 2 UNAVAILABLE always; fail-all
  * makes every call UNAVAILABLE. sleep_ms delays the answer. */
@@ -50,6 +51,8 @@ int lb_serve(int argc, char **argv)
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGUSR1);
+    sigaddset(&set, SIGUSR2);
     pthread_sigmask(SIG_BLOCK, &set, NULL); /* before any thread starts */
     lb_test_methods_init();
     struct vrpc_server *s;
@@ -70,7 +73,8 @@ int lb_serve(int argc, char **argv)
     printf("PORT %s\n", p ? p + 1 : "0");
     fflush(stdout);
     int sig;
-    sigwait(&set, &sig);
+    while (sigwait(&set, &sig) == 0 && sig != SIGTERM)
+        vrpc_server_set_serving(s, sig == SIGUSR2); /* USR1: NOT_SERVING, USR2: SERVING */
     vrpc_server_shutdown(s, 5000);
     vrpc_server_destroy(s);
     return 0;

@@ -641,6 +641,37 @@ static void t_file_update(void **state)
     rmdir(dir);
 }
 
+/* ---- health checks ---------------------------------------------------------------------- */
+
+static void t_health(void **state)
+{
+    (void)state;
+    assert_int_equal(start_n(3, NULL), 0);
+    struct vrpc_channel_opts o;
+    vrpc_channel_opts_init(&o);
+    o.health_check_ms = 50;
+    struct vrpc_channel *ch = open_ch(NULL, 3, &o);
+    kill(g_srv[0].pid, SIGUSR1); /* NOT_SERVING */
+    struct vrpc_subchannel_info info[3];
+    int64_t end = now_ms() + 3000;
+    while (vrpc_channel_subchannels(ch, info, 3) == 3 && info[0].healthy && now_ms() < end)
+        usleep(2000);
+    assert_false(info[0].healthy);
+    int count[3] = {0};
+    for (int i = 0; i < 300; i++) {
+        int code, s = call_echo(ch, &lb_m_echo, 0, 0, NULL, NULL, 0, &code);
+        assert_int_equal(code, VRPC_OK);
+        count[s]++;
+    }
+    printf("server 0 NOT_SERVING: %d %d %d\n", count[0], count[1], count[2]);
+    assert_int_equal(count[0], 0);
+    kill(g_srv[0].pid, SIGUSR2); /* SERVING again */
+    int64_t t = until_server(ch, 0);
+    printf("back in rotation after %lld ms\n", (long long)t);
+    assert_true(t >= 0 && t < 3000);
+    vrpc_channel_destroy(ch);
+}
+
 /* A plain channel names its server too. */
 static void t_peer_plain(void **state)
 {
@@ -673,6 +704,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(t_async_kill, teardown),
         cmocka_unit_test_teardown(t_async_cancel_destroy, teardown),
         cmocka_unit_test_teardown(t_file_update, teardown),
+        cmocka_unit_test_teardown(t_health, teardown),
         cmocka_unit_test_teardown(t_peer_plain, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
