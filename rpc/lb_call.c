@@ -385,7 +385,10 @@ static void finish_later(struct lb_call *c)
 
 /* Start the next attempt (any thread but inside no channel lock). Failures
  * that leave no attempt running complete the call (on a worker). */
-static void attempt_start(struct lb_call *c, const ProtobufCMessage *first)
+/* Returns 0, or for the first attempt (first set) the channel's refusal
+ * -EAGAIN (back-pressure) / -ESHUTDOWN: the caller's call is then not
+ * accepted and nothing was completed. */
+static int attempt_start(struct lb_call *c, const ProtobufCMessage *first)
 {
     struct vrpc_lb *lb = c->lb;
     const ProtobufCMessage *req = first ? first : c->req, *copy = NULL;
@@ -427,10 +430,12 @@ static void attempt_start(struct lb_call *c, const ProtobufCMessage *first)
         c->sub = NULL;
         vrpc_lb_sub_put(lb, sub);
         call_put(lb, c);
+        if (first && (rc == -EAGAIN || rc == -ESHUTDOWN))
+            return rc; /* as a plain channel's: the caller retries later */
         vrpc_status_set(&c->st, rc == -EAGAIN ? VRPC_RESOURCE_EXHAUSTED : VRPC_UNAVAILABLE, "attempt refused: %s",
                         strerror(-rc));
         finish_later(c);
-        return;
+        return 0;
     }
     pthread_mutex_lock(&c->mu);
     uint64_t iid = __atomic_load_n(&c->inner_id, __ATOMIC_ACQUIRE);
@@ -438,11 +443,12 @@ static void attempt_start(struct lb_call *c, const ProtobufCMessage *first)
         vrpc_channel_cancel(ch, iid);
     pthread_mutex_unlock(&c->mu);
     call_put(lb, c);
-    return;
+    return 0;
 fail:
     if (copy)
         protobuf_c_message_free_unpacked((ProtobufCMessage *)copy, NULL);
     finish_later(c);
+    return 0;
 }
 
 static void delay_call(struct lb_call *c, int64_t delay)
@@ -525,8 +531,10 @@ int vrpc_lb_call_async(struct vrpc_lb *lb, const struct vrpc_method_desc *m, con
     keep_request(c, req);
     if (o && o->call_id)
         __atomic_store_n(o->call_id, call_id(c), __ATOMIC_RELEASE);
-    attempt_start(c, req);
-    return 0;
+    int rc = attempt_start(c, req);
+    if (rc)
+        call_put(lb, c); /* not accepted: the callback never runs */
+    return rc;
 }
 
 /* ---- the lb thread's part ----------------------------------------------------------------- */

@@ -153,5 +153,6 @@ void *vrpc_lb_thread(void *arg)
             break;
     }
     vrpc_lb_run_delayed(lb, vrpc_now_ns(), true);
+    vrpc_thread_release(); /* the health checks' response arena */
     return NULL;
 }
