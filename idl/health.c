@@ -19,6 +19,7 @@
 #include <verbrpc/health.h>
 #include <verbrpc/health.vrpc.h>
 
+#include "rpc/health_hook.h"
 #include "rpc/server_core.h"
 
 struct set_status {
@@ -379,4 +380,24 @@ int vrpc_health_register(struct vrpc_server *s)
     /* The hooks first: from here on vrpc_server_destroy frees h. */
     vrpc_server_core_set_hooks(s, &hooks);
     return verbrpc__health__v1__health__vrpc_register(s, &h->impl);
+}
+
+/* ---- the client side: the probe channels over many servers use ------------ */
+
+/* vrpc_health_probe_fn (rpc/health_hook.h): one Check of "" over ch. */
+static int health_probe(struct vrpc_channel *ch, int64_t timeout_us)
+{
+    Verbrpc__Health__V1__HealthCheckRequest req = VERBRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+    Verbrpc__Health__V1__HealthCheckResponse *resp = NULL;
+    struct vrpc_call_opts co = {.timeout_us = timeout_us};
+    int code = verbrpc__health__v1__health__check__call(ch, &req, &resp, &co, NULL);
+
+    if (code == VRPC_OK)
+        return resp->status == VERBRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+    return code == VRPC_UNIMPLEMENTED ? 1 : -1; /* a server without the Health service serves */
+}
+
+__attribute__((constructor)) static void health_probe_install(void)
+{
+    __atomic_store_n(&vrpc_health_probe, health_probe, __ATOMIC_RELEASE);
 }

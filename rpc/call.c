@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "rpc/channel_internal.h"
+#include "rpc/lb.h"
 #include "rpc/status.h"
 #include "rpc/stream_internal.h"
 
@@ -206,6 +207,8 @@ void vrpc_ch_deadline_fired(void *ctx, uint64_t id)
 int vrpc_channel_cancel(struct vrpc_channel *ch, uint64_t id)
 {
     uint32_t idx = vrpc_wire_id_slot(id), gen = vrpc_wire_id_gen(id);
+    if (ch && ch->lb)
+        return vrpc_lb_cancel(ch->lb, id);
     if (ch && (idx & QID_BIT))
         return vrpc_ch_cancel_queued(ch, id);
     if (!ch || id == 0 || idx >= ch->pend->n)
@@ -622,6 +625,10 @@ int vrpc_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m, const P
         vrpc_status_set(st, VRPC_INVALID_ARGUMENT, "bad arguments to vrpc_call");
         return VRPC_INVALID_ARGUMENT;
     }
+    if (ch->lb)
+        return vrpc_lb_call(ch->lb, m, req, resp, opts, st);
+    if (opts && opts->peer)
+        vrpc_ch_copy_peer(ch, opts);
     code = start_call(ch, m, req, opts, NULL, NULL, st, &s);
     if (code) {
         call_metrics(ch, m, code, 0);
@@ -663,6 +670,10 @@ int vrpc_call_async(struct vrpc_channel *ch, const struct vrpc_method_desc *m, c
 
     if (!ch || !m || !req || !cb || req->descriptor != m->input)
         return -EINVAL;
+    if (ch->lb)
+        return vrpc_lb_call_async(ch->lb, m, req, opts, cb, arg);
+    if (opts && opts->peer)
+        vrpc_ch_copy_peer(ch, opts);
     if (vrpc_channel_state(ch) == VRPC_CHANNEL_SHUTDOWN)
         return -ESHUTDOWN;
     int code = start_call(ch, m, req, opts, cb, arg, &st, &s);

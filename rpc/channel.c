@@ -14,11 +14,14 @@
 #include <time.h>
 #include <verbrpc/stream.h>
 #include "rpc/channel_internal.h"
+#include "rpc/lb.h"
 
 #define RECV_BUFS VRPC_CHANNEL_RECV_BUFS
 
 enum vrpc_channel_state vrpc_channel_state(const struct vrpc_channel *ch)
 {
+    if (ch->lb)
+        return vrpc_lb_state(ch->lb);
     return (enum vrpc_channel_state)__atomic_load_n(&ch->state, __ATOMIC_ACQUIRE);
 }
 
@@ -31,6 +34,8 @@ int vrpc_channel_metrics_text(const struct vrpc_channel *ch, char **out, size_t 
 {
     if (!ch || !out || !len)
         return -EINVAL;
+    if (ch->lb)
+        return vrpc_lb_metrics_text(ch->lb, out, len);
     return vrpc_method_table_text(ch->mt, "vrpc_client_", ch->tp, ch->turi, out, len);
 }
 
@@ -46,6 +51,8 @@ int vrpc_channel_connect(struct vrpc_channel *ch, int timeout_ms)
     struct vrpc_conn *c;
     int64_t end = vrpc_now_ns() + (int64_t)timeout_ms * 1000000;
     int rc;
+    if (ch->lb)
+        return vrpc_lb_connect(ch->lb, timeout_ms);
     for (;;) {
         rc = vrpc_ch_get_conn(ch, end, true, &c);
         if (rc == 0) {
@@ -217,6 +224,8 @@ int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *opts, s
 
     if (!uri || !out)
         return -EINVAL;
+    if (vrpc_resolver_is_target(uri))
+        return vrpc_lb_create(uri, opts, out);
     ch = calloc(1, sizeof(*ch));
     if (!ch)
         return -ENOMEM;
@@ -250,6 +259,10 @@ void vrpc_channel_destroy(struct vrpc_channel *ch)
 {
     if (!ch)
         return;
+    if (ch->lb) {
+        vrpc_lb_destroy(ch);
+        return;
+    }
     set_state(ch, VRPC_CHANNEL_SHUTDOWN);
     vrpc_ch_queue_close(ch); /* queued async calls complete once, with CANCELLED */
     if (ch->pend) {
@@ -273,7 +286,7 @@ void vrpc_channel_destroy(struct vrpc_channel *ch)
         vrpc_rpc_futex_wait_ns(&ch->live_eps, v, 10000000);
     if (ch->pend) {
         pthread_mutex_lock(&ch->pend->lock);
-        while (ch->pend->in_use)
+        while (ch->pend->in_use || ch->pend->freeing)
             pthread_cond_wait(&ch->pend->cond, &ch->pend->lock);
         pthread_mutex_unlock(&ch->pend->lock);
     }

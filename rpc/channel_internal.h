@@ -77,7 +77,10 @@ struct queued {
     struct vrpc_status st;
 };
 
+struct vrpc_lb;
 struct vrpc_channel {
+    struct vrpc_lb *lb; /* a channel over many servers (rpc/lb.h): only this and
+                           state are set, every call goes to rpc/lb_call.c */
     char tname[16];
     char turi[VRPC_URI_MAX + 16];
     struct vrpc_channel_opts o;

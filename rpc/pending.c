@@ -150,13 +150,23 @@ static void slot_free(struct vrpc_pending_slot *s)
     pthread_mutex_lock(&p->lock);
     p->free[p->nfree++] = s->index;
     p->in_use--;
+    /* p (and the channel on_free uses) may be freed as soon as the destroyer
+     * sees in_use == 0: read nothing of it after the unlock unless counted
+     * in freeing */
+    bool pump = p->on_free && !p->closed;
+    p->freeing += pump;
     if (p->closed)
         pthread_cond_broadcast(&p->cond); /* the destroyer waits for in_use == 0 */
     else
         pthread_cond_signal(&p->cond);
     pthread_mutex_unlock(&p->lock);
-    if (p->on_free)
+    if (pump) {
         p->on_free(p->on_free_arg);
+        pthread_mutex_lock(&p->lock);
+        if (--p->freeing == 0 && p->closed)
+            pthread_cond_broadcast(&p->cond);
+        pthread_mutex_unlock(&p->lock);
+    }
 }
 
 uint64_t vrpc_pending_id(const struct vrpc_pending_slot *s) { return vrpc_wire_make_id(s->index, vrpc_pending_gen(s)); }

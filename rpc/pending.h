@@ -109,6 +109,8 @@ struct vrpc_pending {
     uint32_t n;     /* slots */
     uint32_t limit; /* at most this many in use (credits); <= n */
     uint32_t in_use;
+    uint32_t freeing; /* threads in on_free after freeing a slot: the destroyer
+                         waits for in_use == 0 and freeing == 0 (under lock) */
     uint32_t nfree;
     uint32_t *free; /* LIFO stack of free indices, lowest on top initially */
     bool closed;
@@ -116,7 +118,7 @@ struct vrpc_pending {
     int poller_cpu; /* the CPU the answering poller is pinned to, -1: none;
                              a waiter running there sleeps at once (pending.c) */
     /* Called, with no lock held, on whichever thread freed a slot (set once
-     * before the table is used; NULL: none). */
+     * before the table is used; NULL: none); not once the table is closed. */
     void (*on_free)(void *arg);
     void *on_free_arg;
     pthread_mutex_t lock; /* free stack, in_use, limit, closed */

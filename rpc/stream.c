@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "rpc/status.h"
+#include "rpc/lb.h"
 #include "rpc/stream_internal.h"
 
 #define STREAM_ARENA_INITIAL 4096u
@@ -190,6 +191,27 @@ static void stream_open(struct vrpc_stream *s, const struct vrpc_stream_opts *o,
     check_expired(ch, deadline, s->id);
 }
 
+/* A channel over many servers: the policy picks one server for the whole
+ * stream (hash_key as for a call), whose subchannel the stream holds until
+ * it is freed. -EAGAIN when no server is known. */
+static int stream_start_lb(struct vrpc_channel *ch, const struct vrpc_method_desc *m, const struct vrpc_stream_opts *o,
+                           struct vrpc_stream **out)
+{
+    bool has_key = o && o->call.hash_key;
+    uint64_t key = has_key ? vrpc_lb_hash(o->call.hash_key, o->call.hash_key_len) : 0;
+    struct vrpc_subch *sub = vrpc_lb_sub_get(ch->lb, has_key, key);
+    if (!sub)
+        return -EAGAIN;
+    int rc = vrpc_stream_start(vrpc_lb_sub_channel(sub), m, o, out);
+    if (rc) {
+        vrpc_lb_sub_put(ch->lb, sub);
+        return rc;
+    }
+    (*out)->lb = ch->lb;
+    (*out)->lb_sub = sub;
+    return 0;
+}
+
 int vrpc_stream_start(struct vrpc_channel *ch, const struct vrpc_method_desc *m, const struct vrpc_stream_opts *o,
                       struct vrpc_stream **out)
 {
@@ -198,6 +220,8 @@ int vrpc_stream_start(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
 
     if (!ch || !m || !out || m->kind == VRPC_METHOD_UNARY || (o && o->cbs && !o->cbs->on_done))
         return -EINVAL;
+    if (ch->lb)
+        return stream_start_lb(ch, m, o, out);
     if (o && o->call.md_count && (mdsz = vrpc_wire_md_size(o->call.md, o->call.md_count)) < 0)
         return -EINVAL;
     if (vrpc_channel_state(ch) == VRPC_CHANNEL_SHUTDOWN)
@@ -493,6 +517,8 @@ void vrpc_stream_free(struct vrpc_stream *s)
     }
     free(s->imd_buf);
     free(s->tmd_buf);
+    if (s->lb_sub)
+        vrpc_lb_sub_put(s->lb, s->lb_sub);
     vrpc_arena_fini(&s->arena);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cond);

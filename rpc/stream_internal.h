@@ -53,7 +53,9 @@ struct smq {
 };
 
 struct vrpc_stream {
-    struct vrpc_channel *ch;
+    struct vrpc_channel *ch;   /* a subchannel's channel when lb_sub is set */
+    struct vrpc_lb *lb;        /* the many-server channel that picked ch, or NULL */
+    struct vrpc_subch *lb_sub; /* its server, referenced until the stream is freed */
     const struct vrpc_method_desc *m;
     struct vrpc_conn *c;            /* referenced until release; NULL: never opened */
     struct vrpc_pending_slot *slot; /* NULL: never opened */

@@ -27,14 +27,16 @@
 #include "rpc_bench_large.h"
 #include "rpc_test.pb-c.h"
 
-static struct vrpc_method_desc m_echo = {"/vrpctest.Test/Echo", 0, &vrpctest__echo_request__descriptor,
-                                         &vrpctest__echo_reply__descriptor, NULL, VRPC_METHOD_UNARY};
+static struct vrpc_method_desc m_echo = {
+    "/vrpctest.Test/Echo", 0, &vrpctest__echo_request__descriptor, &vrpctest__echo_reply__descriptor, NULL,
+    VRPC_METHOD_UNARY};
 
 static struct {
     struct vrpc_bench_opts bo;
     const char *backend, *server_ip, *client_ip, *role, *uri;
     unsigned duration_ms;
     unsigned long calls, exit_after;
+    unsigned lb; /* --lb: the policy of a channel over many servers (--connect list://...) */
     unsigned size;
     bool no_spin, duration_set;
     uint32_t spin_us;     /* --spin adaptive|always|N: the latency mode (spin_us) */
@@ -124,6 +126,7 @@ static struct vrpc_channel *channel_open(const char *uri)
     o.no_spin = g.no_spin;
     o.spin_us = g.spin_us;
     o.cpu_mask = g.split ? cpu_bit(g.ccpu) : 0; /* its poller and workers, with the caller */
+    o.lb_policy = g.lb;
     if ((rc = vrpc_channel_create(uri, &o, &ch)) || (rc = vrpc_channel_connect(ch, 10000))) {
         fprintf(stderr, "rpc_bench: channel to %s: %s\n", uri, strerror(-rc));
         exit(1);
@@ -555,6 +558,7 @@ static void usage(FILE *f, const char *argv0)
             "          [--placement split|none|C,S]\n"
             "       %s --role server --listen URI [--exit-after CALLS] [--placement ...]\n"
             "       %s --role client --connect URI --calls N [--size BYTES] [--placement ...]\n"
+            "          [--lb round_robin|pick_first|least_outstanding|ring_hash] (URI list://...)\n"
             "       %s --payload 65536,1048576,16777216 [--backend ...] [--json] [--duration-ms N]\n"
             "Unary echo over verbrpc at 1/16/64 outstanding, 32 B and 4 KiB, with the transport\n"
             "ping-pong and gRPC C++ (when built) as baselines, in --rounds alternating rounds\n"
@@ -642,7 +646,16 @@ int main(int argc, char **argv)
             g.uri = argv[++i];
         else if (!strcmp(a, "--calls") && v)
             g.calls = strtoul(argv[++i], NULL, 10);
-        else if (!strcmp(a, "--exit-after") && v)
+        else if (!strcmp(a, "--lb") && v) {
+            static const char *const pol[] = {"round_robin", "pick_first", "least_outstanding", "ring_hash"};
+            const char *p = argv[++i];
+            for (g.lb = 0; g.lb < 4 && strcmp(p, pol[g.lb]); g.lb++)
+                ;
+            if (g.lb == 4) {
+                usage(stderr, argv[0]);
+                return 2;
+            }
+        } else if (!strcmp(a, "--exit-after") && v)
             g.exit_after = strtoul(argv[++i], NULL, 10);
         else if (!strcmp(a, "--size") && v)
             g.size = (unsigned)atoi(argv[++i]);

@@ -31,7 +31,10 @@ static void usage(FILE *f, const char *argv0)
     fprintf(f,
             "usage: %s [--connect URI] [--threads N] COMMAND [ARGS]\n"
             "  --connect URI     the server: tcp://HOST:PORT, verbs://IP:PORT, auto://HOST:PORT or\n"
-            "                    HOST:PORT (default tcp://127.0.0.1:7071)\n"
+            "                    HOST:PORT (default tcp://127.0.0.1:7071), or several servers\n"
+            "                    (list://tcp://H1:P1,tcp://H2:P2,..., dns://, file://, etcd://): the\n"
+            "                    store is sharded, each key on one server by consistent hashing\n"
+            "                    (scan, health and stats then ask one of them)\n"
             "  --threads N       scheduler workers running async completions (default 2)\n"
             "commands:\n"
             "  put KEY VALUE     store VALUE under KEY\n"
@@ -93,6 +96,28 @@ static void print_bytes(const uint8_t *p, size_t n)
     }
 }
 
+/* Calls on KEY: placed by consistent hashing on the key when --connect names
+ * several servers (list://, dns://, file://, etcd://; a plain URI ignores it),
+ * so that every client puts a key on the same server. */
+static bool g_sharded;
+
+static const struct vrpc_call_opts *key_opts(struct vrpc_call_opts *co, const char *key, char *peer, size_t cap)
+{
+    memset(co, 0, sizeof(*co));
+    co->hash_key = key;
+    co->hash_key_len = strlen(key);
+    co->peer = peer;
+    co->peer_cap = cap;
+    return co;
+}
+
+/* Which server took the call, for a sharded store. */
+static void show_server(const char *peer)
+{
+    if (g_sharded)
+        fprintf(stderr, "(server %s)\n", peer);
+}
+
 /* ---- single commands ------------------------------------------------------ */
 
 static int cmd_put(struct vrpc_channel *ch, const char *key, const char *value)
@@ -100,15 +125,19 @@ static int cmd_put(struct vrpc_channel *ch, const char *key, const char *value)
     Examples__Kvstore__V1__PutRequest req = EXAMPLES__KVSTORE__V1__PUT_REQUEST__INIT;
     Examples__Kvstore__V1__PutReply *reply;
     struct vrpc_status st;
+    struct vrpc_call_opts co;
+    char peer[96] = "";
 
     req.key = (char *)key;
     req.value.data = (uint8_t *)value;
     req.value.len = strlen(value);
-    if (examples__kvstore__v1__kv_store__put__call(ch, &req, &reply, NULL, &st) != VRPC_OK) {
+    if (examples__kvstore__v1__kv_store__put__call(ch, &req, &reply, key_opts(&co, key, peer, sizeof peer), &st) !=
+        VRPC_OK) {
         print_status("put", &st);
         return 1;
     }
     printf("put %s: %s\n", key, reply->created ? "created" : "replaced");
+    show_server(peer);
     return 0;
 }
 
@@ -117,6 +146,8 @@ static int cmd_fill(struct vrpc_channel *ch, const char *key, size_t bytes)
     Examples__Kvstore__V1__PutRequest req = EXAMPLES__KVSTORE__V1__PUT_REQUEST__INIT;
     Examples__Kvstore__V1__PutReply *reply;
     struct vrpc_status st;
+    struct vrpc_call_opts co;
+    char peer[96] = "";
     uint8_t *value = malloc(bytes ? bytes : 1);
     int64_t t0;
 
@@ -130,7 +161,8 @@ static int cmd_fill(struct vrpc_channel *ch, const char *key, size_t bytes)
     req.value.data = value;
     req.value.len = bytes;
     t0 = ex_now_ns();
-    if (examples__kvstore__v1__kv_store__put__call(ch, &req, &reply, NULL, &st) != VRPC_OK) {
+    if (examples__kvstore__v1__kv_store__put__call(ch, &req, &reply, key_opts(&co, key, peer, sizeof peer), &st) !=
+        VRPC_OK) {
         print_status("fill", &st);
         free(value);
         return 1;
@@ -138,6 +170,7 @@ static int cmd_fill(struct vrpc_channel *ch, const char *key, size_t bytes)
     printf("fill %s: %s, %zu bytes, fnv1a %016llx, %.2f ms\n", key, reply->created ? "created" : "replaced", bytes,
            (unsigned long long)checksum(value, bytes), (ex_now_ns() - t0) / 1e6);
     free(value);
+    show_server(peer);
     return 0;
 }
 
@@ -146,15 +179,19 @@ static int cmd_get(struct vrpc_channel *ch, const char *key)
     Examples__Kvstore__V1__GetRequest req = EXAMPLES__KVSTORE__V1__GET_REQUEST__INIT;
     Examples__Kvstore__V1__GetReply *reply;
     struct vrpc_status st;
+    struct vrpc_call_opts co;
+    char peer[96] = "";
 
     req.key = (char *)key;
-    if (examples__kvstore__v1__kv_store__get__call(ch, &req, &reply, NULL, &st) != VRPC_OK) {
+    if (examples__kvstore__v1__kv_store__get__call(ch, &req, &reply, key_opts(&co, key, peer, sizeof peer), &st) !=
+        VRPC_OK) {
         print_status("get", &st);
         return 1;
     }
     printf("%s = ", key);
     print_bytes(reply->value.data, reply->value.len);
     printf("\n");
+    show_server(peer);
     return 0;
 }
 
@@ -163,13 +200,17 @@ static int cmd_delete(struct vrpc_channel *ch, const char *key)
     Examples__Kvstore__V1__DeleteRequest req = EXAMPLES__KVSTORE__V1__DELETE_REQUEST__INIT;
     Examples__Kvstore__V1__DeleteReply *reply;
     struct vrpc_status st;
+    struct vrpc_call_opts co;
+    char peer[96] = "";
 
     req.key = (char *)key;
-    if (examples__kvstore__v1__kv_store__delete__call(ch, &req, &reply, NULL, &st) != VRPC_OK) {
+    if (examples__kvstore__v1__kv_store__delete__call(ch, &req, &reply, key_opts(&co, key, peer, sizeof peer), &st) !=
+        VRPC_OK) {
         print_status("delete", &st);
         return 1;
     }
     printf("delete %s: %s\n", key, reply->existed ? "deleted" : "was absent");
+    show_server(peer);
     return 0;
 }
 
@@ -376,6 +417,7 @@ static void on_put(const struct vrpc_status *st, const Examples__Kvstore__V1__Pu
 static void issue(struct slot *sl)
 {
     struct load *L = sl->L;
+    struct vrpc_call_opts co;
     char key[32];
     uint64_t k;
     bool is_get;
@@ -391,14 +433,14 @@ static void issue(struct slot *sl)
         Examples__Kvstore__V1__GetRequest req = EXAMPLES__KVSTORE__V1__GET_REQUEST__INIT;
 
         req.key = key;
-        rc = examples__kvstore__v1__kv_store__get__call_async(L->ch, &req, NULL, &sl->get_a);
+        rc = examples__kvstore__v1__kv_store__get__call_async(L->ch, &req, key_opts(&co, key, NULL, 0), &sl->get_a);
     } else {
         Examples__Kvstore__V1__PutRequest req = EXAMPLES__KVSTORE__V1__PUT_REQUEST__INIT;
 
         req.key = key;
         req.value.data = L->value;
         req.value.len = L->cfg->value_size;
-        rc = examples__kvstore__v1__kv_store__put__call_async(L->ch, &req, NULL, &sl->put_a);
+        rc = examples__kvstore__v1__kv_store__put__call_async(L->ch, &req, key_opts(&co, key, NULL, 0), &sl->put_a);
     }
     if (rc != 0) { /* not accepted: the completion will not run */
         add(&L->failed_starts, 1);
@@ -416,6 +458,7 @@ static void *sync_worker(void *arg)
 
     while (next_op(sl, &is_get, &k)) {
         struct vrpc_status st;
+        struct vrpc_call_opts co;
         int code;
 
         snprintf(key, sizeof(key), "key%08llu", (unsigned long long)k);
@@ -425,7 +468,7 @@ static void *sync_worker(void *arg)
             Examples__Kvstore__V1__GetReply *resp;
 
             req.key = key;
-            code = examples__kvstore__v1__kv_store__get__call(L->ch, &req, &resp, NULL, &st);
+            code = examples__kvstore__v1__kv_store__get__call(L->ch, &req, &resp, key_opts(&co, key, NULL, 0), &st);
         } else {
             Examples__Kvstore__V1__PutRequest req = EXAMPLES__KVSTORE__V1__PUT_REQUEST__INIT;
             Examples__Kvstore__V1__PutReply *resp;
@@ -433,7 +476,7 @@ static void *sync_worker(void *arg)
             req.key = key;
             req.value.data = L->value;
             req.value.len = L->cfg->value_size;
-            code = examples__kvstore__v1__kv_store__put__call(L->ch, &req, &resp, NULL, &st);
+            code = examples__kvstore__v1__kv_store__put__call(L->ch, &req, &resp, key_opts(&co, key, NULL, 0), &st);
         }
         if (record(sl, is_get, (enum vrpc_code)code)) {
             int64_t left = __atomic_load_n(&L->backoff_until_ns, __ATOMIC_RELAXED) - ex_now_ns();
@@ -666,6 +709,10 @@ int main(int argc, char **argv)
     if (cfg.outstanding > 256)
         o.max_outstanding = (uint32_t)cfg.outstanding;
 
+    /* several servers: keys placed by consistent hashing (a plain URI ignores the policy) */
+    g_sharded = strncmp(uri, "list://", 7) == 0 || strncmp(uri, "dns://", 6) == 0 || strncmp(uri, "file://", 7) == 0 ||
+                strncmp(uri, "etcd://", 7) == 0;
+    o.lb_policy = VRPC_LB_RING_HASH;
     rc = vrpc_channel_create(uri, &o, &ch);
     if (rc != 0) {
         fprintf(stderr, "kvstore_client: bad URI %s: %s\n", uri, strerror(-rc));

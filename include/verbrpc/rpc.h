@@ -185,8 +185,9 @@ struct vrpc_channel_opts {
                                     creates its own with `threads` workers. A caller's
                                     scheduler must outlive the channel. */
     unsigned threads;            /* workers of the channel's own scheduler; 0: 2.
-                                    (A channel holds one connection and one poller:
-                                    spread load over pollers with several channels.) */
+                                    (A channel to one URI holds one connection and
+                                    one poller; one over many servers holds
+                                    conns_per_addr per server, each with its own.) */
     int64_t default_timeout_us;  /* deadline of calls whose opts say 0; 0: none */
     uint32_t max_msg_size;       /* largest response payload (metadata + message)
                                     accepted; 0: VRPC_MSG_SIZE_DEFAULT; at most
@@ -254,7 +255,82 @@ struct vrpc_channel_opts {
                                     until it delivers, then yields: waiting callers
                                     sleep at once (the poller wakes them), idle
                                     workers spin by yielding the CPU (sched_yield). */
+    /* Many servers behind one channel (a resolver target such as
+     * "list://h1:p1,h2:p2", rpc/resolver.h; docs/GUIDE.md "Many servers"). A
+     * plain URI ignores these fields. */
+    unsigned lb_policy;                    /* enum vrpc_lb_policy; 0: round robin */
+    unsigned conns_per_addr;               /* connections (each with its own poller)
+                                              per server address; 0: 1, at most 16 */
+    uint32_t health_check_ms;              /* poll each server's Health.Check this
+                                              often; NOT_SERVING takes it out of
+                                              rotation until it serves again; 0: off */
+    uint32_t outlier_failures;             /* consecutive failed calls (UNAVAILABLE,
+                                              INTERNAL, UNKNOWN, DEADLINE_EXCEEDED)
+                                              that eject a server; 0: 5 */
+    uint32_t outlier_eject_ms;             /* first ejection time, doubled for each
+                                              further ejection up to 10x; 0: 1000 */
+    const struct vrpc_retry_policy *retry; /* n_retry per-method retry policies
+                                              (copied at create); NULL: none (only
+                                              transparent retries, see below) */
+    size_t n_retry;
+    uint32_t retry_max_tokens;        /* the retry budget (gRPC's retry
+                                              throttling): a token bucket of this
+                                              many tokens, one taken per failed
+                                              attempt, retry_token_ratio_milli/1000
+                                              given back per success; retries stop
+                                              while it is at half or below; 0: 10 */
+    uint32_t retry_token_ratio_milli; /* 0: 100 (0.1 token per success) */
 };
+
+/* How a channel over many servers picks one per call (vrpc_channel_opts.lb_policy).
+ * Only servers READY, healthy (Health) and not ejected (outlier detection) are
+ * candidates; when there are none, the policy's choice among all others is
+ * tried (which connects it). */
+enum vrpc_lb_policy {
+    VRPC_LB_ROUND_ROBIN = 0,       /* each in turn */
+    VRPC_LB_PICK_FIRST = 1,        /* the first usable one in the target's order */
+    VRPC_LB_LEAST_OUTSTANDING = 2, /* the fewer calls outstanding of two chosen at random */
+    VRPC_LB_RING_HASH = 3,         /* consistent hashing of vrpc_call_opts.hash_key on a
+                                      ring (100 points per server): the same key goes to
+                                      the same server on every channel with the same
+                                      set; adding or removing one of N moves ~1/N of the
+                                      keys; calls without a key go to a random one */
+};
+
+/* A retry policy for one method, after gRPC's retry design. An attempt that
+ * ends with one of retryable_codes is retried after a back-off (the first
+ * random in [0, initial_backoff_ms], then each bound multiplied by
+ * backoff_multiplier_pct/100 up to max_backoff_ms, jittered the same way),
+ * within the call's one deadline and the channel's retry budget, up to
+ * max_attempts attempts in all; only if idempotent, because the server may
+ * have run it. A call the server never received (refused by GOAWAY, no
+ * connection, the send failed) is retried transparently on another server,
+ * whatever its policy (also without one), within the deadline. */
+#define VRPC_CODE_BIT(code) (1u << (code))
+struct vrpc_retry_policy {
+    const char *method;              /* full name "/pkg.Service/Method", or "*": every
+                                        method without its own entry. Copied. */
+    uint32_t max_attempts;           /* including the first; 0 or 1: no retry; at most 5 */
+    uint32_t initial_backoff_ms;     /* 0: 50 */
+    uint32_t max_backoff_ms;         /* 0: 1000 */
+    uint32_t backoff_multiplier_pct; /* 0: 200 */
+    uint32_t retryable_codes;        /* VRPC_CODE_BIT(VRPC_UNAVAILABLE) | ...; 0: UNAVAILABLE */
+    bool idempotent;                 /* retrying after the server may have run it is safe */
+};
+
+/* One server of a channel over many (vrpc_channel_subchannels). */
+struct vrpc_subchannel_info {
+    char uri[96];                  /* "tcp://10.0.0.1:5000" */
+    enum vrpc_channel_state state; /* the best of its connections */
+    bool healthy;                  /* not NOT_SERVING (Health) */
+    bool ejected;                  /* out of rotation after consecutive failures */
+    uint32_t outstanding;          /* calls in flight on it now */
+    uint64_t calls, failures, ejections;
+};
+/* Up to cap entries into out, in the target's order; returns how many the
+ * channel has (also when > cap), 0 for a plain channel. Any thread. */
+VRPC_API size_t vrpc_channel_subchannels(const struct vrpc_channel *ch, struct vrpc_subchannel_info *out, size_t cap);
+
 /* Fill *o with the defaults above (all zeros mean defaults, too). */
 VRPC_API void vrpc_channel_opts_init(struct vrpc_channel_opts *o);
 
@@ -266,7 +342,13 @@ VRPC_API void vrpc_channel_opts_init(struct vrpc_channel_opts *o);
  * or a scheme that names no backend; logged with the reason), also for
  * max_msg_size above VRPC_MSG_SIZE_MAX or above max_pinned (logged with both
  * figures). A host name is resolved at connect time: one that does not
- * resolve fails the calls with UNAVAILABLE "cannot resolve the host name". */
+ * resolve fails the calls with UNAVAILABLE "cannot resolve the host name".
+ * A resolver target ("list://h1:p1,h2:p2", "dns://name:port", "file:///path",
+ * "etcd://host:port/prefix"; docs/GUIDE.md section 16) makes a channel over
+ * every server it names, following the set as it changes: each call goes to
+ * one of them by o->lb_policy, with health checks, outlier ejection and
+ * retries (vrpc_retry_policy); every function on channels works on it the
+ * same way. -ENOTSUP for a scheme this build lacks (etcd without libcurl). */
 VRPC_API int vrpc_channel_create(const char *uri, const struct vrpc_channel_opts *o, struct vrpc_channel **out);
 
 /* Fail every pending call with CANCELLED (each callback runs once), close the
@@ -313,6 +395,14 @@ struct vrpc_call_opts {
     unsigned flags;               /* VRPC_CALL_* below; 0: none */
     struct vrpc_resp_md *resp_md; /* if set, receives the server's initial and
                                            trailing metadata (see below) */
+    const void *hash_key;         /* VRPC_LB_RING_HASH: hash_key_len bytes that place */
+    size_t hash_key_len;          /*   the call on a server (copied into no state) */
+    char *peer;                   /* if set, receives the URI of the server the (last
+                                     attempt of the) call went to, NUL-terminated,
+                                     truncated to peer_cap bytes (a synchronous call:
+                                     before it returns; async: before the callback);
+                                     "" when it went nowhere */
+    size_t peer_cap;
 };
 
 /* vrpc_call_opts.flags: for vrpc_call_async, req and every byte it points to

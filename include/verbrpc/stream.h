@@ -77,6 +77,9 @@ struct vrpc_stream_opts {
  * most until the deadline); returns 0 and *out once the stream's REQUEST is
  * out. A stream that cannot open (UNAVAILABLE, DEADLINE_EXCEEDED, ...) still
  * returns 0: its first read, write or finish reports it (and on_done runs).
+ * On a channel over many servers (a resolver target, rpc.h) the policy
+ * picks one server for the whole stream (hash_key as for a call): -EAGAIN
+ * when no server is known.
  * -EINVAL (bad arguments), -ESHUTDOWN (channel being destroyed): *out not
  * written. o may be NULL. The stream is the caller's until
  * vrpc_stream_destroy. */

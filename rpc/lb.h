@@ -1,0 +1,173 @@
+/* A channel over many servers (issue 20): the private header of
+ *   rpc/lb.c        create/destroy, the resolver's updates (the set of
+ *                   subchannels), the channel's state, connect
+ *   rpc/lb_thread.c the channel's own thread: connecting subchannels that
+ *                   are not READY (each backs off on its own), health
+ *                   checks, reaping removed subchannels, delayed retries
+ *   rpc/lb_pick.c   the policies (round robin, pick first, least
+ *                   outstanding, ring hash) and outlier ejection
+ *   rpc/lb_call.c   calls: pick, attempt, retry (policy, budget,
+ *                   transparent), cancel
+ *   rpc/lb_stats.c  vrpc_channel_subchannels and the metrics text
+ * A subchannel is one server address; behind it conns_per_addr ordinary
+ * channels (rpc/channel.c: one connection each, with its own connectivity
+ * state, back-off and poller), sharing the parent's scheduler. The parent is
+ * a struct vrpc_channel with only lb set (and state): the public functions
+ * of rpc/channel.c and rpc/call.c hand it here (one branch on ch->lb).
+ * Nothing here is part of the public API. */
+#ifndef VRPC_RPC_LB_H
+#define VRPC_RPC_LB_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <verbrpc/rpc.h>
+#include <verbrpc/sched.h>
+#include "rpc/resolver.h"
+
+#define VRPC_LB_MAX_CONNS 16
+#define VRPC_LB_RING_POINTS 100 /* ring points per server */
+#define VRPC_LB_MAX_ATTEMPTS 5
+#define VRPC_LB_URI_MAX 96
+
+enum { LB_HEALTH_UNKNOWN = 0, LB_HEALTH_SERVING = 1, LB_HEALTH_NOT_SERVING = 2 };
+
+struct vrpc_subch {
+    char uri[VRPC_LB_URI_MAX];
+    struct vrpc_channel *ch[VRPC_LB_MAX_CONNS]; /* ordinary channels to uri */
+    unsigned nch;
+    uint32_t refs;                       /* atomic: the set's, and one per attempt using it */
+    uint32_t next_ch;                    /* atomic: round robin over ch[] */
+    uint32_t outstanding;                /* atomic: attempts in flight */
+    uint64_t calls, failures, ejections; /* atomic counters */
+    uint32_t consec_fail;                /* atomic */
+    uint32_t eject_level;                /* atomic: ejections since it last served */
+    int64_t ejected_until;               /* atomic, ns (vrpc_now_ns); 0: not ejected */
+    int health;                          /* atomic LB_HEALTH_* */
+    int64_t next_health_ns;              /* lb thread only */
+    struct vrpc_subch *next_dead;        /* the graveyard (under mu) */
+};
+
+/* The current set, immutable once published (swapped under lock). */
+struct lb_set {
+    size_t n;
+    struct vrpc_subch **subs; /* the target's order */
+    size_t nring;
+    struct lb_point {
+        uint64_t h;
+        uint32_t sub;
+    } * ring; /* sorted by h */
+};
+
+struct lb_call; /* rpc/lb_call.c */
+
+struct vrpc_lb {
+    struct vrpc_channel *parent;
+    char target[256];
+    struct vrpc_channel_opts o;     /* the parent's, defaults filled */
+    struct vrpc_channel_opts inner; /* what each subchannel's channels get */
+    struct vrpc_sched *sched;
+    bool own_sched;
+    struct vrpc_retry_policy *retry;           /* o.n_retry, names copied */
+    const struct vrpc_retry_policy *retry_any; /* the "*" entry or NULL */
+
+    struct lb_set *set; /* atomic; read between lb_read_begin/end */
+    uint32_t readers;   /* atomic: threads between lb_read_begin and lb_read_end */
+    uint32_t rr;        /* atomic round-robin counter */
+
+    pthread_mutex_t mu; /* graveyard, delayed list, thread wake-up */
+    pthread_cond_t cond;
+    struct vrpc_subch *dead; /* removed from the set, reaped at refs 0 */
+    struct lb_call *delayed; /* calls waiting for a retry back-off */
+    bool stop, kick;
+    pthread_t thr;
+    bool thr_started;
+    struct vrpc_resolver *res;
+
+    int64_t tokens_milli; /* atomic: the retry budget, in 1/1000 tokens */
+
+    pthread_mutex_t pool_mu; /* call contexts */
+    struct lb_call *free_calls;
+    struct lb_call **chunks; /* VRPC_LB_CHUNKS chunks of VRPC_LB_CHUNK */
+    uint32_t nchunks;
+    uint32_t live_calls; /* atomic (futex): contexts in use, for destroy */
+};
+
+#define VRPC_LB_CHUNK 256u
+#define VRPC_LB_CHUNKS 256u
+/* Ids of calls on a channel over many servers: gen << 32 | LB_ID_BIT | index
+ * (LB_ID_BIT, bit 30, apart from the queue's QID_BIT of a plain channel). */
+#define LB_ID_BIT 0x40000000u
+
+/* ---- rpc/lb.c ---------------------------------------------------------------- */
+int vrpc_lb_create(const char *target, const struct vrpc_channel_opts *o, struct vrpc_channel **out);
+void vrpc_lb_destroy(struct vrpc_channel *parent);
+enum vrpc_channel_state vrpc_lb_state(const struct vrpc_lb *lb);
+int vrpc_lb_connect(struct vrpc_lb *lb, int timeout_ms);
+/* The policy's choice (key: the call's hash key, if has_key) with a
+ * reference, dropped by vrpc_lb_sub_put; NULL when no server is known. */
+struct vrpc_subch *vrpc_lb_sub_get(struct vrpc_lb *lb, bool has_key, uint64_t key);
+void vrpc_lb_sub_put(struct vrpc_lb *lb, struct vrpc_subch *s);
+void vrpc_lb_sub_free(struct vrpc_subch *s);
+/* Wake the channel's thread (new subchannels, a failure, a cancel). */
+void vrpc_lb_kick(struct vrpc_lb *lb);
+/* One of s's channels, READY ones first. */
+struct vrpc_channel *vrpc_lb_sub_channel_any(struct vrpc_subch *s);
+static inline struct vrpc_channel *vrpc_lb_sub_channel(struct vrpc_subch *s)
+{
+    return s->nch == 1 ? s->ch[0] : vrpc_lb_sub_channel_any(s);
+}
+
+/* The current set, for a short look (no blocking in between): the set
+ * replaced under a reader is freed only once every reader that may have seen
+ * it has ended (lb_set_replace waits for readers to be 0). */
+static inline struct lb_set *lb_read_begin(struct vrpc_lb *lb)
+{
+    __atomic_add_fetch(&lb->readers, 1, __ATOMIC_SEQ_CST);
+    return __atomic_load_n(&lb->set, __ATOMIC_SEQ_CST);
+}
+static inline void lb_read_end(struct vrpc_lb *lb) { __atomic_sub_fetch(&lb->readers, 1, __ATOMIC_RELEASE); }
+/* Publish set (one writer at a time); returns the old one, no reader's any more. */
+struct lb_set *lb_set_replace(struct vrpc_lb *lb, struct lb_set *set);
+/* The best state of s's channels. */
+enum vrpc_channel_state vrpc_lb_sub_state(const struct vrpc_subch *s);
+
+/* A plain channel's URI into o->peer (rpc/call.c). */
+void vrpc_ch_copy_peer(const struct vrpc_channel *ch, const struct vrpc_call_opts *o);
+
+/* ---- rpc/lb_pick.c ----------------------------------------------------------- */
+/* The policy's choice in set (under the read lock), or NULL if set is empty. */
+struct vrpc_subch *vrpc_lb_pick(struct vrpc_lb *lb, const struct lb_set *set, bool has_key, uint64_t key);
+/* Build set->ring from set->subs (-ENOMEM). */
+int vrpc_lb_ring_build(struct lb_set *set);
+uint64_t vrpc_lb_hash(const void *p, size_t len);
+/* An attempt on s ended with code: counters and outlier ejection. */
+void vrpc_lb_outcome_slow(struct vrpc_lb *lb, struct vrpc_subch *s, int code);
+static inline void vrpc_lb_outcome(struct vrpc_lb *lb, struct vrpc_subch *s, int code)
+{
+    __atomic_add_fetch(&s->calls, 1, __ATOMIC_RELAXED);
+    if (code == VRPC_OK && !__atomic_load_n(&s->consec_fail, __ATOMIC_RELAXED) &&
+        !__atomic_load_n(&s->ejected_until, __ATOMIC_RELAXED))
+        return;
+    vrpc_lb_outcome_slow(lb, s, code);
+}
+uint64_t vrpc_lb_rand(void);
+
+/* ---- rpc/lb_call.c ----------------------------------------------------------- */
+int vrpc_lb_call(struct vrpc_lb *lb, const struct vrpc_method_desc *m, const ProtobufCMessage *req,
+                 ProtobufCMessage **resp, const struct vrpc_call_opts *o, struct vrpc_status *st);
+int vrpc_lb_call_async(struct vrpc_lb *lb, const struct vrpc_method_desc *m, const ProtobufCMessage *req,
+                       const struct vrpc_call_opts *o, vrpc_call_cb cb, void *arg);
+int vrpc_lb_cancel(struct vrpc_lb *lb, uint64_t id);
+/* The lb thread: start the delayed calls now due (or cancelled); returns
+ * the time of the next one (INT64_MAX: none). */
+int64_t vrpc_lb_run_delayed(struct vrpc_lb *lb, int64_t now, bool all);
+void vrpc_lb_calls_free(struct vrpc_lb *lb);
+
+/* ---- rpc/lb_thread.c --------------------------------------------------------- */
+void *vrpc_lb_thread(void *arg);
+
+/* ---- rpc/lb_stats.c ---------------------------------------------------------- */
+int vrpc_lb_metrics_text(const struct vrpc_lb *lb, char **out, size_t *len);
+
+#endif

@@ -1,0 +1,152 @@
+/* The thread of a channel over many servers: it connects the subchannels'
+ * channels that are not READY (each after its own back-off: the channel's,
+ * rpc/channel_conn.c), polls their Health.Check, reaps the subchannels the
+ * resolver removed once no attempt uses them, and starts the retries whose
+ * back-off has passed. See rpc/lb.h. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "rpc/channel_internal.h"
+#include "rpc/health_hook.h"
+#include "rpc/lb.h"
+
+#define LB_TICK_NS 50000000 /* at least this often: back-offs, health, ejections */
+
+/* Connect ch if it is not READY and its back-off has passed. */
+static void connect_if_due(struct vrpc_channel *ch)
+{
+    enum vrpc_channel_state st = vrpc_channel_state(ch);
+    if (st != VRPC_CHANNEL_IDLE && st != VRPC_CHANNEL_TRANSIENT_FAILURE)
+        return;
+    struct vrpc_conn *c;
+    if (vrpc_ch_get_conn(ch, VRPC_NO_DEADLINE, false, &c) == 0)
+        conn_unref(c);
+}
+
+/* vrpc_health_probe: installed by idl/health.c. */
+vrpc_health_probe_fn vrpc_health_probe;
+
+/* One Health.Check of s (READY), if due. */
+static void health_check(struct vrpc_lb *lb, struct vrpc_subch *s, int64_t now)
+{
+    if (!lb->o.health_check_ms || now < s->next_health_ns)
+        return;
+    s->next_health_ns = now + (int64_t)lb->o.health_check_ms * 1000000;
+    if (vrpc_channel_state(s->ch[0]) != VRPC_CHANNEL_READY)
+        return;
+    vrpc_health_probe_fn probe = __atomic_load_n(&vrpc_health_probe, __ATOMIC_ACQUIRE);
+    if (!probe)
+        return;
+    int r = probe(s->ch[0], (int64_t)(lb->o.health_check_ms < 1000 ? lb->o.health_check_ms : 1000) * 1000);
+    int h = r < 0 ? -1 : r ? LB_HEALTH_SERVING : LB_HEALTH_NOT_SERVING;
+    if (h >= 0 && __atomic_exchange_n(&s->health, h, __ATOMIC_RELAXED) != h && h == LB_HEALTH_NOT_SERVING)
+        vrpc_rpc_log("channel %s: server %s is NOT_SERVING: out of rotation", lb->target, s->uri);
+}
+
+/* The current subchannels, each with a reference (*n of them). */
+static struct vrpc_subch **snapshot(struct vrpc_lb *lb, size_t *n)
+{
+    struct vrpc_subch **v = NULL;
+    *n = 0;
+    size_t want = 0;
+    for (;;) { /* no allocation while reading */
+        struct lb_set *set = lb_read_begin(lb);
+        size_t have = set ? set->n : 0;
+        if (v && have <= want) {
+            *n = have;
+            for (size_t i = 0; i < have; i++) {
+                v[i] = set->subs[i];
+                __atomic_add_fetch(&v[i]->refs, 1, __ATOMIC_RELAXED);
+            }
+        }
+        lb_read_end(lb);
+        if (!have || (v && have <= want))
+            return v;
+        free(v);
+        want = have;
+        if (!(v = malloc(want * sizeof(*v))))
+            return NULL;
+    }
+    return v;
+}
+
+/* Removed subchannels no attempt uses any more. */
+static void reap(struct vrpc_lb *lb)
+{
+    struct vrpc_subch *gone = NULL;
+    pthread_mutex_lock(&lb->mu);
+    for (struct vrpc_subch **pp = &lb->dead; *pp;) {
+        struct vrpc_subch *s = *pp;
+        if (__atomic_load_n(&s->refs, __ATOMIC_ACQUIRE) == 0) {
+            *pp = s->next_dead;
+            s->next_dead = gone;
+            gone = s;
+        } else {
+            pp = &s->next_dead;
+        }
+    }
+    pthread_mutex_unlock(&lb->mu);
+    while (gone) {
+        struct vrpc_subch *s = gone;
+        gone = s->next_dead;
+        vrpc_lb_sub_free(s);
+    }
+}
+
+static bool stopping(struct vrpc_lb *lb)
+{
+    pthread_mutex_lock(&lb->mu);
+    bool st = lb->stop;
+    pthread_mutex_unlock(&lb->mu);
+    return st;
+}
+
+static void tend(struct vrpc_lb *lb)
+{
+    size_t n;
+    struct vrpc_subch **v = snapshot(lb, &n);
+    bool failing = false;
+    for (size_t i = 0; i < n && !stopping(lb); i++) {
+        for (unsigned k = 0; k < v[i]->nch; k++)
+            connect_if_due(v[i]->ch[k]);
+        health_check(lb, v[i], vrpc_now_ns());
+        failing |= vrpc_lb_sub_state(v[i]) == VRPC_CHANNEL_TRANSIENT_FAILURE;
+    }
+    if (failing) /* a server gone: perhaps the source knows (the resolver limits the rate) */
+        vrpc_resolver_refresh(lb->res);
+    for (size_t i = 0; i < n; i++)
+        vrpc_lb_sub_put(lb, v[i]);
+    free(v);
+    reap(lb);
+}
+
+void *vrpc_lb_thread(void *arg)
+{
+    struct vrpc_lb *lb = arg;
+    for (;;) {
+        tend(lb);
+        int64_t now = vrpc_now_ns();
+        int64_t next = vrpc_lb_run_delayed(lb, now, false);
+        if (next > now + LB_TICK_NS)
+            next = now + LB_TICK_NS;
+        pthread_mutex_lock(&lb->mu);
+        if (!lb->kick && !lb->stop && next > now) {
+            /* the condition variable's clock is CLOCK_REALTIME: wait a relative time */
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            int64_t t = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec + (next - now);
+            ts.tv_sec = t / 1000000000;
+            ts.tv_nsec = t % 1000000000;
+            pthread_cond_timedwait(&lb->cond, &lb->mu, &ts);
+        }
+        lb->kick = false;
+        bool stop = lb->stop;
+        pthread_mutex_unlock(&lb->mu);
+        if (stop)
+            break;
+    }
+    vrpc_lb_run_delayed(lb, vrpc_now_ns(), true);
+    vrpc_thread_release(); /* the health checks' response arena */
+    return NULL;
+}
