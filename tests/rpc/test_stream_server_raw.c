@@ -43,6 +43,8 @@ struct rc {
     unsigned n;
     unsigned disconnected;
     struct vrpc_buf *lb; /* a large buffer granted to the server, put back at rc_close */
+    unsigned nreads;     /* READ completions (atomic) */
+    int read_status;     /* of the last one (written before nreads) */
 };
 
 static void rc_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, void *arg)
@@ -67,6 +69,9 @@ static void rc_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, void
             }
             if (w->status == -ECANCELED || vrpc_cq_post_recv(cq, &w->buf, NULL, 1))
                 vrpc_pool_put(w->buf);
+        } else if (w->opcode == VRPC_WC_READ) {
+            r->read_status = w->status;
+            __atomic_add_fetch(&r->nreads, 1, __ATOMIC_RELEASE);
         } else if (w->opcode == VRPC_WC_SEND) {
             vrpc_pool_put(w->buf);
         } else if (w->opcode == VRPC_WC_DISCONNECTED) {
@@ -276,6 +281,8 @@ static struct vrpc_method_desc m_acount = DESC("/vrpctest.Stream/AsyncCount", VR
 static struct vrpc_method_desc m_bidi = DESC("/vrpctest.Stream/Echo", VRPC_METHOD_BIDI_STREAMING);
 static struct vrpc_method_desc m_sum = DESC("/vrpctest.Stream/Sum", VRPC_METHOD_CLIENT_STREAMING);
 static struct vrpc_method_desc m_gate = DESC("/vrpctest.Stream/Gate", VRPC_METHOD_BIDI_STREAMING);
+static struct vrpc_method_desc m_big = DESC("/vrpctest.Stream/Big", VRPC_METHOD_SERVER_STREAMING);
+#define BIG 150000
 
 static unsigned gate_open = 1; /* atomic: Gate's on_read and Echo mode 1 wait while 0 (at most 5 s) */
 static unsigned n_cancel;      /* atomic: on_cancel calls */
@@ -427,6 +434,30 @@ static void gate_read(struct vrpc_server_stream *s, const ProtobufCMessage *msg,
 }
 static const struct vrpc_server_stream_ops gate_ops = {bidi_start, gate_read, NULL, on_cancel_finish};
 
+/* Big: a large message (blocking write), a large one written async, a
+ * small one; then OK. */
+static uint8_t big_payload[BIG];
+static void big_done(struct vrpc_server_stream *s, int rc, void *arg)
+{
+    (void)s, (void)arg;
+    assert_int_equal(rc, 0);
+}
+static void big_half_close(struct vrpc_server_stream *s, void *user)
+{
+    (void)user;
+    Vrpctest__EchoReply rep = VRPCTEST__ECHO_REPLY__INIT;
+    memset(big_payload, 0xa7, sizeof big_payload);
+    rep.payload.data = big_payload;
+    rep.payload.len = sizeof big_payload;
+    rep.seq = 1;
+    assert_int_equal(vrpc_server_stream_write(s, &rep.base), 0);
+    rep.seq = 2;
+    assert_int_equal(vrpc_server_stream_write_async(s, &rep.base, big_done, NULL), 0);
+    write_seq(s, 3); /* after the queued one */
+    vrpc_server_stream_finish(s, VRPC_OK, NULL, NULL, 0);
+}
+static const struct vrpc_server_stream_ops big_ops = {bidi_start, NULL, big_half_close, on_cancel_finish};
+
 static struct vrpc_server *srv_start(const struct vrpc_server_opts *o0, char *uri)
 {
     struct vrpc_server_opts o;
@@ -435,7 +466,7 @@ static struct vrpc_server *srv_start(const struct vrpc_server_opts *o0, char *ur
         o = *o0;
     else
         vrpc_server_opts_init(&o);
-    struct vrpc_method_desc *ms[] = {&m_echo, &m_count, &m_acount, &m_bidi, &m_sum, &m_gate};
+    struct vrpc_method_desc *ms[] = {&m_echo, &m_count, &m_acount, &m_bidi, &m_sum, &m_gate, &m_big};
     for (unsigned i = 0; i < sizeof(ms) / sizeof(ms[0]); i++)
         ms[i]->id = vrpc_method_id(ms[i]->full_name);
     assert_int_equal(vrpc_server_create(&o, &s), 0);
@@ -447,6 +478,7 @@ static struct vrpc_server *srv_start(const struct vrpc_server_opts *o0, char *ur
     assert_int_equal(vrpc_server_register_stream(s, &m_bidi, &bidi_ops, NULL), 0);
     assert_int_equal(vrpc_server_register_stream(s, &m_sum, &sum_ops, NULL), 0);
     assert_int_equal(vrpc_server_register_stream(s, &m_gate, &gate_ops, NULL), 0);
+    assert_int_equal(vrpc_server_register_stream(s, &m_big, &big_ops, NULL), 0);
     assert_int_equal(vrpc_server_start(s, "tcp://127.0.0.1:0"), 0);
     assert_int_equal(vrpc_server_uri(s, uri, VRPC_URI_MAX), 0);
     return s;
@@ -495,6 +527,61 @@ static void assert_unary_ok(struct rc *r, uint64_t id)
 }
 
 /* ---- tests ---------------------------------------------------------------------- */
+
+/* Large server messages: MESSAGE|RNDV, read by the client, one at a time
+ * (the next waits for the DONE), in order with a small one. */
+static void t_large_server_messages(void **state)
+{
+    (void)state;
+    struct rc r;
+    connect_g(&r, 64);
+    open_stream(&r, ID(0), m_big.id, 0);
+    send_msg(&r, ID(0), 0, VRPC_FF_END);
+    struct vrpc_buf *lb;
+    assert_int_equal(vrpc_lbuf_get(r.tp, 1 << 20, &lb), 0);
+    for (uint64_t seq = 1; seq <= 2; seq++) {
+        struct frame *m = take(&r, VRPC_FT_MESSAGE, ID(0), 5000);
+        assert_non_null(m);
+        assert_int_equal(m->h.flags, VRPC_FF_RNDV);
+        assert_true(m->h.payload_len > BIG);
+        /* the next large one waits for our DONE (a small one may come: it follows) */
+        struct frame *early = take(&r, VRPC_FT_MESSAGE, ID(0), 200);
+        if (early && (early->h.flags & VRPC_FF_RNDV))
+            fail_msg("large message %llu: another large one came before its DONE", (unsigned long long)seq);
+        if (early) {
+            assert_int_equal(seq, 2);
+            assert_int_equal(reply_seq(early), 3);
+            early->taken = false; /* checked below */
+        }
+        struct vrpc_wire_desc d;
+        assert_int_equal(vrpc_wire_desc_decode(m->body, m->h.payload_len, &d), 0);
+        unsigned n0 = __atomic_load_n(&r.nreads, __ATOMIC_ACQUIRE);
+        assert_int_equal(vrpc_ep_read(r.ep, lb, 0, m->h.payload_len, d.addr, d.rkey, 1), 0);
+        for (int i = 0; i < 5000 && __atomic_load_n(&r.nreads, __ATOMIC_ACQUIRE) == n0; i++)
+            usleep(1000);
+        assert_int_equal(__atomic_load_n(&r.nreads, __ATOMIC_ACQUIRE), n0 + 1);
+        assert_int_equal(r.read_status, 0);
+        Vrpctest__EchoReply *rep = vrpctest__echo_reply__unpack(NULL, m->h.payload_len, lb->data);
+        assert_non_null(rep);
+        assert_int_equal(rep->seq, seq);
+        assert_int_equal(rep->payload.len, BIG);
+        assert_int_equal(rep->payload.data[0], 0xa7);
+        assert_int_equal(rep->payload.data[BIG - 1], 0xa7);
+        vrpctest__echo_reply__free_unpacked(rep, NULL);
+        send_simple(&r, VRPC_FT_DONE, ID(0));
+    }
+    struct frame *m = take(&r, VRPC_FT_MESSAGE, ID(0), 5000);
+    assert_non_null(m);
+    assert_int_equal(m->h.flags, 0);
+    assert_int_equal(reply_seq(m), 3);
+    struct frame *end = take(&r, VRPC_FT_RESPONSE, ID(0), 5000);
+    assert_non_null(end);
+    assert_int_equal(end->h.status, VRPC_OK);
+    send_simple(&r, VRPC_FT_DONE, ID(0)); /* no large message outstanding: protocol error */
+    assert_true(wait_disconnected(&r, 5000));
+    vrpc_lbuf_put(lb);
+    rc_close(&r);
+}
 
 /* A large client message (RNDV) inside a stream: read by the server, DONE,
  * delivered in order with the small ones around it. */
@@ -1100,6 +1187,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(t_unary_response_metadata),
         cmocka_unit_test(t_large_client_message),
+        cmocka_unit_test(t_large_server_messages),
         cmocka_unit_test(t_server_streaming),
         cmocka_unit_test(t_client_window_bounds_writes),
         cmocka_unit_test(t_bidi_window_returned),
