@@ -267,6 +267,18 @@ CHANNEL = {
     "no_ack": frames(rpc_frame(RESPONSE, echo_rep, rid=ID0)),
 }
 
+# A stream of the channel (slot 2): initial metadata, messages, window, the end with trailers.
+r_ack_st = rpc_frame(HELLO_ACK, hello(1 << 20, 64, 3, 4))
+ID2 = (1 << 32) | 2
+CHANNEL["stream"] = frames(r_ack_st, rpc_frame(HEADERS, md_block=md([(b"k", b"v")]), rid=ID2),
+                           rpc_frame(MESSAGE, echo_rep, rid=ID2), rpc_frame(WINDOW, struct.pack("<I", 8), rid=ID2),
+                           rpc_frame(MESSAGE, echo_rep, rid=ID2),
+                           rpc_frame(RESPONSE, md_block=md([(b"t", b"1")]), rid=ID2),
+                           rpc_frame(RESPONSE, echo_rep, rid=ID0), rpc_frame(RESPONSE, echo_rep, rid=ID1))
+CHANNEL["stream_bad"] = frames(r_ack_st, rpc_frame(MESSAGE, echo_rep, rid=ID2, flags=FF_END),
+                               rpc_frame(WINDOW, struct.pack("<I", 0x7fffffff), rid=ID2),
+                               rpc_frame(HEADERS, md_block=md([(b"k", b"v")]), rid=ID0))
+
 CORPORA = {"fuzz_wire": WIRE, "fuzz_rndv": RNDV, "fuzz_pb": PB, "fuzz_pbflat": PBFLAT, "fuzz_tcp_stream": TCP,
            "fuzz_verbs_hello": VERBS, "fuzz_rpc_server": RPC,
            "fuzz_rpc_channel": CHANNEL}
