@@ -267,7 +267,7 @@ static void h_echo(struct vrpc_server_call *call, const ProtobufCMessage *msg, v
     (void)user;
     if (q->mode == 1)
         gate_wait();
-    if (q->mode == 2 || q->mode == 3) { /* response metadata, then OK or NOT_FOUND */
+    if (q->mode >= 2 && q->mode <= 4) { /* response metadata, then OK, NOT_FOUND, or a large OK */
         struct vrpc_metadata i = {"initial", "i1", 2}, t[2] = {{"trailer", "t1", 2}, {"n", "", 0}};
         struct vrpc_metadata bad = {"Bad Key", "", 0};
         assert_int_equal(vrpc_server_call_send_metadata(call, &bad, 1), -EINVAL);
@@ -278,6 +278,11 @@ static void h_echo(struct vrpc_server_call *call, const ProtobufCMessage *msg, v
         if (q->mode == 3) {
             vrpc_server_call_fail(call, VRPC_NOT_FOUND, "no such key");
             return;
+        }
+        if (q->mode == 4) {
+            static uint8_t big[BIG];
+            rep.payload.data = big;
+            rep.payload.len = sizeof big;
         }
     }
     rep.seq = q->seq;

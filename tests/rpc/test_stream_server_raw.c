@@ -128,7 +128,7 @@ static void t_unary_response_metadata(void **state)
     (void)state;
     struct rc r;
     connect_g(&r, 64);
-    for (uint32_t mode = 2; mode <= 3; mode++) {
+    for (uint32_t mode = 2; mode <= 4; mode++) {
         uint64_t id = ID(mode);
         Vrpctest__EchoRequest q = VRPCTEST__ECHO_REQUEST__INIT;
         q.mode = mode;
@@ -151,7 +151,14 @@ static void t_unary_response_metadata(void **state)
         assert_int_equal(vrpc_wire_md_decode(f->body, f->h.md_len, md, 4), 2);
         assert_string_equal(md[0].key, "trailer");
         assert_string_equal(md[1].key, "n");
-        if (mode == 2) {
+        if (mode == 4) { /* large: RNDV, the trailers inline before the descriptor */
+            assert_int_equal(f->h.status, VRPC_OK);
+            assert_int_equal(f->h.flags, VRPC_FF_RNDV);
+            assert_true(f->h.payload_len > BIG);
+            struct vrpc_wire_desc d;
+            assert_int_equal(vrpc_wire_desc_decode(f->body + f->h.md_len, f->h.payload_len, &d), 0);
+            send_simple(&r, VRPC_FT_DONE, id);
+        } else if (mode == 2) {
             assert_int_equal(f->h.status, VRPC_OK);
             Vrpctest__EchoReply *rep = vrpctest__echo_reply__unpack(NULL, f->h.payload_len, f->body + f->h.md_len);
             assert_non_null(rep);
