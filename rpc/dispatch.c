@@ -345,6 +345,8 @@ static void on_done(struct sconn *c, const struct vrpc_wire_hdr *h)
 {
     uint32_t slot = vrpc_wire_id_slot(h->request_id);
     struct vrpc_rndv_out *o = slot < c->ncalls ? &c->rsp[slot] : NULL;
+    if (o && !vrpc_offer_granted(o, h->request_id) && vrpc_srv_stream_on_done(c, h))
+        return;
     if (!o || !vrpc_offer_granted(o, h->request_id)) {
         vrpc_srv_conn_protocol_error(c, "DONE for a response with no payload outstanding", -EPROTO);
         return;
@@ -508,6 +510,7 @@ static void on_disconnected(struct sconn *c)
                 vrpc_srv_sconn_unref(c); /* the grant's reference */
         }
     }
+    vrpc_srv_stream_conn_lost(c);
     vrpc_srv_sconn_unref(c); /* the endpoint's reference */
 }
 
@@ -612,6 +615,8 @@ void vrpc_srv_cq_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, vo
             struct sconn *c = vrpc_ep_user(o->ep);
             /* under s->lock: the hold timer looks grants up there */
             vrpc_offer_revoked(&pl->offers, c->s->wheel, o);
+            if (vrpc_srv_stream_is_offer(c, o))
+                vrpc_srv_stream_offer_revoked(o);
             vrpc_srv_sconn_unref(c); /* the grant's reference */
             break;
         }

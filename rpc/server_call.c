@@ -423,6 +423,8 @@ static int response_offer_done(struct vrpc_offer_q *q, struct vrpc_rndv_out *o, 
     struct sconn *c = o->p_conn;
     int rc = o->p_rc;
     (void)q;
+    if (vrpc_srv_stream_is_offer(c, o))
+        return vrpc_srv_stream_offer_done(o);
     if (rc == 0) {
         vrpc_rndv_offer_desc(o);
         /* a failed send leaves the grant to the endpoint's DISCONNECTED */

@@ -302,6 +302,15 @@ void vrpc_srv_stream_on_window(struct sconn *c, const struct vrpc_wire_hdr *h, c
 /* Poller: the read of a large client MESSAGE (into call->in) finished, or
  * failed with status; true if call->in was a stream's (else it is a request's). */
 bool vrpc_srv_stream_read_done(struct vrpc_server_call *call, int status);
+/* The offer of a stream's large message (o not in c->rsp) is off the
+ * parked list (rpc/offer.h ops->done): its descriptor goes, or it fails. */
+int vrpc_srv_stream_offer_done(struct vrpc_rndv_out *o);
+/* Poller: o (not in c->rsp) is a stream's large-message grant: its REVOKE
+ * completed (wake the writer), DONE for it came (revoke), c lost (drop). */
+bool vrpc_srv_stream_is_offer(const struct sconn *c, const struct vrpc_rndv_out *o);
+void vrpc_srv_stream_offer_revoked(struct vrpc_rndv_out *o);
+bool vrpc_srv_stream_on_done(struct sconn *c, const struct vrpc_wire_hdr *h);
+void vrpc_srv_stream_conn_lost(struct sconn *c);
 /* Poller: CANCEL of a stream call in flight (generation gen). */
 void vrpc_srv_stream_cancel(struct vrpc_server_call *call, uint32_t gen);
 

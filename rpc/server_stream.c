@@ -55,6 +55,7 @@ void vrpc_srv_stream_free(struct vrpc_server_stream *st)
     while (st->out_head) { /* (never left with callbacks due: see finish) */
         struct srv_out *o = st->out_head;
         st->out_head = o->next;
+        vrpc_lbuf_put(o->lb);
         free(o);
     }
     vrpc_arena_fini(&st->arena);

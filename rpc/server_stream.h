@@ -24,6 +24,7 @@ struct srv_msg {
 /* An accepted asynchronous write, packed, waiting for window and its turn. */
 struct srv_out {
     struct srv_out *next;
+    struct vrpc_buf *lb; /* a large message: packed here (data unused) */
     vrpc_server_stream_write_cb cb;
     void *arg;
     uint32_t len;
@@ -49,27 +50,30 @@ struct vrpc_server_stream {
     enum vrpc_method_kind kind;
     uint64_t id;
     uint32_t gen;
-    bool open;               /* from open until finish (or release unstarted) */
-    bool start_pending;      /* start has not run */
-    bool started;            /* start ran */
-    bool ended;              /* the server ended it (detach): no more frames out */
-    bool finished;           /* the application called finish: no more callbacks */
-    bool half_closed;        /* the client half-closed */
-    bool hc_pending;         /* on_half_close to deliver (after the queued messages) */
-    bool cancel_pending;     /* on_cancel to deliver */
-    bool running;            /* the task is queued or running */
-    bool in_cb;              /* the task runs a callback now */
-    bool sending;            /* a message is being handed to the transport */
-    bool md_sent;            /* HEADERS went out (or the first message did) */
-    pthread_t runner;        /* the task's thread while running */
-    uint32_t nin, nout;      /* client messages received, messages written */
-    uint32_t recv_avail;     /* client messages still accepted before a WINDOW of ours */
-    uint32_t consumed;       /* consumed and not yet returned */
-    uint32_t window;         /* our stream_window */
-    uint64_t send_avail;     /* messages we may still send */
-    uint32_t nqueued;        /* async writes accepted, callback not run */
-    bool rd_busy;            /* a large client message is being read (into call->in): at most one */
-    struct srv_msg *rd_node; /* its queue entry */
+    bool open;                    /* from open until finish (or release unstarted) */
+    bool start_pending;           /* start has not run */
+    bool started;                 /* start ran */
+    bool ended;                   /* the server ended it (detach): no more frames out */
+    bool finished;                /* the application called finish: no more callbacks */
+    bool half_closed;             /* the client half-closed */
+    bool hc_pending;              /* on_half_close to deliver (after the queued messages) */
+    bool cancel_pending;          /* on_cancel to deliver */
+    bool running;                 /* the task is queued or running */
+    bool in_cb;                   /* the task runs a callback now */
+    bool sending;                 /* a message is being handed to the transport */
+    bool md_sent;                 /* HEADERS went out (or the first message did) */
+    pthread_t runner;             /* the task's thread while running */
+    uint32_t nin, nout;           /* client messages received, messages written */
+    uint32_t recv_avail;          /* client messages still accepted before a WINDOW of ours */
+    uint32_t consumed;            /* consumed and not yet returned */
+    uint32_t window;              /* our stream_window */
+    uint64_t send_avail;          /* messages we may still send */
+    uint32_t nqueued;             /* async writes accepted, callback not run */
+    bool wr_offering;             /* a large message of ours is being offered (until its descriptor is out) */
+    int wr_rc;                    /* that offer's outcome */
+    struct vrpc_rndv_out out_rec; /* our large messages' grant: one at a time (DONE, revoke, then the next) */
+    bool rd_busy;                 /* a large client message is being read (into call->in): at most one */
+    struct srv_msg *rd_node;      /* its queue entry */
     struct srv_msg *in_head, *in_tail;
     struct srv_out *out_head, *out_tail;
 };
@@ -82,6 +86,12 @@ void vrpc_srv_stream_kick_locked(struct vrpc_server_stream *st, struct vrpc_sche
  * above a quarter of it, so unary answers and other streams keep moving).
  * 0, -ECONNRESET (ended or connection lost), -ETIMEDOUT (deadline). No lock held. */
 int vrpc_srv_stream_send_bytes(struct vrpc_server_stream *st, const uint8_t *bytes, uint32_t len);
+/* Wait for room in the connection's send quota (see send_bytes). */
+int vrpc_srv_stream_wait_room(struct vrpc_server_stream *st);
+/* The same for a large message packed in lb (len bytes; lb is given up):
+ * waits for the previous large one's revoke, offers it (grant, MESSAGE|RNDV)
+ * and returns once the descriptor is out. */
+int vrpc_srv_stream_send_large(struct vrpc_server_stream *st, struct vrpc_buf *lb, uint32_t len);
 /* Send the first queued async write (lock held, st->sending false; drops
  * and retakes the lock; runs its callback). */
 void vrpc_srv_stream_out_one_locked(struct vrpc_server_stream *st);

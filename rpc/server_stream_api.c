@@ -27,7 +27,7 @@ static int wait_locked(struct vrpc_server_stream *st, int64_t until)
  * quarter of max_sends_per_conn goes to stream messages, so a client that
  * reads slowly throttles its streams (the writer waits) instead of losing
  * its connection, and unary answers keep their room. */
-static int wait_room(struct vrpc_server_stream *st)
+int vrpc_srv_stream_wait_room(struct vrpc_server_stream *st)
 {
     struct sconn *c = st->conn;
     uint32_t lim = c->s->send_half / 2 ? c->s->send_half / 2 : 1;
@@ -46,7 +46,7 @@ static int wait_room(struct vrpc_server_stream *st)
 int vrpc_srv_stream_send_bytes(struct vrpc_server_stream *st, const uint8_t *bytes, uint32_t len)
 {
     struct sconn *c = st->conn;
-    int rc = wait_room(st);
+    int rc = vrpc_srv_stream_wait_room(st);
     if (rc)
         return rc;
     if (vrpc_conn_is_dead(&c->b))
@@ -71,7 +71,13 @@ void vrpc_srv_stream_out_one_locked(struct vrpc_server_stream *st)
         st->send_avail--;
     st->sending = true;
     pthread_mutex_unlock(&st->lock);
-    int rc = ended ? -ECONNRESET : vrpc_srv_stream_send_bytes(st, o->data, o->len);
+    int rc;
+    if (ended) {
+        vrpc_lbuf_put(o->lb);
+        rc = -ECONNRESET;
+    } else {
+        rc = o->lb ? vrpc_srv_stream_send_large(st, o->lb, o->len) : vrpc_srv_stream_send_bytes(st, o->data, o->len);
+    }
     if (rc)
         rc = -ECONNRESET;
     pthread_mutex_lock(&st->lock);
@@ -84,6 +90,12 @@ void vrpc_srv_stream_out_one_locked(struct vrpc_server_stream *st)
     pthread_mutex_lock(&st->lock);
 }
 
+/* A message too large for one frame: it goes by rendezvous. */
+static bool large(const struct vrpc_server_stream *st, size_t size)
+{
+    return VRPC_WIRE_HDR_LEN + size > vrpc_ep_eager_size(st->conn->b.ep);
+}
+
 /* The checks every write makes: 0 and the packed size, or -EINVAL. */
 static int write_check(struct vrpc_server_stream *st, const ProtobufCMessage *msg, size_t *size)
 {
@@ -91,8 +103,8 @@ static int write_check(struct vrpc_server_stream *st, const ProtobufCMessage *ms
         return -EINVAL;
     size_t n = vrpc_pb_packed_size(msg);
     struct sconn *c = st->conn;
-    if (n > c->b.max_payload || VRPC_WIRE_HDR_LEN + n > vrpc_ep_eager_size(c->b.ep))
-        return -EINVAL; /* above the client's limit, or large (not served in streams yet) */
+    if (n > c->b.max_payload)
+        return -EINVAL; /* above the client's limit (or, without large messages, one frame) */
     *size = n;
     return 0;
 }
@@ -122,9 +134,17 @@ int vrpc_server_stream_write(struct vrpc_server_stream *st, const ProtobufCMessa
     if (rc)
         return rc;
     uint8_t stackbuf[1024];
-    uint8_t *bytes = size <= sizeof(stackbuf) ? stackbuf : malloc(size);
-    if (!bytes)
+    struct vrpc_buf *lb = NULL;
+    uint8_t *bytes = stackbuf;
+    bool big = large(st, size);
+    if (big) {
+        char why[VRPC_STATUS_MSG_MAX];
+        if (vrpc_rndv_buf(st->call->s->tp, st->call->s->o.max_pinned, size, &lb, why, sizeof(why)))
+            return -ENOMEM;
+        bytes = lb->data;
+    } else if (size > sizeof(stackbuf) && !(bytes = malloc(size))) {
         return -ENOMEM;
+    }
     vrpc_pb_pack_sized(msg, bytes);
     pthread_mutex_lock(&st->lock);
     if (st->kind == VRPC_METHOD_CLIENT_STREAMING && st->nout >= 1)
@@ -139,7 +159,10 @@ int vrpc_server_stream_write(struct vrpc_server_stream *st, const ProtobufCMessa
     }
     pthread_mutex_unlock(&st->lock);
     if (rc == 0) {
-        rc = vrpc_srv_stream_send_bytes(st, bytes, (uint32_t)size);
+        if (lb)
+            rc = vrpc_srv_stream_send_large(st, lb, (uint32_t)size), lb = NULL;
+        else
+            rc = vrpc_srv_stream_send_bytes(st, bytes, (uint32_t)size);
         pthread_mutex_lock(&st->lock);
         st->sending = false;
         pthread_cond_broadcast(&st->cond);
@@ -147,7 +170,9 @@ int vrpc_server_stream_write(struct vrpc_server_stream *st, const ProtobufCMessa
             vrpc_srv_stream_kick_locked(st, NULL);
         pthread_mutex_unlock(&st->lock);
     }
-    if (bytes != stackbuf)
+    if (lb) /* not sent: still ours */
+        vrpc_lbuf_put(lb);
+    else if (!big && bytes != stackbuf)
         free(bytes);
     return rc;
 }
@@ -159,13 +184,22 @@ int vrpc_server_stream_write_async(struct vrpc_server_stream *st, const Protobuf
     int rc = write_check(st, msg, &size);
     if (rc || !cb)
         return rc ? rc : -EINVAL;
-    struct srv_out *o = malloc(sizeof(*o) + size);
+    bool big = large(st, size);
+    struct srv_out *o = malloc(sizeof(*o) + (big ? 0 : size));
     if (!o)
         return -ENOMEM;
     o->next = NULL;
+    o->lb = NULL;
     o->cb = cb;
     o->arg = arg;
-    o->len = (uint32_t)vrpc_pb_pack_sized(msg, o->data);
+    if (big) {
+        char why[VRPC_STATUS_MSG_MAX];
+        if (vrpc_rndv_buf(st->call->s->tp, st->call->s->o.max_pinned, size, &o->lb, why, sizeof(why))) {
+            free(o);
+            return -ENOMEM;
+        }
+    }
+    o->len = (uint32_t)vrpc_pb_pack_sized(msg, big ? o->lb->data : o->data);
     pthread_mutex_lock(&st->lock);
     if (st->ended || st->finished)
         rc = -ECONNRESET;
@@ -186,8 +220,10 @@ int vrpc_server_stream_write_async(struct vrpc_server_stream *st, const Protobuf
             vrpc_srv_stream_kick_locked(st, NULL);
     }
     pthread_mutex_unlock(&st->lock);
-    if (rc)
+    if (rc) {
+        vrpc_lbuf_put(o->lb);
         free(o);
+    }
     return rc;
 }
 

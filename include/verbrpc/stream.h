@@ -181,8 +181,13 @@ VRPC_API void *vrpc_server_stream_ctx(const struct vrpc_server_stream *s);
 VRPC_API int vrpc_server_stream_send_metadata(struct vrpc_server_stream *s, const struct vrpc_metadata *md, size_t n);
 
 /* Write one message (packed before return), blocking while the client's
- * window is closed: from a worker this holds the worker, so handlers that
- * stream a lot should prefer write_async. 0 once handed to the transport;
+ * window is closed, and while the connection's send queue holds a quarter
+ * of max_sends_per_conn (stream writes wait for room there instead of
+ * costing a slow client its connection): from a worker this holds the
+ * worker, so handlers that stream a lot should prefer write_async. A
+ * message above the eager size goes by rendezvous, one at a time per
+ * stream ("handed to the transport" is then: its descriptor is out; the
+ * next large one waits for the client's DONE). 0 once handed to the transport;
  * -ECONNRESET if the stream was cancelled or its connection lost; -EINVAL
  * for a message not of the method's output type, above the client's limit,
  * or a second message of a client-streaming method; -ETIMEDOUT if the
@@ -191,15 +196,20 @@ VRPC_API int vrpc_server_stream_send_metadata(struct vrpc_server_stream *s, cons
 VRPC_API int vrpc_server_stream_write(struct vrpc_server_stream *s, const ProtobufCMessage *msg);
 
 /* Write without waiting, as vrpc_stream_write_async (same bound,
- * VRPC_STREAM_ASYNC_WRITES_MAX; -EAGAIN beyond). cb(rc, arg) runs on a
- * worker once handed to the transport, or with -ECONNRESET if the stream
- * ended first. */
+ * VRPC_STREAM_ASYNC_WRITES_MAX; -EAGAIN beyond; a callback may write again).
+ * cb(rc, arg) runs on a worker (the stream's, between its other callbacks)
+ * once handed to the transport, or with -ECONNRESET if the stream ended
+ * first (then possibly on the thread calling finish). Do not wait in a
+ * callback of s for its own queued writes: they are sent by the same
+ * worker after the callback returns (a blocking write or finish from a
+ * callback does send them first). */
 typedef void (*vrpc_server_stream_write_cb)(struct vrpc_server_stream *s, int rc, void *arg);
 VRPC_API int vrpc_server_stream_write_async(struct vrpc_server_stream *s, const ProtobufCMessage *msg,
                                             vrpc_server_stream_write_cb cb, void *arg);
 
 /* End the stream with a status (code VRPC_OK: success; msg may be NULL) and
- * trailing metadata (md may be NULL), after the queued writes. Exactly once;
+ * trailing metadata (md may be NULL), after the queued writes (which may
+ * wait for the client's window, at most until the deadline). Exactly once;
  * releases s. For a client-streaming method with VRPC_OK, the response is
  * the message written (exactly one must have been). Returns 0, -ECONNRESET
  * if the stream had been cancelled or its connection lost (s is still
