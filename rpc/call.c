@@ -9,6 +9,7 @@
 #include <string.h>
 #include "rpc/channel_internal.h"
 #include "rpc/status.h"
+#include "rpc/stream_internal.h"
 
 /* Completion of an asynchronous call that failed before it got a slot. */
 struct early_fail {
@@ -46,6 +47,74 @@ static int unpack_response(struct vrpc_pending_slot *s, struct vrpc_arena *a, Pr
     return rc;
 }
 
+/* ---- response metadata (vrpc_call_opts.resp_md) ----------------------------- */
+
+/* Poller: append a metadata block to the slot's copy. False: no memory
+ * (the metadata is then dropped, the call goes on). */
+static bool md_append(struct vrpc_pending_slot *s, const uint8_t *md, uint32_t len)
+{
+    if (s->md_len + len > s->md_cap) {
+        uint32_t cap = s->md_len + len < 256 ? 256 : s->md_len + len;
+        uint8_t *nb = realloc(s->md, cap);
+        if (!nb)
+            return false;
+        s->md = nb;
+        s->md_cap = cap;
+    }
+    memcpy(s->md + s->md_len, md, len);
+    s->md_len += len;
+    return true;
+}
+
+void vrpc_ch_unary_headers(struct vrpc_conn *c, struct vrpc_pending_slot *s, const struct vrpc_wire_hdr *h,
+                           const uint8_t *md)
+{
+    if (s->hdrs) {
+        vrpc_ch_protocol_error(c, "HEADERS twice for one call", -EPROTO);
+        return;
+    }
+    s->hdrs = true;
+    if (s->resp_md && h->md_len && md_append(s, md, h->md_len))
+        s->imd_len = h->md_len;
+}
+
+/* Entries of one block into r (up to its cap; the rest counted dropped). */
+static size_t md_block_out(struct vrpc_resp_md *r, size_t at, const uint8_t *p, uint32_t len)
+{
+    struct vrpc_metadata tmp[VRPC_MD_MAX];
+    int n = len ? vrpc_wire_md_decode(p, len, tmp, VRPC_MD_MAX) : 0;
+    size_t k = 0;
+    for (int i = 0; i < n; i++) {
+        if (at + k < r->cap)
+            r->entries[at + k++] = tmp[i];
+        else
+            r->n_dropped++;
+    }
+    return k;
+}
+
+/* The owner, once the outcome is published: fill the caller's resp_md. a:
+ * copy the blocks into this arena (a synchronous call's: the slot's copy
+ * is reused once the slot frees); NULL: point into the slot (an async
+ * callback's, valid while it runs). */
+static void resp_md_fill(struct vrpc_pending_slot *s, struct vrpc_arena *a)
+{
+    struct vrpc_resp_md *r = s->resp_md;
+    if (!r)
+        return;
+    r->n_initial = r->n_trailing = r->n_dropped = 0;
+    if (!__atomic_load_n(&s->md_final, __ATOMIC_ACQUIRE) || !s->md_len)
+        return;
+    uint8_t *p = s->md;
+    if (a) {
+        if (!(p = vrpc_arena_alloc(a, s->md_len)))
+            return;
+        memcpy(p, s->md, s->md_len);
+    }
+    r->n_initial = md_block_out(r, 0, p, s->imd_len);
+    r->n_trailing = md_block_out(r, r->n_initial, p + s->imd_len, s->md_len - s->imd_len);
+}
+
 /* ---- completing a call ------------------------------------------------- */
 
 /* Async completion on a worker: unpack, run the callback, release. */
@@ -66,6 +135,7 @@ static void async_done_task(struct vrpc_task *t)
             msg = m;
     }
     call_metrics(ch, s->method, s->st.code, s->start_ns);
+    resp_md_fill(s, NULL);
     s->cb(&s->st, msg, s->cb_arg);
     /* resp was valid only during the callback: its large buffer goes back
      * now rather than at this worker's next unpack */
@@ -94,6 +164,10 @@ void vrpc_ch_complete_submit(struct vrpc_channel *ch, struct vrpc_pending_slot *
 void vrpc_ch_complete(struct vrpc_channel *ch, struct vrpc_pending_slot *s, uint32_t gen, bool on_poller)
 {
     if (s->cb) {
+        if (slot_is_stream(s)) {
+            vrpc_ch_stream_end(ch, s, on_poller);
+            return;
+        }
         /* a request still granted from the caller's memory: vrpc_ch_zc_release runs
          * the callback (exactly one of the two sees the other's bit) */
         if (__atomic_load_n(&s->out.zc, __ATOMIC_ACQUIRE) &&
@@ -190,6 +264,15 @@ static void on_response(struct vrpc_channel *ch, struct vrpc_conn *c, const stru
         return;
     }
     uint32_t gen = vrpc_wire_id_gen(h->request_id);
+    if (slot_is_stream(s)) {
+        vrpc_ch_stream_on_response(ch, c, s, h, payload - h->md_len, payload);
+        return;
+    }
+    if (s->resp_md) { /* the trailers, then md is complete (resp_md_fill) */
+        if (h->md_len)
+            md_append(s, payload - h->md_len, h->md_len);
+        __atomic_store_n(&s->md_final, true, __ATOMIC_RELEASE);
+    }
     /* a RESPONSE also ends the grant of a request payload the server did not read */
     if (vrpc_offer_granted(&s->out, h->request_id))
         request_revoke(ch, s);
@@ -248,7 +331,7 @@ static void early_fail_task(struct vrpc_task *t)
     free(e);
 }
 
-static int64_t call_deadline(const struct vrpc_channel *ch, const struct vrpc_call_opts *o)
+int64_t vrpc_ch_call_deadline(const struct vrpc_channel *ch, const struct vrpc_call_opts *o)
 {
     int64_t t = o ? o->timeout_us : 0;
     if (t == 0)
@@ -298,7 +381,7 @@ void vrpc_ch_request_go(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrp
 }
 
 /* vrpc_ch_get_conn's failure as the call's status; returns its code. */
-static int conn_refused(struct vrpc_channel *ch, int rc, struct vrpc_status *st)
+int vrpc_ch_conn_refused(struct vrpc_channel *ch, int rc, struct vrpc_status *st)
 {
     if (rc == -ESHUTDOWN)
         vrpc_status_set(st, VRPC_UNAVAILABLE, "channel is shutting down");
@@ -377,6 +460,7 @@ static void call_open(struct vrpc_channel *ch, struct vrpc_conn *c, const struct
     if (cs->cb)
         conn_ref(c);
     s->qent = NULL;
+    s->resp_md = cs->o ? cs->o->resp_md : NULL;
     open_call(ch, s, id);
     check_expired(ch, cs->deadline, id);
 }
@@ -470,12 +554,19 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
     struct vrpc_pending_slot *s = NULL;
     int rc;
 
+    if (m->kind != VRPC_METHOD_UNARY) {
+        vrpc_status_set(st, VRPC_UNIMPLEMENTED, "method %s is streaming: call it through vrpc_stream_start",
+                        m->full_name);
+        return VRPC_UNIMPLEMENTED;
+    }
+    if (o && o->resp_md) /* every outcome writes it; a call that gets a slot fills it */
+        o->resp_md->n_initial = o->resp_md->n_trailing = o->resp_md->n_dropped = 0;
     cs.m = m;
     cs.req = req;
     cs.o = o;
     cs.cb = cb;
     cs.arg = arg;
-    cs.deadline = call_deadline(ch, o);
+    cs.deadline = vrpc_ch_call_deadline(ch, o);
     cs.mdsz = 0;
     cs.lb = NULL;
     cs.gat.nsegs = 0;
@@ -486,7 +577,7 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
     }
     rc = vrpc_ch_get_conn(ch, cs.deadline, false, &c);
     if (rc)
-        return conn_refused(ch, rc, st);
+        return vrpc_ch_conn_refused(ch, rc, st);
     size_t need = vrpc_pb_packed_size(req) + (size_t)cs.mdsz;
     if (need > c->b.max_payload) {
         rc = request_too_big(c, need, st);
@@ -555,6 +646,7 @@ int vrpc_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m, const P
     } else if (st != &local) {
         *st = s->st;
     }
+    resp_md_fill(s, vrpc_rpc_tls_arena());
     if (s->deadline_ns != VRPC_NO_DEADLINE)
         vrpc_timer_cancel(ch->wheel, &s->timer);
     call_metrics(ch, m, code, s->start_ns);

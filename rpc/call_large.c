@@ -7,7 +7,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include "rpc/channel_internal.h"
+#include "rpc/stream_internal.h"
 #include "rpc/status.h"
 
 /* The caller's memory is no longer granted (any thread; once per call). */
@@ -27,7 +27,7 @@ void vrpc_ch_zc_release(struct vrpc_channel *ch, struct vrpc_pending_slot *s, bo
 /* DONE for a RNDV response. From the poller, never waiting; without a buffer
  * or credit the server would hold its payload until its hold timeout, so the
  * connection is closed instead. */
-static void send_done(struct vrpc_channel *ch, struct vrpc_conn *c, uint64_t id, enum vrpc_code code)
+void vrpc_ch_send_done(struct vrpc_channel *ch, struct vrpc_conn *c, uint64_t id, enum vrpc_code code)
 {
     if (__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE))
         return;
@@ -68,6 +68,10 @@ void vrpc_ch_request_revoked(struct vrpc_channel *ch, struct vrpc_pending_slot *
 void vrpc_ch_response_read_done(struct vrpc_channel *ch, struct vrpc_rndv_in *in, int status)
 {
     struct vrpc_pending_slot *s = container_of(in, struct vrpc_pending_slot, in);
+    if (slot_is_stream(s)) { /* a large stream MESSAGE (rpc/stream_large.c) */
+        vrpc_ch_stream_read_done(ch, s, status);
+        return;
+    }
     struct vrpc_conn *c = vrpc_ep_user(in->ep);
     uint32_t gen = vrpc_wire_id_gen(in->id);
     uint64_t want = (uint64_t)gen << 32 | VRPC_RD_READING;
@@ -92,11 +96,11 @@ void vrpc_ch_response_read_done(struct vrpc_channel *ch, struct vrpc_rndv_in *in
             s->resp_len = in->len;
             s->st.code = VRPC_OK;
             s->st.message[0] = 0;
-            send_done(ch, c, in->id, VRPC_OK);
+            vrpc_ch_send_done(ch, c, in->id, VRPC_OK);
             vrpc_ch_complete(ch, s, gen, true);
         } else { /* cancelled or timed out while the read ran */
             vrpc_lbuf_put(lb);
-            send_done(ch, c, in->id, gave_up_code(s));
+            vrpc_ch_send_done(ch, c, in->id, gave_up_code(s));
         }
     } else {
         vrpc_lbuf_put(lb);
@@ -179,7 +183,7 @@ void vrpc_ch_on_large_response(struct vrpc_channel *ch, struct vrpc_conn *c, str
     }
     uint64_t w = __atomic_load_n(&s->word, __ATOMIC_ACQUIRE);
     if ((uint32_t)w & VRPC_PEND_DECIDED) { /* cancelled or timed out: do not read */
-        send_done(ch, c, h->request_id, gave_up_code(s));
+        vrpc_ch_send_done(ch, c, h->request_id, gave_up_code(s));
         slot_seen(s, gen);
         return;
     }
@@ -188,7 +192,7 @@ void vrpc_ch_on_large_response(struct vrpc_channel *ch, struct vrpc_conn *c, str
             vrpc_status_set(&s->st, VRPC_RESOURCE_EXHAUSTED, "%s", why);
             vrpc_ch_complete(ch, s, gen, true);
         }
-        send_done(ch, c, h->request_id, VRPC_RESOURCE_EXHAUSTED);
+        vrpc_ch_send_done(ch, c, h->request_id, VRPC_RESOURCE_EXHAUSTED);
         slot_seen(s, gen);
         return;
     }

@@ -127,6 +127,7 @@ static uint64_t launch_open_locked(struct vrpc_channel *ch, struct vrpc_conn *c,
     s->cb_arg = e->arg;
     s->cb_ch = ch;
     s->qent = e;
+    s->resp_md = e->resp_md;
     s->deadline_ns = e->deadline;
     s->start_ns = vrpc_metrics_now_ns();
     s->out.zc = 0;
@@ -245,6 +246,7 @@ static int enqueue(struct vrpc_channel *ch, struct vrpc_buf *b, uint32_t mdsz, u
     e->mdsz = mdsz;
     e->buf = b;
     e->m = m;
+    e->resp_md = o ? o->resp_md : NULL;
     e->cb = cb;
     e->arg = arg;
     e->deadline = deadline;

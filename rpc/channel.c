@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <verbrpc/stream.h>
 #include "rpc/channel_internal.h"
 
 #define RECV_BUFS VRPC_CHANNEL_RECV_BUFS
@@ -79,6 +80,7 @@ static void channel_init(struct vrpc_channel *ch, const struct vrpc_channel_opts
     vrpc_offer_q_init(&ch->offers, &vrpc_ch_request_offer_ops, &ch->conn_lock);
     pthread_mutex_init(&ch->connect_mu, NULL);
     pthread_mutex_init(&ch->qlock, NULL);
+    pthread_mutex_init(&ch->slock, NULL);
     ch->qhead.next = ch->qhead.prev = &ch->qhead;
     ch->live.next = ch->live.prev = &ch->live;
     if (opts)
@@ -98,6 +100,10 @@ static void channel_init(struct vrpc_channel *ch, const struct vrpc_channel_opts
         ch->o.backoff_initial_ms = 100;
     if (!ch->o.backoff_max_ms)
         ch->o.backoff_max_ms = 5000;
+    if (!ch->o.stream_window)
+        ch->o.stream_window = VRPC_STREAM_WINDOW_DEFAULT;
+    if (ch->o.stream_window > VRPC_STREAM_WINDOW_MAX)
+        ch->o.stream_window = VRPC_STREAM_WINDOW_MAX;
     set_state(ch, VRPC_CHANNEL_IDLE);
 }
 
@@ -133,6 +139,8 @@ static int channel_pending(struct vrpc_channel *ch)
 
     if ((rc = vrpc_pending_create(ch->o.max_outstanding, &ch->pend)))
         return rc;
+    if (!(ch->streams = calloc(ch->o.max_outstanding, sizeof(ch->streams[0]))))
+        return -ENOMEM;
     if (ch->o.no_spin)
         ch->pend->spin = false;
     /* pinned: callers are expected on the poller's CPU (rpc.h, cpu_mask) */
@@ -282,6 +290,8 @@ void vrpc_channel_destroy(struct vrpc_channel *ch)
     vrpc_timer_wheel_destroy(ch->wheel);
     vrpc_pending_destroy(ch->pend);
     free(ch->qents);
+    free(ch->streams);
+    pthread_mutex_destroy(&ch->slock);
     pthread_mutex_destroy(&ch->qlock);
     vrpc_transport_destroy(ch->tp);
     pthread_mutex_destroy(&ch->conn_lock);

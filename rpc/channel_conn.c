@@ -5,7 +5,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include "rpc/channel_internal.h"
+#include "rpc/stream_internal.h"
 
 #define HELLO_WAIT VRPC_CONN_HELLO_WAIT
 #define HELLO_OK VRPC_CONN_HELLO_OK
@@ -70,6 +70,11 @@ static void client_on_hello_ack(struct vrpc_conn_base *b, const struct vrpc_wire
         vrpc_ch_protocol_error(c, "unexpected or malformed HELLO_ACK", -EPROTO);
         return;
     }
+    if (st.stream_window == 0 || st.stream_window > VRPC_STREAM_WINDOW_MAX) {
+        vrpc_ch_protocol_error(c, "HELLO_ACK with a stream window of 0 or above the maximum", -EPROTO);
+        return;
+    }
+    c->stream_window = st.stream_window;
     vrpc_conn_hello_apply(&c->b, &st);
     vrpc_pending_set_limit(c->ch->pend, st.max_concurrent);
     vrpc_conn_hello_end(&c->b, HELLO_OK);
@@ -105,6 +110,9 @@ static const struct vrpc_conn_role client_role = {
             [VRPC_FT_RESPONSE] = vrpc_ch_on_response,
             [VRPC_FT_DONE] = vrpc_ch_on_done,
             [VRPC_FT_GOAWAY] = client_on_goaway,
+            [VRPC_FT_MESSAGE] = vrpc_ch_on_message,
+            [VRPC_FT_WINDOW] = vrpc_ch_on_window,
+            [VRPC_FT_HEADERS] = vrpc_ch_on_headers,
         },
 };
 
@@ -206,8 +214,10 @@ static int connect_once(struct vrpc_channel *ch, int64_t deadline_ns)
     pthread_mutex_unlock(&ch->conn_lock);
     struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_HELLO};
     uint8_t hp[VRPC_WIRE_HELLO_LEN];
-    struct vrpc_wire_hello hs = {
-        .max_msg_size = ch->own_max_payload, .max_concurrent = ch->pend->n, .features = vrpc_rndv_features};
+    struct vrpc_wire_hello hs = {.max_msg_size = ch->own_max_payload,
+                                 .max_concurrent = ch->pend->n,
+                                 .features = vrpc_rndv_features | VRPC_FEAT_STREAM,
+                                 .stream_window = ch->o.stream_window};
     vrpc_wire_hello_encode(hp, &hs);
     h.payload_len = sizeof(hp);
     rc = vrpc_rpc_send_simple(c->b.ep, ch->send_pool, &h, hp, sizeof(hp), true);

@@ -10,6 +10,7 @@
  *   rpc/call_queue.c    async calls queued for lack of a slot
  *   rpc/call_large.c    large messages: request offers (grant, hold timer,
  *                       DONE, revoke), zero-copy requests, response reads
+ *   rpc/stream*.c       streams (their own private header, rpc/stream_internal.h)
  * Nothing here is part of the public API. */
 #ifndef VRPC_RPC_CHANNEL_INTERNAL_H
 #define VRPC_RPC_CHANNEL_INTERNAL_H
@@ -42,6 +43,8 @@ struct vrpc_conn {
     bool gather;                   /* the transport grants gathered windows (vrpc_ep_grant_segs):
                              requests may be sent from the caller's memory */
     struct vrpc_conn *next, *prev; /* channel's list of live endpoints, under conn_lock */
+    uint32_t stream_window;        /* the server's (HELLO_ACK): MESSAGEs we may send per
+                                      stream before it returns window */
 };
 
 /* An asynchronous call waiting for a slot: all max_outstanding are pending.
@@ -69,7 +72,8 @@ struct queued {
     void *arg;
     int64_t deadline;
     struct vrpc_timer timer; /* its deadline while queued */
-    struct vrpc_task task;   /* runs cb when it failed while queued */
+    struct vrpc_resp_md *resp_md;
+    struct vrpc_task task; /* runs cb when it failed while queued */
     struct vrpc_status st;
 };
 
@@ -112,6 +116,8 @@ struct vrpc_channel {
     struct vrpc_rndv_retry retry; /* reads/revokes to retry (poller only) */
     struct vrpc_offer_q offers;   /* request offers waiting for a grant (lock: conn_lock) */
     struct vrpc_method_table *mt; /* per-method call metrics (rpc/metrics.h) */
+    pthread_mutex_t slock;        /* streams[] (rpc/stream_internal.h) */
+    struct vrpc_stream **streams; /* by slot index: the open stream of that slot, or NULL */
 };
 
 /* A call being started: start_call's arguments and what its steps work
@@ -236,6 +242,9 @@ void vrpc_ch_fail_pending(struct vrpc_channel *ch, struct vrpc_conn *c, enum vrp
  * hold. Drops an async call's own reference of c. */
 void vrpc_ch_request_go(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s, uint32_t gen,
                         struct vrpc_buf *b, uint32_t flen, int rc, enum vrpc_send_ctx ctx);
+/* Poller: HEADERS for a unary call's slot s (its initial metadata). */
+void vrpc_ch_unary_headers(struct vrpc_conn *c, struct vrpc_pending_slot *s, const struct vrpc_wire_hdr *h,
+                           const uint8_t *md);
 /* The client's RESPONSE entry (poller). */
 void vrpc_ch_on_response(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h, const uint8_t *body);
 
@@ -249,6 +258,11 @@ void vrpc_ch_on_response(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h
  * open decides it here (decide makes it exactly once). */
 static inline void open_call(struct vrpc_channel *ch, struct vrpc_pending_slot *s, uint64_t id)
 {
+    s->hdrs = false;
+    if (s->resp_md) {
+        s->md_len = s->imd_len = 0;
+        s->md_final = false;
+    }
     if (s->deadline_ns != VRPC_NO_DEADLINE)
         vrpc_timer_arm(ch->wheel, &s->timer, s->deadline_ns, vrpc_ch_deadline_fired, ch, id);
     vrpc_pending_open(s);
@@ -260,6 +274,11 @@ static inline void check_expired(struct vrpc_channel *ch, int64_t deadline, uint
     if (deadline != VRPC_NO_DEADLINE && vrpc_now_ns() >= deadline)
         vrpc_ch_deadline_fired(ch, id);
 }
+
+/* A call's deadline from its options (VRPC_NO_DEADLINE: none). */
+int64_t vrpc_ch_call_deadline(const struct vrpc_channel *ch, const struct vrpc_call_opts *o);
+/* vrpc_ch_get_conn's failure rc as a call's status; returns its code. */
+int vrpc_ch_conn_refused(struct vrpc_channel *ch, int rc, struct vrpc_status *st);
 
 /* ---- rpc/channel_conn.c: connections and the poller ---------------------- */
 
@@ -305,6 +324,9 @@ void vrpc_ch_offer_request(struct vrpc_channel *ch, struct vrpc_conn *c, struct 
 /* Poller: RESPONSE|RNDV: read the payload (unless the call is already over). */
 void vrpc_ch_on_large_response(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrpc_pending_slot *s,
                                const struct vrpc_wire_hdr *h, const uint8_t *descp);
+/* Poller: DONE with code for the RNDV payload of id (never waits; closes c
+ * if it cannot go). */
+void vrpc_ch_send_done(struct vrpc_channel *ch, struct vrpc_conn *c, uint64_t id, enum vrpc_code code);
 /* The client's DONE entry (poller). */
 void vrpc_ch_on_done(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h, const uint8_t *body);
 /* Poller: the REVOKE completion of the call's grant. */

@@ -373,8 +373,10 @@ static void on_hello(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8
     vrpc_conn_hello_end(&c->b, VRPC_CONN_HELLO_OK);
     struct vrpc_wire_hdr a = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_HELLO_ACK};
     uint8_t p[VRPC_WIRE_HELLO_LEN];
-    struct vrpc_wire_hello ack = {
-        .max_msg_size = s->max_payload, .max_concurrent = c->ncalls, .features = vrpc_rndv_features};
+    struct vrpc_wire_hello ack = {.max_msg_size = s->max_payload,
+                                  .max_concurrent = c->ncalls,
+                                  .features = vrpc_rndv_features | VRPC_FEAT_STREAM,
+                                  .stream_window = s->o.stream_window};
     vrpc_wire_hello_encode(p, &ack);
     if (vrpc_srv_conn_send_simple(c, &a, p, sizeof(p), false))
         vrpc_srv_conn_protocol_error(c, "cannot send HELLO_ACK", -ENOBUFS);

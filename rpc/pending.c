@@ -54,8 +54,10 @@ void vrpc_pending_destroy(struct vrpc_pending *p)
     if (!p)
         return;
     if (p->slots) {
-        for (uint32_t i = 0; i < p->n; i++)
+        for (uint32_t i = 0; i < p->n; i++) {
             free(p->slots[i].resp);
+            free(p->slots[i].md);
+        }
         pthread_mutex_destroy(&p->lock);
         pthread_cond_destroy(&p->cond);
     }

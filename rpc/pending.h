@@ -90,6 +90,16 @@ struct vrpc_pending_slot {
     uint64_t rd_xfer; /* atomic */
     int64_t rd_start_ns;
     struct vrpc_timer rd_timer;
+    /* Response metadata of a unary call that asked for it (resp_md, set at
+     * open; rpc/call.c): the poller copies HEADERS' block, then the
+     * RESPONSE's, into md (grown on demand, kept), imd_len bytes of it
+     * initial; md_final (atomic, release after md) says the RESPONSE came, so
+     * md is complete and the poller done with it: only then does the owner
+     * read md. hdrs: a HEADERS came for this call (any call; poller). */
+    struct vrpc_resp_md *resp_md;
+    uint8_t *md;
+    uint32_t md_len, md_cap, imd_len;
+    bool md_final, hdrs;
 };
 enum { VRPC_RD_NONE = 0, VRPC_RD_READING = 1, VRPC_RD_EXPIRING = 2, VRPC_RD_EXPIRED = 3 };
 #define VRPC_PEND_XFER_SEEN 0x80000000u

@@ -50,6 +50,12 @@ int vrpc_server_core_create(const struct vrpc_server_opts *o, struct vrpc_server
         s->o.min_transfer_rate = VRPC_TRANSFER_RATE_DEFAULT;
     if (!s->o.transfer_floor_ms)
         s->o.transfer_floor_ms = VRPC_TRANSFER_FLOOR_DEFAULT_MS;
+    if (!s->o.stream_window)
+        s->o.stream_window = VRPC_STREAM_WINDOW_DEFAULT;
+    if (s->o.stream_window > VRPC_STREAM_WINDOW_MAX) {
+        free(s);
+        return -EINVAL;
+    }
     s->send_quota = s->o.max_sends_per_conn;
     s->send_half = s->send_quota / 2;
     if (!s->o.max_connections)

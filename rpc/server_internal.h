@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <verbrpc/rpc.h>
 #include <verbrpc/sched.h>
+#include <verbrpc/stream.h>
 #include <verbrpc/transport.h>
 #include "rpc/arena.h"
 #include "rpc/conn.h"

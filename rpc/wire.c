@@ -3,6 +3,8 @@
  * accessors convert explicitly, so the code is right on any host. */
 #include "rpc/wire.h"
 
+#include <verbrpc/stream.h>
+
 #include <endian.h>
 #include <errno.h>
 #include <stdbool.h>
@@ -75,6 +77,60 @@ void vrpc_wire_hdr_encode(uint8_t out[VRPC_WIRE_HDR_LEN], const struct vrpc_wire
     put32(out + 24, h->payload_len);
 }
 
+/* Per-type rules of a stream frame (MESSAGE, HALF_CLOSE, WINDOW, HEADERS):
+ * a request id, no method, status or budget; md only on HEADERS. */
+static int stream_frame_check(const struct vrpc_wire_hdr *h)
+{
+    if (h->request_id == 0 || h->status != 0 || h->method_id != 0 || h->budget_us != 0)
+        return -EPROTO;
+    switch (h->type) {
+    case VRPC_FT_MESSAGE:
+        return (h->flags & ~(VRPC_FF_RNDV | VRPC_FF_END)) || h->md_len != 0 ? -EPROTO : 0;
+    case VRPC_FT_HALF_CLOSE:
+        return h->flags != 0 || h->md_len != 0 || h->payload_len != 0 ? -EPROTO : 0;
+    case VRPC_FT_WINDOW:
+        return h->flags != 0 || h->md_len != 0 || h->payload_len != VRPC_WIRE_WINDOW_LEN ? -EPROTO : 0;
+    default: /* VRPC_FT_HEADERS */
+        return h->flags != 0 || h->payload_len != 0 ? -EPROTO : 0;
+    }
+}
+
+/* Per-type rules of the other frames. */
+static int frame_check(const struct vrpc_wire_hdr *h)
+{
+    switch (h->type) {
+    case VRPC_FT_REQUEST:
+        if (h->request_id == 0 || h->status != 0 || (h->flags & VRPC_FF_END))
+            return -EPROTO;
+        if ((h->flags & VRPC_FF_STREAM) && ((h->flags & VRPC_FF_RNDV) || h->payload_len != 0))
+            return -EPROTO;
+        return 0;
+    case VRPC_FT_RESPONSE: /* md: the call's trailing metadata */
+        if (h->request_id == 0 || h->status >= VRPC_CODE_COUNT || (h->flags & ~VRPC_FF_RNDV) || h->method_id != 0)
+            return -EPROTO;
+        return 0;
+    case VRPC_FT_CANCEL:
+        if (h->request_id == 0 || h->flags != 0 || h->status != 0 || h->md_len != 0 || h->payload_len != 0)
+            return -EPROTO;
+        return 0;
+    case VRPC_FT_DONE:
+        if (h->request_id == 0 || h->flags != 0 || h->status >= VRPC_CODE_COUNT || h->method_id != 0 ||
+            h->md_len != 0 || h->payload_len != 0 || h->budget_us != 0)
+            return -EPROTO;
+        return 0;
+    case VRPC_FT_HELLO:
+    case VRPC_FT_HELLO_ACK:
+        if (h->request_id != 0 || h->flags != 0 || h->status != 0 || h->md_len != 0 ||
+            h->payload_len != VRPC_WIRE_HELLO_LEN)
+            return -EPROTO;
+        return 0;
+    case VRPC_FT_GOAWAY:
+        return h->request_id != 0 || h->flags != 0 || h->md_len != 0 ? -EPROTO : 0;
+    default:
+        return stream_frame_check(h);
+    }
+}
+
 int vrpc_wire_hdr_decode(const uint8_t *frame, size_t frame_len, struct vrpc_wire_hdr *out)
 {
     struct vrpc_wire_hdr h;
@@ -95,39 +151,13 @@ int vrpc_wire_hdr_decode(const uint8_t *frame, size_t frame_len, struct vrpc_wir
     if (h.type < VRPC_FT_HELLO || h.type > VRPC_FT_MAX || (h.flags & ~VRPC_FF_KNOWN))
         return -EPROTO;
     bool rndv = h.flags & VRPC_FF_RNDV;
-    if (rndv && ((h.type != VRPC_FT_REQUEST && h.type != VRPC_FT_RESPONSE) || h.status != 0 || h.payload_len == 0))
+    if (rndv && ((h.type != VRPC_FT_REQUEST && h.type != VRPC_FT_RESPONSE && h.type != VRPC_FT_MESSAGE) ||
+                 h.status != 0 || h.payload_len == 0))
         return -EPROTO;
     if ((uint64_t)VRPC_WIRE_HDR_LEN + h.md_len + (rndv ? VRPC_WIRE_DESC_LEN : h.payload_len) != frame_len)
         return -EPROTO;
-    switch (h.type) {
-    case VRPC_FT_REQUEST:
-        if (h.request_id == 0 || h.status != 0)
-            return -EPROTO;
-        break;
-    case VRPC_FT_RESPONSE:
-        if (h.request_id == 0 || h.status >= VRPC_CODE_COUNT || h.md_len != 0 || (h.flags & ~VRPC_FF_RNDV) ||
-            h.method_id != 0)
-            return -EPROTO;
-        break;
-    case VRPC_FT_CANCEL:
-        if (h.request_id == 0 || h.flags != 0 || h.status != 0 || h.md_len != 0 || h.payload_len != 0)
-            return -EPROTO;
-        break;
-    case VRPC_FT_DONE:
-        if (h.request_id == 0 || h.flags != 0 || h.status >= VRPC_CODE_COUNT || h.method_id != 0 || h.md_len != 0 ||
-            h.payload_len != 0 || h.budget_us != 0)
-            return -EPROTO;
-        break;
-    case VRPC_FT_HELLO:
-    case VRPC_FT_HELLO_ACK:
-        if (h.request_id != 0 || h.flags != 0 || h.status != 0 || h.md_len != 0 || h.payload_len != VRPC_WIRE_HELLO_LEN)
-            return -EPROTO;
-        break;
-    case VRPC_FT_GOAWAY:
-        if (h.request_id != 0 || h.flags != 0 || h.md_len != 0)
-            return -EPROTO;
-        break;
-    }
+    if (frame_check(&h) != 0)
+        return -EPROTO;
     *out = h;
     return 0;
 }
@@ -220,7 +250,7 @@ void vrpc_wire_hello_encode(uint8_t out[VRPC_WIRE_HELLO_LEN], const struct vrpc_
     put32(out, h->max_msg_size);
     put32(out + 4, h->max_concurrent);
     put32(out + 8, h->features);
-    put32(out + 12, 0);
+    put32(out + 12, h->stream_window ? h->stream_window : VRPC_STREAM_WINDOW_DEFAULT);
 }
 
 int vrpc_wire_hello_decode(const uint8_t *buf, size_t len, struct vrpc_wire_hello *h)
@@ -230,8 +260,21 @@ int vrpc_wire_hello_decode(const uint8_t *buf, size_t len, struct vrpc_wire_hell
     h->max_msg_size = get32(buf);
     h->max_concurrent = get32(buf + 4);
     h->features = get32(buf + 8);
-    h->reserved = 0;
-    if (h->max_concurrent == 0)
+    h->stream_window = get32(buf + 12);
+    if (h->max_concurrent == 0 || h->stream_window == 0 || h->stream_window > VRPC_WIRE_WINDOW_SUM_MAX)
         return -EPROTO;
+    return 0;
+}
+
+void vrpc_wire_window_encode(uint8_t out[VRPC_WIRE_WINDOW_LEN], uint32_t n) { put32(out, n); }
+
+int vrpc_wire_window_decode(const uint8_t *buf, size_t len, uint32_t *n)
+{
+    if (len != VRPC_WIRE_WINDOW_LEN)
+        return -EPROTO;
+    uint32_t v = get32(buf);
+    if (v == 0 || v > VRPC_WIRE_WINDOW_SUM_MAX)
+        return -EPROTO;
+    *n = v;
     return 0;
 }

@@ -1,7 +1,8 @@
 /* RPC wire decoders (rpc/wire.c): the input is one RPC frame as a transport
  * delivers it. vrpc_wire_hdr_decode, then whatever the RPC layer decodes in
- * its body: the metadata block (REQUEST), the rendezvous descriptor (RNDV
- * REQUEST/RESPONSE), the HELLO settings (HELLO/HELLO_ACK). Beyond "no crash,
+ * its body: the metadata block (REQUEST, RESPONSE, HEADERS), the rendezvous
+ * descriptor (RNDV REQUEST/RESPONSE/MESSAGE), the HELLO settings
+ * (HELLO/HELLO_ACK, with the stream window), the WINDOW increment. Beyond "no crash,
  * no sanitizer report" each accepted part must survive a round trip:
  * decode(encode(decoded)) is the decoded header, a metadata block re-encodes
  * to its own bytes, the descriptor and HELLO settings to theirs. */
@@ -76,9 +77,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         uint8_t out[VRPC_WIRE_HELLO_LEN];
         if (vrpc_wire_hello_decode(body, h.payload_len, &s) == 0) {
             FUZZ_CHECK(s.max_concurrent != 0, "HELLO with 0 slots accepted");
+            FUZZ_CHECK(s.stream_window != 0 && s.stream_window <= VRPC_WIRE_WINDOW_SUM_MAX,
+                       "HELLO with stream window %u accepted", s.stream_window);
             vrpc_wire_hello_encode(out, &s);
-            FUZZ_CHECK(!memcmp(out, body, 12), "HELLO settings re-encode differently");
+            FUZZ_CHECK(!memcmp(out, body, 16), "HELLO settings re-encode differently");
         }
     }
+    if (h.type == VRPC_FT_WINDOW) {
+        uint32_t n;
+        uint8_t out[VRPC_WIRE_WINDOW_LEN];
+        if (vrpc_wire_window_decode(body, h.payload_len, &n) == 0) {
+            FUZZ_CHECK(n != 0 && n <= VRPC_WIRE_WINDOW_SUM_MAX, "WINDOW of %u accepted", n);
+            vrpc_wire_window_encode(out, n);
+            FUZZ_CHECK(!memcmp(out, body, VRPC_WIRE_WINDOW_LEN), "WINDOW re-encodes differently");
+        }
+    }
+    if (h.type == VRPC_FT_REQUEST && (h.flags & VRPC_FF_STREAM))
+        FUZZ_CHECK(h.payload_len == 0 && !(h.flags & VRPC_FF_RNDV), "REQUEST|STREAM with a message accepted");
+    if (h.flags & VRPC_FF_END)
+        FUZZ_CHECK(h.type == VRPC_FT_MESSAGE, "END accepted on frame type %u", h.type);
     return 0;
 }

@@ -13,12 +13,13 @@ import sys
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "seeds")
 
 # ---- RPC wire (rpc/wire.h) -------------------------------------------------
-HELLO, HELLO_ACK, REQUEST, RESPONSE, CANCEL, GOAWAY, DONE = range(1, 8)
-FF_DEADLINE, FF_RNDV = 1, 2
+HELLO, HELLO_ACK, REQUEST, RESPONSE, CANCEL, GOAWAY, DONE, MESSAGE, HALF_CLOSE, WINDOW, HEADERS = range(1, 12)
+FF_DEADLINE, FF_RNDV, FF_STREAM, FF_END = 1, 2, 4, 8
+WIRE_VERSION = 3
 
 
 def rpc_hdr(typ, flags=0, status=0, md_len=0, rid=0, method=0, budget=0, payload_len=0):
-    return struct.pack("<HBBBBHQIII", 0x5256, 2, typ, flags, status, md_len, rid, method, budget, payload_len)
+    return struct.pack("<HBBBBHQIII", 0x5256, WIRE_VERSION, typ, flags, status, md_len, rid, method, budget, payload_len)
 
 
 def md(entries):
@@ -32,8 +33,8 @@ def rpc_frame(typ, body=b"", md_block=b"", **kw):
     return rpc_hdr(typ, md_len=len(md_block), payload_len=kw.pop("payload_len", len(body)), **kw) + md_block + body
 
 
-def hello(max_msg=16 << 20, conc=64, feat=1):
-    return struct.pack("<IIII", max_msg, conc, feat, 0)
+def hello(max_msg=16 << 20, conc=64, feat=3, window=64):
+    return struct.pack("<IIII", max_msg, conc, feat, window)
 
 
 def desc(addr, rkey):
@@ -56,6 +57,16 @@ WIRE = {
     "cancel": rpc_frame(CANCEL, rid=ID),
     "goaway": rpc_frame(GOAWAY, b"shutting down", status=14),
     "done": rpc_frame(DONE, rid=ID, status=0),
+    "request_stream": rpc_frame(REQUEST, b"", md([(b"k", b"v")]), rid=ID, method=7, flags=FF_STREAM | FF_DEADLINE,
+                                budget=250000),
+    "message": rpc_frame(MESSAGE, b"\x08\x01", rid=ID),
+    "message_end": rpc_frame(MESSAGE, b"", rid=ID, flags=FF_END),
+    "message_rndv": rpc_frame(MESSAGE, desc(0x7f0000003000, 0x309), rid=ID, flags=FF_RNDV, payload_len=1 << 20),
+    "half_close": rpc_frame(HALF_CLOSE, rid=ID),
+    "window": rpc_frame(WINDOW, struct.pack("<I", 16), rid=ID),
+    "headers": rpc_frame(HEADERS, b"", md([(b"initial", b"1")]), rid=ID),
+    "response_trailers": rpc_frame(RESPONSE, b"", md([(b"trailer", b"x")]), rid=ID),
+    "hello_window_1": rpc_frame(HELLO, hello(window=1)),
 }
 
 # ---- rendezvous: prefix of segments and a read, then a RNDV frame ------------

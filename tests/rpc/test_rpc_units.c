@@ -16,6 +16,7 @@
 #include "rpc/pending.h"
 #include "rpc/timer.h"
 #include "rpc/wire.h"
+#include <verbrpc/stream.h>
 #include "rpc_test.pb-c.h"
 
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
@@ -39,7 +40,7 @@ static void test_hdr_roundtrip_and_byte_order(void **state)
     assert_int_equal(VRPC_WIRE_HDR_LEN, 28);
     vrpc_wire_hdr_encode(f, &h);
     static const uint8_t expect[VRPC_WIRE_HDR_LEN] = {
-        'V', 'R', 2, 3, 1, 0, 2, 0, 8, 7, 6, 5, 4, 3, 2, 1, 0x44, 0x33, 0x22, 0x11, 0x74, 0x73, 0x72, 0x71, 3, 0, 0, 0};
+        'V', 'R', 3, 3, 1, 0, 2, 0, 8, 7, 6, 5, 4, 3, 2, 1, 0x44, 0x33, 0x22, 0x11, 0x74, 0x73, 0x72, 0x71, 3, 0, 0, 0};
     assert_memory_equal(f, expect, sizeof(expect));
     struct vrpc_wire_hdr d;
     assert_int_equal(vrpc_wire_hdr_decode(f, sizeof(f), &d), 0);
@@ -79,6 +80,8 @@ static void test_hdr_rejects_bad_frames(void **state)
     assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTO); /* magic */
     f[0] ^= 1;
     f[2] = 1; /* version 1 had a 40-byte header */
+    assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTONOSUPPORT);
+    f[2] = 2; /* version 2: no streams */
     assert_int_equal(vrpc_wire_hdr_decode(f, VRPC_WIRE_HDR_LEN, &d), -EPROTONOSUPPORT);
     f[2] = VRPC_WIRE_VERSION;
     f[3] = 99;
@@ -147,6 +150,18 @@ static void test_hello_and_ids(void **state)
     assert_int_equal(vrpc_wire_hello_decode(b, sizeof(b), &d), 0);
     assert_int_equal(d.max_msg_size, 1 << 20);
     assert_int_equal(d.max_concurrent, 64);
+    assert_int_equal(d.stream_window, VRPC_STREAM_WINDOW_DEFAULT); /* 0 encodes as the default */
+    h.stream_window = 7;
+    h.features = VRPC_FEAT_LARGE | VRPC_FEAT_STREAM;
+    vrpc_wire_hello_encode(b, &h);
+    assert_int_equal(b[12], 7); /* little-endian at offset 12 */
+    assert_int_equal(vrpc_wire_hello_decode(b, sizeof(b), &d), 0);
+    assert_int_equal(d.stream_window, 7);
+    assert_int_equal(d.features, VRPC_FEAT_LARGE | VRPC_FEAT_STREAM);
+    memset(b + 12, 0, 4); /* a window of 0 on the wire */
+    assert_int_equal(vrpc_wire_hello_decode(b, sizeof(b), &d), -EPROTO);
+    memset(b + 12, 0xff, 4); /* beyond 2^31 - 1 */
+    assert_int_equal(vrpc_wire_hello_decode(b, sizeof(b), &d), -EPROTO);
     h.max_concurrent = 0;
     vrpc_wire_hello_encode(b, &h);
     assert_int_equal(vrpc_wire_hello_decode(b, sizeof(b), &d), -EPROTO);
@@ -158,6 +173,115 @@ static void test_hello_and_ids(void **state)
     assert_int_equal(vrpc_method_id("a"), 0xe40c292cu);
     assert_string_equal(vrpc_code_name(VRPC_UNAVAILABLE), "UNAVAILABLE");
     assert_string_equal(vrpc_code_name((enum vrpc_code)99), "UNKNOWN_CODE");
+}
+
+/* Encode h with md_len/payload_len as given and a frame of exactly the
+ * length the header claims (RNDV: a descriptor), and decode it. */
+static int stream_decode(struct vrpc_wire_hdr h, struct vrpc_wire_hdr *d)
+{
+    static uint8_t f[VRPC_WIRE_HDR_LEN + 64 + VRPC_WIRE_DESC_LEN];
+    memset(f, 0, sizeof(f));
+    h.version = VRPC_WIRE_VERSION;
+    vrpc_wire_hdr_encode(f, &h);
+    size_t len = VRPC_WIRE_HDR_LEN + h.md_len + ((h.flags & VRPC_FF_RNDV) ? VRPC_WIRE_DESC_LEN : h.payload_len);
+    assert_true(len <= sizeof(f));
+    return vrpc_wire_hdr_decode(f, len, d);
+}
+
+/* Version 3's stream frames: MESSAGE (RNDV, END), HALF_CLOSE, WINDOW,
+ * HEADERS, REQUEST|STREAM, metadata on RESPONSE; each with what it may
+ * not carry. */
+static void test_stream_frames(void **state)
+{
+    (void)state;
+    struct vrpc_wire_hdr d;
+    typedef struct vrpc_wire_hdr H;
+    /* MESSAGE */
+    assert_int_equal(stream_decode((H){.type = VRPC_FT_MESSAGE, .request_id = 3, .payload_len = 9}, &d), 0);
+    assert_int_equal(d.type, VRPC_FT_MESSAGE);
+    assert_int_equal(d.payload_len, 9);
+    assert_int_equal(stream_decode((H){.type = VRPC_FT_MESSAGE, .request_id = 3}, &d), 0); /* empty message */
+    assert_int_equal(
+        stream_decode((H){.type = VRPC_FT_MESSAGE, .flags = VRPC_FF_END, .request_id = 3, .payload_len = 1}, &d), 0);
+    assert_int_equal(d.flags, VRPC_FF_END);
+    assert_int_equal(
+        stream_decode(
+            (H){.type = VRPC_FT_MESSAGE, .flags = VRPC_FF_RNDV | VRPC_FF_END, .request_id = 3, .payload_len = 1u << 24},
+            &d),
+        0);
+    assert_int_equal(d.payload_len, 1u << 24);
+    assert_int_equal(stream_decode((H){.type = VRPC_FT_MESSAGE, .payload_len = 1}, &d), -EPROTO); /* id 0 */
+    assert_int_equal(stream_decode((H){.type = VRPC_FT_MESSAGE, .request_id = 3, .md_len = 4}, &d), -EPROTO);
+    assert_int_equal(stream_decode((H){.type = VRPC_FT_MESSAGE, .request_id = 3, .method_id = 1}, &d), -EPROTO);
+    assert_int_equal(stream_decode((H){.type = VRPC_FT_MESSAGE, .request_id = 3, .status = 1}, &d), -EPROTO);
+    assert_int_equal(stream_decode((H){.type = VRPC_FT_MESSAGE, .request_id = 3, .budget_us = 5}, &d), -EPROTO);
+    assert_int_equal(stream_decode((H){.type = VRPC_FT_MESSAGE, .flags = VRPC_FF_STREAM, .request_id = 3}, &d),
+                     -EPROTO);
+    assert_int_equal(stream_decode((H){.type = VRPC_FT_MESSAGE, .flags = VRPC_FF_DEADLINE, .request_id = 3}, &d),
+                     -EPROTO);
+    assert_int_equal(stream_decode((H){.type = VRPC_FT_MESSAGE, .flags = VRPC_FF_RNDV, .request_id = 3}, &d),
+                     -EPROTO); /* empty rendezvous */
+    /* HALF_CLOSE */
+    assert_int_equal(stream_decode((H){.type = VRPC_FT_HALF_CLOSE, .request_id = 3}, &d), 0);
+    assert_int_equal(stream_decode((H){.type = VRPC_FT_HALF_CLOSE, .request_id = 3, .payload_len = 1}, &d), -EPROTO);
+    assert_int_equal(stream_decode((H){.type = VRPC_FT_HALF_CLOSE, .flags = VRPC_FF_END, .request_id = 3}, &d),
+                     -EPROTO);
+    assert_int_equal(stream_decode((H){.type = VRPC_FT_HALF_CLOSE}, &d), -EPROTO);
+    /* WINDOW: a 4-byte increment */
+    assert_int_equal(stream_decode((H){.type = VRPC_FT_WINDOW, .request_id = 3, .payload_len = 4}, &d), 0);
+    assert_int_equal(stream_decode((H){.type = VRPC_FT_WINDOW, .request_id = 3, .payload_len = 8}, &d), -EPROTO);
+    assert_int_equal(stream_decode((H){.type = VRPC_FT_WINDOW, .request_id = 3}, &d), -EPROTO);
+    assert_int_equal(stream_decode((H){.type = VRPC_FT_WINDOW, .payload_len = 4}, &d), -EPROTO);
+    uint8_t w[VRPC_WIRE_WINDOW_LEN];
+    uint32_t n = 0;
+    vrpc_wire_window_encode(w, 0x01020304u);
+    assert_int_equal(w[0], 4);
+    assert_int_equal(vrpc_wire_window_decode(w, sizeof(w), &n), 0);
+    assert_int_equal(n, 0x01020304u);
+    vrpc_wire_window_encode(w, 0);
+    assert_int_equal(vrpc_wire_window_decode(w, sizeof(w), &n), -EPROTO);
+    vrpc_wire_window_encode(w, 0x80000000u);
+    assert_int_equal(vrpc_wire_window_decode(w, sizeof(w), &n), -EPROTO);
+    vrpc_wire_window_encode(w, VRPC_WIRE_WINDOW_SUM_MAX);
+    assert_int_equal(vrpc_wire_window_decode(w, sizeof(w), &n), 0);
+    assert_int_equal(vrpc_wire_window_decode(w, 3, &n), -EPROTO);
+    /* HEADERS: a metadata block, no payload */
+    assert_int_equal(stream_decode((H){.type = VRPC_FT_HEADERS, .request_id = 3, .md_len = 12}, &d), 0);
+    assert_int_equal(d.md_len, 12);
+    assert_int_equal(stream_decode((H){.type = VRPC_FT_HEADERS, .request_id = 3, .payload_len = 2}, &d), -EPROTO);
+    assert_int_equal(stream_decode((H){.type = VRPC_FT_HEADERS, .request_id = 3, .status = 2}, &d), -EPROTO);
+    assert_int_equal(stream_decode((H){.type = VRPC_FT_HEADERS, .md_len = 12}, &d), -EPROTO);
+    /* REQUEST|STREAM: no message, no rendezvous; END only on MESSAGE */
+    assert_int_equal(stream_decode((H){.type = VRPC_FT_REQUEST,
+                                       .flags = VRPC_FF_STREAM | VRPC_FF_DEADLINE,
+                                       .request_id = 3,
+                                       .method_id = 5,
+                                       .budget_us = 1000,
+                                       .md_len = 10},
+                                   &d),
+                     0);
+    assert_int_equal(d.flags, VRPC_FF_STREAM | VRPC_FF_DEADLINE);
+    assert_int_equal(
+        stream_decode((H){.type = VRPC_FT_REQUEST, .flags = VRPC_FF_STREAM, .request_id = 3, .payload_len = 1}, &d),
+        -EPROTO);
+    assert_int_equal(
+        stream_decode(
+            (H){.type = VRPC_FT_REQUEST, .flags = VRPC_FF_STREAM | VRPC_FF_RNDV, .request_id = 3, .payload_len = 100},
+            &d),
+        -EPROTO);
+    assert_int_equal(stream_decode((H){.type = VRPC_FT_REQUEST, .flags = VRPC_FF_END, .request_id = 3}, &d), -EPROTO);
+    /* RESPONSE: trailing metadata allowed; END/STREAM not */
+    assert_int_equal(
+        stream_decode((H){.type = VRPC_FT_RESPONSE, .request_id = 3, .md_len = 9, .payload_len = 2, .status = 5}, &d),
+        0);
+    assert_int_equal(d.md_len, 9);
+    assert_int_equal(stream_decode((H){.type = VRPC_FT_RESPONSE, .flags = VRPC_FF_END, .request_id = 3}, &d), -EPROTO);
+    assert_int_equal(stream_decode((H){.type = VRPC_FT_RESPONSE, .flags = VRPC_FF_STREAM, .request_id = 3}, &d),
+                     -EPROTO);
+    /* END and STREAM on other types; type 12 unknown */
+    assert_int_equal(stream_decode((H){.type = VRPC_FT_CANCEL, .flags = VRPC_FF_END, .request_id = 3}, &d), -EPROTO);
+    assert_int_equal(stream_decode((H){.type = VRPC_FT_DONE, .flags = VRPC_FF_STREAM, .request_id = 3}, &d), -EPROTO);
+    assert_int_equal(stream_decode((H){.type = VRPC_FT_HEADERS + 1, .request_id = 3}, &d), -EPROTO);
 }
 
 /* Rendezvous frames: RNDV on REQUEST/RESPONSE with a 16-byte descriptor in
@@ -597,6 +721,7 @@ int main(void)
         cmocka_unit_test(test_metadata_codec),
         cmocka_unit_test(test_hello_and_ids),
         cmocka_unit_test(test_rndv_and_done_frames),
+        cmocka_unit_test(test_stream_frames),
         cmocka_unit_test(test_arena_steady_state),
         cmocka_unit_test(test_depth_guard),
         cmocka_unit_test(test_unpack_ref),

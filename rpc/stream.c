@@ -1,0 +1,516 @@
+/* The client's streams, the API of include/verbrpc/stream.h: start (connect,
+ * slot, REQUEST|STREAM), writes within the server's window, half-close,
+ * synchronous reads that return window as they consume, finish, cancel,
+ * metadata and destroy. The receiving side and the stream task are in
+ * rpc/stream_recv.c (rpc/stream_internal.h says who touches what). */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include "rpc/status.h"
+#include "rpc/stream_internal.h"
+
+#define STREAM_ARENA_INITIAL 4096u
+
+/* ---- plumbing shared with rpc/stream_recv.c -------------------------------- */
+
+struct smsg *vrpc_stream_node_locked(struct vrpc_stream *s, uint32_t len)
+{
+    struct smsg **pp = &s->spare;
+    for (int i = 0; *pp && i < 4; pp = &(*pp)->next, i++) {
+        if ((*pp)->cap >= len) {
+            struct smsg *n = *pp;
+            *pp = n->next;
+            return n;
+        }
+    }
+    uint32_t cap = len < 256 ? 256 : len;
+    struct smsg *n = malloc(sizeof(*n) + cap);
+    if (n)
+        n->cap = cap;
+    return n;
+}
+
+int vrpc_stream_unpack(struct vrpc_stream *s, const ProtobufCMessageDescriptor *d, const struct smsg *n,
+                       ProtobufCMessage **out)
+{
+    vrpc_arena_reset(&s->arena);
+    return vrpc_pb_unpack(d, n->data, n->len, 0, &s->arena, out);
+}
+
+int vrpc_stream_send(struct vrpc_stream *s, uint8_t type, uint16_t flags, const void *payload, uint32_t len)
+{
+    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = type, .flags = flags, .request_id = s->id};
+    if (vrpc_conn_is_dead(&s->c->b))
+        return -ENOTCONN;
+    h.payload_len = len;
+    return vrpc_rpc_send_simple(s->c->b.ep, s->ch->send_pool, &h, payload, len, true);
+}
+
+void vrpc_stream_fail(struct vrpc_stream *s, enum vrpc_code code, const char *why)
+{
+    /* an ended stream may be released, its channel gone: not even its slot */
+    pthread_mutex_lock(&s->mu);
+    bool ended = s->ended;
+    pthread_mutex_unlock(&s->mu);
+    if (ended || !s->slot || !vrpc_pending_decide(s->slot, s->gen))
+        return;
+    vrpc_status_set(&s->slot->st, code, "%s", why);
+    if (!vrpc_conn_is_dead(&s->c->b)) {
+        struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_CANCEL, .request_id = s->id};
+        vrpc_rpc_send_simple(s->c->b.ep, s->ch->send_pool, &h, NULL, 0, false); /* best effort */
+    }
+    vrpc_ch_complete(s->ch, s->slot, s->gen, false);
+}
+
+bool vrpc_stream_window_locked(struct vrpc_stream *s, bool force)
+{
+    uint32_t thresh = s->rx_window / 4 ? s->rx_window / 4 : 1;
+    if (s->ended || !s->rx_unreported || (!force && s->rx_unreported < thresh))
+        return false;
+    uint32_t k = s->rx_unreported;
+    uint8_t le[VRPC_WIRE_WINDOW_LEN];
+    vrpc_wire_window_encode(le, k);
+    s->rx_unreported = 0;
+    s->rx_allowed += k;
+    s->users++;
+    pthread_mutex_unlock(&s->mu);
+    int rc = vrpc_stream_send(s, VRPC_FT_WINDOW, 0, le, sizeof le);
+    if (rc)
+        vrpc_stream_fail(s, VRPC_UNAVAILABLE, "stream send failed (WINDOW)");
+    pthread_mutex_lock(&s->mu);
+    s->users--;
+    return true;
+}
+
+/* An API call is done sending (s->mu held): the release may be due. */
+static void leave_locked(struct vrpc_stream *s)
+{
+    if (--s->users == 0 && s->ended)
+        vrpc_stream_kick_locked(s, false);
+}
+
+/* ---- start ------------------------------------------------------------------ */
+
+static struct vrpc_stream *stream_new(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
+                                      const struct vrpc_stream_opts *o)
+{
+    struct vrpc_stream *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    s->ch = ch;
+    s->m = m;
+    if (o && o->cbs) {
+        s->has_cbs = true;
+        s->cbs = *o->cbs;
+    }
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cond, NULL);
+    vrpc_arena_init(&s->arena, STREAM_ARENA_INITIAL, 0);
+    s->rx_window = ch->o.stream_window;
+    s->rx_allowed = s->rx_window;
+    return s;
+}
+
+/* The stream could not open: it ends at once with st (its on_done runs). */
+static void stream_refused(struct vrpc_stream *s, const struct vrpc_status *st)
+{
+    pthread_mutex_lock(&s->mu);
+    s->st = *st;
+    s->ended = true;
+    s->rel_claimed = true; /* nothing to release */
+    if (s->has_cbs)
+        vrpc_stream_kick_locked(s, false); /* on_done */
+    s->rel_done = true;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* The REQUEST|STREAM frame of s. Its length. */
+static uint32_t stream_request(struct vrpc_stream *s, const struct vrpc_stream_opts *o, long mdsz, int64_t deadline,
+                               struct vrpc_buf *b)
+{
+    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION,
+                              .type = VRPC_FT_REQUEST,
+                              .flags = VRPC_FF_STREAM,
+                              .method_id = s->m->id,
+                              .request_id = s->id,
+                              .md_len = (uint32_t)mdsz};
+    if (deadline != VRPC_NO_DEADLINE) {
+        int64_t left = deadline - vrpc_now_ns();
+        h.flags |= VRPC_FF_DEADLINE;
+        h.budget_us = left > 0 ? (uint64_t)(left / 1000) : 0;
+    }
+    if (mdsz)
+        vrpc_wire_md_encode(b->data + VRPC_WIRE_HDR_LEN, o->call.md, o->call.md_count);
+    vrpc_wire_hdr_encode(b->data, &h);
+    return VRPC_WIRE_HDR_LEN + (uint32_t)mdsz;
+}
+
+/* Slot fields, publication and the REQUEST (the slot is reserved). */
+static void stream_open(struct vrpc_stream *s, const struct vrpc_stream_opts *o, long mdsz, int64_t deadline)
+{
+    struct vrpc_channel *ch = s->ch;
+    struct vrpc_pending_slot *slot = s->slot;
+    s->gen = vrpc_pending_gen(slot);
+    s->id = vrpc_wire_make_id(slot->index, s->gen);
+    s->tx_allowed = s->c->stream_window;
+    s->start_ns = vrpc_metrics_now_ns();
+    slot->method = s->m;
+    slot->cb = vrpc_ch_stream_slot_cb;
+    slot->cb_arg = s;
+    slot->cb_ch = ch;
+    slot->deadline_ns = deadline;
+    slot->start_ns = s->start_ns;
+    slot->out.zc = 0;
+    slot->qent = NULL;
+    slot->resp_md = NULL;
+    pthread_mutex_lock(&ch->slock);
+    ch->streams[slot->index] = s;
+    pthread_mutex_unlock(&ch->slock);
+    open_call(ch, slot, s->id);
+    if (o && o->call.call_id)
+        __atomic_store_n(o->call.call_id, s->id, __ATOMIC_RELEASE);
+    int rc = -ENOBUFS;
+    struct vrpc_buf *b = vrpc_rpc_buf_get(ch->send_pool, true);
+    if (b) {
+        uint32_t flen = stream_request(s, o, mdsz, deadline, b);
+        rc = vrpc_conn_dead_rmw(&s->c->b) ? -ENOTCONN : 0;
+        if (!rc)
+            rc = vrpc_rpc_send(s->c->b.ep, b, flen, true);
+        else
+            vrpc_pool_put(b);
+    }
+    if (rc) {
+        if (vrpc_pending_decide(slot, s->gen)) {
+            vrpc_status_set(&slot->st, VRPC_UNAVAILABLE, "send failed: %s", strerror(-rc));
+            vrpc_ch_complete(ch, slot, s->gen, false);
+        }
+        slot_seen(slot, s->gen);
+    }
+    slot_drop(slot, s->gen); /* the owner's set-up hold */
+    check_expired(ch, deadline, s->id);
+}
+
+int vrpc_stream_start(struct vrpc_channel *ch, const struct vrpc_method_desc *m, const struct vrpc_stream_opts *o,
+                      struct vrpc_stream **out)
+{
+    struct vrpc_status st;
+    long mdsz = 0;
+
+    if (!ch || !m || !out || m->kind == VRPC_METHOD_UNARY || (o && o->cbs && !o->cbs->on_done))
+        return -EINVAL;
+    if (o && o->call.md_count && (mdsz = vrpc_wire_md_size(o->call.md, o->call.md_count)) < 0)
+        return -EINVAL;
+    if (vrpc_channel_state(ch) == VRPC_CHANNEL_SHUTDOWN)
+        return -ESHUTDOWN;
+    struct vrpc_stream *s = stream_new(ch, m, o);
+    if (!s)
+        return -ENOMEM;
+    int64_t deadline = vrpc_ch_call_deadline(ch, o ? &o->call : NULL);
+    int rc = vrpc_ch_get_conn(ch, deadline, false, &s->c);
+    if (rc) {
+        vrpc_ch_conn_refused(ch, rc, &st);
+        s->c = NULL;
+    } else if (!(s->c->b.peer_features & VRPC_FEAT_STREAM)) {
+        vrpc_status_set(&st, VRPC_UNIMPLEMENTED, "the server does not serve streams (method %s)", m->full_name);
+        rc = -ENOTSUP;
+    } else if (VRPC_WIRE_HDR_LEN + (size_t)mdsz > vrpc_ep_eager_size(s->c->b.ep)) {
+        vrpc_status_set(&st, VRPC_RESOURCE_EXHAUSTED, "stream metadata of %ld bytes does not fit one frame", mdsz);
+        rc = -EMSGSIZE;
+    } else if ((rc = vrpc_pending_alloc(ch->pend, deadline, s->c, &s->slot))) {
+        s->slot = NULL;
+        vrpc_status_set(&st, rc == -ETIMEDOUT ? VRPC_DEADLINE_EXCEEDED : VRPC_UNAVAILABLE, "%s",
+                        rc == -ETIMEDOUT ? "deadline exceeded waiting for a call credit" : "channel is shutting down");
+    }
+    if (rc) {
+        if (s->c)
+            conn_unref(s->c);
+        s->c = NULL;
+        call_metrics(ch, m, st.code, 0);
+        stream_refused(s, &st);
+    } else {
+        stream_open(s, o, mdsz, deadline);
+    }
+    *out = s;
+    return 0;
+}
+
+/* ---- writes ---------------------------------------------------------------- */
+
+/* The packed size of msg, or a negative errno for a message this stream
+ * cannot send (s->c set). */
+static long write_size(const struct vrpc_stream *s, const ProtobufCMessage *msg)
+{
+    if (!msg || msg->descriptor != s->m->input)
+        return -EINVAL;
+    size_t plen = vrpc_pb_packed_size(msg);
+    if (!s->c)
+        return (long)plen;
+    if (plen > s->c->b.peer_max)
+        return -EINVAL;
+    if (VRPC_WIRE_HDR_LEN + plen > vrpc_ep_eager_size(s->c->b.ep))
+        return -EMSGSIZE; /* large stream messages: not yet */
+    return (long)plen;
+}
+
+/* Checks common to both writes (s->mu held): 0 or the errno. */
+static int write_check_locked(struct vrpc_stream *s)
+{
+    if (s->ended)
+        return stream_ended_rc(s);
+    if (s->half_closed)
+        return -EPIPE;
+    if (s->m->kind == VRPC_METHOD_SERVER_STREAMING && s->writes >= 1)
+        return -EINVAL;
+    return 0;
+}
+
+int vrpc_stream_write(struct vrpc_stream *s, const ProtobufCMessage *msg)
+{
+    if (!s)
+        return -EINVAL;
+    long plen = write_size(s, msg);
+    if (plen < 0)
+        return (int)plen;
+    pthread_mutex_lock(&s->mu);
+    int rc;
+    while (!(rc = write_check_locked(s)) && (s->tx.head || s->tx_sent >= s->tx_allowed))
+        pthread_cond_wait(&s->cond, &s->mu);
+    if (rc) {
+        pthread_mutex_unlock(&s->mu);
+        return rc;
+    }
+    s->writes++;
+    s->tx_sent++;
+    s->users++;
+    pthread_mutex_unlock(&s->mu);
+    struct vrpc_wire_hdr h = {
+        .version = VRPC_WIRE_VERSION, .type = VRPC_FT_MESSAGE, .request_id = s->id, .payload_len = (uint32_t)plen};
+    struct vrpc_buf *b = vrpc_rpc_buf_get(s->ch->send_pool, true);
+    rc = b ? 0 : -ENOBUFS;
+    if (b) {
+        vrpc_wire_hdr_encode(b->data, &h);
+        vrpc_pb_pack_sized(msg, b->data + VRPC_WIRE_HDR_LEN);
+        rc = vrpc_conn_is_dead(&s->c->b) ? -ENOTCONN : 0;
+        if (!rc)
+            rc = vrpc_rpc_send(s->c->b.ep, b, VRPC_WIRE_HDR_LEN + (uint32_t)plen, true);
+        else
+            vrpc_pool_put(b);
+    }
+    if (rc) {
+        vrpc_stream_fail(s, VRPC_UNAVAILABLE, "stream send failed");
+        rc = -EPIPE;
+    }
+    pthread_mutex_lock(&s->mu);
+    leave_locked(s);
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+int vrpc_stream_write_async(struct vrpc_stream *s, const ProtobufCMessage *msg, vrpc_stream_write_cb cb, void *arg)
+{
+    if (!s || !cb)
+        return -EINVAL;
+    long plen = write_size(s, msg);
+    if (plen < 0)
+        return (int)plen;
+    pthread_mutex_lock(&s->mu);
+    int rc = write_check_locked(s);
+    if (!rc && s->tx.n >= VRPC_STREAM_ASYNC_WRITES_MAX)
+        rc = -EAGAIN;
+    struct smsg *n = rc ? NULL : vrpc_stream_node_locked(s, (uint32_t)plen);
+    if (!rc && !n)
+        rc = -ENOMEM;
+    if (rc) {
+        pthread_mutex_unlock(&s->mu);
+        return rc;
+    }
+    /* packed under mu: a concurrent write of the same stream is the
+     * caller's error anyway, and the node is not yet visible */
+    n->len = (uint32_t)vrpc_pb_pack_sized(msg, n->data);
+    n->cb = cb;
+    n->arg = arg;
+    s->writes++;
+    smq_push(&s->tx, n);
+    if (s->tx_sent < s->tx_allowed)
+        vrpc_stream_kick_locked(s, false);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+int vrpc_stream_close_send(struct vrpc_stream *s)
+{
+    if (!s)
+        return -EINVAL;
+    pthread_mutex_lock(&s->mu);
+    int rc = s->ended ? -EPIPE : s->half_closed ? -EALREADY : 0;
+    if (!rc) {
+        s->half_closed = true;
+        if (s->tx.head) { /* after the queued writes: the task sends it */
+            vrpc_stream_kick_locked(s, false);
+        } else {
+            s->hc_sent = true;
+            s->users++;
+            pthread_mutex_unlock(&s->mu);
+            if (vrpc_stream_send(s, VRPC_FT_HALF_CLOSE, 0, NULL, 0))
+                vrpc_stream_fail(s, VRPC_UNAVAILABLE, "stream send failed (HALF_CLOSE)");
+            pthread_mutex_lock(&s->mu);
+            leave_locked(s);
+        }
+    }
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+/* ---- reads and the end ----------------------------------------------------- */
+
+int vrpc_stream_read(struct vrpc_stream *s, ProtobufCMessage **msg)
+{
+    if (!s || !msg || s->has_cbs)
+        return -EINVAL;
+    pthread_mutex_lock(&s->mu);
+    while (!s->rx.head && !s->ended)
+        pthread_cond_wait(&s->cond, &s->mu);
+    struct smsg *n = smq_pop(&s->rx);
+    if (!n) {
+        pthread_mutex_unlock(&s->mu);
+        return -ENODATA;
+    }
+    pthread_mutex_unlock(&s->mu);
+    int rc = vrpc_stream_unpack(s, s->m->output, n, msg);
+    pthread_mutex_lock(&s->mu);
+    spare_put_locked(s, n);
+    s->rx_unreported++;
+    vrpc_stream_window_locked(s, false);
+    if (s->ended && !s->users)
+        vrpc_stream_kick_locked(s, false);
+    pthread_mutex_unlock(&s->mu);
+    if (rc) {
+        vrpc_stream_fail(s, VRPC_INTERNAL, "a stream message does not decode as its type");
+        return -ENODATA;
+    }
+    return 0;
+}
+
+/* finish: drop what was not read (its window returns; a client-streaming
+ * method's response stays), s->mu held. */
+static void drain_locked(struct vrpc_stream *s)
+{
+    bool keep = s->m->kind == VRPC_METHOD_CLIENT_STREAMING;
+    s->draining = true;
+    while (s->rx.head && !keep) {
+        spare_put_locked(s, smq_pop(&s->rx));
+        s->rx_unreported++;
+    }
+    vrpc_stream_window_locked(s, true);
+}
+
+int vrpc_stream_finish(struct vrpc_stream *s, ProtobufCMessage **resp, struct vrpc_status *st)
+{
+    if (!s)
+        return VRPC_INVALID_ARGUMENT;
+    pthread_mutex_lock(&s->mu);
+    bool hc = !s->half_closed && !s->ended;
+    pthread_mutex_unlock(&s->mu);
+    if (hc)
+        vrpc_stream_close_send(s);
+    pthread_mutex_lock(&s->mu);
+    if (!s->has_cbs)
+        drain_locked(s);
+    while (!s->ended || (s->has_cbs && !s->done_delivered && !vrpc_stream_in_callback(s)))
+        pthread_cond_wait(&s->cond, &s->mu);
+    if (!s->has_cbs)
+        drain_locked(s);
+    struct vrpc_status out = s->st;
+    struct smsg *n = NULL;
+    if (resp && out.code == VRPC_OK && !s->has_cbs && s->m->kind == VRPC_METHOD_CLIENT_STREAMING)
+        n = s->rx.head;
+    pthread_mutex_unlock(&s->mu);
+    if (n && vrpc_stream_unpack(s, s->m->output, n, resp))
+        vrpc_status_set(&out, VRPC_INTERNAL, "the response does not decode as %s", s->m->output->name);
+    else if (!n && resp && out.code == VRPC_OK && !s->has_cbs && s->m->kind == VRPC_METHOD_CLIENT_STREAMING)
+        vrpc_status_set(&out, VRPC_INTERNAL, "the server sent no response message");
+    if (st)
+        *st = out;
+    return out.code;
+}
+
+void vrpc_stream_cancel(struct vrpc_stream *s)
+{
+    if (s)
+        vrpc_stream_fail(s, VRPC_CANCELLED, "cancelled by the client");
+}
+
+/* ---- metadata and destroy ---------------------------------------------------- */
+
+static int md_find(const struct vrpc_metadata *md, int n, const char *key, const void **value, size_t *value_len)
+{
+    for (int i = 0; i < n; i++) {
+        if (strcmp(md[i].key, key) == 0) {
+            if (value)
+                *value = md[i].value;
+            if (value_len)
+                *value_len = md[i].value_len;
+            return 0;
+        }
+    }
+    return -ENOENT;
+}
+
+int vrpc_stream_initial_metadata_get(const struct vrpc_stream *s, const char *key, const void **value,
+                                     size_t *value_len)
+{
+    if (!s || !key)
+        return -EINVAL;
+    struct vrpc_stream *w = (struct vrpc_stream *)s; /* the lock only */
+    pthread_mutex_lock(&w->mu);
+    int rc = md_find(s->imd, s->n_imd, key, value, value_len);
+    pthread_mutex_unlock(&w->mu);
+    return rc;
+}
+
+int vrpc_stream_trailing_metadata_get(const struct vrpc_stream *s, const char *key, const void **value,
+                                      size_t *value_len)
+{
+    if (!s || !key)
+        return -EINVAL;
+    struct vrpc_stream *w = (struct vrpc_stream *)s;
+    pthread_mutex_lock(&w->mu);
+    int rc = s->ended ? md_find(s->tmd, s->n_tmd, key, value, value_len) : -ENOENT;
+    pthread_mutex_unlock(&w->mu);
+    return rc;
+}
+
+void vrpc_stream_free(struct vrpc_stream *s)
+{
+    struct smsg *n;
+    while ((n = smq_pop(&s->rx)) || (n = smq_pop(&s->rx_hold)))
+        free(n);
+    while ((n = s->spare)) {
+        s->spare = n->next;
+        free(n);
+    }
+    free(s->imd_buf);
+    free(s->tmd_buf);
+    vrpc_arena_fini(&s->arena);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cond);
+    free(s);
+}
+
+void vrpc_stream_destroy(struct vrpc_stream *s)
+{
+    if (!s)
+        return;
+    vrpc_stream_cancel(s);
+    pthread_mutex_lock(&s->mu);
+    if (vrpc_stream_in_callback(s)) { /* the task frees it once released */
+        s->free_on_return = true;
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
+    while (!s->rel_done || s->task_sched)
+        pthread_cond_wait(&s->cond, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    vrpc_stream_free(s);
+}

@@ -1,0 +1,125 @@
+/* The client's streams: large MESSAGEs from the server (flag RNDV), read
+ * through the rendezvous like a large response (rpc/rndv.h), into a large
+ * buffer, then copied into the stream's own memory so the pinned buffer goes
+ * back at once, and answered with DONE keyed by the stream's request id. At
+ * most one is outstanding per stream (docs/PROTOCOL.md), so the slot's
+ * rndv_in record serves it. The read holds the slot (slot_hold) until its
+ * completion; the stream's deadline or cancel ends the stream meanwhile as
+ * always (the read's bytes are then dropped). */
+#include <errno.h>
+#include <string.h>
+#include "rpc/status.h"
+#include "rpc/stream_internal.h"
+
+const char *vrpc_ch_stream_large_in(struct vrpc_stream *s, const struct vrpc_wire_hdr *h, const uint8_t *descp)
+{
+    struct vrpc_channel *ch = s->ch;
+    struct vrpc_conn *c = s->c;
+    struct vrpc_pending_slot *slot = s->slot;
+    struct vrpc_wire_desc d;
+    char why[VRPC_STATUS_MSG_MAX];
+    struct vrpc_buf *lb;
+
+    if (!c->b.large)
+        return "large stream MESSAGE on a connection without large messages";
+    if ((uint64_t)VRPC_WIRE_HDR_LEN + h->payload_len <= vrpc_ep_eager_size(c->b.ep))
+        return "rendezvous stream MESSAGE for a payload that fits a frame";
+    if (h->payload_len > ch->own_max_payload)
+        return "large stream MESSAGE above our max_msg_size";
+    if (vrpc_wire_desc_decode(descp, h->payload_len, &d))
+        return "bad rendezvous descriptor";
+    if (slot->in.lb)
+        return "a second large stream MESSAGE before our DONE";
+    pthread_mutex_lock(&s->mu);
+    bool ended = s->ended;
+    pthread_mutex_unlock(&s->mu);
+    if (ended) { /* the stream is over here: do not read */
+        vrpc_ch_send_done(ch, c, h->request_id, VRPC_CANCELLED);
+        return NULL;
+    }
+    if (vrpc_rndv_buf(ch->tp, ch->o.max_pinned, h->payload_len, &lb, why, sizeof(why))) {
+        vrpc_ch_send_done(ch, c, h->request_id, VRPC_RESOURCE_EXHAUSTED);
+        vrpc_stream_fail(s, VRPC_RESOURCE_EXHAUSTED, why);
+        return NULL;
+    }
+    struct vrpc_rndv_in *in = &slot->in;
+    in->lb = lb;
+    in->ep = c->b.ep;
+    in->addr = d.addr;
+    in->rkey = d.rkey;
+    in->len = h->payload_len;
+    in->id = h->request_id;
+    slot_hold(slot); /* the read keeps the slot (its wire side) */
+    pthread_mutex_lock(&s->mu);
+    s->large_busy = true;
+    pthread_mutex_unlock(&s->mu);
+    int rc = vrpc_rndv_read(in);
+    if (rc == -ENOSPC)
+        vrpc_rndv_read_later(&ch->retry, in);
+    else if (rc)
+        vrpc_ch_stream_read_done(ch, slot, rc);
+    return NULL;
+}
+
+/* The read's bytes (lb NULL: it failed) into stream s (ch->slock held):
+ * queued, then what arrived behind it; dropped if the stream ended or
+ * finishes. False: no memory. */
+static bool large_deliver(struct vrpc_stream *s, const struct vrpc_buf *lb, uint32_t len)
+{
+    bool ok = true;
+    pthread_mutex_lock(&s->mu);
+    s->large_busy = false;
+    if (s->ended || !lb) {
+    } else if (s->draining && s->m->kind != VRPC_METHOD_CLIENT_STREAMING) {
+        s->rx_unreported++;
+        vrpc_stream_kick_locked(s, true);
+    } else {
+        struct smsg *n = vrpc_stream_node_locked(s, len);
+        if (n) {
+            memcpy(n->data, lb->data, len);
+            n->len = len;
+            s->got_msg = true;
+            smq_push(&s->rx, n);
+            pthread_cond_broadcast(&s->cond);
+        }
+        ok = n != NULL;
+    }
+    struct smsg *h;
+    while ((h = smq_pop(&s->rx_hold)))
+        smq_push(&s->rx, h);
+    pthread_cond_broadcast(&s->cond);
+    if (s->has_cbs && s->rx.head)
+        vrpc_stream_kick_locked(s, true);
+    pthread_mutex_unlock(&s->mu);
+    return ok;
+}
+
+void vrpc_ch_stream_read_done(struct vrpc_channel *ch, struct vrpc_pending_slot *slot, int status)
+{
+    struct vrpc_rndv_in *in = &slot->in;
+    struct vrpc_conn *c = vrpc_ep_user(in->ep);
+    uint32_t gen = vrpc_wire_id_gen(in->id);
+    uint64_t id = in->id;
+    struct vrpc_buf *lb = in->lb;
+    in->lb = NULL;
+    pthread_mutex_lock(&ch->slock);
+    struct vrpc_stream *s = ch->streams[slot->index];
+    if (s && s->id != id)
+        s = NULL;
+    if (status == 0) {
+        bool ok = !s || large_deliver(s, lb, in->len);
+        vrpc_ch_send_done(ch, c, id, ok ? VRPC_OK : VRPC_RESOURCE_EXHAUSTED);
+        if (!ok)
+            vrpc_stream_fail(s, VRPC_RESOURCE_EXHAUSTED, "out of memory for a large stream message");
+    } else if (s) {
+        large_deliver(s, NULL, 0);
+        vrpc_stream_fail(s, status == -EACCES ? VRPC_INTERNAL : VRPC_UNAVAILABLE,
+                         status == -EACCES ? "large-message read failed: remote access error"
+                                           : "connection lost while reading a large stream message");
+    }
+    pthread_mutex_unlock(&ch->slock);
+    vrpc_lbuf_put(lb);
+    if (status == -EACCES)
+        vrpc_ch_protocol_error(c, "its large stream MESSAGE descriptor could not be read (bad key or range)", -EPROTO);
+    slot_drop(slot, gen);
+}
