@@ -264,10 +264,6 @@ static void on_response(struct vrpc_channel *ch, struct vrpc_conn *c, const stru
         return;
     }
     uint32_t gen = vrpc_wire_id_gen(h->request_id);
-    if (slot_is_stream(s)) {
-        vrpc_ch_stream_on_response(ch, c, s, h, payload - h->md_len, payload);
-        return;
-    }
     if (s->resp_md) { /* the trailers, then md is complete (resp_md_fill) */
         if (h->md_len)
             md_append(s, payload - h->md_len, h->md_len);
@@ -276,6 +272,10 @@ static void on_response(struct vrpc_channel *ch, struct vrpc_conn *c, const stru
     /* a RESPONSE also ends the grant of a request payload the server did not read */
     if (vrpc_offer_granted(&s->out, h->request_id))
         request_revoke(ch, s);
+    if (slot_is_stream(s)) {
+        vrpc_ch_stream_on_response(ch, c, s, h, payload - h->md_len, payload);
+        return;
+    }
     if (h->flags & VRPC_FF_RNDV) {
         vrpc_ch_on_large_response(ch, c, s, h, payload);
         return;

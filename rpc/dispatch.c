@@ -123,6 +123,11 @@ static struct method_entry *request_admit(struct sconn *c, const struct vrpc_wir
                h->method_id);
         return NULL;
     }
+    if (!(h->flags & VRPC_FF_STREAM) != !me->sops) {
+        refuse(c, h->request_id, VRPC_UNIMPLEMENTED, "method %s is %s", me->m->full_name,
+               me->sops ? "streaming" : "unary");
+        return NULL;
+    }
     uint64_t size = (uint64_t)h->md_len + h->payload_len;
     if (size > s->max_payload) {
         vrpc_srv_record(me, VRPC_RESOURCE_EXHAUSTED, *now);
@@ -256,12 +261,20 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
                          : VRPC_NO_DEADLINE,
                      __ATOMIC_RELAXED);
     uint32_t gen = ST_GEN(st) + 1 ? ST_GEN(st) + 1 : 1;
+    if (me->sops && vrpc_srv_stream_open(call, me, h->request_id, gen)) {
+        refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "server out of memory");
+        return;
+    }
     __atomic_store_n(&call->cancelled, 0, __ATOMIC_RELAXED);
     __atomic_add_fetch(&call->refs, 1, __ATOMIC_RELAXED); /* until the handler answers */
     __atomic_add_fetch(&c->b.refs, 1, __ATOMIC_RELAXED);
     __atomic_add_fetch(&s->inflight, 1, __ATOMIC_RELAXED);
     /* release: the fields above are visible to whoever sees RUN */
     __atomic_store_n(&call->state, ST_WORD(gen, CALL_RUN), __ATOMIC_RELEASE);
+    if (me->sops) {
+        vrpc_srv_stream_go(c->poller, call, gen);
+        return;
+    }
     vrpc_task_init(&call->task, vrpc_srv_call_task);
     if (rndv)
         request_read_start(c, call, h->payload_len, now, gen);
@@ -287,6 +300,8 @@ static void abandon_call(struct vrpc_server_call *call)
 static void request_read_done(struct poller *pl, struct vrpc_rndv_in *in, int status)
 {
     struct vrpc_server_call *call = container_of(in, struct vrpc_server_call, in);
+    if (call->st && vrpc_srv_stream_read_done(call, status))
+        return;
     struct sconn *c = call->conn;
     struct vrpc_buf *lb = in->lb;
     in->lb = NULL;
@@ -345,8 +360,12 @@ static void on_cancel(struct sconn *c, uint64_t id)
     struct vrpc_server_call *call = c->calls[slot];
     /* req_id is written by this poller thread only, so reading it is safe;
      * RUN tells whether it is still the call in flight */
-    if ((ST_FLAGS(__atomic_load_n(&call->state, __ATOMIC_ACQUIRE)) & CALL_RUN) && call->req_id == id)
-        __atomic_store_n(&call->cancelled, 1, __ATOMIC_RELEASE);
+    uint64_t st = __atomic_load_n(&call->state, __ATOMIC_ACQUIRE);
+    if (!(ST_FLAGS(st) & CALL_RUN) || call->req_id != id)
+        return;
+    __atomic_store_n(&call->cancelled, 1, __ATOMIC_RELEASE);
+    if (call->me->sops)
+        vrpc_srv_stream_cancel(call, ST_GEN(st));
 }
 
 static void on_hello(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8_t *payload)
@@ -358,6 +377,7 @@ static void on_hello(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8
         return;
     }
     vrpc_conn_hello_apply(&c->b, &hs);
+    c->peer_window = hs.stream_window;
     c->calls = calloc(s->o.max_concurrent, sizeof(*c->calls));
     c->rsp = calloc(s->o.max_concurrent, sizeof(*c->rsp));
     if (!c->calls || !c->rsp) {
@@ -422,6 +442,22 @@ static void server_on_cancel(struct vrpc_conn_base *b, const struct vrpc_wire_hd
     on_cancel(server_conn(b), h->request_id);
 }
 
+static void server_on_message(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h, const uint8_t *body)
+{
+    vrpc_srv_stream_on_message(server_conn(b), h, body);
+}
+
+static void server_on_half_close(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h, const uint8_t *body)
+{
+    (void)body;
+    vrpc_srv_stream_on_half_close(server_conn(b), h);
+}
+
+static void server_on_window(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h, const uint8_t *body)
+{
+    vrpc_srv_stream_on_window(server_conn(b), h, body);
+}
+
 static const struct vrpc_conn_role server_role = {
     .hello_type = VRPC_FT_HELLO,
     .before_hello = "first frame is not HELLO",
@@ -433,6 +469,9 @@ static const struct vrpc_conn_role server_role = {
             [VRPC_FT_REQUEST] = server_on_request,
             [VRPC_FT_DONE] = server_on_done,
             [VRPC_FT_CANCEL] = server_on_cancel,
+            [VRPC_FT_MESSAGE] = server_on_message,
+            [VRPC_FT_HALF_CLOSE] = server_on_half_close,
+            [VRPC_FT_WINDOW] = server_on_window,
         },
 };
 

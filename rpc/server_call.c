@@ -34,6 +34,9 @@ void vrpc_srv_call_unref(struct vrpc_server_call *call)
     if (!call || __atomic_sub_fetch(&call->refs, 1, __ATOMIC_ACQ_REL) != 0)
         return;
     vrpc_lbuf_put(call->req_lb);
+    vrpc_srv_stream_free(call->st);
+    free(call->initial);
+    free(call->trailers);
     free(call->buf);
     free(call->md);
     vrpc_arena_fini(&call->arena);
@@ -70,7 +73,67 @@ struct sconn *vrpc_srv_call_detach(struct vrpc_server_call *call, uint32_t gen, 
         vrpc_srv_call_unref(call);
     if (id)
         *id = rid;
+    if (call->st)
+        vrpc_srv_stream_detached(call, gen);
     return c;
+}
+
+/* ---- unary response metadata --------------------------------------------------- */
+
+/* The call's answer is decided: its response metadata goes (no allocation
+ * unless the handler set some). */
+static void md_reset(struct vrpc_server_call *call)
+{
+    free(call->initial);
+    free(call->trailers);
+    call->initial = call->trailers = NULL;
+    call->initial_len = call->trailers_len = 0;
+    call->md_flags = 0;
+}
+
+static int md_store(struct vrpc_server_call *call, uint32_t flag, const struct vrpc_metadata *md, size_t n)
+{
+    if (!call)
+        return -EINVAL;
+    if (call->md_flags & flag)
+        return -EALREADY;
+    long sz = vrpc_wire_md_size(md, n);
+    /* (must fit one frame of any connection, with room for a status message) */
+    if (sz < 0 || sz > (long)(VRPC_EAGER_MIN - VRPC_WIRE_HDR_LEN - VRPC_STATUS_MSG_MAX - VRPC_WIRE_DESC_LEN))
+        return -EINVAL;
+    uint8_t *b = malloc(sz ? (size_t)sz : 1);
+    if (!b)
+        return -ENOMEM;
+    vrpc_wire_md_encode(b, md, n);
+    if (flag == CALL_MD_INITIAL)
+        call->initial = b, call->initial_len = (uint32_t)sz;
+    else
+        call->trailers = b, call->trailers_len = (uint32_t)sz;
+    call->md_flags |= flag;
+    return 0;
+}
+
+int vrpc_server_call_send_metadata(struct vrpc_server_call *call, const struct vrpc_metadata *md, size_t n)
+{
+    return md_store(call, CALL_MD_INITIAL, md, n);
+}
+
+int vrpc_server_call_set_trailers(struct vrpc_server_call *call, const struct vrpc_metadata *md, size_t n)
+{
+    return md_store(call, CALL_MD_TRAILERS, md, n);
+}
+
+/* Claimed, before the RESPONSE: the HEADERS frame of the initial metadata. */
+static void md_send_initial(struct vrpc_server_call *call, struct sconn *c, uint64_t id)
+{
+    struct vrpc_buf *b;
+    if (!(call->md_flags & CALL_MD_INITIAL) || vrpc_conn_is_dead(&c->b) || !(b = vrpc_srv_conn_buf(c, true)))
+        return;
+    struct vrpc_wire_hdr h = {
+        .version = VRPC_WIRE_VERSION, .type = VRPC_FT_HEADERS, .request_id = id, .md_len = call->initial_len};
+    vrpc_wire_hdr_encode(b->data, &h);
+    memcpy(b->data + VRPC_WIRE_HDR_LEN, call->initial, call->initial_len);
+    vrpc_srv_conn_send(c, b, VRPC_WIRE_HDR_LEN + call->initial_len);
 }
 
 /* ---- calls: worker side ----------------------------------------------------- */
@@ -102,6 +165,8 @@ int vrpc_srv_call_claim(struct vrpc_server_call *call)
         if (f & CALL_DETACHED) {
             int rc = __atomic_load_n(&call->detach_rc, __ATOMIC_RELAXED);
             vrpc_arena_reset(&call->arena); /* the handler is done with req */
+            if (call->md_flags)
+                md_reset(call);
             /* release: the poller may reuse the object (if it is still in its
              * slot) once it sees RUN cleared */
             __atomic_store_n(&call->state, ST_WORD(ST_GEN(w), 0), __ATOMIC_RELEASE);
@@ -123,6 +188,8 @@ static struct sconn *finish_call_norecord(struct vrpc_server_call *call)
     if (call->deadline_ns != VRPC_NO_DEADLINE && vrpc_timer_cancel(call->s->wheel, &call->timer))
         vrpc_srv_call_unref(call); /* not armed any more: the timer's reference (the object keeps the slot's) */
     vrpc_arena_reset(&call->arena);
+    if (call->md_flags)
+        md_reset(call);
     uint64_t w = __atomic_load_n(&call->state, __ATOMIC_RELAXED);
     __atomic_store_n(&call->state, ST_WORD(ST_GEN(w), 0), __ATOMIC_RELEASE);
     vrpc_srv_call_unref(call); /* the handler's; the slot table keeps the object */
@@ -135,9 +202,57 @@ static struct sconn *finish_call(struct vrpc_server_call *call, enum vrpc_code c
     return finish_call_norecord(call);
 }
 
+struct sconn *vrpc_srv_finish_call(struct vrpc_server_call *call, enum vrpc_code code)
+{
+    return finish_call(call, code);
+}
+
+void vrpc_srv_end_detached(struct sconn *c, uint64_t id, enum vrpc_code code, const char *msg)
+{
+    if (!__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE)) {
+        struct vrpc_wire_hdr h = {
+            .version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE, .status = (uint32_t)code, .request_id = id};
+        vrpc_srv_conn_send_simple(c, &h, msg, msg ? (uint32_t)strlen(msg) : 0, false);
+    }
+    vrpc_srv_answered(c);
+}
+
+/* answer_status for a call with response metadata: HEADERS, then the
+ * RESPONSE with the trailers (both built before the call is released). */
+static int answer_status_md(struct vrpc_server_call *call, enum vrpc_code code, const char *msg)
+{
+    uint64_t id = call->req_id;
+    struct sconn *c = call->conn;
+    struct vrpc_buf *b = NULL;
+    uint32_t len = 0, tl = call->trailers_len;
+    if (!__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE)) {
+        md_send_initial(call, c, id);
+        b = vrpc_srv_conn_buf(c, true);
+    }
+    if (b) {
+        uint32_t ml = msg ? (uint32_t)strnlen(msg, VRPC_STATUS_MSG_MAX - 1) : 0;
+        struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION,
+                                  .type = VRPC_FT_RESPONSE,
+                                  .status = (uint32_t)code,
+                                  .request_id = id,
+                                  .md_len = tl,
+                                  .payload_len = ml};
+        vrpc_wire_hdr_encode(b->data, &h);
+        memcpy(b->data + VRPC_WIRE_HDR_LEN, call->trailers, tl);
+        memcpy(b->data + VRPC_WIRE_HDR_LEN + tl, msg, ml);
+        len = VRPC_WIRE_HDR_LEN + tl + ml;
+    }
+    finish_call(call, code);
+    int rc = b ? (vrpc_srv_conn_send(c, b, len) ? -ECONNRESET : 0) : -ECONNRESET;
+    vrpc_srv_answered(c);
+    return rc;
+}
+
 /* Claimed: answer with a status and no message body. */
 static int answer_status(struct vrpc_server_call *call, enum vrpc_code code, const char *msg)
 {
+    if (call->md_flags)
+        return answer_status_md(call, code, msg);
     uint64_t id = call->req_id;
     struct sconn *c = finish_call(call, code);
     int rc = -ECONNRESET;
@@ -381,7 +496,9 @@ static int respond_large(struct vrpc_server_call *call, const ProtobufCMessage *
         answer_status(call, VRPC_RESOURCE_EXHAUSTED, why);
         return -ENOBUFS;
     }
-    uint32_t plen = (uint32_t)vrpc_pb_pack_sized(resp, lb->data);
+    uint32_t plen = (uint32_t)vrpc_pb_pack_sized(resp, lb->data), tl = call->trailers_len;
+    if (call->md_flags)
+        md_send_initial(call, c, id);
     struct vrpc_buf *b = vrpc_srv_conn_buf(c, true);
     if (!b) {
         vrpc_lbuf_put(lb);
@@ -393,12 +510,15 @@ static int respond_large(struct vrpc_server_call *call, const ProtobufCMessage *
                               .type = VRPC_FT_RESPONSE,
                               .flags = VRPC_FF_RNDV,
                               .request_id = id,
-                              .payload_len = plen};
+                              .payload_len = plen,
+                              .md_len = tl};
     vrpc_wire_hdr_encode(b->data, &h);
+    if (tl)
+        memcpy(b->data + VRPC_WIRE_HDR_LEN, call->trailers, tl);
     o->p_lb = lb;
     o->p_frame = b;
     o->p_len = plen;
-    o->p_frame_len = VRPC_WIRE_HDR_LEN + VRPC_WIRE_DESC_LEN;
+    o->p_frame_len = VRPC_WIRE_HDR_LEN + tl + VRPC_WIRE_DESC_LEN;
     o->p_id = id;
     o->p_conn = c;
     finish_call(call, VRPC_OK); /* the call's hold on c goes with the offer (answered) */
@@ -417,9 +537,9 @@ int vrpc_server_call_respond(struct vrpc_server_call *call, const ProtobufCMessa
         return -EINVAL;
     }
     struct sconn *c = call->conn;
-    uint32_t limit = c->b.max_payload;
+    uint32_t limit = c->b.max_payload, tl = call->trailers_len;
     size_t size = vrpc_pb_packed_size(resp);
-    if (size > limit) {
+    if (size + tl > limit) {
         char msg[VRPC_STATUS_MSG_MAX];
         if (limit == c->b.peer_max)
             snprintf(msg, sizeof(msg), "response of %zu bytes exceeds the client's limit of %u bytes", size, limit);
@@ -435,8 +555,10 @@ int vrpc_server_call_respond(struct vrpc_server_call *call, const ProtobufCMessa
         answer_status(call, VRPC_UNAVAILABLE, NULL);
         return -ECONNRESET;
     }
-    if (VRPC_WIRE_HDR_LEN + size > vrpc_ep_eager_size(c->b.ep))
+    if (VRPC_WIRE_HDR_LEN + tl + size > vrpc_ep_eager_size(c->b.ep))
         return respond_large(call, resp, size);
+    if (call->md_flags)
+        md_send_initial(call, c, call->req_id);
     struct vrpc_buf *b = vrpc_srv_conn_buf(c, true);
     if (!b) { /* c does not read (and is failed), or no buffer came back in time */
         finish_call(call, VRPC_UNAVAILABLE);
@@ -445,18 +567,21 @@ int vrpc_server_call_respond(struct vrpc_server_call *call, const ProtobufCMessa
     }
     uint8_t *p = b->data;
     /* size <= client_max_payload <= eager - header = room in b: checked above */
-    size_t plen = vrpc_pb_pack_sized(resp, p + VRPC_WIRE_HDR_LEN);
+    size_t plen = vrpc_pb_pack_sized(resp, p + VRPC_WIRE_HDR_LEN + tl);
     struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION,
                               .type = VRPC_FT_RESPONSE,
                               .request_id = call->req_id,
-                              .payload_len = (uint32_t)plen};
+                              .payload_len = (uint32_t)plen,
+                              .md_len = tl};
     vrpc_wire_hdr_encode(p, &h);
+    if (tl)
+        memcpy(p + VRPC_WIRE_HDR_LEN, call->trailers, tl);
     /* The statistics (a clock read and four atomics) wait until the response
      * is on its way; the method entry outlives the call until vrpc_srv_answered(). */
     struct method_entry *me = call->me;
     int64_t arrival = call->arrival_ns;
     finish_call_norecord(call); /* resp may live in the call's arena: packed above */
-    rc = vrpc_srv_conn_send(c, b, VRPC_WIRE_HDR_LEN + (uint32_t)plen) ? -ECONNRESET : 0;
+    rc = vrpc_srv_conn_send(c, b, VRPC_WIRE_HDR_LEN + tl + (uint32_t)plen) ? -ECONNRESET : 0;
     vrpc_srv_record(me, VRPC_OK, arrival);
     vrpc_srv_answered(c);
     return rc;

@@ -32,13 +32,16 @@
 
 struct method_entry {
     const struct vrpc_method_desc *m;
-    vrpc_handler_fn fn;
+    vrpc_handler_fn fn;                        /* unary: the handler; streams: NULL */
+    const struct vrpc_server_stream_ops *sops; /* streams (m->kind not unary): the ops */
     void *user;
     struct vrpc_call_metrics cm; /* statistics (rpc/metrics.h) */
     struct vrpc_lathist lh;
 };
 
 struct sconn;
+struct poller;
+struct vrpc_server_stream; /* rpc/server_stream.c, one per call object that carried a stream */
 
 /* A call object's state word (atomic): generation << 32 | CALL_* flags. The
  * generation counts the calls the object has carried, so that a deadline
@@ -87,8 +90,18 @@ struct vrpc_server_call {
     uint32_t xfer; /* atomic */
     int64_t xfer_start_ns;
     struct vrpc_timer xfer_timer;
-    struct vrpc_buf *req_lb; /* the large request payload, read: unpacked then put back */
+    struct vrpc_buf *req_lb;       /* the large request payload, read: unpacked then put back */
+    struct vrpc_server_stream *st; /* the stream state, made for the first stream on this
+                                      object and kept (freed with the object); NULL: never */
+    /* Unary response metadata, encoded (malloc), set by the handler and sent
+     * with the answer (HEADERS first, trailers in the RESPONSE); freed when
+     * the call ends. md_flags: CALL_MD_* set (the handler's thread). */
+    uint8_t *initial, *trailers;
+    uint32_t initial_len, trailers_len;
+    uint32_t md_flags;
 };
+#define CALL_MD_INITIAL 0x1u
+#define CALL_MD_TRAILERS 0x2u
 
 struct poller {
     struct vrpc_server *s;
@@ -123,6 +136,7 @@ struct sconn {
     uint32_t sends;
     int64_t send_progress_ns;
     uint64_t rd_pinned;        /* bytes of large requests being read (poller only) */
+    uint32_t peer_window;      /* the client's stream_window (HELLO) */
     struct sconn *next, *prev; /* server list, under s->lock */
     /* Lifecycle watch (vrpc_srv_conn_sweep, under s->lock): */
     int64_t accepted_ns;
@@ -262,6 +276,41 @@ void vrpc_srv_deadline_fired(void *ctx, uint64_t gen);
 void vrpc_srv_transfer_expired(void *ctx, uint64_t gen);
 /* The offer machine's operations for large responses (rpc/offer.h). */
 extern const struct vrpc_offer_ops vrpc_srv_response_offer_ops;
+
+/* ---- server_stream.c: streams ------------------------------------------------ */
+
+/* Poller, on REQUEST|STREAM admitted for a stream method: prepare call's
+ * stream state for the new stream (allocates it for the object's first
+ * stream). 0 or -ENOMEM. */
+int vrpc_srv_stream_open(struct vrpc_server_call *call, struct method_entry *me, uint64_t id, uint32_t gen);
+/* Poller: the stream call just published: arm its deadline, queue its task
+ * (which runs start). */
+void vrpc_srv_stream_go(struct poller *pl, struct vrpc_server_call *call, uint32_t gen);
+/* vrpc_srv_call_detach won for a stream call: the stream has ended for the
+ * server (its RESPONSE is the detacher's); wakes writers, queues on_cancel.
+ * Any thread. */
+void vrpc_srv_stream_detached(struct vrpc_server_call *call, uint32_t gen);
+/* Free the stream state of a call object being freed. */
+void vrpc_srv_stream_free(struct vrpc_server_stream *st);
+/* Poller: MESSAGE, HALF_CLOSE, WINDOW frames from the client (receiver rules
+ * of docs/PROTOCOL.md). */
+void vrpc_srv_stream_on_message(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8_t *body);
+void vrpc_srv_stream_on_half_close(struct sconn *c, const struct vrpc_wire_hdr *h);
+void vrpc_srv_stream_on_window(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8_t *body);
+/* Poller: the read of a large client MESSAGE (into call->in) finished, or
+ * failed with status; true if call->in was a stream's (else it is a request's). */
+bool vrpc_srv_stream_read_done(struct vrpc_server_call *call, int status);
+/* Poller: CANCEL of a stream call in flight (generation gen). */
+void vrpc_srv_stream_cancel(struct vrpc_server_call *call, uint32_t gen);
+
+/* ---- server_call.c, for streams --------------------------------------------- */
+
+/* After a successful claim: release the call object and record code; returns
+ * its connection, still referenced (send, then vrpc_srv_answered). */
+struct sconn *vrpc_srv_finish_call(struct vrpc_server_call *call, enum vrpc_code code);
+/* The server ends the call (won detach) with code and msg: RESPONSE out
+ * (never waiting), then vrpc_srv_answered. Any thread. */
+void vrpc_srv_end_detached(struct sconn *c, uint64_t id, enum vrpc_code code, const char *msg);
 
 /* ---- dispatch.c: the poller side ------------------------------------------- */
 

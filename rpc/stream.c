@@ -245,10 +245,8 @@ static long write_size(const struct vrpc_stream *s, const ProtobufCMessage *msg)
     size_t plen = vrpc_pb_packed_size(msg);
     if (!s->c)
         return (long)plen;
-    if (plen > s->c->b.peer_max)
+    if (plen > s->c->b.max_payload) /* the server's limit, or one frame without large messages */
         return -EINVAL;
-    if (VRPC_WIRE_HDR_LEN + plen > vrpc_ep_eager_size(s->c->b.ep))
-        return -EMSGSIZE; /* large stream messages: not yet */
     return (long)plen;
 }
 
@@ -285,9 +283,12 @@ int vrpc_stream_write(struct vrpc_stream *s, const ProtobufCMessage *msg)
     pthread_mutex_unlock(&s->mu);
     struct vrpc_wire_hdr h = {
         .version = VRPC_WIRE_VERSION, .type = VRPC_FT_MESSAGE, .request_id = s->id, .payload_len = (uint32_t)plen};
-    struct vrpc_buf *b = vrpc_rpc_buf_get(s->ch->send_pool, true);
-    rc = b ? 0 : -ENOBUFS;
-    if (b) {
+    bool large = VRPC_WIRE_HDR_LEN + (size_t)plen > vrpc_ep_eager_size(s->c->b.ep);
+    struct vrpc_buf *b = large ? NULL : vrpc_rpc_buf_get(s->ch->send_pool, true);
+    rc = b || large ? 0 : -ENOBUFS;
+    if (large) {
+        rc = vrpc_stream_write_large(s, msg, NULL, (uint32_t)plen);
+    } else if (b) {
         vrpc_wire_hdr_encode(b->data, &h);
         vrpc_pb_pack_sized(msg, b->data + VRPC_WIRE_HDR_LEN);
         rc = vrpc_conn_is_dead(&s->c->b) ? -ENOTCONN : 0;
@@ -298,7 +299,7 @@ int vrpc_stream_write(struct vrpc_stream *s, const ProtobufCMessage *msg)
     }
     if (rc) {
         vrpc_stream_fail(s, VRPC_UNAVAILABLE, "stream send failed");
-        rc = -EPIPE;
+        rc = rc == -ETIMEDOUT ? rc : -EPIPE;
     }
     pthread_mutex_lock(&s->mu);
     leave_locked(s);

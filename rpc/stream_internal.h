@@ -120,6 +120,14 @@ void vrpc_ch_on_window(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h, 
  * caller): read it into a large buffer through the slot's rndv_in. NULL or
  * a protocol error. */
 const char *vrpc_ch_stream_large_in(struct vrpc_stream *s, const struct vrpc_wire_hdr *h, const uint8_t *descp);
+/* Send one large MESSAGE (packed from msg, or the bytes given) by
+ * rendezvous: waits for the previous one's DONE (and revoke), packs it into a
+ * large buffer, grants it through the slot's rndv_out (the channel's offer
+ * queue and hold timer, as a request's) and sends the descriptor. The
+ * caller holds a window credit and is counted in users (or is the task).
+ * 0, or a negative errno after which the stream has failed (-ETIMEDOUT: it
+ * ended DEADLINE_EXCEEDED). */
+int vrpc_stream_write_large(struct vrpc_stream *s, const ProtobufCMessage *msg, const uint8_t *bytes, uint32_t len);
 /* Poller: the READ of a large stream MESSAGE finished (or failed to start). */
 void vrpc_ch_stream_read_done(struct vrpc_channel *ch, struct vrpc_pending_slot *slot, int status);
 

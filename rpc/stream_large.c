@@ -7,7 +7,9 @@
  * completion; the stream's deadline or cancel ends the stream meanwhile as
  * always (the read's bytes are then dropped). */
 #include <errno.h>
+#include <sched.h>
 #include <string.h>
+#include <time.h>
 #include "rpc/status.h"
 #include "rpc/stream_internal.h"
 
@@ -122,4 +124,103 @@ void vrpc_ch_stream_read_done(struct vrpc_channel *ch, struct vrpc_pending_slot 
     if (status == -EACCES)
         vrpc_ch_protocol_error(c, "its large stream MESSAGE descriptor could not be read (bad key or range)", -EPROTO);
     slot_drop(slot, gen);
+}
+
+/* ---- large MESSAGEs to the server ------------------------------------------ */
+
+/* Wait until the previous large MESSAGE's grant is over (DONE, then its
+ * REVOKE completion), or the stream ended. 0 or the ended errno. */
+static int wait_out_idle(struct vrpc_stream *s)
+{
+    struct vrpc_rndv_out *o = &s->slot->out;
+    pthread_mutex_lock(&s->mu);
+    while (!s->ended && __atomic_load_n(&o->state, __ATOMIC_ACQUIRE) != VRPC_RNDV_IDLE) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 1000000; /* the REVOKE completion does not signal us: look again soon */
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&s->cond, &s->mu, &ts);
+    }
+    int rc = s->ended ? stream_ended_rc(s) : 0;
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+/* Grant o's payload (p_* set) under conn_lock, with the hold timer a
+ * request's grant gets; retried while the transport has no grant left. */
+static int grant_out(struct vrpc_stream *s, struct vrpc_rndv_out *o)
+{
+    struct vrpc_channel *ch = s->ch;
+    for (;;) {
+        pthread_mutex_lock(&ch->conn_lock);
+        int rc = vrpc_offer_grant_locked(&s->c->b, o);
+        if (rc == 0) {
+            slot_hold(s->slot); /* the grant's, dropped at its REVOKE completion */
+            vrpc_timer_arm(ch->wheel, &o->hold_timer, vrpc_now_ns() + (int64_t)ch->o.hold_timeout_ms * 1000000,
+                           vrpc_offer_hold_fired, &ch->offers, o->p_id);
+        }
+        pthread_mutex_unlock(&ch->conn_lock);
+        if (rc != -ENOSPC)
+            return rc;
+        pthread_mutex_lock(&s->mu);
+        bool ended = s->ended;
+        pthread_mutex_unlock(&s->mu);
+        if (ended)
+            return stream_ended_rc(s);
+        sched_yield();
+    }
+}
+
+int vrpc_stream_write_large(struct vrpc_stream *s, const ProtobufCMessage *msg, const uint8_t *bytes, uint32_t len)
+{
+    struct vrpc_channel *ch = s->ch;
+    struct vrpc_rndv_out *o = &s->slot->out;
+    char why[VRPC_STATUS_MSG_MAX];
+    struct vrpc_buf *lb;
+    int rc = wait_out_idle(s);
+    if (rc)
+        return rc;
+    if (vrpc_rndv_buf(ch->tp, ch->o.max_pinned, len, &lb, why, sizeof(why))) {
+        vrpc_stream_fail(s, VRPC_RESOURCE_EXHAUSTED, why);
+        return -EPIPE;
+    }
+    if (msg)
+        vrpc_pb_pack_sized(msg, lb->data);
+    else
+        memcpy(lb->data, bytes, len);
+    o->p_lb = lb;
+    o->p_nsegs = 0;
+    o->p_len = len;
+    o->p_id = s->id;
+    if ((rc = grant_out(s, o))) {
+        vrpc_lbuf_put(lb);
+        return rc;
+    }
+    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION,
+                              .type = VRPC_FT_MESSAGE,
+                              .flags = VRPC_FF_RNDV,
+                              .request_id = s->id,
+                              .payload_len = len};
+    struct vrpc_wire_desc d = {.addr = o->raddr, .rkey = o->rkey};
+    uint8_t desc[VRPC_WIRE_DESC_LEN];
+    vrpc_wire_desc_encode(desc, &d);
+    struct vrpc_buf *b = vrpc_rpc_buf_get(ch->send_pool, true);
+    rc = !b ? -ENOBUFS : vrpc_conn_is_dead(&s->c->b) ? -ENOTCONN : 0;
+    if (!rc) {
+        vrpc_wire_hdr_encode(b->data, &h);
+        memcpy(b->data + VRPC_WIRE_HDR_LEN, desc, sizeof desc);
+        rc = vrpc_rpc_send(s->c->b.ep, b, VRPC_WIRE_HDR_LEN + VRPC_WIRE_DESC_LEN, true);
+    } else if (b) {
+        vrpc_pool_put(b);
+    }
+    if (rc) { /* the server never got the descriptor: end the grant (as vrpc_ch_request_go) */
+        pthread_mutex_lock(&ch->conn_lock);
+        if (__atomic_load_n(&o->state, __ATOMIC_ACQUIRE) == VRPC_RNDV_GRANTED && o->id == s->id)
+            vrpc_rndv_revoke(o);
+        pthread_mutex_unlock(&ch->conn_lock);
+    }
+    return rc;
 }

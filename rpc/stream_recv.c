@@ -313,7 +313,10 @@ static bool tx_one_locked(struct vrpc_stream *s)
         bool ended = s->ended;
         s->tx_sent++;
         pthread_mutex_unlock(&s->mu);
-        int rc = ended ? -EPIPE : vrpc_stream_send(s, VRPC_FT_MESSAGE, 0, n->data, n->len);
+        int rc = ended ? -EPIPE
+                 : VRPC_WIRE_HDR_LEN + n->len > vrpc_ep_eager_size(s->c->b.ep)
+                     ? vrpc_stream_write_large(s, NULL, n->data, n->len)
+                     : vrpc_stream_send(s, VRPC_FT_MESSAGE, 0, n->data, n->len);
         if (rc && !ended)
             vrpc_stream_fail(s, VRPC_UNAVAILABLE, "stream send failed");
         n->cb(s, rc ? -EPIPE : 0, n->arg);

@@ -460,7 +460,8 @@ VRPC_API void vrpc_server_opts_init(struct vrpc_server_opts *o);
 VRPC_API int vrpc_server_create(const struct vrpc_server_opts *o, struct vrpc_server **out);
 
 /* Register a handler; only before vrpc_server_start (-EBUSY after). -EINVAL if
- * m->id != vrpc_method_id(m->full_name) or a descriptor is missing; -EEXIST if
+ * m->id != vrpc_method_id(m->full_name), a descriptor is missing, or m is a
+ * streaming method (m->kind: see vrpc_server_register_stream); -EEXIST if
  * the id (name or hash collision) is already registered. m must outlive s. */
 VRPC_API int vrpc_server_register(struct vrpc_server *s, const struct vrpc_method_desc *m, vrpc_handler_fn fn,
                                   void *user);

@@ -134,8 +134,12 @@ VRPC_API int vrpc_stream_trailing_metadata_get(const struct vrpc_stream *s, cons
 
 /* Free the stream; cancels it first if it has not ended (on_done then runs,
  * CANCELLED, before this returns, unless it is the caller). Waits for the
- * stream's running callbacks, except the one it is called from. Safe on
- * NULL. Not concurrently with other calls on s. */
+ * stream's running callbacks, except the one it is called from. Called from
+ * one of s's own callbacks it returns at once: no callback of s runs after
+ * that one (not even on_done, if it was on_read) and s is freed once the
+ * stream has let go of its connection. Safe on NULL. Not concurrently with
+ * other calls on s; after vrpc_channel_destroy of its channel it is still
+ * valid (that destroy ended the stream). */
 VRPC_API void vrpc_stream_destroy(struct vrpc_stream *s);
 
 /* ---- server ----------------------------------------------------------------*/

@@ -1,15 +1,17 @@
 /* The RPC channel's decoding of every frame a server sends (rpc/channel_conn.c, rpc/call.c, rpc/call_large.c):
  * HELLO_ACK (settings, credits, features), RESPONSE (status, message,
  * rendezvous descriptor of a large response: size, key, address), GOAWAY,
- * DONE, in any order and state, over a real TCP connection. A raw server
+ * DONE, and a stream's MESSAGE, HEADERS, WINDOW and RESPONSE (rpc/stream*.c),
+ * in any order and state, over a real TCP connection. A raw server
  * thread of the harness accepts the channel's connection, answers the
  * transport's handshake (64 credits, 8 KiB eager), and sends the input, a
  * list of RPC frames (u16 length, bytes), as TCP DATA frames within the
  * credits the channel grants, while reading whatever the channel sends
  * (a read request of the channel is never served). Per input a fresh
  * channel makes two Echo calls (deadline 50 ms; the seeds answer them by
- * their ids, slot 0 and 1 of generation 1) and is destroyed. Each call
- * must end exactly once with a valid status, and nothing may crash, leak or
+ * their ids, slot 0 and 1 of generation 1), then opens one bidirectional
+ * stream with callbacks (slot 2, deadline 50 ms, one async write), and is
+ * destroyed. Each call and the stream must end exactly once with a valid status, and nothing may crash, leak or
  * trip a sanitizer. */
 #include <arpa/inet.h>
 #include <endian.h>
@@ -22,14 +24,19 @@
 #include <time.h>
 #include <unistd.h>
 #include <verbrpc/rpc.h>
+#include <verbrpc/stream.h>
 #include "fuzz_common.h"
 #include "rpc_test.pb-c.h"
 #include "transport/tcp/tcp_wire.h"
 
 #define EAGER 8192u
 
-static struct vrpc_method_desc m_echo = {"/vrpctest.Test/Echo", 0, &vrpctest__echo_request__descriptor,
-                                         &vrpctest__echo_reply__descriptor, NULL, VRPC_METHOD_UNARY};
+static struct vrpc_method_desc m_echo = {
+    "/vrpctest.Test/Echo", 0, &vrpctest__echo_request__descriptor, &vrpctest__echo_reply__descriptor, NULL,
+    VRPC_METHOD_UNARY};
+static struct vrpc_method_desc m_bidi = {
+    "/vrpctest.Test/Bidi",     0, &vrpctest__echo_request__descriptor, &vrpctest__echo_reply__descriptor, NULL,
+    VRPC_METHOD_BIDI_STREAMING};
 static int lfd;
 static char uri[64];
 /* The current input, copied for the server thread; busy while it serves. */
@@ -197,6 +204,34 @@ static void on_done(const struct vrpc_status *st, const ProtobufCMessage *resp, 
     __atomic_add_fetch(&d->n, 1, __ATOMIC_ACQ_REL);
 }
 
+/* The stream's callbacks: reads of the right type, one end with a valid status. */
+static void st_read(struct vrpc_stream *s, const ProtobufCMessage *msg, void *arg)
+{
+    struct done *d = arg;
+    (void)s;
+    if (!msg || msg->descriptor != &vrpctest__echo_reply__descriptor)
+        __atomic_store_n(&d->bad, 1, __ATOMIC_RELEASE);
+}
+
+static void st_done(struct vrpc_stream *s, const struct vrpc_status *st, const ProtobufCMessage *resp, void *arg)
+{
+    struct done *d = arg;
+    (void)s;
+    (void)resp;
+    if ((unsigned)st->code >= VRPC_CODE_COUNT || !memchr(st->message, 0, sizeof st->message))
+        __atomic_store_n(&d->bad, 1, __ATOMIC_RELEASE);
+    if (getenv("FUZZ_DEBUG"))
+        fprintf(stderr, "stream: %d %s\n", st->code, st->message);
+    __atomic_add_fetch(&d->n, 1, __ATOMIC_ACQ_REL);
+}
+
+static void st_write(struct vrpc_stream *s, int rc, void *arg)
+{
+    (void)s;
+    (void)rc;
+    (void)arg;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static bool started;
@@ -225,6 +260,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     req.seq = 7;
     for (int i = 0; i < 2; i++)
         accepted += vrpc_call_async(ch, &m_echo, &req.base, &co, on_done, &d) == 0;
+    struct vrpc_stream_cbs cbs = {.on_read = st_read, .on_done = st_done, .arg = &d};
+    struct vrpc_stream_opts so = {.call = co, .cbs = &cbs};
+    struct vrpc_stream *s = NULL;
+    if (vrpc_stream_start(ch, &m_bidi, &so, &s) == 0) {
+        accepted++;
+        vrpc_stream_write_async(s, &req.base, st_write, NULL);
+    }
     int64_t until = now_ms() + 5000;
     while (__atomic_load_n(&d.n, __ATOMIC_ACQUIRE) < accepted && now_ms() < until)
         usleep(1000);
@@ -233,6 +275,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
      * and never served waits in its close for the peer (up to the
      * transport's close timeout, 10 s) */
     __atomic_store_n(&ending, 1, __ATOMIC_RELEASE);
+    vrpc_stream_destroy(s);
     vrpc_channel_destroy(ch);
     FUZZ_CHECK(__atomic_load_n(&d.n, __ATOMIC_ACQUIRE) == accepted, "a call ended twice (%u of %u)", d.n, accepted);
     FUZZ_CHECK(!__atomic_load_n(&d.bad, __ATOMIC_ACQUIRE), "a call ended with an invalid status");

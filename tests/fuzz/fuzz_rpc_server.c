@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <verbrpc/rpc.h>
+#include <verbrpc/stream.h>
 #include "fuzz_common.h"
 #include "rpc/wire.h"
 #include "rpc_test.pb-c.h"
@@ -29,8 +30,14 @@
 
 #define EAGER 8192u
 
-static struct vrpc_method_desc m_echo = {"/vrpctest.Test/Echo", 0, &vrpctest__echo_request__descriptor,
-                                         &vrpctest__echo_reply__descriptor, NULL, VRPC_METHOD_UNARY};
+static struct vrpc_method_desc m_echo = {
+    "/vrpctest.Test/Echo", 0, &vrpctest__echo_request__descriptor, &vrpctest__echo_reply__descriptor, NULL,
+    VRPC_METHOD_UNARY};
+static struct vrpc_method_desc m_stream = {"/vrpctest.Test/Stream",           0,    &vrpctest__echo_request__descriptor,
+                                           &vrpctest__echo_reply__descriptor, NULL, VRPC_METHOD_BIDI_STREAMING};
+static struct vrpc_method_desc m_count = {
+    "/vrpctest.Test/Count",      0, &vrpctest__echo_request__descriptor, &vrpctest__echo_reply__descriptor, NULL,
+    VRPC_METHOD_SERVER_STREAMING};
 static struct sockaddr_in sa;
 
 static void h_echo(struct vrpc_server_call *call, const ProtobufCMessage *msg, void *user)
@@ -43,6 +50,31 @@ static void h_echo(struct vrpc_server_call *call, const ProtobufCMessage *msg, v
     vrpc_server_call_respond(call, &rep.base);
 }
 
+/* Streams: every message echoed (async, so a stalled window only queues a
+ * bounded number), OK at the half-close, released on cancel. */
+static void s_write_done(struct vrpc_server_stream *s, int rc, void *arg) { (void)s, (void)rc, (void)arg; }
+static void s_start(struct vrpc_server_stream *s, void *user) { (void)s, (void)user; }
+static void s_read(struct vrpc_server_stream *s, const ProtobufCMessage *msg, void *user)
+{
+    const Vrpctest__EchoRequest *r = (const Vrpctest__EchoRequest *)msg;
+    Vrpctest__EchoReply rep = VRPCTEST__ECHO_REPLY__INIT;
+    (void)user;
+    rep.seq = r->seq;
+    vrpc_server_stream_write_async(s, &rep.base, s_write_done, NULL);
+}
+static void s_half_close(struct vrpc_server_stream *s, void *user)
+{
+    (void)user;
+    struct vrpc_metadata md = {"t", "1", 1};
+    vrpc_server_stream_finish(s, VRPC_OK, NULL, &md, 1);
+}
+static void s_cancel(struct vrpc_server_stream *s, void *user)
+{
+    (void)user;
+    vrpc_server_stream_finish(s, VRPC_CANCELLED, NULL, NULL, 0);
+}
+static const struct vrpc_server_stream_ops s_ops = {s_start, s_read, s_half_close, s_cancel};
+
 static void start(void)
 {
     static struct vrpc_server *s;
@@ -50,7 +82,11 @@ static void start(void)
     char uri[VRPC_URI_MAX];
     vrpc_server_opts_init(&o);
     m_echo.id = vrpc_method_id(m_echo.full_name);
+    m_stream.id = vrpc_method_id(m_stream.full_name);
+    m_count.id = vrpc_method_id(m_count.full_name);
     FUZZ_CHECK(vrpc_server_create(&o, &s) == 0 && vrpc_server_register(s, &m_echo, h_echo, NULL) == 0 &&
+                   vrpc_server_register_stream(s, &m_stream, &s_ops, NULL) == 0 &&
+                   vrpc_server_register_stream(s, &m_count, &s_ops, NULL) == 0 &&
                    vrpc_server_start(s, "tcp://127.0.0.1:0") == 0 && vrpc_server_uri(s, uri, sizeof uri) == 0,
                "server did not start");
     sa.sin_family = AF_INET;

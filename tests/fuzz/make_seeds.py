@@ -207,6 +207,9 @@ def method_id(name):
 
 
 ECHO = method_id("/vrpctest.Test/Echo")
+STREAM = method_id("/vrpctest.Test/Stream")
+COUNT = method_id("/vrpctest.Test/Count")
+ID1S = (1 << 32) | 4
 
 
 def frames(*fs):
@@ -227,6 +230,26 @@ RPC = {
                                               flags=FF_RNDV, payload_len=100000)),
     "done_unasked": frames(r_hello, rpc_frame(DONE, rid=ID)),
     "no_hello": frames(rpc_frame(REQUEST, echo_req, rid=ID, method=ECHO)),
+    "stream_bidi": frames(r_hello, rpc_frame(REQUEST, rid=ID, method=STREAM, flags=FF_STREAM | FF_DEADLINE,
+                                             budget=500000, md_block=md([(b"k", b"v")])),
+                          rpc_frame(MESSAGE, echo_req, rid=ID), rpc_frame(MESSAGE, echo_req, rid=ID),
+                          rpc_frame(WINDOW, struct.pack("<I", 8), rid=ID), rpc_frame(HALF_CLOSE, rid=ID)),
+    "stream_end_flag": frames(r_hello, rpc_frame(REQUEST, rid=ID, method=COUNT, flags=FF_STREAM),
+                              rpc_frame(MESSAGE, echo_req, rid=ID, flags=FF_END)),
+    "stream_cancel": frames(r_hello, rpc_frame(REQUEST, rid=ID, method=STREAM, flags=FF_STREAM),
+                            rpc_frame(MESSAGE, echo_req, rid=ID), rpc_frame(CANCEL, rid=ID),
+                            rpc_frame(MESSAGE, echo_req, rid=ID)),
+    "stream_bad_rules": frames(r_hello, rpc_frame(REQUEST, rid=ID, method=COUNT, flags=FF_STREAM),
+                               rpc_frame(MESSAGE, echo_req, rid=ID), rpc_frame(MESSAGE, echo_req, rid=ID),
+                               rpc_frame(REQUEST, rid=ID1S, method=ECHO, flags=FF_STREAM),
+                               rpc_frame(HALF_CLOSE, rid=ID1S), rpc_frame(HALF_CLOSE, rid=ID1S)),
+    "stream_window_overflow": frames(r_hello, rpc_frame(REQUEST, rid=ID, method=STREAM, flags=FF_STREAM),
+                                     rpc_frame(WINDOW, struct.pack("<I", 0x7fffffff), rid=ID)),
+    "stream_rndv_message": frames(r_hello, rpc_frame(REQUEST, rid=ID, method=STREAM, flags=FF_STREAM),
+                                  rpc_frame(MESSAGE, desc(0x7f0000001000, 0x105), rid=ID, flags=FF_RNDV,
+                                            payload_len=100000)),
+    "stream_on_unary": frames(r_hello, rpc_frame(REQUEST, echo_req, rid=ID, method=ECHO),
+                              rpc_frame(MESSAGE, echo_req, rid=ID), rpc_frame(HEADERS, b"", md([(b"a", b"")]), rid=ID)),
 }
 
 # ---- RPC channel: the same framing, from the server's side ----------------------
@@ -243,6 +266,18 @@ CHANNEL = {
     "unknown_id_done": frames(r_ack, rpc_frame(RESPONSE, echo_rep, rid=(7 << 32) | 5), rpc_frame(DONE, rid=ID1)),
     "no_ack": frames(rpc_frame(RESPONSE, echo_rep, rid=ID0)),
 }
+
+# A stream of the channel (slot 2): initial metadata, messages, window, the end with trailers.
+r_ack_st = rpc_frame(HELLO_ACK, hello(1 << 20, 64, 3, 4))
+ID2 = (1 << 32) | 2
+CHANNEL["stream"] = frames(r_ack_st, rpc_frame(HEADERS, md_block=md([(b"k", b"v")]), rid=ID2),
+                           rpc_frame(MESSAGE, echo_rep, rid=ID2), rpc_frame(WINDOW, struct.pack("<I", 8), rid=ID2),
+                           rpc_frame(MESSAGE, echo_rep, rid=ID2),
+                           rpc_frame(RESPONSE, md_block=md([(b"t", b"1")]), rid=ID2),
+                           rpc_frame(RESPONSE, echo_rep, rid=ID0), rpc_frame(RESPONSE, echo_rep, rid=ID1))
+CHANNEL["stream_bad"] = frames(r_ack_st, rpc_frame(MESSAGE, echo_rep, rid=ID2, flags=FF_END),
+                               rpc_frame(WINDOW, struct.pack("<I", 0x7fffffff), rid=ID2),
+                               rpc_frame(HEADERS, md_block=md([(b"k", b"v")]), rid=ID0))
 
 CORPORA = {"fuzz_wire": WIRE, "fuzz_rndv": RNDV, "fuzz_pb": PB, "fuzz_pbflat": PBFLAT, "fuzz_tcp_stream": TCP,
            "fuzz_verbs_hello": VERBS, "fuzz_rpc_server": RPC,

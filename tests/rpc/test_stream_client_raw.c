@@ -51,7 +51,9 @@ struct fake {
     struct rec *recs;
     unsigned n;            /* frames recorded (under lock) */
     unsigned disconnected; /* atomic */
-    uint32_t window;       /* the HELLO_ACK's stream_window */
+    unsigned nreads;       /* READ completions (atomic) */
+    int read_status;
+    uint32_t window; /* the HELLO_ACK's stream_window */
 };
 
 static void fake_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, void *arg)
@@ -80,6 +82,9 @@ static void fake_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, vo
             vrpc_pool_put(w->buf);
         } else if (w->opcode == VRPC_WC_ACCEPTED) {
             __atomic_store_n(&f->ep, w->ep, __ATOMIC_RELEASE);
+        } else if (w->opcode == VRPC_WC_READ) {
+            f->read_status = w->status;
+            __atomic_add_fetch(&f->nreads, 1, __ATOMIC_RELEASE);
         } else if (w->opcode == VRPC_WC_DISCONNECTED) {
             __atomic_add_fetch(&f->disconnected, 1, __ATOMIC_RELEASE);
         }
@@ -511,6 +516,83 @@ static void test_loss_and_channel_destroy(void **state)
     vrpc_channel_destroy(ch);
     assert_int_equal(vrpc_stream_finish(s, NULL, &st), VRPC_CANCELLED);
     vrpc_stream_destroy(s);
+    fake_close(&f);
+}
+
+/* GOAWAY: the open stream goes on on its connection (messages both ways,
+ * its end); a new stream goes to a new connection. */
+struct start_bg {
+    struct vrpc_channel *ch;
+    struct vrpc_stream *s;
+    int rc;
+};
+static void *start_main(void *arg)
+{
+    struct start_bg *b = arg;
+    b->rc = vrpc_stream_start(b->ch, &m_bidi, NULL, &b->s);
+    return NULL;
+}
+
+static void test_goaway(void **state)
+{
+    (void)state;
+    struct fake f;
+    fake_open(&f, 8);
+    struct vrpc_channel *ch = new_channel(f.uri, 8);
+    connect_fake(ch, &f);
+    unsigned from = 0;
+    uint64_t id;
+    struct vrpc_stream *s = open_stream(ch, &f, &m_bidi, NULL, &from, &id);
+    struct vrpc_ep *ep1 = __atomic_load_n(&f.ep, __ATOMIC_ACQUIRE);
+    struct vrpc_wire_hdr g = {.type = VRPC_FT_GOAWAY};
+    fake_send(&f, &g, NULL, NULL);
+    for (int i = 0; i < 5000 && vrpc_channel_state(ch) == VRPC_CHANNEL_READY; i++)
+        usleep(1000);
+    assert_int_not_equal(vrpc_channel_state(ch), VRPC_CHANNEL_READY);
+    /* a new stream: a second connection (its HELLO answered here) */
+    struct start_bg b = {.ch = ch};
+    pthread_t t;
+    pthread_create(&t, NULL, start_main, &b);
+    unsigned hf = from;
+    assert_true(fake_wait(&f, VRPC_FT_HELLO, &hf, 5000) >= 0);
+    for (int i = 0; i < 5000 && __atomic_load_n(&f.ep, __ATOMIC_ACQUIRE) == ep1; i++)
+        usleep(1000);
+    struct vrpc_ep *ep2 = __atomic_load_n(&f.ep, __ATOMIC_ACQUIRE);
+    assert_ptr_not_equal(ep2, ep1);
+    uint8_t p[VRPC_WIRE_HELLO_LEN];
+    struct vrpc_wire_hello hs = {.max_msg_size = 1 << 20,
+                                 .max_concurrent = 64,
+                                 .features = VRPC_FEAT_STREAM | VRPC_FEAT_LARGE,
+                                 .stream_window = 8};
+    vrpc_wire_hello_encode(p, &hs);
+    struct vrpc_wire_hdr ha = {.type = VRPC_FT_HELLO_ACK, .payload_len = sizeof(p)};
+    fake_send(&f, &ha, NULL, p);
+    pthread_join(t, NULL);
+    assert_int_equal(b.rc, 0);
+    unsigned rf = hf;
+    int ri = fake_wait(&f, VRPC_FT_REQUEST, &rf, 5000);
+    assert_true(ri >= 0);
+    uint64_t id2 = f.recs[ri].h.request_id;
+    /* the old stream, on the old connection, both ways */
+    Vrpctest__EchoRequest r = req_of(4);
+    assert_int_equal(vrpc_stream_write(s, &r.base), 0);
+    unsigned mf = hf;
+    assert_true(fake_wait(&f, VRPC_FT_MESSAGE, &mf, 5000) >= 0);
+    __atomic_store_n(&f.ep, ep1, __ATOMIC_RELEASE);
+    srv_msg(&f, id, 8);
+    srv_end(&f, id, VRPC_OK, NULL, NULL);
+    ProtobufCMessage *msg;
+    assert_int_equal(vrpc_stream_read(s, &msg), 0);
+    assert_int_equal(((Vrpctest__EchoReply *)msg)->seq, 8);
+    assert_int_equal(vrpc_stream_finish(s, NULL, NULL), VRPC_OK);
+    vrpc_stream_destroy(s);
+    __atomic_store_n(&f.ep, ep2, __ATOMIC_RELEASE);
+    srv_end(&f, id2, VRPC_OK, NULL, NULL);
+    assert_int_equal(vrpc_stream_finish(b.s, NULL, NULL), VRPC_OK);
+    vrpc_stream_destroy(b.s);
+    vrpc_channel_destroy(ch);
+    vrpc_ep_close(ep1);
+    vrpc_ep_destroy(ep1);
     fake_close(&f);
 }
 
@@ -953,9 +1035,95 @@ static void test_large_message_in(void **state)
     assert_int_equal(vrpc_stream_finish(s, NULL, NULL), VRPC_OK);
     vrpc_stream_destroy(s);
     vrpc_channel_destroy(ch);
+    vrpc_lbuf_put(lb); /* before its transport goes (the channel's read is long over) */
     fake_close(&f);
-    vrpc_lbuf_put(lb);
     free(pay);
+}
+
+/* The fake server reads the large MESSAGE at index i (RNDV) and answers
+ * DONE; returns the message's seq after checking its payload pattern. */
+static uint64_t fake_read_large(struct fake *f, int i, size_t big)
+{
+    struct vrpc_wire_hdr h = f->recs[i].h;
+    assert_true(h.flags & VRPC_FF_RNDV);
+    struct vrpc_wire_desc d;
+    assert_int_equal(vrpc_wire_desc_decode(f->recs[i].body, h.payload_len, &d), 0);
+    struct vrpc_buf *lb;
+    assert_int_equal(vrpc_lbuf_get(f->tp, h.payload_len, &lb), 0);
+    unsigned before = __atomic_load_n(&f->nreads, __ATOMIC_ACQUIRE);
+    struct vrpc_ep *ep = __atomic_load_n(&f->ep, __ATOMIC_ACQUIRE);
+    assert_int_equal(vrpc_ep_read(ep, lb, 0, h.payload_len, d.addr, d.rkey, 0), 0);
+    for (int k = 0; k < 5000 && __atomic_load_n(&f->nreads, __ATOMIC_ACQUIRE) == before; k++)
+        usleep(1000);
+    assert_int_equal(f->read_status, 0);
+    Vrpctest__EchoRequest *r = vrpctest__echo_request__unpack(NULL, h.payload_len, lb->data);
+    assert_non_null(r);
+    assert_int_equal(r->payload.len, big);
+    for (size_t k = 0; k < big; k++)
+        if (r->payload.data[k] != (uint8_t)(k * 3 + r->seq))
+            fail_msg("large message %llu: byte %zu differs", (unsigned long long)r->seq, k);
+    uint64_t seq = r->seq;
+    vrpctest__echo_request__free_unpacked(r, NULL);
+    vrpc_lbuf_put(lb);
+    struct vrpc_wire_hdr dh = {.type = VRPC_FT_DONE, .request_id = h.request_id};
+    fake_send(f, &dh, NULL, NULL);
+    return seq;
+}
+
+static void big_req(Vrpctest__EchoRequest *r, uint8_t *buf, size_t big, uint64_t seq)
+{
+    *r = req_of(seq);
+    for (size_t k = 0; k < big; k++)
+        buf[k] = (uint8_t)(k * 3 + seq);
+    r->payload.data = buf;
+    r->payload.len = big;
+}
+
+/* Large MESSAGEs to the server (RNDV), sync and async: each waits for the
+ * previous one's DONE; content and order arrive intact. */
+static void test_large_message_out(void **state)
+{
+    (void)state;
+    struct fake f;
+    fake_open(&f, 8);
+    struct vrpc_channel *ch = new_channel(f.uri, 8);
+    connect_fake(ch, &f);
+    unsigned from = 0;
+    uint64_t id;
+    struct vrpc_stream *s = open_stream(ch, &f, &m_bidi, NULL, &from, &id);
+    size_t big = 200 << 10;
+    uint8_t *b1 = malloc(big), *b2 = malloc(big), *b3 = malloc(big);
+    Vrpctest__EchoRequest r;
+    big_req(&r, b1, big, 1);
+    assert_int_equal(vrpc_stream_write(s, &r.base), 0);
+    int i = fake_wait(&f, VRPC_FT_MESSAGE, &from, 5000);
+    assert_true(i >= 0);
+    assert_int_equal(fake_read_large(&f, i, big), 1);
+    struct cbs_state c = {.lock = PTHREAD_MUTEX_INITIALIZER};
+    big_req(&r, b2, big, 2);
+    assert_int_equal(vrpc_stream_write_async(s, &r.base, cb_write, &c), 0);
+    big_req(&r, b3, big, 3);
+    assert_int_equal(vrpc_stream_write_async(s, &r.base, cb_write, &c), 0);
+    i = fake_wait(&f, VRPC_FT_MESSAGE, &from, 5000);
+    assert_true(i >= 0);
+    /* the third waits for the second's DONE */
+    unsigned peek = from;
+    assert_int_equal(fake_wait(&f, VRPC_FT_MESSAGE, &peek, 200), -1);
+    assert_int_equal(fake_read_large(&f, i, big), 2);
+    i = fake_wait(&f, VRPC_FT_MESSAGE, &from, 5000);
+    assert_true(i >= 0);
+    assert_int_equal(fake_read_large(&f, i, big), 3);
+    for (int k = 0; k < 5000 && locked_read(&c, &c.writes_ok) < 2; k++)
+        usleep(1000);
+    assert_int_equal(locked_read(&c, &c.writes_ok), 2);
+    srv_end(&f, id, VRPC_OK, NULL, NULL);
+    assert_int_equal(vrpc_stream_finish(s, NULL, NULL), VRPC_OK);
+    vrpc_stream_destroy(s);
+    vrpc_channel_destroy(ch);
+    fake_close(&f);
+    free(b1);
+    free(b2);
+    free(b3);
 }
 
 static int setup(void **state)
@@ -978,6 +1146,8 @@ int main(void)
         cmocka_unit_test(test_shapes),
         cmocka_unit_test(test_unary_resp_md),
         cmocka_unit_test(test_large_message_in),
+        cmocka_unit_test(test_large_message_out),
+        cmocka_unit_test(test_goaway),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

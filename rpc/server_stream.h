@@ -1,0 +1,100 @@
+/* Private to the server's streams (rpc/server_stream.c: opening, the
+ * client's frames, the task that runs the callbacks; rpc/server_stream_api.c:
+ * the functions of <verbrpc/stream.h> a handler calls). Not installed. */
+#ifndef VRPC_RPC_SERVER_STREAM_H
+#define VRPC_RPC_SERVER_STREAM_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include "rpc/server_internal.h"
+
+/* A client message, copied out of its receive buffer on arrival, or a large
+ * one (RNDV) in lb once read: pending until then (later messages wait behind
+ * it), failed if the read did not complete; orphan: dropped from the queue
+ * while its read runs (the read's completion frees it). */
+struct srv_msg {
+    struct srv_msg *next;
+    struct vrpc_buf *lb;
+    bool pending, failed, orphan;
+    uint32_t len;
+    uint8_t data[];
+};
+
+/* An accepted asynchronous write, packed, waiting for window and its turn. */
+struct srv_out {
+    struct srv_out *next;
+    vrpc_server_stream_write_cb cb;
+    void *arg;
+    uint32_t len;
+    uint8_t data[];
+};
+
+/* One per call object that carried a stream, reused by the object's later
+ * streams. Everything below `lock` is under it. Threads: the poller (frames
+ * of the client), the stream's task on a worker (callbacks, asynchronous
+ * writes, WINDOW returns), any thread of the application (writes, finish),
+ * the deadline timer and whoever detaches the call (the end). No lock the
+ * poller needs is held while a writer waits: the poller takes `lock` only
+ * briefly. */
+struct vrpc_server_stream {
+    struct vrpc_server_call *call; /* never changes */
+    struct vrpc_task task;         /* the stream's own task (not the call's) */
+    struct vrpc_arena arena;       /* client messages, decoded, one at a time */
+    pthread_mutex_t lock;
+    pthread_cond_t cond; /* CLOCK_MONOTONIC: window, send turn, callbacks over */
+    struct sconn *conn;  /* referenced from open until the stream is released */
+    const struct vrpc_server_stream_ops *ops;
+    void *user, *ctx;
+    enum vrpc_method_kind kind;
+    uint64_t id;
+    uint32_t gen;
+    bool open;               /* from open until finish (or release unstarted) */
+    bool start_pending;      /* start has not run */
+    bool started;            /* start ran */
+    bool ended;              /* the server ended it (detach): no more frames out */
+    bool finished;           /* the application called finish: no more callbacks */
+    bool half_closed;        /* the client half-closed */
+    bool hc_pending;         /* on_half_close to deliver (after the queued messages) */
+    bool cancel_pending;     /* on_cancel to deliver */
+    bool running;            /* the task is queued or running */
+    bool in_cb;              /* the task runs a callback now */
+    bool sending;            /* a message is being handed to the transport */
+    bool md_sent;            /* HEADERS went out (or the first message did) */
+    pthread_t runner;        /* the task's thread while running */
+    uint32_t nin, nout;      /* client messages received, messages written */
+    uint32_t recv_avail;     /* client messages still accepted before a WINDOW of ours */
+    uint32_t consumed;       /* consumed and not yet returned */
+    uint32_t window;         /* our stream_window */
+    uint64_t send_avail;     /* messages we may still send */
+    uint32_t nqueued;        /* async writes accepted, callback not run */
+    bool rd_busy;            /* a large client message is being read (into call->in): at most one */
+    struct srv_msg *rd_node; /* its queue entry */
+    struct srv_msg *in_head, *in_tail;
+    struct srv_out *out_head, *out_tail;
+};
+
+/* Queue the stream's task unless it is queued or running (lock held). prod:
+ * the poller's ring when on the poller, else NULL. */
+void vrpc_srv_stream_kick_locked(struct vrpc_server_stream *st, struct vrpc_sched_producer *prod);
+/* Hand one packed message (bytes, len <= the eager room) to the transport
+ * as a MESSAGE, waiting for room in the connection's send quota (never
+ * above a quarter of it, so unary answers and other streams keep moving).
+ * 0, -ECONNRESET (ended or connection lost), -ETIMEDOUT (deadline). No lock held. */
+int vrpc_srv_stream_send_bytes(struct vrpc_server_stream *st, const uint8_t *bytes, uint32_t len);
+/* Send the first queued async write (lock held, st->sending false; drops
+ * and retakes the lock; runs its callback). */
+void vrpc_srv_stream_out_one_locked(struct vrpc_server_stream *st);
+/* True on the stream's own task thread (lock held). */
+static inline bool vrpc_srv_stream_on_task(const struct vrpc_server_stream *st)
+{
+    return st->running && pthread_equal(st->runner, pthread_self());
+}
+/* The server ends the stream with code (per-stream error); any thread, no lock held. */
+void vrpc_srv_stream_end(struct vrpc_server_stream *st, uint32_t gen, enum vrpc_code code, const char *msg);
+/* Free the queued client messages (lock held). */
+void vrpc_srv_stream_drop_in_locked(struct vrpc_server_stream *st);
+/* Release the application's hold after the end (conn reference). */
+void vrpc_srv_stream_release_conn(struct vrpc_server_stream *st);
+
+#endif

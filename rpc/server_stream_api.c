@@ -1,0 +1,315 @@
+/* The server stream functions of <verbrpc/stream.h> a handler calls: writes
+ * (blocking and asynchronous, both within the client's window and the
+ * connection's send room), initial metadata, finish, accessors. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "rpc/pbutil.h"
+#include "rpc/server_stream.h"
+
+/* Wait on st->cond until `until` (ns, CLOCK_MONOTONIC) or 50 ms at most:
+ * -ETIMEDOUT once until has passed. */
+static int wait_locked(struct vrpc_server_stream *st, int64_t until)
+{
+    int64_t now = vrpc_now_ns(), to = now + 50000000;
+    if (until != VRPC_NO_DEADLINE && until <= now)
+        return -ETIMEDOUT;
+    if (until != VRPC_NO_DEADLINE && until < to)
+        to = until;
+    struct timespec ts = {.tv_sec = to / 1000000000, .tv_nsec = to % 1000000000};
+    pthread_cond_timedwait(&st->cond, &st->lock, &ts);
+    return 0;
+}
+
+/* Room in the connection's send quota for one more stream frame: at most a
+ * quarter of max_sends_per_conn goes to stream messages, so a client that
+ * reads slowly throttles its streams (the writer waits) instead of losing
+ * its connection, and unary answers keep their room. */
+static int wait_room(struct vrpc_server_stream *st)
+{
+    struct sconn *c = st->conn;
+    uint32_t lim = c->s->send_half / 2 ? c->s->send_half / 2 : 1;
+    int64_t dl = st->call->deadline_ns;
+    while (__atomic_load_n(&c->sends, __ATOMIC_RELAXED) >= lim) {
+        if (vrpc_conn_is_dead(&c->b) || __atomic_load_n(&st->call->cancelled, __ATOMIC_ACQUIRE))
+            return -ECONNRESET;
+        if (dl != VRPC_NO_DEADLINE && vrpc_now_ns() >= dl)
+            return -ETIMEDOUT;
+        struct timespec nap = {0, 100000};
+        nanosleep(&nap, NULL);
+    }
+    return 0;
+}
+
+int vrpc_srv_stream_send_bytes(struct vrpc_server_stream *st, const uint8_t *bytes, uint32_t len)
+{
+    struct sconn *c = st->conn;
+    int rc = wait_room(st);
+    if (rc)
+        return rc;
+    if (vrpc_conn_is_dead(&c->b))
+        return -ECONNRESET;
+    struct vrpc_buf *b = vrpc_srv_conn_buf(c, true);
+    if (!b)
+        return -ECONNRESET;
+    struct vrpc_wire_hdr h = {
+        .version = VRPC_WIRE_VERSION, .type = VRPC_FT_MESSAGE, .request_id = st->id, .payload_len = len};
+    vrpc_wire_hdr_encode(b->data, &h);
+    memcpy(b->data + VRPC_WIRE_HDR_LEN, bytes, len);
+    return vrpc_srv_conn_send(c, b, VRPC_WIRE_HDR_LEN + len) ? -ECONNRESET : 0;
+}
+
+void vrpc_srv_stream_out_one_locked(struct vrpc_server_stream *st)
+{
+    struct srv_out *o = st->out_head;
+    if (!(st->out_head = o->next))
+        st->out_tail = NULL;
+    bool ended = st->ended;
+    if (!ended)
+        st->send_avail--;
+    st->sending = true;
+    pthread_mutex_unlock(&st->lock);
+    int rc = ended ? -ECONNRESET : vrpc_srv_stream_send_bytes(st, o->data, o->len);
+    if (rc)
+        rc = -ECONNRESET;
+    pthread_mutex_lock(&st->lock);
+    st->sending = false;
+    st->nqueued--; /* (its callback may write again) */
+    pthread_cond_broadcast(&st->cond);
+    pthread_mutex_unlock(&st->lock);
+    o->cb(st, rc, o->arg); /* may finish st: not touched after */
+    free(o);
+    pthread_mutex_lock(&st->lock);
+}
+
+/* The checks every write makes: 0 and the packed size, or -EINVAL. */
+static int write_check(struct vrpc_server_stream *st, const ProtobufCMessage *msg, size_t *size)
+{
+    if (!st || !msg || msg->descriptor != st->call->method->output)
+        return -EINVAL;
+    size_t n = vrpc_pb_packed_size(msg);
+    struct sconn *c = st->conn;
+    if (n > c->b.max_payload || VRPC_WIRE_HDR_LEN + n > vrpc_ep_eager_size(c->b.ep))
+        return -EINVAL; /* above the client's limit, or large (not served in streams yet) */
+    *size = n;
+    return 0;
+}
+
+/* Wait for the turn of a blocking write: the queued async writes out,
+ * window open (lock held). 0, -ECONNRESET, -ETIMEDOUT. */
+static int write_turn_locked(struct vrpc_server_stream *st)
+{
+    for (;;) {
+        if (st->ended || st->finished)
+            return -ECONNRESET;
+        if (!st->out_head && !st->sending && st->send_avail > 0)
+            return 0;
+        if (st->out_head && !st->sending && st->send_avail > 0 && vrpc_srv_stream_on_task(st)) {
+            vrpc_srv_stream_out_one_locked(st); /* the task is this thread: flush here */
+            continue;
+        }
+        if (wait_locked(st, st->call->deadline_ns))
+            return -ETIMEDOUT;
+    }
+}
+
+int vrpc_server_stream_write(struct vrpc_server_stream *st, const ProtobufCMessage *msg)
+{
+    size_t size;
+    int rc = write_check(st, msg, &size);
+    if (rc)
+        return rc;
+    uint8_t stackbuf[1024];
+    uint8_t *bytes = size <= sizeof(stackbuf) ? stackbuf : malloc(size);
+    if (!bytes)
+        return -ENOMEM;
+    vrpc_pb_pack_sized(msg, bytes);
+    pthread_mutex_lock(&st->lock);
+    if (st->kind == VRPC_METHOD_CLIENT_STREAMING && st->nout >= 1)
+        rc = -EINVAL;
+    else
+        rc = write_turn_locked(st);
+    if (rc == 0) {
+        st->send_avail--;
+        st->nout++;
+        st->md_sent = true;
+        st->sending = true;
+    }
+    pthread_mutex_unlock(&st->lock);
+    if (rc == 0) {
+        rc = vrpc_srv_stream_send_bytes(st, bytes, (uint32_t)size);
+        pthread_mutex_lock(&st->lock);
+        st->sending = false;
+        pthread_cond_broadcast(&st->cond);
+        if (st->out_head && st->send_avail > 0)
+            vrpc_srv_stream_kick_locked(st, NULL);
+        pthread_mutex_unlock(&st->lock);
+    }
+    if (bytes != stackbuf)
+        free(bytes);
+    return rc;
+}
+
+int vrpc_server_stream_write_async(struct vrpc_server_stream *st, const ProtobufCMessage *msg,
+                                   vrpc_server_stream_write_cb cb, void *arg)
+{
+    size_t size;
+    int rc = write_check(st, msg, &size);
+    if (rc || !cb)
+        return rc ? rc : -EINVAL;
+    struct srv_out *o = malloc(sizeof(*o) + size);
+    if (!o)
+        return -ENOMEM;
+    o->next = NULL;
+    o->cb = cb;
+    o->arg = arg;
+    o->len = (uint32_t)vrpc_pb_pack_sized(msg, o->data);
+    pthread_mutex_lock(&st->lock);
+    if (st->ended || st->finished)
+        rc = -ECONNRESET;
+    else if (st->kind == VRPC_METHOD_CLIENT_STREAMING && st->nout >= 1)
+        rc = -EINVAL;
+    else if (st->nqueued >= VRPC_STREAM_ASYNC_WRITES_MAX)
+        rc = -EAGAIN;
+    if (rc == 0) {
+        if (st->out_tail)
+            st->out_tail->next = o;
+        else
+            st->out_head = o;
+        st->out_tail = o;
+        st->nqueued++;
+        st->nout++;
+        st->md_sent = true;
+        if (!st->sending && st->send_avail > 0)
+            vrpc_srv_stream_kick_locked(st, NULL);
+    }
+    pthread_mutex_unlock(&st->lock);
+    if (rc)
+        free(o);
+    return rc;
+}
+
+int vrpc_server_stream_send_metadata(struct vrpc_server_stream *st, const struct vrpc_metadata *md, size_t n)
+{
+    if (!st)
+        return -EINVAL;
+    long sz = vrpc_wire_md_size(md, n);
+    struct sconn *c = st->conn;
+    if (sz < 0 || VRPC_WIRE_HDR_LEN + (uint64_t)sz > vrpc_ep_eager_size(c->b.ep))
+        return -EINVAL;
+    pthread_mutex_lock(&st->lock);
+    int rc = st->md_sent ? -EALREADY : st->ended || st->finished ? -ECONNRESET : 0;
+    st->md_sent = true;
+    pthread_mutex_unlock(&st->lock);
+    if (rc)
+        return rc;
+    struct vrpc_buf *b = vrpc_srv_conn_buf(c, true);
+    if (!b)
+        return -ECONNRESET;
+    struct vrpc_wire_hdr h = {
+        .version = VRPC_WIRE_VERSION, .type = VRPC_FT_HEADERS, .request_id = st->id, .md_len = (uint32_t)sz};
+    vrpc_wire_hdr_encode(b->data, &h);
+    vrpc_wire_md_encode(b->data + VRPC_WIRE_HDR_LEN, md, n);
+    return vrpc_srv_conn_send(c, b, VRPC_WIRE_HDR_LEN + (uint32_t)sz) ? -ECONNRESET : 0;
+}
+
+/* Finish: the queued writes out first (unless the stream ended), then no
+ * callback may be running on another thread (lock held; returns with it). */
+static void finish_wait_locked(struct vrpc_server_stream *st)
+{
+    bool self = vrpc_srv_stream_on_task(st);
+    while (st->out_head || st->sending) {
+        if (!st->sending && (st->ended || (self && st->send_avail > 0))) {
+            if (self || st->ended)
+                vrpc_srv_stream_out_one_locked(st); /* ended: fails it (-ECONNRESET) */
+            continue;
+        }
+        if (wait_locked(st, st->call->deadline_ns) && !st->ended) {
+            pthread_mutex_unlock(&st->lock); /* the deadline ends it (the timer may be a tick late) */
+            vrpc_srv_stream_end(st, st->gen, VRPC_DEADLINE_EXCEEDED, "deadline exceeded while writing");
+            pthread_mutex_lock(&st->lock);
+        }
+    }
+    st->finished = true;
+    while ((st->in_cb && !self) || st->rd_busy) /* a large message's read ends on the poller */
+        pthread_cond_wait(&st->cond, &st->lock);
+    vrpc_srv_stream_drop_in_locked(st);
+    st->open = false;
+}
+
+/* The final RESPONSE: status, message, trailing metadata. */
+static int send_end(struct sconn *c, uint64_t id, enum vrpc_code code, const char *msg, const struct vrpc_metadata *md,
+                    size_t n, long mdsz)
+{
+    struct vrpc_buf *b = vrpc_srv_conn_buf(c, true);
+    if (!b)
+        return -ECONNRESET;
+    uint32_t room = vrpc_ep_eager_size(c->b.ep) - VRPC_WIRE_HDR_LEN;
+    uint32_t ml = msg ? (uint32_t)strnlen(msg, VRPC_STATUS_MSG_MAX - 1) : 0;
+    if (mdsz < 0 || (uint64_t)mdsz + ml > room)
+        mdsz = 0, n = 0;
+    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION,
+                              .type = VRPC_FT_RESPONSE,
+                              .status = (uint32_t)code,
+                              .request_id = id,
+                              .md_len = (uint32_t)mdsz,
+                              .payload_len = ml};
+    vrpc_wire_hdr_encode(b->data, &h);
+    if (n)
+        vrpc_wire_md_encode(b->data + VRPC_WIRE_HDR_LEN, md, n);
+    if (ml)
+        memcpy(b->data + VRPC_WIRE_HDR_LEN + mdsz, msg, ml);
+    return vrpc_srv_conn_send(c, b, VRPC_WIRE_HDR_LEN + (uint32_t)mdsz + ml) ? -ECONNRESET : 0;
+}
+
+int vrpc_server_stream_finish(struct vrpc_server_stream *st, enum vrpc_code code, const char *msg,
+                              const struct vrpc_metadata *md, size_t n)
+{
+    if (!st)
+        return -EINVAL;
+    if ((unsigned)code >= VRPC_CODE_COUNT)
+        code = VRPC_UNKNOWN;
+    long mdsz = md || n ? vrpc_wire_md_size(md, n) : 0;
+    char why[VRPC_STATUS_MSG_MAX];
+    pthread_mutex_lock(&st->lock);
+    finish_wait_locked(st);
+    uint32_t nout = st->nout;
+    pthread_mutex_unlock(&st->lock);
+    if (st->kind == VRPC_METHOD_CLIENT_STREAMING && code == VRPC_OK && nout != 1) {
+        snprintf(why, sizeof(why), "client-streaming handler finished OK with %u responses written (1 needed)", nout);
+        code = VRPC_INTERNAL, msg = why, mdsz = 0, n = 0;
+    }
+    if (mdsz < 0)
+        code = VRPC_INTERNAL, msg = "handler set invalid trailing metadata", n = 0;
+    struct vrpc_server_call *call = st->call;
+    int rc = vrpc_srv_call_claim(call);
+    if (rc) { /* ended for the server already (its RESPONSE is out): only let go */
+        vrpc_srv_stream_release_conn(st);
+        return -ECONNRESET;
+    }
+    uint64_t id = call->req_id;
+    struct sconn *c = vrpc_srv_finish_call(call, code);
+    rc = vrpc_conn_is_dead(&c->b) ? -ECONNRESET : send_end(c, id, code, msg, md, n, mdsz);
+    vrpc_srv_answered(c);
+    vrpc_srv_stream_release_conn(st);
+    return mdsz < 0 ? -EINVAL : rc;
+}
+
+void vrpc_server_stream_set_ctx(struct vrpc_server_stream *st, void *ctx) { st->ctx = ctx; }
+void *vrpc_server_stream_ctx(const struct vrpc_server_stream *st) { return st->ctx; }
+const struct vrpc_method_desc *vrpc_server_stream_method(const struct vrpc_server_stream *st)
+{
+    return st->call->method;
+}
+int64_t vrpc_server_stream_deadline(const struct vrpc_server_stream *st) { return st->call->deadline_ns; }
+bool vrpc_server_stream_is_cancelled(const struct vrpc_server_stream *st)
+{
+    return __atomic_load_n(&st->call->cancelled, __ATOMIC_ACQUIRE);
+}
+int vrpc_server_stream_metadata_get(const struct vrpc_server_stream *st, const char *key, const void **value,
+                                    size_t *value_len)
+{
+    return vrpc_server_call_metadata_get(st->call, key, value, value_len);
+}
