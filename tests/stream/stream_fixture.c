@@ -308,7 +308,9 @@ static void s_read(struct vrpc_server_stream *s, const ProtobufCMessage *msg, vo
         if (c->mode == SM_AGEN) {
             agen_pump(c);
         } else {
+            pthread_mutex_lock(&c->mu); /* fx_server_destroy reads has_thread */
             c->has_thread = pthread_create(&c->th, NULL, gen_main, c) == 0;
+            pthread_mutex_unlock(&c->mu);
             assert_true(c->has_thread);
         }
         return;
@@ -416,7 +418,10 @@ void fx_server_destroy(struct vrpc_server *srv)
     pthread_mutex_unlock(&g_ctx_lock);
     while (c) {
         struct sctx *next = c->next;
-        if (c->has_thread)
+        pthread_mutex_lock(&c->mu);
+        bool joinable = c->has_thread;
+        pthread_mutex_unlock(&c->mu);
+        if (joinable)
             pthread_join(c->th, NULL);
         pthread_mutex_destroy(&c->mu);
         free(c->buf);
