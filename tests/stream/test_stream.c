@@ -6,7 +6,7 @@
  * and writes; a reader that stops reading (the writer stops, memory stays
  * flat, unary calls on the same connection still complete); 1,000
  * concurrent streams on one connection.
- * VRPC_TEST_SCALE=N divides the message and stream counts. */
+ * VRPC_TEST_SCALE=N divides the message counts (not the 1,000 streams). */
 #define _GNU_SOURCE
 #include "stream_fixture.h"
 
@@ -502,7 +502,7 @@ static void test_thousand_streams(void **state)
 {
     (void)state;
     enum { ROUNDS = 3 };
-    unsigned n = 1000 / g_opt.scale;
+    unsigned n = 1000; /* not scaled: cheap, and the point */
     struct vrpc_stream **s = calloc(n, sizeof(*s));
     struct vrpc_channel *ch = fx_channel(g_uri, 1024, 0);
     uint8_t buf[32];
