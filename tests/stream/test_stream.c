@@ -1,0 +1,575 @@
+/* Streaming RPCs end to end over a real transport (--backend tcp|verbs), the
+ * data path: a million small messages per shape, checksummed and counted in
+ * order; every message size from 0 to several MiB, client to server
+ * (rendezvous inside a stream; the server does not write large stream
+ * messages yet, so the other direction is not covered); asynchronous reads
+ * and writes; a reader that stops reading (the writer stops, memory stays
+ * flat, unary calls on the same connection still complete); 1,000
+ * concurrent streams on one connection.
+ * VRPC_TEST_SCALE=N divides the message counts (not the 1,000 streams). */
+#define _GNU_SOURCE
+#include "stream_fixture.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static struct vrpc_server *g_server;
+static char g_uri[VRPC_URI_MAX];
+
+static double secs_since(int64_t t0) { return (double)(vrpc_now_ns() - t0) / 1e9; }
+
+static int write_msg(struct vrpc_stream *s, uint64_t seq, const uint8_t *p, size_t len)
+{
+    Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
+    r.seq = seq;
+    r.payload.data = (uint8_t *)p;
+    r.payload.len = len;
+    return vrpc_stream_write(s, &r.base);
+}
+
+/* Read one reply; true if it is message seq with its fill(). */
+static bool read_msg(struct vrpc_stream *s, uint64_t seq, uint64_t *sum)
+{
+    ProtobufCMessage *m;
+    int rc = vrpc_stream_read(s, &m);
+    if (rc) {
+        printf("# read %lu: %s\n", (unsigned long)seq, strerror(-rc));
+        return false;
+    }
+    const Vrpctest__EchoReply *r = (const Vrpctest__EchoReply *)m;
+    if (r->seq != seq || !check(r->payload.data, r->payload.len, seq)) {
+        printf("# read %lu: got seq %lu len %zu (%s); the server saw %lu messages, %u out of order\n",
+               (unsigned long)seq, (unsigned long)r->seq, r->payload.len, r->seq == seq ? "corrupt" : "out of order",
+               LOAD(g_srv.received), LOAD(g_srv.bad_order));
+        return false;
+    }
+    if (sum)
+        *sum = sum_add(*sum, seq, r->payload.data, r->payload.len);
+    return true;
+}
+
+static void unary_calls(struct vrpc_channel *ch, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++) {
+        Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
+        Vrpctest__EchoReply *rep;
+        struct vrpc_status st;
+        struct vrpc_call_opts o = {.timeout_us = 5000000};
+        r.seq = i + 1;
+        assert_int_equal(vrpc_call(ch, &m_unary, &r.base, (ProtobufCMessage **)&rep, &o, &st), VRPC_OK);
+        assert_int_equal(rep->seq, i + 1);
+    }
+}
+
+/* ---- a million small messages per shape ------------------------------------------ */
+
+#define SMALL 16
+
+static void test_million_server_streaming(void **state)
+{
+    (void)state;
+    unsigned long n = 1000000 / g_opt.scale;
+    struct vrpc_channel *ch = fx_channel(g_uri, 16, 0);
+    struct vrpc_stream *s = fx_open(ch, &m_sstream, "gen", n, SMALL, 0, NULL);
+    Vrpctest__EchoRequest req = VRPCTEST__ECHO_REQUEST__INIT;
+    uint64_t sum = 0, srv_sum = 0;
+    ProtobufCMessage *m;
+    struct vrpc_status st;
+    const void *v;
+    size_t len;
+    int64_t t0 = vrpc_now_ns();
+
+    assert_int_equal(vrpc_stream_write(s, &req.base), 0);
+    assert_int_equal(vrpc_stream_write(s, &req.base), -EINVAL); /* one request only */
+    assert_int_equal(vrpc_stream_close_send(s), 0);
+    assert_int_equal(vrpc_stream_close_send(s), -EALREADY);
+    for (unsigned long i = 0; i < n; i++)
+        assert_true(read_msg(s, i, &sum));
+    assert_int_equal(vrpc_stream_read(s, &m), -ENODATA);
+    assert_int_equal(vrpc_stream_finish(s, NULL, &st), VRPC_OK);
+    assert_int_equal(vrpc_stream_finish(s, NULL, &st), VRPC_OK); /* again: the same */
+    double t = secs_since(t0);
+    printf("# server streaming: %lu messages of %d B in %.2f s (%.0f msg/s)\n", n, SMALL, t, (double)n / t);
+    assert_true(trailer_u64(s, "x-sum", &srv_sum));
+    assert_true(srv_sum == sum);
+    assert_int_equal(vrpc_stream_initial_metadata_get(s, "x-hello", &v, &len), 0);
+    assert_int_equal(len, 1);
+    assert_int_equal(vrpc_stream_initial_metadata_get(s, "x-none", &v, &len), -ENOENT);
+    vrpc_stream_destroy(s);
+    vrpc_channel_destroy(ch);
+}
+
+static void test_million_client_streaming(void **state)
+{
+    (void)state;
+    unsigned long n = 1000000 / g_opt.scale;
+    struct vrpc_channel *ch = fx_channel(g_uri, 16, 0);
+    struct vrpc_stream *s = fx_open(ch, &m_cstream, "echo", 0, 0, 0, NULL);
+    uint8_t buf[SMALL];
+    uint64_t sum = 0, cnt = 0;
+    ProtobufCMessage *resp = NULL;
+    struct vrpc_status st;
+    int64_t t0 = vrpc_now_ns();
+
+    for (unsigned long i = 0; i < n; i++) {
+        fill(buf, sizeof(buf), i);
+        assert_int_equal(write_msg(s, i, buf, sizeof(buf)), 0);
+        sum = sum_add(sum, i, buf, sizeof(buf));
+    }
+    assert_int_equal(vrpc_stream_close_send(s), 0);
+    assert_int_equal(write_msg(s, n, buf, sizeof(buf)), -EPIPE); /* half-closed */
+    assert_int_equal(vrpc_stream_finish(s, &resp, &st), VRPC_OK);
+    double t = secs_since(t0);
+    printf("# client streaming: %lu messages of %d B in %.2f s (%.0f msg/s)\n", n, SMALL, t, (double)n / t);
+    assert_non_null(resp);
+    const Vrpctest__EchoReply *r = (const Vrpctest__EchoReply *)resp;
+    assert_int_equal(r->seq, n);
+    assert_int_equal(r->payload.len, 8);
+    uint64_t got = 0;
+    for (int i = 0; i < 8; i++)
+        got |= (uint64_t)r->payload.data[i] << (8 * i);
+    assert_true(got == sum);
+    assert_true(trailer_u64(s, "x-count", &cnt));
+    assert_int_equal(cnt, n);
+    assert_int_equal(LOAD(g_srv.bad_order), 0);
+    vrpc_stream_destroy(s);
+    vrpc_channel_destroy(ch);
+}
+
+/* A writer thread for bidi streams: sizes[i % nsizes] bytes for message i. */
+struct writer {
+    struct vrpc_stream *s;
+    unsigned long n;
+    const size_t *sizes;
+    size_t nsizes;
+    uint8_t *buf;
+    uint64_t sum;
+    unsigned long written; /* atomic */
+    int rc;
+    bool close;
+};
+
+static void *writer_main(void *arg)
+{
+    struct writer *w = arg;
+    for (unsigned long i = 0; i < w->n; i++) {
+        size_t len = w->sizes[i % w->nsizes];
+        fill(w->buf, len, i);
+        if ((w->rc = write_msg(w->s, i, w->buf, len)) != 0)
+            return NULL;
+        w->sum = sum_add(w->sum, i, w->buf, len);
+        __atomic_store_n(&w->written, i + 1, __ATOMIC_RELEASE);
+    }
+    if (w->close)
+        w->rc = vrpc_stream_close_send(w->s);
+    return NULL;
+}
+
+/* Bidi echo of n messages (sizes cycled), written by a thread, read here. */
+static void bidi_echo(struct vrpc_channel *ch, unsigned long n, const size_t *sizes, size_t nsizes, size_t maxlen)
+{
+    struct vrpc_stream *s = fx_open(ch, &m_bidi, "echo", 0, 0, 0, NULL);
+    struct writer w = {s, n, sizes, nsizes, malloc(maxlen ? maxlen : 1), 0, 0, 0, true};
+    uint64_t sum = 0, srv_sum = 0;
+    ProtobufCMessage *m;
+    struct vrpc_status st;
+    pthread_t t;
+    assert_non_null(w.buf);
+    assert_int_equal(pthread_create(&t, NULL, writer_main, &w), 0);
+    for (unsigned long i = 0; i < n; i++)
+        assert_true(read_msg(s, i, &sum));
+    pthread_join(t, NULL);
+    assert_int_equal(w.rc, 0);
+    assert_int_equal(vrpc_stream_read(s, &m), -ENODATA);
+    assert_int_equal(vrpc_stream_finish(s, NULL, &st), VRPC_OK);
+    assert_true(sum == w.sum);
+    assert_true(trailer_u64(s, "x-sum", &srv_sum));
+    assert_true(srv_sum == sum);
+    free(w.buf);
+    vrpc_stream_destroy(s);
+}
+
+static void test_million_bidi(void **state)
+{
+    (void)state;
+    unsigned long n = 1000000 / g_opt.scale;
+    static const size_t small[] = {SMALL};
+    struct vrpc_channel *ch = fx_channel(g_uri, 16, 0);
+    int64_t t0 = vrpc_now_ns();
+    bidi_echo(ch, n, small, 1, SMALL);
+    double t = secs_since(t0);
+    printf("# bidi echo: %lu messages of %d B each way in %.2f s (%.0f msg/s)\n", n, SMALL, t, (double)n / t);
+    assert_int_equal(LOAD(g_srv.bad_order), 0);
+    vrpc_channel_destroy(ch);
+}
+
+static void finish_cstream(struct vrpc_stream *s, unsigned long n, uint64_t sum);
+
+/* ---- every size from 0 to several MiB ------------------------------------------------ */
+
+static void test_message_sizes(void **state)
+{
+    (void)state;
+    enum { MAXS = 2048 };
+    static size_t sizes[MAXS];
+    size_t n = 0, maxlen = 1;
+    for (size_t i = 0; i <= 300; i++) /* every small size */
+        sizes[n++] = i;
+    for (size_t i = 7900; i <= 8300; i += g_opt.scale) /* every size around the eager limit (8 KiB) */
+        sizes[n++] = i;
+    for (size_t p = 512; p <= (6u << 20); p *= 2) /* powers of two and their neighbours */
+        for (int d = -1; d <= 1; d++)
+            sizes[n++] = p + (size_t)d;
+    sizes[n++] = 5u << 20;
+    sizes[n++] = (5u << 20) + 12345;
+    for (size_t i = 0; i < n; i++)
+        maxlen = sizes[i] > maxlen ? sizes[i] : maxlen;
+    struct vrpc_channel *ch = fx_channel(g_uri, 16, 0);
+    struct vrpc_stream *s = fx_open(ch, &m_cstream, "echo", 0, 0, 0, NULL);
+    uint8_t *buf = malloc(maxlen);
+    uint64_t sum = 0;
+    int64_t t0 = vrpc_now_ns();
+    assert_non_null(buf);
+    fx_counts_reset();
+    /* Every size once, in order of size, client to server (small ones eager,
+     * large ones by rendezvous, the writer running ahead up to the window);
+     * the server checks each message's order and content and sums them. */
+    for (size_t i = 0; i < n; i++) {
+        fill(buf, sizes[i], i);
+        assert_int_equal(write_msg(s, i, buf, sizes[i]), 0);
+        sum = sum_add(sum, i, buf, sizes[i]);
+    }
+    finish_cstream(s, n, sum);
+    printf("# client streaming of %zu sizes from 0 to %zu B in %.2f s\n", n, maxlen, secs_since(t0));
+    assert_int_equal(LOAD(g_srv.bad_order), 0);
+    assert_int_equal(LOAD(g_srv.received), n);
+    free(buf);
+    vrpc_channel_destroy(ch);
+}
+
+/* ---- asynchronous reads and writes --------------------------------------------------- */
+
+struct async_rd {
+    unsigned long reads, bad;
+    uint64_t sum;
+    unsigned done; /* atomic: on_done calls */
+    int code;
+    unsigned long writes_done, write_bad; /* atomic */
+};
+
+static void a_read(struct vrpc_stream *s, const ProtobufCMessage *msg, void *arg)
+{
+    (void)s;
+    struct async_rd *a = arg;
+    const Vrpctest__EchoReply *r = (const Vrpctest__EchoReply *)msg;
+    if (r->seq != a->reads || !check(r->payload.data, r->payload.len, r->seq))
+        a->bad++;
+    a->sum = sum_add(a->sum, r->seq, r->payload.data, r->payload.len);
+    __atomic_store_n(&a->reads, a->reads + 1, __ATOMIC_RELEASE);
+}
+
+static void a_done(struct vrpc_stream *s, const struct vrpc_status *st, const ProtobufCMessage *resp, void *arg)
+{
+    (void)s;
+    (void)resp;
+    struct async_rd *a = arg;
+    a->code = st->code;
+    __atomic_add_fetch(&a->done, 1, __ATOMIC_RELEASE);
+}
+
+static struct async_rd g_ard;
+
+static void a_wrote(struct vrpc_stream *s, int rc, void *arg)
+{
+    (void)s;
+    unsigned long seq = (unsigned long)(uintptr_t)arg;
+    if (rc != 0 || seq != __atomic_load_n(&g_ard.writes_done, __ATOMIC_RELAXED))
+        __atomic_add_fetch(&g_ard.write_bad, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&g_ard.writes_done, 1, __ATOMIC_RELEASE);
+}
+
+static void test_async_bidi(void **state)
+{
+    (void)state;
+    unsigned long n = 200000 / g_opt.scale, pushed_back = 0;
+    struct vrpc_stream_cbs cbs = {a_read, a_done, &g_ard};
+    struct vrpc_channel *ch = fx_channel(g_uri, 16, 0);
+    uint8_t buf[64];
+    uint64_t sum = 0;
+    int64_t t0 = vrpc_now_ns();
+    memset(&g_ard, 0, sizeof(g_ard));
+    struct vrpc_stream *s = fx_open(ch, &m_bidi, "echo", 0, 0, 0, &cbs);
+    ProtobufCMessage *m;
+    assert_int_equal(vrpc_stream_read(s, &m), -EINVAL); /* reads go to the callbacks */
+    for (unsigned long i = 0; i < n; i++) {
+        Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
+        size_t len = i % sizeof(buf);
+        fill(buf, len, i);
+        r.seq = i;
+        r.payload.data = buf;
+        r.payload.len = len;
+        int rc;
+        while ((rc = vrpc_stream_write_async(s, &r.base, a_wrote, (void *)(uintptr_t)i)) == -EAGAIN) {
+            pushed_back++;
+            sched_yield();
+        }
+        assert_int_equal(rc, 0);
+        sum = sum_add(sum, i, buf, len);
+    }
+    assert_int_equal(vrpc_stream_close_send(s), 0);
+    assert_int_equal(fx_wait_at_least(&g_ard.done, 1, 60000), 1);
+    printf("# async bidi: %lu messages each way in %.2f s, pushed back %lu times\n", n, secs_since(t0), pushed_back);
+    assert_int_equal(g_ard.code, VRPC_OK);
+    assert_int_equal(__atomic_load_n(&g_ard.reads, __ATOMIC_ACQUIRE), n);
+    assert_int_equal(g_ard.bad, 0);
+    assert_true(g_ard.sum == sum);
+    assert_int_equal(__atomic_load_n(&g_ard.writes_done, __ATOMIC_ACQUIRE), n);
+    assert_int_equal(g_ard.write_bad, 0);
+    struct vrpc_status st;
+    assert_int_equal(vrpc_stream_finish(s, NULL, &st), VRPC_OK);
+    vrpc_stream_destroy(s);
+    usleep(100000);
+    assert_int_equal(LOAD(g_ard.done), 1); /* exactly once */
+    vrpc_channel_destroy(ch);
+}
+
+/* ---- a reader that stops reading ---------------------------------------------------- */
+
+#define BIG 4096
+#define FLAT_BYTES (4u << 20) /* RSS growth allowed while a writer is stuck */
+
+static void test_client_stops_reading(void **state)
+{
+    (void)state;
+    enum { WINDOW = 32 };
+    unsigned long n = 4000;
+    fx_counts_reset();
+    struct vrpc_channel *ch = fx_channel(g_uri, 16, WINDOW);
+    struct vrpc_stream *s = fx_open(ch, &m_sstream, "agen", n, BIG, 0, NULL);
+    Vrpctest__EchoRequest req = VRPCTEST__ECHO_REQUEST__INIT;
+    assert_int_equal(vrpc_stream_write(s, &req.base), 0);
+    assert_int_equal(vrpc_stream_close_send(s), 0);
+    /* The server writes asynchronously as fast as it may; nobody reads. */
+    int64_t end = vrpc_now_ns() + 10000000000ll;
+    while (__atomic_load_n(&g_srv.written, __ATOMIC_ACQUIRE) < WINDOW && vrpc_now_ns() < end)
+        usleep(1000);
+    usleep(300000);
+    unsigned long w1 = __atomic_load_n(&g_srv.written, __ATOMIC_ACQUIRE);
+    unsigned long a1 = __atomic_load_n(&g_srv.accepted, __ATOMIC_ACQUIRE);
+    size_t r1 = rss_bytes();
+    int64_t t0 = vrpc_now_ns();
+    unary_calls(ch, 200); /* the same connection still serves calls */
+    printf("# 200 unary calls beside the stuck stream in %.3f s\n", secs_since(t0));
+    usleep(700000);
+    unsigned long w2 = __atomic_load_n(&g_srv.written, __ATOMIC_ACQUIRE);
+    unsigned long a2 = __atomic_load_n(&g_srv.accepted, __ATOMIC_ACQUIRE);
+    size_t r2 = rss_bytes();
+    printf("# reader stopped: server writes completed %lu -> %lu, accepted %lu -> %lu (window %d, async max %u), "
+           "RSS %zu -> %zu KiB\n",
+           w1, w2, a1, a2, WINDOW, VRPC_STREAM_ASYNC_WRITES_MAX, r1 >> 10, r2 >> 10);
+    assert_int_equal(w1, WINDOW);
+    assert_int_equal(w2, w1);
+    assert_true(a1 <= w1 + VRPC_STREAM_ASYNC_WRITES_MAX);
+    assert_int_equal(a2, a1);
+    assert_true(r2 < r1 + FLAT_BYTES);
+    /* Reading again: everything arrives, in order. */
+    uint64_t sum = 0, srv_sum = 0;
+    struct vrpc_status st;
+    for (unsigned long i = 0; i < n; i++)
+        assert_true(read_msg(s, i, &sum));
+    assert_int_equal(vrpc_stream_finish(s, NULL, &st), VRPC_OK);
+    assert_true(trailer_u64(s, "x-sum", &srv_sum));
+    assert_true(srv_sum == sum);
+    vrpc_stream_destroy(s);
+    vrpc_channel_destroy(ch);
+}
+
+struct awriter {
+    struct vrpc_stream *s;
+    unsigned long n, accepted; /* atomic */
+    unsigned done;             /* atomic: callbacks */
+    uint64_t sum;
+    int rc;
+};
+
+static void aw_cb(struct vrpc_stream *s, int rc, void *arg)
+{
+    (void)s;
+    struct awriter *w = arg;
+    if (rc)
+        w->rc = rc;
+    __atomic_add_fetch(&w->done, 1, __ATOMIC_RELEASE);
+}
+
+static void *awriter_main(void *arg)
+{
+    struct awriter *w = arg;
+    uint8_t buf[BIG];
+    int64_t end = vrpc_now_ns() + 60000000000ll;
+    for (unsigned long i = 0; i < w->n && vrpc_now_ns() < end;) {
+        Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
+        fill(buf, sizeof(buf), i);
+        r.seq = i;
+        r.payload.data = buf;
+        r.payload.len = sizeof(buf);
+        int rc = vrpc_stream_write_async(w->s, &r.base, aw_cb, w);
+        if (rc == -EAGAIN) {
+            usleep(200);
+            continue;
+        }
+        if (rc) {
+            w->rc = rc;
+            return NULL;
+        }
+        w->sum = sum_add(w->sum, i, buf, sizeof(buf));
+        __atomic_store_n(&w->accepted, ++i, __ATOMIC_RELEASE);
+    }
+    return NULL;
+}
+
+static void finish_cstream(struct vrpc_stream *s, unsigned long n, uint64_t sum)
+{
+    ProtobufCMessage *resp = NULL;
+    struct vrpc_status st;
+    assert_int_equal(vrpc_stream_close_send(s), 0);
+    assert_int_equal(vrpc_stream_finish(s, &resp, &st), VRPC_OK);
+    const Vrpctest__EchoReply *r = (const Vrpctest__EchoReply *)resp;
+    assert_non_null(r);
+    assert_int_equal(r->seq, n);
+    uint64_t got = 0;
+    for (int i = 0; i < 8 && r->payload.len == 8; i++)
+        got |= (uint64_t)r->payload.data[i] << (8 * i);
+    assert_true(got == sum);
+    vrpc_stream_destroy(s);
+}
+
+static void test_server_stops_reading(void **state)
+{
+    (void)state;
+    unsigned long n = 2000;
+    fx_counts_reset();
+    stall_arm();
+    struct vrpc_channel *ch = fx_channel(g_uri, 16, 0);
+    struct writer w = {
+        fx_open(ch, &m_cstream, "stall", 0, 0, 0, NULL), n, (const size_t[]){BIG}, 1, malloc(BIG), 0, 0, 0, false};
+    struct awriter aw = {fx_open(ch, &m_cstream, "stall", 0, 0, 0, NULL), n, 0, 0, 0, 0};
+    pthread_t t1, t2;
+    assert_int_equal(pthread_create(&t1, NULL, writer_main, &w), 0);
+    assert_int_equal(pthread_create(&t2, NULL, awriter_main, &aw), 0);
+    assert_int_equal(fx_wait_at_least(&g_srv.stalled, 2, 10000), 2);
+    usleep(500000);
+    unsigned long s1 = __atomic_load_n(&w.written, __ATOMIC_ACQUIRE);
+    unsigned d1 = __atomic_load_n(&aw.done, __ATOMIC_ACQUIRE);
+    unsigned long c1 = __atomic_load_n(&aw.accepted, __ATOMIC_ACQUIRE);
+    size_t r1 = rss_bytes();
+    int64_t t0 = vrpc_now_ns();
+    unary_calls(ch, 200);
+    printf("# 200 unary calls beside two stuck streams in %.3f s\n", secs_since(t0));
+    usleep(700000);
+    unsigned long s2 = __atomic_load_n(&w.written, __ATOMIC_ACQUIRE);
+    unsigned d2 = __atomic_load_n(&aw.done, __ATOMIC_ACQUIRE);
+    size_t r2 = rss_bytes();
+    printf("# server stopped reading: sync writes %lu -> %lu, async writes completed %u -> %u (accepted %lu), "
+           "window %u, RSS %zu -> %zu KiB\n",
+           s1, s2, d1, d2, c1, VRPC_STREAM_WINDOW_DEFAULT, r1 >> 10, r2 >> 10);
+    assert_int_equal(s1, VRPC_STREAM_WINDOW_DEFAULT);
+    assert_int_equal(s2, s1);
+    assert_int_equal(d1, VRPC_STREAM_WINDOW_DEFAULT);
+    assert_int_equal(d2, d1);
+    assert_true(c1 <= d1 + VRPC_STREAM_ASYNC_WRITES_MAX);
+    assert_true(r2 < r1 + FLAT_BYTES);
+    stall_release();
+    pthread_join(t1, NULL);
+    pthread_join(t2, NULL);
+    assert_int_equal(w.rc, 0);
+    assert_int_equal(aw.rc, 0);
+    finish_cstream(w.s, n, w.sum);
+    assert_int_equal(fx_wait_at_least(&aw.done, (unsigned)n, 10000), n);
+    finish_cstream(aw.s, n, aw.sum);
+    free(w.buf);
+    assert_int_equal(LOAD(g_srv.bad_order), 0);
+    vrpc_channel_destroy(ch);
+}
+
+/* ---- 1,000 concurrent streams on one connection --------------------------------------- */
+
+static void test_thousand_streams(void **state)
+{
+    (void)state;
+    enum { ROUNDS = 3 };
+    unsigned n = 1000; /* not scaled: cheap, and the point */
+    struct vrpc_stream **s = calloc(n, sizeof(*s));
+    struct vrpc_channel *ch = fx_channel(g_uri, 1024, 0);
+    uint8_t buf[32];
+    int64_t t0 = vrpc_now_ns();
+    fx_counts_reset();
+    assert_non_null(s);
+    for (unsigned i = 0; i < n; i++)
+        s[i] = fx_open(ch, &m_bidi, "echo", 0, 0, 0, NULL);
+    assert_int_equal(fx_wait_at_least(&g_srv.started, n, 30000), n);
+    printf("# %u streams open on one connection in %.2f s\n", n, secs_since(t0));
+    unary_calls(ch, 10);
+    for (unsigned r = 0; r < ROUNDS; r++) {
+        for (unsigned i = 0; i < n; i++) {
+            fill(buf, (i + r) % sizeof(buf), r);
+            assert_int_equal(write_msg(s[i], r, buf, (i + r) % sizeof(buf)), 0);
+        }
+        for (unsigned i = 0; i < n; i++)
+            assert_true(read_msg(s[i], r, NULL));
+    }
+    for (unsigned i = 0; i < n; i++)
+        assert_int_equal(vrpc_stream_close_send(s[i]), 0);
+    for (unsigned i = 0; i < n; i++) {
+        struct vrpc_status st;
+        uint64_t cnt = 0;
+        assert_int_equal(vrpc_stream_finish(s[i], NULL, &st), VRPC_OK);
+        assert_true(trailer_u64(s[i], "x-count", &cnt));
+        assert_int_equal(cnt, ROUNDS);
+        vrpc_stream_destroy(s[i]);
+    }
+    printf("# %u streams x %d round trips, closed, in %.2f s\n", n, ROUNDS, secs_since(t0));
+    assert_int_equal(fx_wait_at_least(&g_srv.ended, n, 10000), n);
+    assert_int_equal(LOAD(g_srv.finish_ok), n);
+    assert_int_equal(LOAD(g_srv.bad_order), 0);
+    free(s);
+    vrpc_channel_destroy(ch);
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    struct srv_cfg c = {.max_concurrent = 1100, .threads = 4};
+    g_server = fx_server_start(&c, g_uri, sizeof(g_uri));
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    stall_release(); /* a failed case may have left handlers stalled */
+    fx_server_destroy(g_server);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    int rc = fx_parse(argc, argv);
+    if (rc)
+        return rc;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_million_server_streaming),
+        cmocka_unit_test(test_million_client_streaming),
+        cmocka_unit_test(test_million_bidi),
+        cmocka_unit_test(test_message_sizes),
+        cmocka_unit_test(test_async_bidi),
+        cmocka_unit_test(test_client_stops_reading),
+        cmocka_unit_test(test_server_stops_reading),
+        cmocka_unit_test(test_thousand_streams),
+    };
+    return fx_run("stream", tests, sizeof(tests) / sizeof(tests[0]), group_setup, group_teardown);
+}
