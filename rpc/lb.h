@@ -23,6 +23,7 @@
 #include <stdint.h>
 #include <verbrpc/rpc.h>
 #include <verbrpc/sched.h>
+#include "rpc/channel_internal.h" /* the inline pick below reads a channel's state */
 #include "rpc/resolver.h"
 
 #define VRPC_LB_MAX_CONNS 16
@@ -138,6 +139,43 @@ void vrpc_ch_copy_peer(const struct vrpc_channel *ch, const struct vrpc_call_opt
 /* ---- rpc/lb_pick.c ----------------------------------------------------------- */
 /* The policy's choice in set (under the read lock), or NULL if set is empty. */
 struct vrpc_subch *vrpc_lb_pick(struct vrpc_lb *lb, const struct lb_set *set, bool has_key, uint64_t key);
+/* Round robin's choice for turn (the counter's value, taken once). */
+struct vrpc_subch *vrpc_lb_pick_rr(const struct lb_set *set, uint32_t turn);
+
+/* Whether s takes calls now: not NOT_SERVING, not ejected, READY. */
+static inline __attribute__((always_inline)) bool vrpc_lb_usable(const struct vrpc_subch *s)
+{
+    if (__atomic_load_n(&s->health, __ATOMIC_RELAXED) == LB_HEALTH_NOT_SERVING)
+        return false;
+    int64_t until = __atomic_load_n(&s->ejected_until, __ATOMIC_RELAXED);
+    if (until && vrpc_now_ns() < until)
+        return false;
+    if (s->nch == 1) /* a subchannel's channels are plain ones: their own state */
+        return __atomic_load_n(&s->ch[0]->state, __ATOMIC_ACQUIRE) == VRPC_CHANNEL_READY;
+    return vrpc_lb_sub_state(s) == VRPC_CHANNEL_READY;
+}
+
+/* vrpc_lb_sub_get for the calling thread's hot path: the common cases (one
+ * server, usable; round robin's next one, usable) inline, the rest as
+ * vrpc_lb_pick. The same choices as vrpc_lb_sub_get. */
+static inline __attribute__((always_inline)) struct vrpc_subch *vrpc_lb_sub_get_fast(struct vrpc_lb *lb, bool has_key,
+                                                                                     uint64_t key)
+{
+    const struct lb_set *set = lb_read_begin(lb);
+    struct vrpc_subch *s;
+    if (!set || !set->n)
+        s = NULL;
+    else if (set->n == 1 && vrpc_lb_usable(set->subs[0]))
+        s = set->subs[0]; /* every policy's choice */
+    else if (lb->o.lb_policy == VRPC_LB_ROUND_ROBIN)
+        s = vrpc_lb_pick_rr(set, __atomic_fetch_add(&lb->rr, 1, __ATOMIC_RELAXED));
+    else
+        s = vrpc_lb_pick(lb, set, has_key, key);
+    if (s)
+        __atomic_add_fetch(&s->refs, 1, __ATOMIC_RELAXED);
+    lb_read_end(lb);
+    return s;
+}
 /* Build set->ring from set->subs (-ENOMEM). */
 int vrpc_lb_ring_build(struct lb_set *set);
 uint64_t vrpc_lb_hash(const void *p, size_t len);

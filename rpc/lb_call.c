@@ -320,7 +320,7 @@ int vrpc_lb_call(struct vrpc_lb *lb, const struct vrpc_method_desc *m, const Pro
     int code;
     copy_peer(o, "");
     for (;;) {
-        struct vrpc_subch *sub = vrpc_lb_sub_get(lb, has_key, key);
+        struct vrpc_subch *sub = vrpc_lb_sub_get_fast(lb, has_key, key);
         if (!sub) {
             no_server(lb, st);
             code = VRPC_UNAVAILABLE;
@@ -394,7 +394,7 @@ static int attempt_start(struct lb_call *c, const ProtobufCMessage *first)
     const ProtobufCMessage *req = first ? first : c->req, *copy = NULL;
     if (!req && c->packed)
         req = copy = protobuf_c_message_unpack(c->m->input, NULL, c->plen, c->packed);
-    struct vrpc_subch *sub = req ? vrpc_lb_sub_get(lb, c->has_key, c->key) : NULL;
+    struct vrpc_subch *sub = req ? vrpc_lb_sub_get_fast(lb, c->has_key, c->key) : NULL;
     struct vrpc_call_opts io;
     if (!sub) {
         if (req)

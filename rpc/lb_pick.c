@@ -60,18 +60,6 @@ int vrpc_lb_ring_build(struct lb_set *set)
     return 0;
 }
 
-static inline bool usable(const struct vrpc_subch *s)
-{
-    if (__atomic_load_n(&s->health, __ATOMIC_RELAXED) == LB_HEALTH_NOT_SERVING)
-        return false;
-    int64_t until = __atomic_load_n(&s->ejected_until, __ATOMIC_RELAXED);
-    if (until && vrpc_now_ns() < until)
-        return false;
-    if (s->nch == 1) /* a subchannel's channels are plain ones: their own state */
-        return __atomic_load_n(&s->ch[0]->state, __ATOMIC_ACQUIRE) == VRPC_CHANNEL_READY;
-    return vrpc_lb_sub_state(s) == VRPC_CHANNEL_READY;
-}
-
 /* Nothing usable: the first from start that is healthy and not ejected,
  * preferring one not in back-off (trying it connects it), else subs[start]. */
 static struct vrpc_subch *fallback(const struct lb_set *set, size_t start)
@@ -95,7 +83,7 @@ static struct vrpc_subch *pick_scan(const struct lb_set *set, size_t start)
 {
     for (size_t i = 0; i < set->n; i++) {
         struct vrpc_subch *s = set->subs[(start + i) % set->n];
-        if (usable(s))
+        if (vrpc_lb_usable(s))
             return s;
     }
     return fallback(set, start);
@@ -103,19 +91,19 @@ static struct vrpc_subch *pick_scan(const struct lb_set *set, size_t start)
 
 /* Round robin: the next one, or if it is not usable the next of those
  * that are (the one after an unusable server must not take its share). */
-static struct vrpc_subch *pick_rr(const struct lb_set *set, uint32_t turn)
+struct vrpc_subch *vrpc_lb_pick_rr(const struct lb_set *set, uint32_t turn)
 {
     struct vrpc_subch *s = set->subs[turn % set->n];
-    if (usable(s))
+    if (vrpc_lb_usable(s))
         return s;
     size_t nu = 0;
     for (size_t i = 0; i < set->n; i++)
-        nu += usable(set->subs[i]);
+        nu += vrpc_lb_usable(set->subs[i]);
     if (!nu)
         return fallback(set, turn % set->n);
     size_t k = turn % nu;
     for (size_t i = 0; i < set->n; i++)
-        if (usable(set->subs[i]) && k-- == 0)
+        if (vrpc_lb_usable(set->subs[i]) && k-- == 0)
             return set->subs[i];
     return pick_scan(set, turn % set->n); /* the states changed meanwhile */
 }
@@ -130,7 +118,7 @@ static struct vrpc_subch *pick_least(const struct lb_set *set)
         return pick_scan(set, 0);
     size_t b = (a + 1 + (r >> 32) % (n - 1)) % n; /* != a */
     struct vrpc_subch *x = set->subs[a], *y = set->subs[b];
-    bool ux = usable(x), uy = usable(y);
+    bool ux = vrpc_lb_usable(x), uy = vrpc_lb_usable(y);
     if (ux && uy)
         return __atomic_load_n(&x->outstanding, __ATOMIC_RELAXED) <= __atomic_load_n(&y->outstanding, __ATOMIC_RELAXED)
                    ? x
@@ -158,7 +146,7 @@ static struct vrpc_subch *pick_ring(const struct lb_set *set, bool has_key, uint
      * connect, so that keys do not move while a channel starts up */
     for (size_t i = 0; i < set->nring; i++) {
         struct vrpc_subch *s = set->subs[set->ring[(lo + i) % set->nring].sub];
-        if (usable(s))
+        if (vrpc_lb_usable(s))
             return s;
         enum vrpc_channel_state st = vrpc_lb_sub_state(s);
         if ((st == VRPC_CHANNEL_IDLE || st == VRPC_CHANNEL_CONNECTING) &&
@@ -173,7 +161,7 @@ struct vrpc_subch *vrpc_lb_pick(struct vrpc_lb *lb, const struct lb_set *set, bo
 {
     if (!set || !set->n)
         return NULL;
-    if (set->n == 1 && usable(set->subs[0]))
+    if (set->n == 1 && vrpc_lb_usable(set->subs[0]))
         return set->subs[0]; /* every policy's choice */
     switch (lb->o.lb_policy) {
     case VRPC_LB_PICK_FIRST:
@@ -183,7 +171,7 @@ struct vrpc_subch *vrpc_lb_pick(struct vrpc_lb *lb, const struct lb_set *set, bo
     case VRPC_LB_RING_HASH:
         return pick_ring(set, has_key, key);
     default:
-        return pick_rr(set, __atomic_fetch_add(&lb->rr, 1, __ATOMIC_RELAXED));
+        return vrpc_lb_pick_rr(set, __atomic_fetch_add(&lb->rr, 1, __ATOMIC_RELAXED));
     }
 }
 
