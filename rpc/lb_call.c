@@ -298,28 +298,29 @@ static int sync_attempt(struct vrpc_lb *lb, struct vrpc_subch *sub, struct lb_ca
     return code;
 }
 
-int vrpc_lb_call(struct vrpc_lb *lb, const struct vrpc_method_desc *m, const ProtobufCMessage *req,
-                 ProtobufCMessage **resp, const struct vrpc_call_opts *o, struct vrpc_status *st)
+/* The attempts of a synchronous call from tr (tr.attempts made so far, the
+ * last ending with code), until one succeeds or no retry is left. */
+static __attribute__((noinline)) int sync_call(struct vrpc_lb *lb, const struct vrpc_method_desc *m,
+                                               const ProtobufCMessage *req, ProtobufCMessage **resp,
+                                               const struct vrpc_call_opts *o, struct vrpc_status *st,
+                                               const struct vrpc_retry_policy *pol, int64_t deadline, bool has_key,
+                                               uint64_t key, struct lb_call *c, struct lb_try tr, int code)
 {
-    struct vrpc_status local;
-    if (!st)
-        st = &local;
-    const struct vrpc_retry_policy *pol = lb->o.n_retry ? policy_of(lb, m) : NULL;
-    int64_t deadline = lb_deadline(lb, o);
-    bool has_key = o && o->hash_key;
-    uint64_t key = has_key ? vrpc_lb_hash(o->hash_key, o->hash_key_len) : 0;
-    struct lb_call *c = NULL;
-    if (o && o->call_id) {
-        if (!(c = call_get(lb))) {
-            vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED, "too many calls on the channel");
-            return VRPC_RESOURCE_EXHAUSTED;
-        }
-        __atomic_store_n(o->call_id, call_id(c), __ATOMIC_RELEASE);
-    }
-    struct lb_try tr = {0};
-    int code;
-    copy_peer(o, "");
     for (;;) {
+        if (tr.attempts) { /* the last attempt ended with code */
+            if (code == VRPC_OK)
+                break;
+            int64_t delay;
+            bool cancelled = false;
+            if (c) {
+                pthread_mutex_lock(&c->mu);
+                cancelled = c->cancelled;
+                pthread_mutex_unlock(&c->mu);
+            }
+            if (code == VRPC_CANCELLED || cancelled || !retry_decide(lb, pol, st, &tr, deadline, true, &delay))
+                break;
+            sleep_ns(delay);
+        }
         struct vrpc_subch *sub = vrpc_lb_sub_get_fast(lb, has_key, key);
         if (!sub) {
             no_server(lb, st);
@@ -330,24 +331,53 @@ int vrpc_lb_call(struct vrpc_lb *lb, const struct vrpc_method_desc *m, const Pro
         code = sync_attempt(lb, sub, c, tr.attempts == 1, m, req, resp, o, deadline, st);
         copy_peer(o, sub->uri);
         vrpc_lb_sub_put(lb, sub);
-        if (code == VRPC_OK)
-            break;
-        int64_t delay;
-        bool cancelled = false;
-        if (c) {
-            pthread_mutex_lock(&c->mu);
-            cancelled = c->cancelled;
-            pthread_mutex_unlock(&c->mu);
-        }
-        if (code == VRPC_CANCELLED || cancelled || !retry_decide(lb, pol, st, &tr, deadline, true, &delay))
-            break;
-        sleep_ns(delay);
     }
     if (code == VRPC_OK && pol)
         budget_success(lb);
     if (c)
         call_put(lb, c);
     return code;
+}
+
+int vrpc_lb_call(struct vrpc_lb *lb, const struct vrpc_method_desc *m, const ProtobufCMessage *req,
+                 ProtobufCMessage **resp, const struct vrpc_call_opts *o, struct vrpc_status *st)
+{
+    const struct vrpc_retry_policy *pol = lb->o.n_retry ? policy_of(lb, m) : NULL;
+    int64_t deadline = lb_deadline(lb, o);
+    if (!o && st) {
+        /* the common call, no options (no id, key nor peer): its first
+         * attempt here, as sync_call's (sync_attempt without options) */
+        struct vrpc_subch *sub = vrpc_lb_sub_get_fast(lb, false, 0);
+        if (sub) {
+            __atomic_add_fetch(&sub->outstanding, 1, __ATOMIC_RELAXED);
+            int code = vrpc_call(vrpc_lb_sub_channel(sub), m, req, resp, NULL, st);
+            __atomic_sub_fetch(&sub->outstanding, 1, __ATOMIC_RELAXED);
+            vrpc_lb_outcome(lb, sub, code);
+            vrpc_lb_sub_put(lb, sub);
+            if (code == VRPC_OK) {
+                if (pol)
+                    budget_success(lb);
+                return code;
+            }
+            return sync_call(lb, m, req, resp, o, st, pol, deadline, false, 0, NULL, (struct lb_try){.attempts = 1},
+                             code);
+        }
+    }
+    struct vrpc_status local;
+    if (!st)
+        st = &local;
+    bool has_key = o && o->hash_key;
+    uint64_t key = has_key ? vrpc_lb_hash(o->hash_key, o->hash_key_len) : 0;
+    struct lb_call *c = NULL;
+    if (o && o->call_id) {
+        if (!(c = call_get(lb))) {
+            vrpc_status_set(st, VRPC_RESOURCE_EXHAUSTED, "too many calls on the channel");
+            return VRPC_RESOURCE_EXHAUSTED;
+        }
+        __atomic_store_n(o->call_id, call_id(c), __ATOMIC_RELEASE);
+    }
+    copy_peer(o, "");
+    return sync_call(lb, m, req, resp, o, st, pol, deadline, has_key, key, c, (struct lb_try){0}, 0);
 }
 
 /* ---- asynchronous calls ------------------------------------------------------------------ */
