@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "rpc/status.h"
 #include "rpc/lb.h"
 #include "rpc/stream_internal.h"
@@ -38,13 +39,67 @@ int vrpc_stream_unpack(struct vrpc_stream *s, const ProtobufCMessageDescriptor *
     return vrpc_pb_unpack(d, n->data, n->len, 0, &s->arena, out);
 }
 
+/* While waiting for send room: -EPIPE once the stream ended, -ENOTCONN once
+ * its connection died, -ENOBUFS after VRPC_STREAM_ROOM_WAIT_MS, else 0 (after
+ * a short nap). */
+static int room_wait(struct vrpc_stream *s, int64_t *end)
+{
+    int64_t now = vrpc_now_ns();
+    if (!*end)
+        *end = now + (int64_t)VRPC_STREAM_ROOM_WAIT_MS * 1000000;
+    pthread_mutex_lock(&s->mu);
+    bool ended = s->ended;
+    pthread_mutex_unlock(&s->mu);
+    if (ended)
+        return -EPIPE;
+    if (vrpc_conn_is_dead(&s->c->b))
+        return -ENOTCONN;
+    if (now >= *end)
+        return -ENOBUFS;
+    struct timespec nap = {0, 50000};
+    nanosleep(&nap, NULL);
+    return 0;
+}
+
+int vrpc_stream_buf(struct vrpc_stream *s, bool msg, struct vrpc_buf **out)
+{
+    struct vrpc_pool *pool = s->ch->send_pool;
+    const struct vrpc_channel_opts *o = &s->ch->o;
+    uint32_t reserve = msg ? (o->max_outstanding + o->max_queued + 64) / 4 : 0; /* channel.c's pool size */
+    int64_t end = 0;
+    int rc;
+    for (;;) {
+        struct vrpc_buf *b = vrpc_pool_avail(pool) > reserve ? vrpc_pool_get(pool) : NULL;
+        if (b) {
+            *out = b;
+            return 0;
+        }
+        if ((rc = room_wait(s, &end)))
+            return rc;
+    }
+}
+
+int vrpc_stream_send_buf(struct vrpc_stream *s, struct vrpc_buf *b, uint32_t len)
+{
+    int64_t end = 0;
+    int rc = vrpc_conn_is_dead(&s->c->b) ? -ENOTCONN : vrpc_ep_send(s->c->b.ep, b, len, 0, 0, 0);
+    while (rc == -EAGAIN && !(rc = room_wait(s, &end)))
+        rc = vrpc_ep_send(s->c->b.ep, b, len, 0, 0, 0);
+    if (rc)
+        vrpc_pool_put(b);
+    return rc;
+}
+
 int vrpc_stream_send(struct vrpc_stream *s, uint8_t type, uint16_t flags, const void *payload, uint32_t len)
 {
     struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = type, .flags = flags, .request_id = s->id};
+    struct vrpc_buf *b;
     if (vrpc_conn_is_dead(&s->c->b))
         return -ENOTCONN;
-    h.payload_len = len;
-    return vrpc_rpc_send_simple(s->c->b.ep, s->ch->send_pool, &h, payload, len, true);
+    int rc = vrpc_stream_buf(s, type == VRPC_FT_MESSAGE, &b);
+    if (rc)
+        return rc;
+    return vrpc_stream_send_buf(s, b, vrpc_rpc_frame_fill(b, &h, payload, len));
 }
 
 void vrpc_stream_fail(struct vrpc_stream *s, enum vrpc_code code, const char *why)
@@ -308,22 +363,19 @@ int vrpc_stream_write(struct vrpc_stream *s, const ProtobufCMessage *msg)
     struct vrpc_wire_hdr h = {
         .version = VRPC_WIRE_VERSION, .type = VRPC_FT_MESSAGE, .request_id = s->id, .payload_len = (uint32_t)plen};
     bool large = VRPC_WIRE_HDR_LEN + (size_t)plen > vrpc_ep_eager_size(s->c->b.ep);
-    struct vrpc_buf *b = large ? NULL : vrpc_rpc_buf_get(s->ch->send_pool, true);
-    rc = b || large ? 0 : -ENOBUFS;
+    struct vrpc_buf *b = NULL;
     if (large) {
         rc = vrpc_stream_write_large(s, msg, NULL, (uint32_t)plen);
-    } else if (b) {
+    } else if (!(rc = vrpc_stream_buf(s, true, &b))) {
         vrpc_wire_hdr_encode(b->data, &h);
         vrpc_pb_pack_sized(msg, b->data + VRPC_WIRE_HDR_LEN);
-        rc = vrpc_conn_is_dead(&s->c->b) ? -ENOTCONN : 0;
-        if (!rc)
-            rc = vrpc_rpc_send(s->c->b.ep, b, VRPC_WIRE_HDR_LEN + (uint32_t)plen, true);
-        else
-            vrpc_pool_put(b);
+        rc = vrpc_stream_send_buf(s, b, VRPC_WIRE_HDR_LEN + (uint32_t)plen);
     }
     if (rc) {
         vrpc_stream_fail(s, VRPC_UNAVAILABLE, "stream send failed");
-        rc = rc == -ETIMEDOUT ? rc : -EPIPE;
+        pthread_mutex_lock(&s->mu);
+        rc = rc == -ETIMEDOUT || (s->ended && stream_ended_rc(s) == -ETIMEDOUT) ? -ETIMEDOUT : -EPIPE;
+        pthread_mutex_unlock(&s->mu);
     }
     pthread_mutex_lock(&s->mu);
     leave_locked(s);

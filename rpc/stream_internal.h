@@ -142,9 +142,24 @@ void vrpc_stream_kick_locked(struct vrpc_stream *s, bool on_poller);
  * that does not decode): code + why, CANCEL to the server. No lock held. */
 void vrpc_stream_fail(struct vrpc_stream *s, enum vrpc_code code, const char *why);
 /* Send a header-only frame (+ payload) of this stream on its connection,
- * waiting for a buffer and credit (bounded, rpc/internal.h). Caller counted
+ * waiting for a buffer and credit (vrpc_stream_buf). Caller counted
  * in users (or the task). */
 int vrpc_stream_send(struct vrpc_stream *s, uint8_t type, uint16_t flags, const void *payload, uint32_t len);
+/* The longest a stream frame waits for send room (a buffer of the channel's
+ * send pool, the transport's credit queue) while its stream lives and its
+ * connection is up: the room comes back with the poller's send completions
+ * and the server's credits, so the sender waits instead of failing the
+ * stream at the VRPC_RPC_SEND_WAIT_MS of unary sends (16 streams' windows
+ * are more frames than the pool holds). Past it the stream fails. */
+#define VRPC_STREAM_ROOM_WAIT_MS 10000
+/* A send buffer for a frame of s. A MESSAGE (msg) leaves a quarter of the
+ * pool to unary calls and control frames (WINDOW, HALF_CLOSE). Waits as
+ * above: 0, -EPIPE (the stream ended), -ENOTCONN, -ENOBUFS (timed out). No
+ * lock held; the caller is counted in users (or is the task). */
+int vrpc_stream_buf(struct vrpc_stream *s, bool msg, struct vrpc_buf **out);
+/* Send frame b (len bytes) of s, waiting as above while the credit queue is
+ * full; b is the transport's on 0, back in its pool otherwise. */
+int vrpc_stream_send_buf(struct vrpc_stream *s, struct vrpc_buf *b, uint32_t len);
 /* Return window if enough was consumed (or all of it, with force): s->mu
  * held, dropped while sending. True if it sent. */
 bool vrpc_stream_window_locked(struct vrpc_stream *s, bool force);

@@ -5,7 +5,8 @@
  * messages yet, so the other direction is not covered); asynchronous reads
  * and writes; a reader that stops reading (the writer stops, memory stays
  * flat, unary calls on the same connection still complete); 1,000
- * concurrent streams on one connection.
+ * concurrent streams on one connection; 16 bidi echoes at once on one
+ * connection (async writes round-robin, the server echoing from on_read).
  * VRPC_TEST_SCALE=N divides the message counts (not the 1,000 streams). */
 #define _GNU_SOURCE
 #include "stream_fixture.h"
@@ -540,6 +541,109 @@ static void test_thousand_streams(void **state)
     vrpc_channel_destroy(ch);
 }
 
+/* ---- 16 bidi echoes at once on one connection ---------------------------------------- */
+
+#define ECHO16_STREAMS 16
+#define ECHO16_SIZE 4096
+#define ECHO16_WAIT_MS 60000 /* generous: the bug stalled for good, not slowly */
+
+struct echo16 {
+    unsigned long reads, bad; /* atomic: echoes heard, out of order or corrupt */
+    unsigned done;            /* atomic: on_done */
+    int code;
+};
+
+static void e16_read(struct vrpc_stream *s, const ProtobufCMessage *msg, void *arg)
+{
+    (void)s;
+    struct echo16 *e = arg;
+    const Vrpctest__EchoReply *r = (const Vrpctest__EchoReply *)msg;
+    if (r->seq != e->reads || !check(r->payload.data, r->payload.len, r->seq))
+        e->bad++;
+    __atomic_store_n(&e->reads, e->reads + 1, __ATOMIC_RELEASE);
+}
+
+static void e16_done(struct vrpc_stream *s, const struct vrpc_status *st, const ProtobufCMessage *resp, void *arg)
+{
+    (void)s;
+    (void)resp;
+    struct echo16 *e = arg;
+    e->code = st->code;
+    if (st->code != VRPC_OK)
+        printf("# 16 bidi echoes: a stream ended %d: %s\n", st->code, st->message);
+    __atomic_add_fetch(&e->done, 1, __ATOMIC_RELEASE);
+}
+
+static void e16_wrote(struct vrpc_stream *s, int rc, void *arg)
+{
+    (void)s;
+    (void)rc;
+    (void)arg;
+}
+
+/* One writer round-robin over 16 bidi streams of one connection by
+ * write_async (-EAGAIN: the next stream), the server echoing each message
+ * with the blocking write from on_read on its workers, the client hearing
+ * the echoes in on_read: every stream must get all its echoes back. */
+static void test_sixteen_bidi_echo(void **state)
+{
+    (void)state;
+    unsigned long n = 4000 / g_opt.scale, written[ECHO16_STREAMS] = {0}, total = 0;
+    static struct echo16 e[ECHO16_STREAMS];
+    struct vrpc_stream_cbs cbs[ECHO16_STREAMS];
+    struct vrpc_stream *s[ECHO16_STREAMS];
+    struct vrpc_channel *ch = fx_channel(g_uri, 64, 0);
+    static uint8_t buf[ECHO16_SIZE];
+    int64_t t0 = vrpc_now_ns(), end = t0 + (int64_t)ECHO16_WAIT_MS * 1000000;
+    fx_counts_reset();
+    memset(e, 0, sizeof(e));
+    for (unsigned i = 0; i < ECHO16_STREAMS; i++) {
+        cbs[i] = (struct vrpc_stream_cbs){e16_read, e16_done, &e[i]};
+        s[i] = fx_open(ch, &m_bidi, "echo", 0, 0, 0, &cbs[i]);
+    }
+    while (total < n * ECHO16_STREAMS && vrpc_now_ns() < end) {
+        bool any = false;
+        for (unsigned i = 0; i < ECHO16_STREAMS; i++) {
+            if (written[i] == n)
+                continue;
+            Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
+            size_t len = (written[i] * 7 + i) % (ECHO16_SIZE + 1);
+            fill(buf, len, written[i]);
+            r.seq = written[i];
+            r.payload.data = buf;
+            r.payload.len = len;
+            int rc = vrpc_stream_write_async(s[i], &r.base, e16_wrote, NULL);
+            if (rc == -EAGAIN)
+                continue;
+            assert_int_equal(rc, 0);
+            written[i]++, total++, any = true;
+        }
+        if (!any)
+            sched_yield();
+    }
+    unsigned long heard = 0;
+    for (unsigned i = 0; i < ECHO16_STREAMS; i++) {
+        while (LOAD(e[i].reads) < written[i] && vrpc_now_ns() < end)
+            usleep(1000);
+        heard += LOAD(e[i].reads);
+    }
+    printf("# 16 bidi echoes: %lu of %lu written, %lu of them heard back, in %.2f s (server saw %lu)\n", total,
+           n * ECHO16_STREAMS, heard, secs_since(t0), LOAD(g_srv.received));
+    for (unsigned i = 0; i < ECHO16_STREAMS; i++) {
+        assert_int_equal(written[i], n);
+        assert_int_equal(LOAD(e[i].reads), n);
+        assert_int_equal(e[i].bad, 0);
+        assert_int_equal(vrpc_stream_close_send(s[i]), 0);
+    }
+    for (unsigned i = 0; i < ECHO16_STREAMS; i++) {
+        assert_int_equal(fx_wait_at_least(&e[i].done, 1, 10000), 1);
+        assert_int_equal(e[i].code, VRPC_OK);
+        vrpc_stream_destroy(s[i]);
+    }
+    assert_int_equal(LOAD(g_srv.bad_order), 0);
+    vrpc_channel_destroy(ch);
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -570,6 +674,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_client_stops_reading),
         cmocka_unit_test(test_server_stops_reading),
         cmocka_unit_test(test_thousand_streams),
+        cmocka_unit_test(test_sixteen_bidi_echo),
     };
     return fx_run("stream", tests, sizeof(tests) / sizeof(tests[0]), group_setup, group_teardown);
 }
