@@ -4,6 +4,7 @@
  * metadata and destroy. The receiving side and the stream task are in
  * rpc/stream_recv.c (rpc/stream_internal.h says who touches what). */
 #include <errno.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include "rpc/status.h"
@@ -38,13 +39,64 @@ int vrpc_stream_unpack(struct vrpc_stream *s, const ProtobufCMessageDescriptor *
     return vrpc_pb_unpack(d, n->data, n->len, 0, &s->arena, out);
 }
 
+/* The stream is over for sending: ended, or its connection dead. */
+static bool stream_gone(struct vrpc_stream *s)
+{
+    pthread_mutex_lock(&s->mu);
+    bool ended = s->ended;
+    pthread_mutex_unlock(&s->mu);
+    return ended || vrpc_conn_is_dead(&s->c->b);
+}
+
+/* vrpc_ep_send of b, retried while the credit queue is full for at most
+ * VRPC_RPC_SEND_WAIT_MS (yielding); b stays ours on error. */
+static int ep_send_keep(struct vrpc_ep *ep, struct vrpc_buf *b, uint32_t len)
+{
+    int rc = vrpc_ep_send(ep, b, len, 0, 0, 0);
+    for (int64_t end = rc == -EAGAIN ? vrpc_now_ns() + (int64_t)VRPC_RPC_SEND_WAIT_MS * 1000000 : 0;
+         rc == -EAGAIN && vrpc_now_ns() < end;) {
+        sched_yield();
+        rc = vrpc_ep_send(ep, b, len, 0, 0, 0);
+    }
+    return rc;
+}
+
+struct vrpc_buf *vrpc_stream_buf_get(struct vrpc_stream *s)
+{
+    struct vrpc_buf *b;
+    while (!(b = vrpc_rpc_buf_get(s->ch->send_pool, true)) && !stream_gone(s))
+        ; /* each try waits VRPC_RPC_SEND_WAIT_MS */
+    return b;
+}
+
+int vrpc_stream_send_buf(struct vrpc_stream *s, struct vrpc_buf *b, uint32_t len)
+{
+    int rc;
+    for (;;) {
+        /* a bounded wait first (yields), then again while the stream lives */
+        rc = vrpc_conn_is_dead(&s->c->b) ? -ENOTCONN : ep_send_keep(s->c->b.ep, b, len);
+        if (rc != -EAGAIN)
+            break;
+        if (stream_gone(s)) {
+            rc = -EPIPE;
+            break;
+        }
+    }
+    if (rc)
+        vrpc_pool_put(b);
+    return rc;
+}
+
 int vrpc_stream_send(struct vrpc_stream *s, uint8_t type, uint16_t flags, const void *payload, uint32_t len)
 {
     struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = type, .flags = flags, .request_id = s->id};
     if (vrpc_conn_is_dead(&s->c->b))
         return -ENOTCONN;
+    struct vrpc_buf *b = vrpc_stream_buf_get(s);
+    if (!b)
+        return -ENOBUFS;
     h.payload_len = len;
-    return vrpc_rpc_send_simple(s->c->b.ep, s->ch->send_pool, &h, payload, len, true);
+    return vrpc_stream_send_buf(s, b, vrpc_rpc_frame_fill(b, &h, payload, len));
 }
 
 void vrpc_stream_fail(struct vrpc_stream *s, enum vrpc_code code, const char *why)
@@ -308,18 +360,14 @@ int vrpc_stream_write(struct vrpc_stream *s, const ProtobufCMessage *msg)
     struct vrpc_wire_hdr h = {
         .version = VRPC_WIRE_VERSION, .type = VRPC_FT_MESSAGE, .request_id = s->id, .payload_len = (uint32_t)plen};
     bool large = VRPC_WIRE_HDR_LEN + (size_t)plen > vrpc_ep_eager_size(s->c->b.ep);
-    struct vrpc_buf *b = large ? NULL : vrpc_rpc_buf_get(s->ch->send_pool, true);
+    struct vrpc_buf *b = large ? NULL : vrpc_stream_buf_get(s);
     rc = b || large ? 0 : -ENOBUFS;
     if (large) {
         rc = vrpc_stream_write_large(s, msg, NULL, (uint32_t)plen);
     } else if (b) {
         vrpc_wire_hdr_encode(b->data, &h);
         vrpc_pb_pack_sized(msg, b->data + VRPC_WIRE_HDR_LEN);
-        rc = vrpc_conn_is_dead(&s->c->b) ? -ENOTCONN : 0;
-        if (!rc)
-            rc = vrpc_rpc_send(s->c->b.ep, b, VRPC_WIRE_HDR_LEN + (uint32_t)plen, true);
-        else
-            vrpc_pool_put(b);
+        rc = vrpc_stream_send_buf(s, b, VRPC_WIRE_HDR_LEN + (uint32_t)plen);
     }
     if (rc) {
         vrpc_stream_fail(s, VRPC_UNAVAILABLE, "stream send failed");

@@ -142,9 +142,22 @@ void vrpc_stream_kick_locked(struct vrpc_stream *s, bool on_poller);
  * that does not decode): code + why, CANCEL to the server. No lock held. */
 void vrpc_stream_fail(struct vrpc_stream *s, enum vrpc_code code, const char *why);
 /* Send a header-only frame (+ payload) of this stream on its connection,
- * waiting for a buffer and credit (bounded, rpc/internal.h). Caller counted
- * in users (or the task). */
+ * waiting for a buffer and credit (vrpc_stream_buf_get, vrpc_stream_send_buf).
+ * Caller counted in users (or the task); never on a poller. */
 int vrpc_stream_send(struct vrpc_stream *s, uint8_t type, uint16_t flags, const void *payload, uint32_t len);
+/* A send buffer of the channel's pool, waiting while the pool is empty for
+ * as long as the stream lives (not ended, its connection not dead: a stream
+ * frame is flow-controlled by the stream window, so an empty pool or a full
+ * credit queue is back-pressure that passes, not a failure; a peer that
+ * returns no credits fails the connection by the transport's
+ * credit_timeout_ms, a deadline or cancel ends the stream). NULL once the
+ * stream is over. No lock held; never on a poller. */
+struct vrpc_buf *vrpc_stream_buf_get(struct vrpc_stream *s);
+/* Send len bytes of b on the stream's connection, retrying a full credit
+ * queue (-EAGAIN) for as long as the stream lives (see vrpc_stream_buf_get).
+ * 0 (b is the transport's), else b went back to its pool: -ENOTCONN, -EPIPE
+ * (the stream ended meanwhile) or the transport's error. */
+int vrpc_stream_send_buf(struct vrpc_stream *s, struct vrpc_buf *b, uint32_t len);
 /* Return window if enough was consumed (or all of it, with force): s->mu
  * held, dropped while sending. True if it sent. */
 bool vrpc_stream_window_locked(struct vrpc_stream *s, bool force);

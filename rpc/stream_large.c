@@ -214,14 +214,12 @@ int vrpc_stream_write_large(struct vrpc_stream *s, const ProtobufCMessage *msg, 
     struct vrpc_wire_desc d = {.addr = o->raddr, .rkey = o->rkey};
     uint8_t desc[VRPC_WIRE_DESC_LEN];
     vrpc_wire_desc_encode(desc, &d);
-    struct vrpc_buf *b = vrpc_rpc_buf_get(ch->send_pool, true);
-    rc = !b ? -ENOBUFS : vrpc_conn_is_dead(&s->c->b) ? -ENOTCONN : 0;
+    struct vrpc_buf *b = vrpc_stream_buf_get(s);
+    rc = !b ? -ENOBUFS : 0;
     if (!rc) {
         vrpc_wire_hdr_encode(b->data, &h);
         memcpy(b->data + VRPC_WIRE_HDR_LEN, desc, sizeof desc);
-        rc = vrpc_rpc_send(s->c->b.ep, b, VRPC_WIRE_HDR_LEN + VRPC_WIRE_DESC_LEN, true);
-    } else if (b) {
-        vrpc_pool_put(b);
+        rc = vrpc_stream_send_buf(s, b, VRPC_WIRE_HDR_LEN + VRPC_WIRE_DESC_LEN);
     }
     if (rc) { /* the server never got the descriptor: end the grant (as vrpc_ch_request_go) */
         pthread_mutex_lock(&ch->conn_lock);
