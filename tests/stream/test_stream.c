@@ -487,6 +487,15 @@ static void test_server_stops_reading(void **state)
     stall_release();
     pthread_join(t1, NULL);
     pthread_join(t2, NULL);
+    if (w.rc || aw.rc) { /* say why the stream ended */
+        struct vrpc_status st1, st2;
+        vrpc_stream_finish(w.s, NULL, &st1);
+        vrpc_stream_finish(aw.s, NULL, &st2);
+        printf(
+            "# writers failed: sync rc %d written %lu: %s %s; async rc %d accepted %lu done %u: %s %s; received %lu\n",
+            w.rc, w.written, vrpc_code_name(st1.code), st1.message, aw.rc, aw.accepted, aw.done,
+            vrpc_code_name(st2.code), st2.message, LOAD(g_srv.received));
+    }
     assert_int_equal(w.rc, 0);
     assert_int_equal(aw.rc, 0);
     finish_cstream(w.s, n, w.sum);
