@@ -336,9 +336,10 @@ int vrpc_server_stream_finish(struct vrpc_server_stream *st, enum vrpc_code code
     if (mdsz < 0)
         code = VRPC_INTERNAL, msg = "handler set invalid trailing metadata", n = 0;
     struct vrpc_server_call *call = st->call;
+    struct sconn *sc = st->conn; /* read first: a failed claim may free call and st */
     int rc = vrpc_srv_call_claim(call);
-    if (rc) { /* ended for the server already (its RESPONSE is out): only let go */
-        vrpc_srv_stream_release_conn(st);
+    if (rc) {                     /* ended for the server already (its RESPONSE is out): only let go */
+        vrpc_srv_sconn_unref(sc); /* the stream's reference (vrpc_srv_stream_release_conn) */
         return -ECONNRESET;
     }
     uint64_t id = call->req_id;
