@@ -276,9 +276,9 @@ void vrpc_srv_deadline_fired(void *ctx, uint64_t gen)
     struct vrpc_server_call *call = ctx;
     uint64_t id;
     struct sconn *c = vrpc_srv_call_detach(call, (uint32_t)gen, VRPC_DEADLINE_EXCEEDED, -ETIMEDOUT, true, &id);
-    if (c) {
+    static const char msg[] = "deadline exceeded while the handler ran";
+    if (c && !vrpc_srv_stream_hold_end(call, (uint32_t)gen, c, id, VRPC_DEADLINE_EXCEEDED, msg)) {
         if (!__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE)) {
-            static const char msg[] = "deadline exceeded while the handler ran";
             struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION,
                                       .type = VRPC_FT_RESPONSE,
                                       .status = VRPC_DEADLINE_EXCEEDED,

@@ -313,6 +313,13 @@ bool vrpc_srv_stream_on_done(struct sconn *c, const struct vrpc_wire_hdr *h);
 void vrpc_srv_stream_conn_lost(struct sconn *c);
 /* Poller: CANCEL of a stream call in flight (generation gen). */
 void vrpc_srv_stream_cancel(struct vrpc_server_call *call, uint32_t gen);
+/* After vrpc_srv_call_detach won for call (generation gen, c and id from
+ * it): true if call is that stream and a frame of it is being handed to the
+ * transport; its RESPONSE (code, msg) is then sent by that sender, after
+ * the frame, which also calls vrpc_srv_answered(c). False: the caller
+ * sends the RESPONSE now. Any thread, no lock held. */
+bool vrpc_srv_stream_hold_end(struct vrpc_server_call *call, uint32_t gen, struct sconn *c, uint64_t id,
+                              enum vrpc_code code, const char *msg);
 
 /* ---- server_call.c, for streams --------------------------------------------- */
 

@@ -131,11 +131,50 @@ void vrpc_srv_stream_detached(struct vrpc_server_call *call, uint32_t gen)
     pthread_mutex_unlock(&st->lock);
 }
 
+bool vrpc_srv_stream_hold_end(struct vrpc_server_call *call, uint32_t gen, struct sconn *c, uint64_t id,
+                              enum vrpc_code code, const char *msg)
+{
+    struct vrpc_server_stream *st = call->st;
+    if (!st)
+        return false;
+    pthread_mutex_lock(&st->lock);
+    /* ended is set (the detach): no sender enters, so 0 stays 0 */
+    bool hold = st->open && st->gen == gen && st->wire_busy > 0;
+    if (hold) {
+        st->end_held = true;
+        st->end_conn = c;
+        st->end_id = id;
+        st->end_code = code;
+        snprintf(st->end_msg, sizeof(st->end_msg), "%s", msg ? msg : "");
+    }
+    pthread_mutex_unlock(&st->lock);
+    return hold;
+}
+
+void vrpc_srv_stream_wire_leave_locked(struct vrpc_server_stream *st)
+{
+    /* the last one out sends a held RESPONSE, still counted: finish (which
+     * drops the stream's reference of the connection, maybe the last) waits */
+    if (st->wire_busy == 1 && st->end_held) {
+        st->end_held = false;
+        struct sconn *c = st->end_conn;
+        uint64_t id = st->end_id;
+        enum vrpc_code code = st->end_code;
+        char msg[VRPC_STATUS_MSG_MAX];
+        memcpy(msg, st->end_msg, sizeof(msg));
+        pthread_mutex_unlock(&st->lock);
+        vrpc_srv_end_detached(c, id, code, msg);
+        pthread_mutex_lock(&st->lock);
+    }
+    if (--st->wire_busy == 0)
+        pthread_cond_broadcast(&st->cond); /* finish waits for it */
+}
+
 void vrpc_srv_stream_end(struct vrpc_server_stream *st, uint32_t gen, enum vrpc_code code, const char *msg)
 {
     uint64_t id;
     struct sconn *c = vrpc_srv_call_detach(st->call, gen, code, -ECONNRESET, false, &id);
-    if (c)
+    if (c && !vrpc_srv_stream_hold_end(st->call, gen, c, id, code, msg))
         vrpc_srv_end_detached(c, id, code, msg);
 }
 
@@ -161,7 +200,7 @@ void vrpc_srv_stream_cancel(struct vrpc_server_call *call, uint32_t gen)
 static void consumed_locked(struct vrpc_server_stream *st)
 {
     uint32_t batch = st->window / 4 ? st->window / 4 : 1;
-    if (++st->consumed < batch || st->ended || st->finished || st->half_closed)
+    if (++st->consumed < batch || st->half_closed || !vrpc_srv_stream_wire_enter_locked(st))
         return;
     uint32_t give = st->consumed;
     st->consumed = 0;
@@ -177,6 +216,7 @@ static void consumed_locked(struct vrpc_server_stream *st)
     if (!vrpc_conn_is_dead(&c->b))
         vrpc_srv_conn_send_simple(c, &h, p, sizeof(p), true);
     pthread_mutex_lock(&st->lock);
+    vrpc_srv_stream_wire_leave_locked(st);
 }
 
 /* Decode and deliver one client message (lock held on entry and exit). */

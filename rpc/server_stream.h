@@ -76,7 +76,32 @@ struct vrpc_server_stream {
     struct srv_msg *rd_node;      /* its queue entry */
     struct srv_msg *in_head, *in_tail;
     struct srv_out *out_head, *out_tail;
+    /* No frame of a stream may follow its RESPONSE on the wire (the client
+     * frees the id at the RESPONSE). wire_busy counts the frames of this
+     * stream being handed to the transport (entered only while neither ended
+     * nor finished); a detacher (CANCEL, deadline, a per-stream error) that
+     * finds it nonzero leaves its RESPONSE here (end_held) and the last of
+     * those senders sends it; finish waits for it to reach 0. */
+    uint32_t wire_busy;
+    bool end_held;
+    struct sconn *end_conn; /* referenced by the detach, answered once sent */
+    uint64_t end_id;
+    enum vrpc_code end_code;
+    char end_msg[VRPC_STATUS_MSG_MAX];
 };
+
+/* A frame of st goes to the transport now (lock held): false if the stream
+ * ended or finished (its RESPONSE is out or on its way: send nothing). */
+static inline bool vrpc_srv_stream_wire_enter_locked(struct vrpc_server_stream *st)
+{
+    if (st->ended || st->finished)
+        return false;
+    st->wire_busy++;
+    return true;
+}
+/* That frame was handed over (lock held; dropped and retaken while the
+ * last one sends a held RESPONSE). */
+void vrpc_srv_stream_wire_leave_locked(struct vrpc_server_stream *st);
 
 /* Queue the stream's task unless it is queued or running (lock held). prod:
  * the poller's ring when on the poller, else NULL. */

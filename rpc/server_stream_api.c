@@ -49,16 +49,25 @@ int vrpc_srv_stream_send_bytes(struct vrpc_server_stream *st, const uint8_t *byt
     int rc = vrpc_srv_stream_wait_room(st);
     if (rc)
         return rc;
-    if (vrpc_conn_is_dead(&c->b))
+    pthread_mutex_lock(&st->lock);
+    bool go = vrpc_srv_stream_wire_enter_locked(st);
+    pthread_mutex_unlock(&st->lock);
+    if (!go)
         return -ECONNRESET;
-    struct vrpc_buf *b = vrpc_srv_conn_buf(c, true);
-    if (!b)
-        return -ECONNRESET;
-    struct vrpc_wire_hdr h = {
-        .version = VRPC_WIRE_VERSION, .type = VRPC_FT_MESSAGE, .request_id = st->id, .payload_len = len};
-    vrpc_wire_hdr_encode(b->data, &h);
-    memcpy(b->data + VRPC_WIRE_HDR_LEN, bytes, len);
-    return vrpc_srv_conn_send(c, b, VRPC_WIRE_HDR_LEN + len) ? -ECONNRESET : 0;
+    struct vrpc_buf *b = vrpc_conn_is_dead(&c->b) ? NULL : vrpc_srv_conn_buf(c, true);
+    if (b) {
+        struct vrpc_wire_hdr h = {
+            .version = VRPC_WIRE_VERSION, .type = VRPC_FT_MESSAGE, .request_id = st->id, .payload_len = len};
+        vrpc_wire_hdr_encode(b->data, &h);
+        memcpy(b->data + VRPC_WIRE_HDR_LEN, bytes, len);
+        rc = vrpc_srv_conn_send(c, b, VRPC_WIRE_HDR_LEN + len) ? -ECONNRESET : 0;
+    } else {
+        rc = -ECONNRESET;
+    }
+    pthread_mutex_lock(&st->lock);
+    vrpc_srv_stream_wire_leave_locked(st); /* a RESPONSE held for this frame goes after it */
+    pthread_mutex_unlock(&st->lock);
+    return rc;
 }
 
 void vrpc_srv_stream_out_one_locked(struct vrpc_server_stream *st)
@@ -236,19 +245,24 @@ int vrpc_server_stream_send_metadata(struct vrpc_server_stream *st, const struct
     if (sz < 0 || VRPC_WIRE_HDR_LEN + (uint64_t)sz > vrpc_ep_eager_size(c->b.ep))
         return -EINVAL;
     pthread_mutex_lock(&st->lock);
-    int rc = st->md_sent ? -EALREADY : st->ended || st->finished ? -ECONNRESET : 0;
+    int rc = st->md_sent ? -EALREADY : !vrpc_srv_stream_wire_enter_locked(st) ? -ECONNRESET : 0;
     st->md_sent = true;
     pthread_mutex_unlock(&st->lock);
     if (rc)
         return rc;
     struct vrpc_buf *b = vrpc_srv_conn_buf(c, true);
-    if (!b)
-        return -ECONNRESET;
-    struct vrpc_wire_hdr h = {
-        .version = VRPC_WIRE_VERSION, .type = VRPC_FT_HEADERS, .request_id = st->id, .md_len = (uint32_t)sz};
-    vrpc_wire_hdr_encode(b->data, &h);
-    vrpc_wire_md_encode(b->data + VRPC_WIRE_HDR_LEN, md, n);
-    return vrpc_srv_conn_send(c, b, VRPC_WIRE_HDR_LEN + (uint32_t)sz) ? -ECONNRESET : 0;
+    rc = -ECONNRESET;
+    if (b) {
+        struct vrpc_wire_hdr h = {
+            .version = VRPC_WIRE_VERSION, .type = VRPC_FT_HEADERS, .request_id = st->id, .md_len = (uint32_t)sz};
+        vrpc_wire_hdr_encode(b->data, &h);
+        vrpc_wire_md_encode(b->data + VRPC_WIRE_HDR_LEN, md, n);
+        rc = vrpc_srv_conn_send(c, b, VRPC_WIRE_HDR_LEN + (uint32_t)sz) ? -ECONNRESET : 0;
+    }
+    pthread_mutex_lock(&st->lock);
+    vrpc_srv_stream_wire_leave_locked(st);
+    pthread_mutex_unlock(&st->lock);
+    return rc;
 }
 
 /* Finish: the queued writes out first (unless the stream ended), then no
@@ -269,7 +283,9 @@ static void finish_wait_locked(struct vrpc_server_stream *st)
         }
     }
     st->finished = true;
-    while ((st->in_cb && !self) || st->rd_busy) /* a large message's read ends on the poller */
+    /* a large message's read ends on the poller; a WINDOW going out must
+     * not follow our RESPONSE */
+    while ((st->in_cb && !self) || st->rd_busy || st->wire_busy)
         pthread_cond_wait(&st->cond, &st->lock);
     vrpc_srv_stream_drop_in_locked(st);
     st->open = false;
@@ -320,9 +336,10 @@ int vrpc_server_stream_finish(struct vrpc_server_stream *st, enum vrpc_code code
     if (mdsz < 0)
         code = VRPC_INTERNAL, msg = "handler set invalid trailing metadata", n = 0;
     struct vrpc_server_call *call = st->call;
+    struct sconn *sc = st->conn; /* read first: a failed claim may free call and st */
     int rc = vrpc_srv_call_claim(call);
-    if (rc) { /* ended for the server already (its RESPONSE is out): only let go */
-        vrpc_srv_stream_release_conn(st);
+    if (rc) {                     /* ended for the server already (its RESPONSE is out): only let go */
+        vrpc_srv_sconn_unref(sc); /* the stream's reference (vrpc_srv_stream_release_conn) */
         return -ECONNRESET;
     }
     uint64_t id = call->req_id;

@@ -209,6 +209,7 @@ static void stream_open(struct vrpc_stream *s, const struct vrpc_stream_opts *o,
     s->gen = vrpc_pending_gen(slot);
     s->id = vrpc_wire_make_id(slot->index, s->gen);
     s->tx_allowed = s->c->stream_window;
+    s->max_payload = s->c->b.max_payload;
     s->start_ns = vrpc_metrics_now_ns();
     slot->method = s->m;
     slot->cb = vrpc_ch_stream_slot_cb;
@@ -316,15 +317,16 @@ int vrpc_stream_start(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
 /* ---- writes ---------------------------------------------------------------- */
 
 /* The packed size of msg, or a negative errno for a message this stream
- * cannot send (s->c set). */
+ * cannot send. Not s->c: the stream may end and be released (its
+ * connection freed) at any time before the caller is counted in users. */
 static long write_size(const struct vrpc_stream *s, const ProtobufCMessage *msg)
 {
     if (!msg || msg->descriptor != s->m->input)
         return -EINVAL;
     size_t plen = vrpc_pb_packed_size(msg);
-    if (!s->c)
+    if (!s->slot) /* never opened: the write fails as ended */
         return (long)plen;
-    if (plen > s->c->b.max_payload) /* the server's limit, or one frame without large messages */
+    if (plen > s->max_payload) /* the server's limit, or one frame without large messages */
         return -EINVAL;
     return (long)plen;
 }

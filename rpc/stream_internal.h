@@ -57,7 +57,10 @@ struct vrpc_stream {
     struct vrpc_lb *lb;        /* the many-server channel that picked ch, or NULL */
     struct vrpc_subch *lb_sub; /* its server, referenced until the stream is freed */
     const struct vrpc_method_desc *m;
-    struct vrpc_conn *c;            /* referenced until release; NULL: never opened */
+    struct vrpc_conn *c;            /* referenced until release; NULL: never opened. Only
+                                       read while the stream cannot be released (users
+                                       counted, or the task): release drops it */
+    uint32_t max_payload;           /* c's, copied at open: writes check it without c */
     struct vrpc_pending_slot *slot; /* NULL: never opened */
     uint64_t id;
     uint32_t gen;

@@ -363,9 +363,14 @@ static void s_cancel(struct vrpc_server_stream *s, void *user)
     pthread_mutex_lock(&g_stall.lock);
     pthread_cond_broadcast(&g_stall.cond);
     pthread_mutex_unlock(&g_stall.lock);
+    /* A producer ends the stream when its write fails, and may be in finish
+     * right now holding c->mu, waiting for this callback to return: no
+     * c->mu for it here. (producing is only written by s_read, a callback of
+     * this stream like this one: they never run at once.) */
+    if (c->producing)
+        return;
     pthread_mutex_lock(&c->mu);
-    if (!c->producing) /* a producer ends the stream when its write fails */
-        sfinish_locked(c, VRPC_CANCELLED, NULL, false);
+    sfinish_locked(c, VRPC_CANCELLED, NULL, false);
     pthread_mutex_unlock(&c->mu);
 }
 

@@ -137,6 +137,83 @@ static void test_client_cancels(void **state)
     vrpc_channel_destroy(ch);
 }
 
+/* Cancelling streams the server is writing to (window open: the client
+ * reads as they come) leaves their connection up: the server's MESSAGEs and
+ * WINDOWs crossing our CANCEL are dropped, and its RESPONSE ends each stream
+ * after its last frame. A bidi echo stream and unary calls on the same
+ * connection keep working through every round (was: "stream MESSAGE for a
+ * request id not in use", the connection closed under them). */
+#define CK_ROUNDS 8
+#define CK_STREAMS 16
+
+struct count_rec {
+    struct done_rec d; /* first: on_done's arg */
+    unsigned reads;    /* atomic */
+};
+
+static void on_read_count(struct vrpc_stream *s, const ProtobufCMessage *msg, void *arg)
+{
+    (void)s;
+    (void)msg;
+    __atomic_add_fetch(&((struct count_rec *)arg)->reads, 1, __ATOMIC_RELEASE);
+}
+
+static void echo_and_call(struct vrpc_channel *ch, struct vrpc_stream *b, uint64_t seq)
+{
+    ProtobufCMessage *m;
+    struct vrpc_status st;
+    assert_int_equal(write_seq(b, seq), 0);
+    assert_int_equal(vrpc_stream_read(b, &m), 0);
+    assert_int_equal(((Vrpctest__EchoReply *)m)->seq, seq);
+    Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
+    Vrpctest__EchoReply *rep;
+    struct vrpc_call_opts o = {.timeout_us = 5000000};
+    r.seq = seq;
+    assert_int_equal(vrpc_call(ch, &m_unary, &r.base, (ProtobufCMessage **)&rep, &o, &st), VRPC_OK);
+    assert_int_equal(rep->seq, seq);
+}
+
+static void test_cancel_keeps_connection(void **state)
+{
+    (void)state;
+    struct vrpc_channel *ch = fx_channel(g_uri, 64, 0);
+    struct vrpc_status st;
+    fx_counts_reset();
+    struct vrpc_stream *b = fx_open(ch, &m_bidi, "echo", 0, 0, 0, NULL);
+    echo_and_call(ch, b, 0);
+    for (unsigned r = 0; r < CK_ROUNDS; r++) {
+        struct vrpc_stream *s[CK_STREAMS];
+        struct count_rec cr[CK_STREAMS];
+        memset(cr, 0, sizeof(cr));
+        for (unsigned i = 0; i < CK_STREAMS; i++) {
+            struct vrpc_stream_cbs cbs = {on_read_count, on_done, &cr[i]};
+            Vrpctest__EchoRequest req = VRPCTEST__ECHO_REQUEST__INIT;
+            s[i] = fx_open(ch, &m_sstream, (r + i) % 2 ? "agen" : "gen", 0, 32, 0, &cbs);
+            assert_int_equal(vrpc_stream_write(s[i], &req.base), 0);
+            assert_int_equal(vrpc_stream_close_send(s[i]), 0);
+        }
+        for (unsigned i = 0; i < CK_STREAMS; i++) /* every server writer is going */
+            assert_true(fx_wait_at_least(&cr[i].reads, 50, 10000) >= 50);
+        for (unsigned i = 0; i < CK_STREAMS; i++) {
+            vrpc_stream_cancel(s[i]);
+            vrpc_stream_destroy(s[i]);
+            assert_int_equal(LOAD(cr[i].d.calls), 1);
+            assert_int_equal(cr[i].d.code, VRPC_CANCELLED);
+        }
+        echo_and_call(ch, b, r + 1);
+    }
+    assert_int_equal(vrpc_stream_close_send(b), 0);
+    assert_int_equal(vrpc_stream_finish(b, NULL, &st), VRPC_OK);
+    vrpc_stream_destroy(b);
+    unsigned n = CK_ROUNDS * CK_STREAMS + 1;
+    assert_int_equal(fx_wait_at_least(&g_srv.ended, n, 15000), n);
+    printf("# %u rounds of %u cancelled streams: the bidi stream and unary calls on their connection kept "
+           "working; server: %u on_cancel, %u writes reset\n",
+           CK_ROUNDS, CK_STREAMS, LOAD(g_srv.cancels), LOAD(g_srv.write_reset));
+    assert_int_equal(LOAD(g_srv.finish_ok), 1); /* the echo; every cancelled one was only released */
+    vrpc_channel_destroy(ch);
+}
+
 static void test_server_ends_stream(void **state)
 {
     (void)state;
@@ -246,6 +323,7 @@ static void test_server_killed(void **state)
            secs_since(t0), more, st.message);
     assert_true(more <= VRPC_STREAM_WINDOW_DEFAULT);
     assert_int_equal(d.code, VRPC_UNAVAILABLE);
+    assert_int_equal(write_seq(a, 1), -EPIPE); /* after the loss: s->c is gone (was a use-after-free) */
     vrpc_stream_destroy(s);
     vrpc_stream_destroy(a);
     assert_int_equal(LOAD(d.calls), 1);
@@ -351,9 +429,10 @@ int main(int argc, char **argv)
     if (rc)
         return rc;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_client_cancels),      cmocka_unit_test(test_server_ends_stream),
-        cmocka_unit_test(test_deadline_mid_stream), cmocka_unit_test(test_server_killed),
-        cmocka_unit_test(test_client_killed),       cmocka_unit_test(test_drain_with_open_streams),
+        cmocka_unit_test(test_client_cancels),          cmocka_unit_test(test_server_ends_stream),
+        cmocka_unit_test(test_deadline_mid_stream),     cmocka_unit_test(test_server_killed),
+        cmocka_unit_test(test_client_killed),           cmocka_unit_test(test_drain_with_open_streams),
+        cmocka_unit_test(test_cancel_keeps_connection),
     };
     return fx_run("stream_fail", tests, sizeof(tests) / sizeof(tests[0]), group_setup, group_teardown);
 }
