@@ -97,8 +97,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint64_t base = (uint64_t)(uintptr_t)segs[0].addr;
     if (vrpc_wire_hdr_decode(s.p, s.n, &h) == 0 && (h.flags & VRPC_FF_RNDV)) {
         struct vrpc_wire_desc d;
-        FUZZ_CHECK((h.type == VRPC_FT_REQUEST || h.type == VRPC_FT_RESPONSE) && h.payload_len >= 1 &&
-                       s.n == VRPC_WIRE_HDR_LEN + h.md_len + VRPC_WIRE_DESC_LEN,
+        /* wire version 3: a stream's MESSAGE may be large too (PROTOCOL.md, "Large
+         * messages in a stream") */
+        FUZZ_CHECK((h.type == VRPC_FT_REQUEST || h.type == VRPC_FT_RESPONSE || h.type == VRPC_FT_MESSAGE) &&
+                       h.payload_len >= 1 && s.n == VRPC_WIRE_HDR_LEN + h.md_len + VRPC_WIRE_DESC_LEN,
                    "RNDV frame accepted with type %u, payload %u, %zu bytes", h.type, h.payload_len, s.n);
         if (vrpc_wire_desc_decode(s.p + VRPC_WIRE_HDR_LEN + h.md_len, h.payload_len, &d) == 0) {
             FUZZ_CHECK(d.rkey && (unsigned __int128)d.addr + h.payload_len <= UINT64_MAX,
