@@ -18,6 +18,8 @@
 struct vrpc_method_desc lb_m_echo = M("Echo");
 struct vrpc_method_desc lb_m_once = M("EchoOnce");
 
+const char *lb_backend = "tcp", *lb_server_ip = "127.0.0.1", *lb_client_ip;
+
 void lb_test_methods_init(void)
 {
     lb_m_echo.id = vrpc_method_id(lb_m_echo.full_name);
@@ -40,7 +42,8 @@ int lb_srv_start(struct lb_srv *s, int id, int port, const char *extra)
         dup2(fd[1], 1);
         close(fd[0]);
         close(fd[1]);
-        execl("/proc/self/exe", "test_lb", "--serve", ids, ports, extra ? extra : (char *)NULL, (char *)NULL);
+        execl("/proc/self/exe", "test_lb", "--serve", ids, ports, lb_backend, lb_server_ip,
+              extra ? extra : (char *)NULL, (char *)NULL);
         _exit(127);
     }
     close(fd[1]);
@@ -57,7 +60,8 @@ int lb_srv_start(struct lb_srv *s, int id, int port, const char *extra)
         lb_srv_stop(s, SIGKILL);
         return -1;
     }
-    snprintf(s->uri, sizeof s->uri, "tcp://127.0.0.1:%d", s->port);
+    const char *v6 = strchr(lb_server_ip, ':');
+    snprintf(s->uri, sizeof s->uri, "%s://%s%s%s:%d", lb_backend, v6 ? "[" : "", lb_server_ip, v6 ? "]" : "", s->port);
     return 0;
 }
 

@@ -1,6 +1,6 @@
 /* The test server of test_lb, a process of its own (the test runs 3 to 5):
- *   test_lb --serve ID PORT [fail-all]
- * serves vrpctest.Test/Echo and /EchoOnce on tcp://127.0.0.1:PORT (0: any),
+ *   test_lb --serve ID PORT BACKEND IP [fail-all]
+ * serves vrpctest.Test/Echo and /EchoOnce on BACKEND://IP:PORT (0: any),
  * prints "PORT p" on stdout once listening, and on SIGTERM drains
  * (vrpc_server_shutdown: GOAWAY, in-flight calls answered) and exits 0;
  * SIGUSR1 makes its Health say NOT_SERVING, SIGUSR2 SERVING again.
@@ -45,10 +45,10 @@ static void echo(struct vrpc_server_call *call, const ProtobufCMessage *msg, voi
 
 int lb_serve(int argc, char **argv)
 {
-    if (argc < 4)
+    if (argc < 6)
         return 2;
     g_id = atoi(argv[2]);
-    g_fail_all = argc > 4 && strcmp(argv[4], "fail-all") == 0;
+    g_fail_all = argc > 6 && strcmp(argv[6], "fail-all") == 0;
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
@@ -57,8 +57,9 @@ int lb_serve(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &set, NULL); /* before any thread starts */
     lb_test_methods_init();
     struct vrpc_server *s;
-    char uri[64], got[128];
-    snprintf(uri, sizeof uri, "tcp://127.0.0.1:%s", argv[3]);
+    char uri[128], got[128];
+    const char *v6 = strchr(argv[5], ':');
+    snprintf(uri, sizeof uri, "%s://%s%s%s:%s", argv[4], v6 ? "[" : "", argv[5], v6 ? "]" : "", argv[3]);
     if (vrpc_server_create(NULL, &s) || vrpc_server_register(s, &lb_m_echo, echo, NULL) ||
         vrpc_server_register(s, &lb_m_once, echo, NULL))
         return 1;

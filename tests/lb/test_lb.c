@@ -1,11 +1,12 @@
-/* Many servers behind one channel (issue 20), over TCP with 3 to 5 server
- * processes (lb_server.c): round robin spreads evenly; a server killed
- * during a load loses only its in-flight calls, retried where the method
- * allows; a restarted server gets traffic again within a bounded time; a
- * draining server gets no new calls; consistent hashing is stable across
- * channels and moves ~1/N of the keys; retries against a server failing half
- * the time; the budget caps retries when every server fails; a
- * non-idempotent method is not retried once sent; outlier ejection. */
+/* Many servers behind one channel (issue 20), over TCP or verbs (--backend,
+ * --setup as in verbs_setup.h) with 3 to 5 server processes (lb_server.c):
+ * round robin spreads evenly; a server killed during a load loses only its
+ * in-flight calls, retried where the method allows; a restarted server gets
+ * traffic again within a bounded time; a draining server gets no new calls;
+ * consistent hashing is stable across channels and moves ~1/N of the keys;
+ * retries against a server failing half the time; the budget caps retries
+ * when every server fails; a non-idempotent method is not retried once sent;
+ * outlier ejection. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -23,6 +24,7 @@
 #include <verbrpc/metrics.h>
 #include <verbrpc/stream.h>
 #include "lb_test.h"
+#include "verbs_setup.h"
 
 #define NSRV 5
 static struct lb_srv g_srv[NSRV];
@@ -72,6 +74,7 @@ static struct vrpc_channel *open_ch(const int *idx, int n, struct vrpc_channel_o
         o->backoff_max_ms = 200;
     if (!o->backoff_initial_ms)
         o->backoff_initial_ms = 20;
+    o->src_addr = lb_client_ip;
     struct vrpc_channel *ch = NULL;
     assert_int_equal(vrpc_channel_create(target, o, &ch), 0);
     struct vrpc_subchannel_info info[NSRV];
@@ -617,7 +620,10 @@ static void t_file_update(void **state)
     write_set(path, two, 2);
     snprintf(target, sizeof target, "file://%s?poll_ms=50", path);
     struct vrpc_channel *ch;
-    assert_int_equal(vrpc_channel_create(target, NULL, &ch), 0);
+    struct vrpc_channel_opts o;
+    vrpc_channel_opts_init(&o);
+    o.src_addr = lb_client_ip;
+    assert_int_equal(vrpc_channel_create(target, &o, &ch), 0);
     assert_int_equal(vrpc_channel_connect(ch, 5000), 0);
     int64_t t = until_server(ch, 1);
     assert_true(t >= 0);
@@ -741,11 +747,14 @@ static void t_peer_plain(void **state)
     (void)state;
     assert_int_equal(start_n(1, NULL), 0);
     struct vrpc_channel *ch;
-    assert_int_equal(vrpc_channel_create(g_srv[0].uri, NULL, &ch), 0);
+    struct vrpc_channel_opts o;
+    vrpc_channel_opts_init(&o);
+    o.src_addr = lb_client_ip;
+    assert_int_equal(vrpc_channel_create(g_srv[0].uri, &o, &ch), 0);
     char peer[96] = "x";
     int code;
     assert_int_equal(call_echo(ch, &lb_m_echo, 0, 0, NULL, peer, sizeof peer, &code), 0);
-    assert_non_null(strstr(peer, "127.0.0.1"));
+    assert_non_null(strstr(peer, lb_server_ip));
     vrpc_channel_destroy(ch);
 }
 
@@ -753,6 +762,25 @@ int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "--serve") == 0)
         return lb_serve(argc, argv);
+    const char *setup = "local";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--backend") && i + 1 < argc)
+            lb_backend = argv[++i];
+        else if (!strcmp(argv[i], "--setup") && i + 1 < argc)
+            setup = argv[++i];
+        else {
+            fprintf(stderr,
+                    "usage: %s [--backend tcp|verbs] [--setup local|single|veth]\n"
+                    "verbs: --setup single reads VRPC_VERBS_IP (servers and client); --setup veth\n"
+                    "reads VRPC_VERBS_IP_A (client) and VRPC_VERBS_IP_B (the servers).\n",
+                    argv[0]);
+            return 2;
+        }
+    }
+    int setup_rc = vrpc_test_backend_addrs(lb_backend, setup, &lb_server_ip, &lb_client_ip);
+    if (setup_rc)
+        return setup_rc;
+    printf("# lb tests: backend %s, setup %s, servers on %s\n", lb_backend, setup, lb_server_ip);
     signal(SIGPIPE, SIG_IGN);
     lb_test_methods_init();
     const struct CMUnitTest tests[] = {
