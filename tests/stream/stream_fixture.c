@@ -593,22 +593,31 @@ int fx_parse(int argc, char **argv)
     return 0;
 }
 
+/* True if name contains one of the comma-separated parts of list. */
+static bool fx_name_in(const char *name, const char *list)
+{
+    for (const char *p = list; p && *p;) {
+        const char *e = strchr(p, ',');
+        size_t l = e ? (size_t)(e - p) : strlen(p);
+        char part[64];
+        snprintf(part, sizeof(part), "%.*s", (int)l, p);
+        if (l && strstr(name, part))
+            return true;
+        p = e ? e + 1 : p + l;
+    }
+    return false;
+}
+
 int fx_run(const char *group, const struct CMUnitTest *tests, size_t n, CMFixtureFunction setup,
            CMFixtureFunction teardown)
 {
     struct CMUnitTest *sel = calloc(n ? n : 1, sizeof(*sel));
     size_t nsel = 0;
-    const char *only = getenv("VRPC_TEST_ONLY");
+    const char *only = getenv("VRPC_TEST_ONLY"), *skip = getenv("VRPC_TEST_SKIP");
     for (size_t i = 0; i < n; i++) {
-        bool take = !only;
-        for (const char *p = only; p && *p && !take;) {
-            const char *e = strchr(p, ',');
-            size_t l = e ? (size_t)(e - p) : strlen(p);
-            char part[64];
-            snprintf(part, sizeof(part), "%.*s", (int)l, p);
-            take = l && strstr(tests[i].name, part);
-            p = e ? e + 1 : p + l;
-        }
+        bool take = !only && !fx_name_in(tests[i].name, skip);
+        if (only)
+            take = fx_name_in(tests[i].name, only);
         if (take)
             sel[nsel++] = tests[i];
     }
