@@ -118,6 +118,16 @@ void vrpc_stream_fail(struct vrpc_stream *s, enum vrpc_code code, const char *wh
     vrpc_ch_complete(s->ch, s->slot, s->gen, false);
 }
 
+/* An API call is done sending (s->mu held): the release may be due. The
+ * stream's task releases an ended stream only once it has no users, so the
+ * last user to leave must kick it (the task may have run, and found users,
+ * while this one was sending). */
+static void leave_locked(struct vrpc_stream *s)
+{
+    if (--s->users == 0 && s->ended)
+        vrpc_stream_kick_locked(s, false);
+}
+
 bool vrpc_stream_window_locked(struct vrpc_stream *s, bool force)
 {
     uint32_t thresh = s->rx_window / 4 ? s->rx_window / 4 : 1;
@@ -134,15 +144,8 @@ bool vrpc_stream_window_locked(struct vrpc_stream *s, bool force)
     if (rc)
         vrpc_stream_fail(s, VRPC_UNAVAILABLE, "stream send failed (WINDOW)");
     pthread_mutex_lock(&s->mu);
-    s->users--;
+    leave_locked(s); /* a reader's thread may be the last user of an ended stream */
     return true;
-}
-
-/* An API call is done sending (s->mu held): the release may be due. */
-static void leave_locked(struct vrpc_stream *s)
-{
-    if (--s->users == 0 && s->ended)
-        vrpc_stream_kick_locked(s, false);
 }
 
 /* ---- start ------------------------------------------------------------------ */
