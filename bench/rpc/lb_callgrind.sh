@@ -12,6 +12,12 @@
 # call path itself, without the pollers' and workers' threads, whose counts
 # vary by a few hundred instructions per call from run to run with how often
 # they sleep).
+# With TOGGLE=vrpc_call it also prints the lb layer: the calling thread's
+# instructions outside vrpc_ch_call (the plain channel's call, where the
+# variation between runs is), per call, over the plain channel's own (the
+# argument check and dispatch): the policy's own cost, which repeats to the
+# instruction, as a share of a plain call. REPEAT=K measures everything K
+# times, alternating, and prints each figure's median.
 #   bench/rpc/lb_callgrind.sh BUILD_DIR [N] [BASE_BUILD_DIR]
 set -euo pipefail
 BUILD=${1:?usage: $0 BUILD_DIR [N] [BASE_BUILD_DIR]}
@@ -33,30 +39,59 @@ for i in 0 1 2; do
 done
 
 ir() { awk '/^(summary|totals):/ { print $2; exit }' "$1"; }
+# inclusive instructions of vrpc_ch_call (0 if it never ran)
+inner() { callgrind_annotate --inclusive=yes "$1" 2>/dev/null | awk '!f && /rpc\/call\.c:vrpc_ch_call( \[|$)/ { gsub(",", "", $1); v = $1; f = 1 } END { print f ? v : 0 }'; }
 
-measure() { # rpc_bench target [--lb policy] -> instructions per call
+LAYER=0
+measure() { # rpc_bench target [--lb policy] -> VAL: instructions per call, LAYER: outside vrpc_ch_call
     local rb=$1 target=$2 n
     shift 2
     for n in "$N" $((2 * N)); do
         valgrind --tool=callgrind --quiet --callgrind-out-file="$TMP/out.$n" ${TOGGLE:+--toggle-collect=$TOGGLE} \
             "$rb" --role client --connect "$target" --calls "$n" --size 32 --no-spin "$@" >/dev/null
     done
-    echo $((($(ir "$TMP/out.$((2 * N))") - $(ir "$TMP/out.$N")) / N))
+    local t1 t2
+    t1=$(ir "$TMP/out.$N") t2=$(ir "$TMP/out.$((2 * N))")
+    if [[ ${TOGGLE:-} == vrpc_call ]]; then
+        LAYER=$(((t2 - $(inner "$TMP/out.$((2 * N))") - t1 + $(inner "$TMP/out.$N")) / N))
+    fi
+    [[ -n ${LB_CG_DEBUG:-} ]] && echo "t1 $t1 t2 $t2 i1 $(inner "$TMP/out.$N") i2 $(inner "$TMP/out.$((2 * N))")" >&2
+    VAL=$(((t2 - t1) / N))
 }
+
+median() { tr ' ' '\n' | awk 'NF' | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
 
 A=${ADDR[0]}
 THREE="list://${ADDR[0]},${ADDR[1]},${ADDR[2]}"
-plain=$(measure "$RB" "$A")
-printf '%-34s %8s instructions per call\n' "plain $A" "$plain"
+REPEAT=${REPEAT:-1}
+NAMES=(plain base one round_robin least_outstanding ring_hash)
+declare -A ALL LAY
+for ((r = 0; r < REPEAT; r++)); do
+    for name in "${NAMES[@]}"; do
+        case $name in
+        plain) measure "$RB" "$A" ;;
+        base) [[ -n $BASE ]] || continue; measure "$BASE/bench/rpc/rpc_bench" "$A" ;;
+        one) measure "$RB" "list://$A" ;;
+        *) measure "$RB" "$THREE" --lb "$name" ;;
+        esac
+        ALL[$name]+="$VAL " LAY[$name]+="$LAYER "
+    done
+done
+med() { echo "${ALL[$1]}" | median; }
+lay() { echo "${LAY[$1]}" | median; }
+plain=$(med plain)
+[[ -n ${LB_CG_DEBUG:-} ]] && for k in "${!ALL[@]}"; do echo "$k: ${ALL[$k]}/ ${LAY[$k]}"; done
+printf '%-34s %8s instructions per call (median of %d)\n' "plain $A" "$plain" "$REPEAT"
 if [[ -n $BASE ]]; then
-    base=$(measure "$BASE/bench/rpc/rpc_bench" "$A")
-    printf '%-34s %8s (after/before %s)\n' "plain, before the change" "$base" \
-        "$(awk -v a="$plain" -v b="$base" 'BEGIN { printf "%.3f", a / b }')"
+    printf '%-34s %8s (after/before %s)\n' "plain, before the change" "$(med base)" "$(ratio "$plain" "$(med base)")"
 fi
-one=$(measure "$RB" "list://$A")
-printf '%-34s %8s (x%s of plain)\n' "list:// of 1" "$one" "$(awk -v a="$one" -v b="$plain" 'BEGIN { printf "%.3f", a / b }')"
-for pol in round_robin least_outstanding ring_hash; do
-    v=$(measure "$RB" "$THREE" --lb $pol)
-    printf '%-34s %8s (x%s of plain)\n' "list:// of 3, $pol" "$v" \
-        "$(awk -v a="$v" -v b="$plain" 'BEGIN { printf "%.3f", a / b }')"
+for name in one round_robin least_outstanding ring_hash; do
+    case $name in one) label="list:// of 1" ;; *) label="list:// of 3, $name" ;; esac
+    printf '%-34s %8s (x%s of plain)' "$label" "$(med $name)" "$(ratio "$(med $name)" "$plain")"
+    if [[ ${TOGGLE:-} == vrpc_call ]]; then
+        pol=$(($(lay $name) - $(lay plain)))
+        printf '  lb layer %4s instructions, %s%% of plain' "$pol" "$(awk -v a="$pol" -v b="$plain" 'BEGIN { printf "%.1f", 100 * a / b }')"
+    fi
+    echo
 done
