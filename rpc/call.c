@@ -612,8 +612,12 @@ static int start_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
     return 0;
 }
 
-int vrpc_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m, const ProtobufCMessage *req,
-              ProtobufCMessage **resp, const struct vrpc_call_opts *opts, struct vrpc_status *st)
+/* A synchronous call on a plain channel (arguments checked by vrpc_call;
+ * st may be NULL). Not inlined into vrpc_call: its frame (the local status)
+ * would make vrpc_call's tail calls into plain calls for every channel. */
+__attribute__((noinline)) int vrpc_ch_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
+                                           const ProtobufCMessage *req, ProtobufCMessage **resp,
+                                           const struct vrpc_call_opts *opts, struct vrpc_status *st)
 {
     struct vrpc_status local;
     struct vrpc_pending_slot *s;
@@ -621,12 +625,6 @@ int vrpc_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m, const P
 
     if (!st)
         st = &local;
-    if (!ch || !m || !req || !resp || req->descriptor != m->input) {
-        vrpc_status_set(st, VRPC_INVALID_ARGUMENT, "bad arguments to vrpc_call");
-        return VRPC_INVALID_ARGUMENT;
-    }
-    if (ch->lb)
-        return vrpc_lb_call(ch->lb, m, req, resp, opts, st);
     if (opts && opts->peer)
         vrpc_ch_copy_peer(ch, opts);
     code = start_call(ch, m, req, opts, NULL, NULL, st, &s);
@@ -660,6 +658,23 @@ int vrpc_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m, const P
     conn_unref(c); /* before owner_done, see async_done_task */
     vrpc_pending_owner_done(s, gen);
     return code;
+}
+
+static __attribute__((noinline, cold)) int bad_call_args(struct vrpc_status *st)
+{
+    if (st)
+        vrpc_status_set(st, VRPC_INVALID_ARGUMENT, "bad arguments to vrpc_call");
+    return VRPC_INVALID_ARGUMENT;
+}
+
+int vrpc_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m, const ProtobufCMessage *req,
+              ProtobufCMessage **resp, const struct vrpc_call_opts *opts, struct vrpc_status *st)
+{
+    if (!ch || !m || !req || !resp || req->descriptor != m->input)
+        return bad_call_args(st);
+    if (ch->lb) /* both tail calls */
+        return vrpc_lb_call(ch->lb, m, req, resp, opts, st);
+    return vrpc_ch_call(ch, m, req, resp, opts, st);
 }
 
 int vrpc_call_async(struct vrpc_channel *ch, const struct vrpc_method_desc *m, const ProtobufCMessage *req,

@@ -88,14 +88,6 @@ struct lb_set *lb_set_replace(struct vrpc_lb *lb, struct lb_set *set)
     return old;
 }
 
-void vrpc_lb_sub_put(struct vrpc_lb *lb, struct vrpc_subch *s)
-{
-    /* never the last reference here: the lb thread reaps removed
-     * subchannels (a channel must not be destroyed from its callbacks) */
-    if (__atomic_sub_fetch(&s->refs, 1, __ATOMIC_ACQ_REL) == 0)
-        vrpc_lb_kick(lb);
-}
-
 void vrpc_lb_kick(struct vrpc_lb *lb)
 {
     pthread_mutex_lock(&lb->mu);

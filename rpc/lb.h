@@ -57,7 +57,13 @@ struct lb_set {
     struct lb_point {
         uint64_t h;
         uint32_t sub;
-    } * ring; /* sorted by h */
+    } * ring; /* sorted by h; one allocation with bucket */
+    /* bucket[h >> bucket_shift]: the first ring index whose point is >= the
+     * bucket's lowest hash (nring if none), so that a lookup scans from
+     * there instead of a binary search (about one step: twice as many
+     * buckets as points) */
+    uint32_t *bucket;
+    unsigned bucket_shift;
 };
 
 struct lb_call; /* rpc/lb_call.c */
@@ -108,10 +114,16 @@ int vrpc_lb_connect(struct vrpc_lb *lb, int timeout_ms);
 /* The policy's choice (key: the call's hash key, if has_key) with a
  * reference, dropped by vrpc_lb_sub_put; NULL when no server is known. */
 struct vrpc_subch *vrpc_lb_sub_get(struct vrpc_lb *lb, bool has_key, uint64_t key);
-void vrpc_lb_sub_put(struct vrpc_lb *lb, struct vrpc_subch *s);
-void vrpc_lb_sub_free(struct vrpc_subch *s);
 /* Wake the channel's thread (new subchannels, a failure, a cancel). */
 void vrpc_lb_kick(struct vrpc_lb *lb);
+static inline void vrpc_lb_sub_put(struct vrpc_lb *lb, struct vrpc_subch *s)
+{
+    /* never the last reference here: the lb thread reaps removed
+     * subchannels (a channel must not be destroyed from its callbacks) */
+    if (__atomic_sub_fetch(&s->refs, 1, __ATOMIC_ACQ_REL) == 0)
+        vrpc_lb_kick(lb);
+}
+void vrpc_lb_sub_free(struct vrpc_subch *s);
 /* One of s's channels, READY ones first. */
 struct vrpc_channel *vrpc_lb_sub_channel_any(struct vrpc_subch *s);
 static inline struct vrpc_channel *vrpc_lb_sub_channel(struct vrpc_subch *s)
@@ -135,6 +147,9 @@ enum vrpc_channel_state vrpc_lb_sub_state(const struct vrpc_subch *s);
 
 /* A plain channel's URI into o->peer (rpc/call.c). */
 void vrpc_ch_copy_peer(const struct vrpc_channel *ch, const struct vrpc_call_opts *o);
+/* vrpc_call on a plain channel, arguments already checked (rpc/call.c). */
+int vrpc_ch_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m, const ProtobufCMessage *req,
+                 ProtobufCMessage **resp, const struct vrpc_call_opts *o, struct vrpc_status *st);
 
 /* ---- rpc/lb_pick.c ----------------------------------------------------------- */
 /* The policy's choice in set (under the read lock), or NULL if set is empty. */
@@ -155,8 +170,69 @@ static inline __attribute__((always_inline)) bool vrpc_lb_usable(const struct vr
     return vrpc_lb_sub_state(s) == VRPC_CHANNEL_READY;
 }
 
+/* Build set->ring and set->bucket from set->subs (-ENOMEM). */
+int vrpc_lb_ring_build(struct lb_set *set);
+/* The first ring index whose point is >= h; set->nring if none (the ring
+ * wraps to 0). set->nring > 0. */
+static inline size_t vrpc_lb_ring_find(const struct lb_set *set, uint64_t h)
+{
+    size_t i = set->bucket[h >> set->bucket_shift];
+    while (i < set->nring && set->ring[i].h < h)
+        i++;
+    return i;
+}
+/* A random number (xorshift64*, per thread; not for cryptography). */
+extern __thread uint64_t vrpc_lb_rand_x;
+uint64_t vrpc_lb_rand_seed(void);
+static inline uint64_t vrpc_lb_rand(void)
+{
+    uint64_t x = vrpc_lb_rand_x;
+    if (__builtin_expect(!x, 0))
+        x = vrpc_lb_rand_seed();
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    vrpc_lb_rand_x = x;
+    return x * 0x2545f4914f6cdd1dull;
+}
+
+/* Least outstanding's choice after drawing a and b (rpc/lb_pick.c). */
+struct vrpc_subch *vrpc_lb_pick_least_rest(const struct lb_set *set, size_t a, size_t b);
+/* Least outstanding (power of two choices): two distinct servers drawn at
+ * random, the one with fewer attempts in flight if both are usable. */
+static inline __attribute__((always_inline)) struct vrpc_subch *vrpc_lb_pick_least(const struct lb_set *set)
+{
+    size_t n = set->n;
+    uint64_t r = vrpc_lb_rand();
+    size_t a = r % n;
+    if (n > 1) {
+        size_t b = (a + 1 + (r >> 32) % (n - 1)) % n; /* != a */
+        struct vrpc_subch *x = set->subs[a], *y = set->subs[b];
+        if (vrpc_lb_usable(x) && vrpc_lb_usable(y))
+            return __atomic_load_n(&x->outstanding, __ATOMIC_RELAXED) <=
+                           __atomic_load_n(&y->outstanding, __ATOMIC_RELAXED)
+                       ? x
+                       : y;
+        return vrpc_lb_pick_least_rest(set, a, b);
+    }
+    return vrpc_lb_pick_least_rest(set, a, a);
+}
+
+/* Ring hash from ring index lo on, when the first point's owner is not usable. */
+struct vrpc_subch *vrpc_lb_pick_ring_from(const struct lb_set *set, size_t lo);
+/* Ring hash: the owner of the first point at or after the key's hash (a
+ * random one without a key), or the next ones round the ring (see
+ * vrpc_lb_pick_ring_from). */
+static inline __attribute__((always_inline)) struct vrpc_subch *vrpc_lb_pick_ring(const struct lb_set *set,
+                                                                                  bool has_key, uint64_t key)
+{
+    size_t lo = vrpc_lb_ring_find(set, has_key ? key : vrpc_lb_rand());
+    struct vrpc_subch *s = set->subs[set->ring[lo < set->nring ? lo : 0].sub];
+    return vrpc_lb_usable(s) ? s : vrpc_lb_pick_ring_from(set, lo);
+}
+
 /* vrpc_lb_sub_get for the calling thread's hot path: the common cases (one
- * server, usable; round robin's next one, usable) inline, the rest as
+ * server, usable; each policy's first choice, usable) inline, the rest as
  * vrpc_lb_pick. The same choices as vrpc_lb_sub_get. */
 static inline __attribute__((always_inline)) struct vrpc_subch *vrpc_lb_sub_get_fast(struct vrpc_lb *lb, bool has_key,
                                                                                      uint64_t key)
@@ -169,6 +245,10 @@ static inline __attribute__((always_inline)) struct vrpc_subch *vrpc_lb_sub_get_
         s = set->subs[0]; /* every policy's choice */
     else if (lb->o.lb_policy == VRPC_LB_ROUND_ROBIN)
         s = vrpc_lb_pick_rr(set, __atomic_fetch_add(&lb->rr, 1, __ATOMIC_RELAXED));
+    else if (lb->o.lb_policy == VRPC_LB_LEAST_OUTSTANDING)
+        s = vrpc_lb_pick_least(set);
+    else if (lb->o.lb_policy == VRPC_LB_RING_HASH)
+        s = vrpc_lb_pick_ring(set, has_key, key);
     else
         s = vrpc_lb_pick(lb, set, has_key, key);
     if (s)
@@ -176,8 +256,6 @@ static inline __attribute__((always_inline)) struct vrpc_subch *vrpc_lb_sub_get_
     lb_read_end(lb);
     return s;
 }
-/* Build set->ring from set->subs (-ENOMEM). */
-int vrpc_lb_ring_build(struct lb_set *set);
 uint64_t vrpc_lb_hash(const void *p, size_t len);
 /* An attempt on s ended with code: counters and outlier ejection. */
 void vrpc_lb_outcome_slow(struct vrpc_lb *lb, struct vrpc_subch *s, int code);
@@ -189,7 +267,6 @@ static inline void vrpc_lb_outcome(struct vrpc_lb *lb, struct vrpc_subch *s, int
         return;
     vrpc_lb_outcome_slow(lb, s, code);
 }
-uint64_t vrpc_lb_rand(void);
 
 /* ---- rpc/lb_call.c ----------------------------------------------------------- */
 int vrpc_lb_call(struct vrpc_lb *lb, const struct vrpc_method_desc *m, const ProtobufCMessage *req,

@@ -339,30 +339,14 @@ static __attribute__((noinline)) int sync_call(struct vrpc_lb *lb, const struct 
     return code;
 }
 
-int vrpc_lb_call(struct vrpc_lb *lb, const struct vrpc_method_desc *m, const ProtobufCMessage *req,
-                 ProtobufCMessage **resp, const struct vrpc_call_opts *o, struct vrpc_status *st)
+/* Everything but vrpc_lb_call's common case: options, no status, a failed
+ * first attempt (then first_code is its code and tr.attempts 1). */
+static __attribute__((noinline)) int lb_call_slow(struct vrpc_lb *lb, const struct vrpc_method_desc *m,
+                                                  const ProtobufCMessage *req, ProtobufCMessage **resp,
+                                                  const struct vrpc_call_opts *o, struct vrpc_status *st)
 {
     const struct vrpc_retry_policy *pol = lb->o.n_retry ? policy_of(lb, m) : NULL;
     int64_t deadline = lb_deadline(lb, o);
-    if (!o && st) {
-        /* the common call, no options (no id, key nor peer): its first
-         * attempt here, as sync_call's (sync_attempt without options) */
-        struct vrpc_subch *sub = vrpc_lb_sub_get_fast(lb, false, 0);
-        if (sub) {
-            __atomic_add_fetch(&sub->outstanding, 1, __ATOMIC_RELAXED);
-            int code = vrpc_call(vrpc_lb_sub_channel(sub), m, req, resp, NULL, st);
-            __atomic_sub_fetch(&sub->outstanding, 1, __ATOMIC_RELAXED);
-            vrpc_lb_outcome(lb, sub, code);
-            vrpc_lb_sub_put(lb, sub);
-            if (code == VRPC_OK) {
-                if (pol)
-                    budget_success(lb);
-                return code;
-            }
-            return sync_call(lb, m, req, resp, o, st, pol, deadline, false, 0, NULL, (struct lb_try){.attempts = 1},
-                             code);
-        }
-    }
     struct vrpc_status local;
     if (!st)
         st = &local;
@@ -378,6 +362,40 @@ int vrpc_lb_call(struct vrpc_lb *lb, const struct vrpc_method_desc *m, const Pro
     }
     copy_peer(o, "");
     return sync_call(lb, m, req, resp, o, st, pol, deadline, has_key, key, c, (struct lb_try){0}, 0);
+}
+
+/* The first attempt of a call without options failed with code: retry it
+ * as sync_call does (the deadline counts from here: the first attempt had
+ * the channel's default timeout on its own). */
+static __attribute__((noinline)) int lb_call_retry(struct vrpc_lb *lb, const struct vrpc_method_desc *m,
+                                                   const ProtobufCMessage *req, ProtobufCMessage **resp,
+                                                   struct vrpc_status *st, int64_t deadline, int code)
+{
+    const struct vrpc_retry_policy *pol = lb->o.n_retry ? policy_of(lb, m) : NULL;
+    return sync_call(lb, m, req, resp, NULL, st, pol, deadline, false, 0, NULL, (struct lb_try){.attempts = 1}, code);
+}
+
+int vrpc_lb_call(struct vrpc_lb *lb, const struct vrpc_method_desc *m, const ProtobufCMessage *req,
+                 ProtobufCMessage **resp, const struct vrpc_call_opts *o, struct vrpc_status *st)
+{
+    if (o || !st)
+        return lb_call_slow(lb, m, req, resp, o, st);
+    /* the common call, no options (no id, key nor peer): its first attempt
+     * here, as sync_call's (sync_attempt without options) */
+    int64_t deadline = lb_deadline(lb, NULL);
+    struct vrpc_subch *sub = vrpc_lb_sub_get_fast(lb, false, 0);
+    if (!sub)
+        return lb_call_slow(lb, m, req, resp, o, st);
+    __atomic_add_fetch(&sub->outstanding, 1, __ATOMIC_RELAXED);
+    int code = vrpc_ch_call(vrpc_lb_sub_channel(sub), m, req, resp, NULL, st);
+    __atomic_sub_fetch(&sub->outstanding, 1, __ATOMIC_RELAXED);
+    vrpc_lb_outcome(lb, sub, code);
+    vrpc_lb_sub_put(lb, sub);
+    if (code != VRPC_OK)
+        return lb_call_retry(lb, m, req, resp, st, deadline, code);
+    if (lb->o.n_retry && policy_of(lb, m))
+        budget_success(lb);
+    return code;
 }
 
 /* ---- asynchronous calls ------------------------------------------------------------------ */

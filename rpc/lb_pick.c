@@ -8,15 +8,14 @@
 #include "rpc/channel_internal.h"
 #include "rpc/lb.h"
 
-uint64_t vrpc_lb_rand(void)
+__thread uint64_t vrpc_lb_rand_x;
+
+uint64_t vrpc_lb_rand_seed(void)
 {
-    static __thread uint64_t x;
-    if (!x)
-        x = (uint64_t)(uintptr_t)&x ^ (uint64_t)vrpc_now_ns() ^ 0x9e3779b97f4a7c15ull;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    return x * 0x2545f4914f6cdd1dull;
+    vrpc_lb_rand_x = (uint64_t)(uintptr_t)&vrpc_lb_rand_x ^ (uint64_t)vrpc_now_ns() ^ 0x9e3779b97f4a7c15ull;
+    if (!vrpc_lb_rand_x)
+        vrpc_lb_rand_x = 0x9e3779b97f4a7c15ull;
+    return vrpc_lb_rand_x;
 }
 
 /* FNV-1a 64, then a mixer (splitmix64's finaliser) so that nearby keys
@@ -47,8 +46,14 @@ int vrpc_lb_ring_build(struct lb_set *set)
     set->nring = set->n * VRPC_LB_RING_POINTS;
     if (!set->nring)
         return 0;
-    if (!(set->ring = malloc(set->nring * sizeof(*set->ring))))
+    unsigned bits = 1;
+    while (bits < 16 && (1ull << bits) < 2 * set->nring)
+        bits++;
+    size_t nb = (size_t)1 << bits;
+    if (!(set->ring = malloc(set->nring * sizeof(*set->ring) + nb * sizeof(*set->bucket))))
         return -ENOMEM;
+    set->bucket = (uint32_t *)(set->ring + set->nring);
+    set->bucket_shift = 64 - bits;
     for (size_t i = 0; i < set->n; i++) {
         for (unsigned k = 0; k < VRPC_LB_RING_POINTS; k++) {
             char key[VRPC_LB_URI_MAX + 16];
@@ -57,6 +62,13 @@ int vrpc_lb_ring_build(struct lb_set *set)
         }
     }
     qsort(set->ring, set->nring, sizeof(*set->ring), point_cmp);
+    size_t j = 0;
+    for (size_t b = 0; b < nb; b++) {
+        uint64_t lo = (uint64_t)b << set->bucket_shift;
+        while (j < set->nring && set->ring[j].h < lo)
+            j++;
+        set->bucket[b] = (uint32_t)j;
+    }
     return 0;
 }
 
@@ -108,15 +120,12 @@ struct vrpc_subch *vrpc_lb_pick_rr(const struct lb_set *set, uint32_t turn)
     return pick_scan(set, turn % set->n); /* the states changed meanwhile */
 }
 
-/* Power of two choices on outstanding calls. */
-static struct vrpc_subch *pick_least(const struct lb_set *set)
+/* Power of two choices on outstanding calls: a and b (!= a) drawn; the
+ * case where both are usable is vrpc_lb_pick_least's, inline. */
+struct vrpc_subch *vrpc_lb_pick_least_rest(const struct lb_set *set, size_t a, size_t b)
 {
-    size_t n = set->n;
-    uint64_t r = vrpc_lb_rand();
-    size_t a = r % n;
-    if (n == 1)
+    if (set->n == 1)
         return pick_scan(set, 0);
-    size_t b = (a + 1 + (r >> 32) % (n - 1)) % n; /* != a */
     struct vrpc_subch *x = set->subs[a], *y = set->subs[b];
     bool ux = vrpc_lb_usable(x), uy = vrpc_lb_usable(y);
     if (ux && uy)
@@ -130,20 +139,12 @@ static struct vrpc_subch *pick_least(const struct lb_set *set)
     return pick_scan(set, a);
 }
 
-static struct vrpc_subch *pick_ring(const struct lb_set *set, bool has_key, uint64_t key)
+/* Ring hash from the first point at or after the key's (lo): the key's
+ * owner, or past it only while it is down (back-off, ejected, NOT_SERVING):
+ * one still connecting gets the call, which waits for the connect, so that
+ * keys do not move while a channel starts up. */
+struct vrpc_subch *vrpc_lb_pick_ring_from(const struct lb_set *set, size_t lo)
 {
-    uint64_t h = has_key ? key : vrpc_lb_rand();
-    size_t lo = 0, hi = set->nring; /* the first point >= h, wrapping */
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (set->ring[mid].h < h)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    /* the key's owner, or past it only while it is down (back-off, ejected,
-     * NOT_SERVING): one still connecting gets the call, which waits for the
-     * connect, so that keys do not move while a channel starts up */
     for (size_t i = 0; i < set->nring; i++) {
         struct vrpc_subch *s = set->subs[set->ring[(lo + i) % set->nring].sub];
         if (vrpc_lb_usable(s))
@@ -167,9 +168,9 @@ struct vrpc_subch *vrpc_lb_pick(struct vrpc_lb *lb, const struct lb_set *set, bo
     case VRPC_LB_PICK_FIRST:
         return pick_scan(set, 0);
     case VRPC_LB_LEAST_OUTSTANDING:
-        return pick_least(set);
+        return vrpc_lb_pick_least(set);
     case VRPC_LB_RING_HASH:
-        return pick_ring(set, has_key, key);
+        return vrpc_lb_pick_ring(set, has_key, key);
     default:
         return vrpc_lb_pick_rr(set, __atomic_fetch_add(&lb->rr, 1, __ATOMIC_RELAXED));
     }
