@@ -182,7 +182,8 @@ static inline size_t vrpc_lb_ring_find(const struct lb_set *set, uint64_t h)
     return i;
 }
 /* A random number (xorshift64*, per thread; not for cryptography). */
-extern __thread uint64_t vrpc_lb_rand_x;
+/* initial-exec: no __tls_get_addr call from the (PIC) library, as tls_worker in sched/sched.c */
+extern __thread uint64_t vrpc_lb_rand_x __attribute__((tls_model("initial-exec")));
 uint64_t vrpc_lb_rand_seed(void);
 static inline uint64_t vrpc_lb_rand(void)
 {

@@ -8,7 +8,7 @@
 #include "rpc/channel_internal.h"
 #include "rpc/lb.h"
 
-__thread uint64_t vrpc_lb_rand_x;
+__thread uint64_t vrpc_lb_rand_x __attribute__((tls_model("initial-exec")));
 
 uint64_t vrpc_lb_rand_seed(void)
 {
