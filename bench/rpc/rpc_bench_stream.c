@@ -45,6 +45,7 @@ static struct {
     unsigned duration_ms, rounds;
     uint32_t window;
     bool no_grpc;
+    const char *only; /* run the cases whose name contains it (and their sizes' baselines) */
 } g = {.backend = "tcp", .server_ip = "127.0.0.1", .duration_ms = 1000, .rounds = 3};
 
 static uint8_t g_payload[4096];
@@ -402,6 +403,16 @@ static const char *const case_names[C_N] = {"oneway_sync_s1", "oneway_s1", "onew
 static const enum shape case_shape[C_N] = {ONEWAY_SYNC, ONEWAY, ONEWAY, BIDI, BIDI};
 static const unsigned case_streams[C_N] = {1, 1, 16, 1, 16};
 
+/* --only: the case's name as its report names it, "oneway_s1_32B". */
+static bool case_selected(int c, unsigned size)
+{
+    char name[64];
+    if (!g.only)
+        return true;
+    snprintf(name, sizeof(name), "%s_%uB", case_names[c], size);
+    return strstr(name, g.only) != NULL;
+}
+
 struct round {
     double tp[2];       /* [size] */
     double v[2][C_N];   /* [size][case] */
@@ -439,11 +450,18 @@ static void one_round(const char *uri, unsigned round, struct round *r)
     static const unsigned sizes[2] = {32, 4096};
     char name[96], extra[160];
     for (int si = 0; si < 2; si++) {
+        bool any = false;
+        for (int c = 0; c < C_N; c++)
+            any |= case_selected(c, sizes[si]);
+        if (!any)
+            continue;
         r->tp[si] = vrpc_bench_tp_rate(g.backend, g.server_ip, g.client_ip, sizes[si], g.duration_ms / 1000.0);
         snprintf(name, sizeof(name), "baseline:transport_%s_oneway_%uB", g.backend, sizes[si]);
         snprintf(extra, sizeof(extra), "\"backend\":\"%s\",\"payload\":%u,\"round\":%u", g.backend, sizes[si], round);
         vrpc_bench_report(&g.bo, name, r->tp[si], VRPC_BENCH_NONE, VRPC_BENCH_NONE, extra);
         for (int c = 0; c < C_N; c++) {
+            if (!case_selected(c, sizes[si]))
+                continue;
             r->v[si][c] = stream_case(uri, case_shape[c], sizes[si], case_streams[c]);
             snprintf(name, sizeof(name), "rpc:stream_%s_%uB", case_names[c], sizes[si]);
             snprintf(extra, sizeof(extra), "\"backend\":\"%s\",\"payload\":%u,\"streams\":%u,\"round\":%u", g.backend,
@@ -451,7 +469,8 @@ static void one_round(const char *uri, unsigned round, struct round *r)
             vrpc_bench_report(&g.bo, name, r->v[si][c], VRPC_BENCH_NONE, VRPC_BENCH_NONE, extra);
         }
     }
-    run_grpc(&r->gr);
+    if (!g.only)
+        run_grpc(&r->gr);
     for (int sh = 0; sh < 2 && r->gr.have; sh++)
         for (int si = 0; si < 2; si++)
             for (int ni = 0; ni < 2; ni++) {
@@ -469,16 +488,21 @@ static void summarise(struct round *r, unsigned n)
     double v[ROUNDS_MAX];
     char name[96];
     for (int si = 0; si < 2; si++) {
-        /* one stream against the transport: the better of sync and async reads */
-        for (unsigned k = 0; k < n; k++)
-            v[k] =
-                (r[k].v[si][C_SYNC1] > r[k].v[si][C_ASYNC1] ? r[k].v[si][C_SYNC1] : r[k].v[si][C_ASYNC1]) / r[k].tp[si];
-        snprintf(name, sizeof(name), "ratio:stream_s1_vs_transport_%uB", sizes[si]);
-        report_ratio(name, v, n, 0.8);
-        for (unsigned k = 0; k < n; k++)
-            v[k] = r[k].v[si][C_ASYNC16] / r[k].tp[si];
-        snprintf(name, sizeof(name), "ratio:stream_s16_vs_transport_%uB", sizes[si]);
-        report_ratio(name, v, n, 0.8);
+        /* one stream against the transport: the better of sync and async reads
+         * (of those run; an unselected case's rate stays 0) */
+        if (case_selected(C_SYNC1, sizes[si]) || case_selected(C_ASYNC1, sizes[si])) {
+            for (unsigned k = 0; k < n; k++)
+                v[k] = (r[k].v[si][C_SYNC1] > r[k].v[si][C_ASYNC1] ? r[k].v[si][C_SYNC1] : r[k].v[si][C_ASYNC1]) /
+                       r[k].tp[si];
+            snprintf(name, sizeof(name), "ratio:stream_s1_vs_transport_%uB", sizes[si]);
+            report_ratio(name, v, n, 0.8);
+        }
+        if (case_selected(C_ASYNC16, sizes[si])) {
+            for (unsigned k = 0; k < n; k++)
+                v[k] = r[k].v[si][C_ASYNC16] / r[k].tp[si];
+            snprintf(name, sizeof(name), "ratio:stream_s16_vs_transport_%uB", sizes[si]);
+            report_ratio(name, v, n, 0.8);
+        }
         if (!r[0].gr.have)
             continue;
         static const struct {
@@ -497,7 +521,7 @@ static void summarise(struct round *r, unsigned n)
             report_ratio(name, v, m, 5.0);
         }
     }
-    if (!r[0].gr.have && !g.bo.json)
+    if (!r[0].gr.have && !g.bo.json && !g.only)
         printf("(gRPC streaming baseline not run: grpc_stream_bench is built with libgrpc++-dev and\n"
                " protobuf-compiler-grpc, scripts/install-deps.sh --bench; or --no-grpc was given)\n");
 }
@@ -506,11 +530,14 @@ static void usage(FILE *f, const char *argv0)
 {
     fprintf(f,
             "usage: %s [--json] [--quick] [--backend tcp|verbs] [--server-ip IP] [--client-ip IP]\n"
-            "          [--duration-ms N] [--rounds N] [--window N] [--no-grpc]\n"
+            "          [--duration-ms N] [--rounds N] [--window N] [--no-grpc] [--only SUBSTRING]\n"
             "  verbrpc streaming message rates (one-way server streaming on 1 and 16 streams,\n"
             "  bidi echo) against the transport's one-way rate and gRPC C++ streaming,\n"
             "  measured in the same run, rounds alternating; targets on the median ratios\n"
-            "  (>= 0.8 of the transport on one stream, >= 5x gRPC).\n",
+            "  (>= 0.8 of the transport on one stream, >= 5x gRPC).\n"
+            "  --only: the cases whose name (oneway_sync_s1, oneway_s1, oneway_s16, bidi_s1,\n"
+            "  bidi_s16, then _32B or _4096B) contains SUBSTRING, with their sizes' transport\n"
+            "  baselines; gRPC is not run.\n",
             argv0);
 }
 
@@ -534,6 +561,8 @@ int main(int argc, char **argv)
             g.duration_ms = (unsigned)atoi(argv[++i]);
         else if (!strcmp(a, "--rounds") && v)
             g.rounds = (unsigned)atoi(argv[++i]);
+        else if (!strcmp(a, "--only") && v)
+            g.only = argv[++i];
         else if (!strcmp(a, "--window") && v)
             g.window = (uint32_t)atoi(argv[++i]);
         else {
