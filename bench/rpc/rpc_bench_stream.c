@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/resource.h>
 #include <verbrpc/rpc.h>
 #include <verbrpc/stream.h>
 #include <verbrpc/transport.h>
@@ -298,7 +299,16 @@ static struct vrpc_channel *channel_open(const char *uri)
 
 /* One measurement: messages per second read by the client, on a channel
  * (connection) of its own, so that no case inherits another's state. */
-static double stream_case(const char *uri, enum shape shape, size_t size, unsigned nstreams)
+/* Context switches of the whole process (client and server), voluntary and
+ * not: per message, beside each case's rate. */
+static long ctx_switches(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_nvcsw + ru.ru_nivcsw;
+}
+
+static double stream_case(const char *uri, enum shape shape, size_t size, unsigned nstreams, double *cs_per_msg)
 {
     struct vrpc_channel *ch = channel_open(uri);
     struct vrpc_stream *s[STREAMS_MAX];
@@ -330,10 +340,13 @@ static double stream_case(const char *uri, enum shape shape, size_t size, unsign
     }
     usleep(100000); /* warm up */
     unsigned long r0 = __atomic_load_n(&g_reads, __ATOMIC_RELAXED);
+    long cs0 = ctx_switches();
     uint64_t t0 = vrpc_bench_now_ns();
     usleep(g.duration_ms * 1000u);
     unsigned long r1 = __atomic_load_n(&g_reads, __ATOMIC_RELAXED);
     uint64_t t1 = vrpc_bench_now_ns();
+    long cs1 = ctx_switches();
+    *cs_per_msg = r1 > r0 ? (double)(cs1 - cs0) / (double)(r1 - r0) : 0;
     rd.stop = true;
     bw.stop = true;
     for (unsigned i = 0; i < nstreams; i++)
@@ -448,7 +461,7 @@ static void report_ratio(const char *name, double *per_round, unsigned n, double
 static void one_round(const char *uri, unsigned round, struct round *r)
 {
     static const unsigned sizes[2] = {32, 4096};
-    char name[96], extra[160];
+    char name[96], extra[192];
     for (int si = 0; si < 2; si++) {
         bool any = false;
         for (int c = 0; c < C_N; c++)
@@ -462,10 +475,12 @@ static void one_round(const char *uri, unsigned round, struct round *r)
         for (int c = 0; c < C_N; c++) {
             if (!case_selected(c, sizes[si]))
                 continue;
-            r->v[si][c] = stream_case(uri, case_shape[c], sizes[si], case_streams[c]);
+            double cs;
+            r->v[si][c] = stream_case(uri, case_shape[c], sizes[si], case_streams[c], &cs);
             snprintf(name, sizeof(name), "rpc:stream_%s_%uB", case_names[c], sizes[si]);
-            snprintf(extra, sizeof(extra), "\"backend\":\"%s\",\"payload\":%u,\"streams\":%u,\"round\":%u", g.backend,
-                     sizes[si], case_streams[c], round);
+            snprintf(extra, sizeof(extra),
+                     "\"backend\":\"%s\",\"payload\":%u,\"streams\":%u,\"round\":%u,\"cs_per_msg\":%.3f", g.backend,
+                     sizes[si], case_streams[c], round, cs);
             vrpc_bench_report(&g.bo, name, r->v[si][c], VRPC_BENCH_NONE, VRPC_BENCH_NONE, extra);
         }
     }
