@@ -46,6 +46,8 @@ static struct {
     unsigned duration_ms, rounds;
     uint32_t window;
     bool no_grpc;
+    bool no_spin;     /* channel and server never busy-wait (callgrind: spinning is not work) */
+    bool no_baseline; /* skip the transport's rate (callgrind: only the streams' instructions) */
     const char *only; /* run the cases whose name contains it (and their sizes' baselines) */
 } g = {.backend = "tcp", .server_ip = "127.0.0.1", .duration_ms = 1000, .rounds = 3};
 
@@ -185,6 +187,7 @@ static struct vrpc_server *server_start(char *uri, size_t len)
     bool v6 = strchr(g.server_ip, ':') != NULL;
     vrpc_server_opts_init(&o);
     o.stream_window = g.window;
+    o.no_spin = g.no_spin;
     snprintf(listen, sizeof(listen), "%s://%s%s%s:0", g.backend, v6 ? "[" : "", g.server_ip, v6 ? "]" : "");
     if ((rc = vrpc_server_create(&o, &s)) || (rc = vrpc_server_register_stream(s, &m_sstream, &g_ops, NULL)) ||
         (rc = vrpc_server_register_stream(s, &m_bidi, &g_ops, NULL)) || (rc = vrpc_server_start(s, listen)) ||
@@ -290,6 +293,7 @@ static struct vrpc_channel *channel_open(const char *uri)
     vrpc_channel_opts_init(&co);
     co.src_addr = g.client_ip;
     co.stream_window = g.window;
+    co.no_spin = g.no_spin;
     if (vrpc_channel_create(uri, &co, &ch) || vrpc_channel_connect(ch, 10000)) {
         fprintf(stderr, "rpc_bench_stream: cannot connect to %s\n", uri);
         exit(1);
@@ -468,10 +472,13 @@ static void one_round(const char *uri, unsigned round, struct round *r)
             any |= case_selected(c, sizes[si]);
         if (!any)
             continue;
-        r->tp[si] = vrpc_bench_tp_rate(g.backend, g.server_ip, g.client_ip, sizes[si], g.duration_ms / 1000.0);
+        r->tp[si] = g.no_baseline
+                        ? VRPC_BENCH_NONE
+                        : vrpc_bench_tp_rate(g.backend, g.server_ip, g.client_ip, sizes[si], g.duration_ms / 1000.0);
         snprintf(name, sizeof(name), "baseline:transport_%s_oneway_%uB", g.backend, sizes[si]);
         snprintf(extra, sizeof(extra), "\"backend\":\"%s\",\"payload\":%u,\"round\":%u", g.backend, sizes[si], round);
-        vrpc_bench_report(&g.bo, name, r->tp[si], VRPC_BENCH_NONE, VRPC_BENCH_NONE, extra);
+        if (!g.no_baseline)
+            vrpc_bench_report(&g.bo, name, r->tp[si], VRPC_BENCH_NONE, VRPC_BENCH_NONE, extra);
         for (int c = 0; c < C_N; c++) {
             if (!case_selected(c, sizes[si]))
                 continue;
@@ -546,13 +553,15 @@ static void usage(FILE *f, const char *argv0)
     fprintf(f,
             "usage: %s [--json] [--quick] [--backend tcp|verbs] [--server-ip IP] [--client-ip IP]\n"
             "          [--duration-ms N] [--rounds N] [--window N] [--no-grpc] [--only SUBSTRING]\n"
+            "          [--no-spin] [--no-baseline]\n"
             "  verbrpc streaming message rates (one-way server streaming on 1 and 16 streams,\n"
             "  bidi echo) against the transport's one-way rate and gRPC C++ streaming,\n"
             "  measured in the same run, rounds alternating; targets on the median ratios\n"
             "  (>= 0.8 of the transport on one stream, >= 5x gRPC).\n"
             "  --only: the cases whose name (oneway_sync_s1, oneway_s1, oneway_s16, bidi_s1,\n"
             "  bidi_s16, then _32B or _4096B) contains SUBSTRING, with their sizes' transport\n"
-            "  baselines; gRPC is not run.\n",
+            "  baselines; gRPC is not run. --no-spin: nothing busy-waits (for callgrind);\n"
+            "  --no-baseline: no transport rate and no ratios.\n",
             argv0);
 }
 
@@ -576,6 +585,10 @@ int main(int argc, char **argv)
             g.duration_ms = (unsigned)atoi(argv[++i]);
         else if (!strcmp(a, "--rounds") && v)
             g.rounds = (unsigned)atoi(argv[++i]);
+        else if (!strcmp(a, "--no-spin"))
+            g.no_spin = true;
+        else if (!strcmp(a, "--no-baseline"))
+            g.no_baseline = true;
         else if (!strcmp(a, "--only") && v)
             g.only = argv[++i];
         else if (!strcmp(a, "--window") && v)
@@ -605,7 +618,10 @@ int main(int argc, char **argv)
     static struct round r[ROUNDS_MAX];
     for (unsigned k = 0; k < g.rounds; k++)
         one_round(uri, k, &r[k]);
-    summarise(r, g.rounds);
+    if (!g.no_baseline)
+        summarise(r, g.rounds);
+    else if (!g.bo.json) /* callgrind: instructions over messages, warm-up and teardown included */
+        printf("# messages read in all: %lu\n", __atomic_load_n(&g_reads, __ATOMIC_RELAXED));
     server_destroy(srv);
     return 0;
 }
