@@ -465,6 +465,8 @@ static void rd_flush_locked(struct vrpc_stream *s)
         vrpc_stream_kick_locked(s, false);
 }
 
+#define SPIN_CHECK 64
+
 /* Before sleeping for more, the reader watches rx_seq for the latency
  * mode's fixed window (the synchronous caller's, vrpc_pending.spin_ns; none
  * with no_spin, or on the CPU of a pinned poller, as vrpc_pending_wait):
@@ -475,17 +477,16 @@ static void rd_flush_locked(struct vrpc_stream *s)
  * halved the rate on 2 loaded CPUs (rpc_bench_stream oneway_sync_s1_32B,
  * 0.12 of the transport against 0.24 without spinning and 0.50 yielding;
  * with idle CPUs a yield returns at once). True if something came. */
-#define RD_SPIN_CHECK 64
-static bool rd_spin(struct vrpc_stream *s)
+bool vrpc_stream_spin(const struct vrpc_stream *s, uint32_t seq)
 {
     if (!s->rd_spin_ns || (s->rd_poller_cpu >= 0 && sched_getcpu() == s->rd_poller_cpu))
         return false;
     int64_t t0 = vrpc_clock_mono_ns();
     for (uint32_t i = 1;; i++) {
-        if (__atomic_load_n(&s->rx_seq, __ATOMIC_ACQUIRE) != s->rd_seq)
+        if (__atomic_load_n(&s->rx_seq, __ATOMIC_ACQUIRE) != seq)
             return true;
         __builtin_ia32_pause();
-        if (i % RD_SPIN_CHECK == 0) {
+        if (i % SPIN_CHECK == 0) {
             if ((uint64_t)(vrpc_clock_mono_ns() - t0) >= s->rd_spin_ns)
                 return false;
             sched_yield();
@@ -509,7 +510,7 @@ int vrpc_stream_read(struct vrpc_stream *s, ProtobufCMessage **msg)
         if (!s->rx.head && !s->ended) {
             s->rd_seq = s->rx_seq;
             pthread_mutex_unlock(&s->mu);
-            rd_spin(s);
+            vrpc_stream_spin(s, s->rd_seq);
             pthread_mutex_lock(&s->mu);
         }
         while (!s->rx.head && !s->ended)

@@ -78,8 +78,9 @@ struct vrpc_stream {
     struct smq rx_hold;     /* received behind a large MESSAGE being read */
     bool large_busy;        /* a large MESSAGE is being read (rpc/stream_large.c) */
     struct smsg *spare;     /* free nodes */
-    uint32_t rx_seq;        /* bumped (atomically, under mu) when rx grows or the stream
-                               ends: a spinning reader watches it without the lock */
+    uint32_t rx_seq;        /* bumped (atomically, under mu) when rx grows, the stream
+                               ends or a kick finds the task scheduled: a spinning
+                               reader or lingering task watches it without the lock */
     uint32_t rx_window;     /* ours (the HELLO's stream_window) */
     uint64_t rx_allowed;    /* MESSAGEs the server may send: window + returned */
     uint64_t rx_got;        /* MESSAGEs received */
@@ -183,6 +184,11 @@ struct smsg *vrpc_stream_node_locked(struct vrpc_stream *s, uint32_t len);
 /* Unpack a node into the stream's arena (reset first) as type d. */
 int vrpc_stream_unpack(struct vrpc_stream *s, const ProtobufCMessageDescriptor *d, const struct smsg *n,
                        ProtobufCMessage **out);
+
+/* Watch s->rx_seq (no lock held) until it differs from seq (true) or the
+ * latency mode's window passed (false; at once with no_spin or on the
+ * pinned poller's CPU), yielding between looks (rpc/stream.c). */
+bool vrpc_stream_spin(const struct vrpc_stream *s, uint32_t seq);
 
 /* True on the thread running one of s's callbacks. */
 bool vrpc_stream_in_callback(const struct vrpc_stream *s);

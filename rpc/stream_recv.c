@@ -242,8 +242,11 @@ static void stream_task(struct vrpc_task *t);
 
 void vrpc_stream_kick_locked(struct vrpc_stream *s, bool on_poller)
 {
-    if (s->task_sched || s->rel_done)
+    if (s->task_sched || s->rel_done) {
+        if (s->task_sched) /* a lingering task (linger_locked) looks again */
+            __atomic_store_n(&s->rx_seq, s->rx_seq + 1, __ATOMIC_RELEASE);
         return;
+    }
     s->task_sched = true;
     vrpc_task_init(&s->task, stream_task);
     int rc = on_poller ? vrpc_sched_producer_submit(s->ch->prod, &s->task) : vrpc_sched_submit(s->ch->sched, &s->task);
@@ -388,13 +391,32 @@ static bool release_locked(struct vrpc_stream *s)
     return true;
 }
 
+/* A task of a stream that reads through callbacks stays a while (the
+ * latency mode's window, vrpc_stream_spin; s->mu dropped meanwhile) for the
+ * next message before it ends: the poller then only appends (the task is
+ * scheduled, no submit) and its worker is not put to sleep and woken once
+ * per message. Any kick meanwhile (a message, an async write, WINDOW, the
+ * end) bumps rx_seq, so nothing waits for the spin to run out. True if
+ * something came. */
+static bool linger_locked(struct vrpc_stream *s)
+{
+    if (!s->has_cbs || !s->cbs.on_read || s->ended || s->free_on_return || s->rx.head ||
+        s->m->kind == VRPC_METHOD_CLIENT_STREAMING)
+        return false;
+    uint32_t seq = s->rx_seq;
+    pthread_mutex_unlock(&s->mu);
+    vrpc_stream_spin(s, seq);
+    pthread_mutex_lock(&s->mu);
+    return s->rx_seq != seq; /* under the lock: a kick just after the spin is seen */
+}
+
 static void stream_task(struct vrpc_task *t)
 {
     struct vrpc_stream *s = container_of(t, struct vrpc_stream, task);
     pthread_mutex_lock(&s->mu);
     for (;;) {
         if (deliver_locked(s) || tx_one_locked(s) || vrpc_stream_window_locked(s, s->draining) || done_locked(s) ||
-            release_locked(s))
+            release_locked(s) || linger_locked(s))
             continue;
         break;
     }
