@@ -477,9 +477,10 @@ static void rd_flush_locked(struct vrpc_stream *s)
  * halved the rate on 2 loaded CPUs (rpc_bench_stream oneway_sync_s1_32B,
  * 0.12 of the transport against 0.24 without spinning and 0.50 yielding;
  * with idle CPUs a yield returns at once). True if something came. */
-bool vrpc_stream_spin(const struct vrpc_stream *s, uint32_t seq)
+bool vrpc_stream_spin(const struct vrpc_stream *s, uint32_t seq, uint64_t max_ns)
 {
-    if (!s->rd_spin_ns || (s->rd_poller_cpu >= 0 && sched_getcpu() == s->rd_poller_cpu))
+    uint64_t win = s->rd_spin_ns < max_ns ? s->rd_spin_ns : max_ns;
+    if (!win || (s->rd_poller_cpu >= 0 && sched_getcpu() == s->rd_poller_cpu))
         return false;
     int64_t t0 = vrpc_clock_mono_ns();
     for (uint32_t i = 1;; i++) {
@@ -487,7 +488,7 @@ bool vrpc_stream_spin(const struct vrpc_stream *s, uint32_t seq)
             return true;
         __builtin_ia32_pause();
         if (i % SPIN_CHECK == 0) {
-            if ((uint64_t)(vrpc_clock_mono_ns() - t0) >= s->rd_spin_ns)
+            if ((uint64_t)(vrpc_clock_mono_ns() - t0) >= win)
                 return false;
             sched_yield();
         }
@@ -510,7 +511,7 @@ int vrpc_stream_read(struct vrpc_stream *s, ProtobufCMessage **msg)
         if (!s->rx.head && !s->ended) {
             s->rd_seq = s->rx_seq;
             pthread_mutex_unlock(&s->mu);
-            vrpc_stream_spin(s, s->rd_seq);
+            vrpc_stream_spin(s, s->rd_seq, UINT64_MAX); /* its own thread */
             pthread_mutex_lock(&s->mu);
         }
         while (!s->rx.head && !s->ended)

@@ -186,9 +186,10 @@ int vrpc_stream_unpack(struct vrpc_stream *s, const ProtobufCMessageDescriptor *
                        ProtobufCMessage **out);
 
 /* Watch s->rx_seq (no lock held) until it differs from seq (true) or the
- * latency mode's window passed (false; at once with no_spin or on the
- * pinned poller's CPU), yielding between looks (rpc/stream.c). */
-bool vrpc_stream_spin(const struct vrpc_stream *s, uint32_t seq);
+ * latency mode's window (at most max_ns) passed (false; at once with
+ * no_spin or on the pinned poller's CPU), yielding between looks
+ * (rpc/stream.c). */
+bool vrpc_stream_spin(const struct vrpc_stream *s, uint32_t seq, uint64_t max_ns);
 
 /* True on the thread running one of s's callbacks. */
 bool vrpc_stream_in_callback(const struct vrpc_stream *s);

@@ -392,7 +392,10 @@ static bool release_locked(struct vrpc_stream *s)
 }
 
 /* A task of a stream that reads through callbacks stays a while (the
- * latency mode's window, vrpc_stream_spin; s->mu dropped meanwhile) for the
+ * latency mode's window, vrpc_stream_spin, but never longer than the
+ * adaptive mode's floor: it holds a worker, and with VRPC_SPIN_ALWAYS two
+ * idle streams would otherwise keep two workers for ever; s->mu dropped
+ * meanwhile) for the
  * next message before it ends: the poller then only appends (the task is
  * scheduled, no submit) and its worker is not put to sleep and woken once
  * per message. Any kick meanwhile (a message, an async write, WINDOW, the
@@ -405,7 +408,7 @@ static bool linger_locked(struct vrpc_stream *s)
         return false;
     uint32_t seq = s->rx_seq;
     pthread_mutex_unlock(&s->mu);
-    vrpc_stream_spin(s, seq);
+    vrpc_stream_spin(s, seq, (uint64_t)VRPC_RPC_BUSY_POLL_US * 1000u);
     pthread_mutex_lock(&s->mu);
     return s->rx_seq != seq; /* under the lock: a kick just after the spin is seen */
 }
