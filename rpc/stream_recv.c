@@ -274,7 +274,8 @@ static void delivered_locked(struct vrpc_stream *s, struct smq *used)
  * twice per message. Every quarter window the consumed ones go back (and
  * window with them), so a long batch does not stall the server. A
  * callback that destroys the stream (free_on_return, set by this thread)
- * stops the delivery; the rest is freed with the stream. */
+ * stops the delivery; the rest goes to the spare list, freed with the
+ * stream. */
 static bool deliver_locked(struct vrpc_stream *s)
 {
     if (!s->has_cbs || s->free_on_return || !s->cbs.on_read || !s->rx.head ||
@@ -391,15 +392,14 @@ static bool release_locked(struct vrpc_stream *s)
     return true;
 }
 
-/* A task of a stream that reads through callbacks stays a while (the
- * latency mode's window, vrpc_stream_spin, but never longer than the
- * adaptive mode's floor: it holds a worker, and with VRPC_SPIN_ALWAYS two
- * idle streams would otherwise keep two workers for ever; s->mu dropped
- * meanwhile) for the
- * next message before it ends: the poller then only appends (the task is
- * scheduled, no submit) and its worker is not put to sleep and woken once
- * per message. Any kick meanwhile (a message, an async write, WINDOW, the
- * end) bumps rx_seq, so nothing waits for the spin to run out. True if
+/* A task of a stream that reads through callbacks stays a while for the
+ * next message before it ends (vrpc_stream_spin, s->mu dropped): the poller
+ * then only appends (the task is scheduled, no submit) and its worker is
+ * not put to sleep and woken once per message. The latency mode's window,
+ * but never longer than the adaptive mode's floor: the task holds a worker,
+ * and with VRPC_SPIN_ALWAYS two idle streams would keep two workers for
+ * ever. Any kick meanwhile (a message, an async write, WINDOW, the end)
+ * bumps rx_seq, so nothing waits for the spin to run out. True if
  * something came. */
 static bool linger_locked(struct vrpc_stream *s)
 {
