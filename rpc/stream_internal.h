@@ -78,6 +78,9 @@ struct vrpc_stream {
     struct smq rx_hold;     /* received behind a large MESSAGE being read */
     bool large_busy;        /* a large MESSAGE is being read (rpc/stream_large.c) */
     struct smsg *spare;     /* free nodes */
+    uint32_t rx_seq;        /* bumped (atomically, under mu) when rx grows, the stream
+                               ends or a kick finds the task scheduled: a spinning
+                               reader or lingering task watches it without the lock */
     uint32_t rx_window;     /* ours (the HELLO's stream_window) */
     uint64_t rx_allowed;    /* MESSAGEs the server may send: window + returned */
     uint64_t rx_got;        /* MESSAGEs received */
@@ -102,6 +105,15 @@ struct vrpc_stream {
     int n_imd, n_tmd;
 
     struct vrpc_arena arena; /* read's *msg, finish's *resp */
+
+    /* The synchronous reader's own (one reader at a time, no lock): the
+     * messages it took off rx under one lock, the nodes it consumed and the
+     * count it has not yet put into rx_unreported (rpc/stream.c, rd_flush). */
+    struct smq rd, rd_used;
+    uint32_t rd_consumed;
+    uint32_t rd_seq;     /* rx_seq when it last took rx */
+    uint64_t rd_spin_ns; /* how long it spins for more before sleeping: 0 none */
+    int rd_poller_cpu;   /* the channel's pinned poller's CPU (no spin on it), -1 */
 };
 
 /* The marker in a stream slot's cb (never called). */
@@ -173,6 +185,12 @@ struct smsg *vrpc_stream_node_locked(struct vrpc_stream *s, uint32_t len);
 int vrpc_stream_unpack(struct vrpc_stream *s, const ProtobufCMessageDescriptor *d, const struct smsg *n,
                        ProtobufCMessage **out);
 
+/* Watch s->rx_seq (no lock held) until it differs from seq (true) or the
+ * latency mode's window (at most max_ns) passed (false; at once with
+ * no_spin or on the pinned poller's CPU), yielding between looks
+ * (rpc/stream.c). */
+bool vrpc_stream_spin(const struct vrpc_stream *s, uint32_t seq, uint64_t max_ns);
+
 /* True on the thread running one of s's callbacks. */
 bool vrpc_stream_in_callback(const struct vrpc_stream *s);
 /* Free the stream's memory (released, no task). */
@@ -211,6 +229,14 @@ static inline void spare_put_locked(struct vrpc_stream *s, struct smsg *n)
     }
     n->next = s->spare;
     s->spare = n;
+}
+
+/* rx grew or the stream ended (s->mu held): wake a reader, sleeping or
+ * spinning. */
+static inline void rx_signal_locked(struct vrpc_stream *s)
+{
+    __atomic_store_n(&s->rx_seq, s->rx_seq + 1, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&s->cond);
 }
 
 /* The errno of an API call on an ended stream. */

@@ -96,7 +96,7 @@ static bool large_deliver(struct vrpc_stream *s, const struct vrpc_buf *lb, uint
     struct smsg *h;
     while ((h = smq_pop(&s->rx_hold)))
         smq_push(&s->rx, h);
-    pthread_cond_broadcast(&s->cond);
+    rx_signal_locked(s);
     if (s->has_cbs && s->rx.head)
         vrpc_stream_kick_locked(s, true);
     pthread_mutex_unlock(&s->mu);

@@ -76,7 +76,7 @@ static const char *message_in_locked(struct vrpc_stream *s, const uint8_t *paylo
         return NULL;
     }
     smq_push(&s->rx, n);
-    pthread_cond_broadcast(&s->cond);
+    rx_signal_locked(s);
     if (s->has_cbs)
         vrpc_stream_kick_locked(s, true);
     return NULL;
@@ -227,7 +227,7 @@ void vrpc_ch_stream_end(struct vrpc_channel *ch, struct vrpc_pending_slot *slot,
     pthread_mutex_lock(&s->mu);
     s->st = slot->st;
     s->ended = true;
-    pthread_cond_broadcast(&s->cond);
+    rx_signal_locked(s);
     vrpc_stream_kick_locked(s, on_poller);
     pthread_mutex_unlock(&s->mu);
 }
@@ -242,8 +242,11 @@ static void stream_task(struct vrpc_task *t);
 
 void vrpc_stream_kick_locked(struct vrpc_stream *s, bool on_poller)
 {
-    if (s->task_sched || s->rel_done)
+    if (s->task_sched || s->rel_done) {
+        if (s->task_sched) /* a lingering task (linger_locked) looks again */
+            __atomic_store_n(&s->rx_seq, s->rx_seq + 1, __ATOMIC_RELEASE);
         return;
+    }
     s->task_sched = true;
     vrpc_task_init(&s->task, stream_task);
     int rc = on_poller ? vrpc_sched_producer_submit(s->ch->prod, &s->task) : vrpc_sched_submit(s->ch->sched, &s->task);
@@ -253,29 +256,55 @@ void vrpc_stream_kick_locked(struct vrpc_stream *s, bool on_poller)
     }
 }
 
-/* One on_read (true), with s->mu held (dropped during the callback). */
-static bool deliver_one_locked(struct vrpc_stream *s)
+/* The nodes of k delivered messages back to the spare list, counted as
+ * consumed, and window returned if enough was (s->mu held, dropped while
+ * sending it). */
+static void delivered_locked(struct vrpc_stream *s, struct smq *used)
+{
+    struct smsg *n;
+    s->rx_unreported += used->n;
+    while ((n = smq_pop(used)))
+        spare_put_locked(s, n);
+    vrpc_stream_window_locked(s, false);
+}
+
+/* Every received message to on_read (true if any), with s->mu held: the
+ * whole of rx is taken under this one acquisition and delivered without the
+ * lock, so the poller appending more meets the lock once per batch, not
+ * twice per message. Every quarter window the consumed ones go back (and
+ * window with them), so a long batch does not stall the server. A
+ * callback that destroys the stream (free_on_return, set by this thread)
+ * stops the delivery; the rest goes to the spare list, freed with the
+ * stream. */
+static bool deliver_locked(struct vrpc_stream *s)
 {
     if (!s->has_cbs || s->free_on_return || !s->cbs.on_read || !s->rx.head ||
         s->m->kind == VRPC_METHOD_CLIENT_STREAMING)
         return false;
-    struct smsg *n = smq_pop(&s->rx);
+    struct smq batch = s->rx, used = {0};
+    uint32_t thresh = s->rx_window / 4 ? s->rx_window / 4 : 1;
+    s->rx = (struct smq){0};
     pthread_mutex_unlock(&s->mu);
-    ProtobufCMessage *msg = NULL;
-    int rc = vrpc_stream_unpack(s, s->m->output, n, &msg);
-    if (rc == 0) {
-        cb_running = s;
-        s->cbs.on_read(s, msg, s->cbs.arg);
-        cb_running = NULL;
+    struct smsg *n;
+    while ((n = smq_pop(&batch))) {
+        ProtobufCMessage *msg = NULL;
+        int rc = s->free_on_return ? 0 : vrpc_stream_unpack(s, s->m->output, n, &msg);
+        if (rc == 0 && !s->free_on_return) {
+            cb_running = s;
+            s->cbs.on_read(s, msg, s->cbs.arg);
+            cb_running = NULL;
+        }
+        smq_push(&used, n);
+        if (rc)
+            vrpc_stream_fail(s, VRPC_INTERNAL, "a stream message does not decode as its type");
+        if (used.n >= thresh && batch.head) {
+            pthread_mutex_lock(&s->mu);
+            delivered_locked(s, &used);
+            pthread_mutex_unlock(&s->mu);
+        }
     }
     pthread_mutex_lock(&s->mu);
-    spare_put_locked(s, n);
-    s->rx_unreported++;
-    if (rc) {
-        pthread_mutex_unlock(&s->mu);
-        vrpc_stream_fail(s, VRPC_INTERNAL, "a stream message does not decode as its type");
-        pthread_mutex_lock(&s->mu);
-    }
+    delivered_locked(s, &used);
     return true;
 }
 
@@ -363,13 +392,34 @@ static bool release_locked(struct vrpc_stream *s)
     return true;
 }
 
+/* A task of a stream that reads through callbacks stays a while for the
+ * next message before it ends (vrpc_stream_spin, s->mu dropped): the poller
+ * then only appends (the task is scheduled, no submit) and its worker is
+ * not put to sleep and woken once per message. The latency mode's window,
+ * but never longer than the adaptive mode's floor: the task holds a worker,
+ * and with VRPC_SPIN_ALWAYS two idle streams would keep two workers for
+ * ever. Any kick meanwhile (a message, an async write, WINDOW, the end)
+ * bumps rx_seq, so nothing waits for the spin to run out. True if
+ * something came. */
+static bool linger_locked(struct vrpc_stream *s)
+{
+    if (!s->has_cbs || !s->cbs.on_read || s->ended || s->free_on_return || s->rx.head ||
+        s->m->kind == VRPC_METHOD_CLIENT_STREAMING)
+        return false;
+    uint32_t seq = s->rx_seq;
+    pthread_mutex_unlock(&s->mu);
+    vrpc_stream_spin(s, seq, (uint64_t)VRPC_RPC_BUSY_POLL_US * 1000u);
+    pthread_mutex_lock(&s->mu);
+    return s->rx_seq != seq; /* under the lock: a kick just after the spin is seen */
+}
+
 static void stream_task(struct vrpc_task *t)
 {
     struct vrpc_stream *s = container_of(t, struct vrpc_stream, task);
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        if (deliver_one_locked(s) || tx_one_locked(s) || vrpc_stream_window_locked(s, s->draining) || done_locked(s) ||
-            release_locked(s))
+        if (deliver_locked(s) || tx_one_locked(s) || vrpc_stream_window_locked(s, s->draining) || done_locked(s) ||
+            release_locked(s) || linger_locked(s))
             continue;
         break;
     }

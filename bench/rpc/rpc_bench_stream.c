@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/resource.h>
 #include <verbrpc/rpc.h>
 #include <verbrpc/stream.h>
 #include <verbrpc/transport.h>
@@ -45,6 +46,9 @@ static struct {
     unsigned duration_ms, rounds;
     uint32_t window;
     bool no_grpc;
+    bool no_spin;     /* channel and server never busy-wait (callgrind: spinning is not work) */
+    bool no_baseline; /* skip the transport's rate (callgrind: only the streams' instructions) */
+    const char *only; /* run the cases whose name contains it (and their sizes' baselines) */
 } g = {.backend = "tcp", .server_ip = "127.0.0.1", .duration_ms = 1000, .rounds = 3};
 
 static uint8_t g_payload[4096];
@@ -183,6 +187,7 @@ static struct vrpc_server *server_start(char *uri, size_t len)
     bool v6 = strchr(g.server_ip, ':') != NULL;
     vrpc_server_opts_init(&o);
     o.stream_window = g.window;
+    o.no_spin = g.no_spin;
     snprintf(listen, sizeof(listen), "%s://%s%s%s:0", g.backend, v6 ? "[" : "", g.server_ip, v6 ? "]" : "");
     if ((rc = vrpc_server_create(&o, &s)) || (rc = vrpc_server_register_stream(s, &m_sstream, &g_ops, NULL)) ||
         (rc = vrpc_server_register_stream(s, &m_bidi, &g_ops, NULL)) || (rc = vrpc_server_start(s, listen)) ||
@@ -288,6 +293,7 @@ static struct vrpc_channel *channel_open(const char *uri)
     vrpc_channel_opts_init(&co);
     co.src_addr = g.client_ip;
     co.stream_window = g.window;
+    co.no_spin = g.no_spin;
     if (vrpc_channel_create(uri, &co, &ch) || vrpc_channel_connect(ch, 10000)) {
         fprintf(stderr, "rpc_bench_stream: cannot connect to %s\n", uri);
         exit(1);
@@ -297,7 +303,16 @@ static struct vrpc_channel *channel_open(const char *uri)
 
 /* One measurement: messages per second read by the client, on a channel
  * (connection) of its own, so that no case inherits another's state. */
-static double stream_case(const char *uri, enum shape shape, size_t size, unsigned nstreams)
+/* Context switches of the whole process (client and server), voluntary and
+ * not: per message, beside each case's rate. */
+static long ctx_switches(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_nvcsw + ru.ru_nivcsw;
+}
+
+static double stream_case(const char *uri, enum shape shape, size_t size, unsigned nstreams, double *cs_per_msg)
 {
     struct vrpc_channel *ch = channel_open(uri);
     struct vrpc_stream *s[STREAMS_MAX];
@@ -329,10 +344,13 @@ static double stream_case(const char *uri, enum shape shape, size_t size, unsign
     }
     usleep(100000); /* warm up */
     unsigned long r0 = __atomic_load_n(&g_reads, __ATOMIC_RELAXED);
+    long cs0 = ctx_switches();
     uint64_t t0 = vrpc_bench_now_ns();
     usleep(g.duration_ms * 1000u);
     unsigned long r1 = __atomic_load_n(&g_reads, __ATOMIC_RELAXED);
     uint64_t t1 = vrpc_bench_now_ns();
+    long cs1 = ctx_switches();
+    *cs_per_msg = r1 > r0 ? (double)(cs1 - cs0) / (double)(r1 - r0) : 0;
     rd.stop = true;
     bw.stop = true;
     for (unsigned i = 0; i < nstreams; i++)
@@ -402,6 +420,16 @@ static const char *const case_names[C_N] = {"oneway_sync_s1", "oneway_s1", "onew
 static const enum shape case_shape[C_N] = {ONEWAY_SYNC, ONEWAY, ONEWAY, BIDI, BIDI};
 static const unsigned case_streams[C_N] = {1, 1, 16, 1, 16};
 
+/* --only: the case's name as its report names it, "oneway_s1_32B". */
+static bool case_selected(int c, unsigned size)
+{
+    char name[64];
+    if (!g.only)
+        return true;
+    snprintf(name, sizeof(name), "%s_%uB", case_names[c], size);
+    return strstr(name, g.only) != NULL;
+}
+
 struct round {
     double tp[2];       /* [size] */
     double v[2][C_N];   /* [size][case] */
@@ -437,21 +465,34 @@ static void report_ratio(const char *name, double *per_round, unsigned n, double
 static void one_round(const char *uri, unsigned round, struct round *r)
 {
     static const unsigned sizes[2] = {32, 4096};
-    char name[96], extra[160];
+    char name[96], extra[192];
     for (int si = 0; si < 2; si++) {
-        r->tp[si] = vrpc_bench_tp_rate(g.backend, g.server_ip, g.client_ip, sizes[si], g.duration_ms / 1000.0);
+        bool any = false;
+        for (int c = 0; c < C_N; c++)
+            any |= case_selected(c, sizes[si]);
+        if (!any)
+            continue;
+        r->tp[si] = g.no_baseline
+                        ? VRPC_BENCH_NONE
+                        : vrpc_bench_tp_rate(g.backend, g.server_ip, g.client_ip, sizes[si], g.duration_ms / 1000.0);
         snprintf(name, sizeof(name), "baseline:transport_%s_oneway_%uB", g.backend, sizes[si]);
         snprintf(extra, sizeof(extra), "\"backend\":\"%s\",\"payload\":%u,\"round\":%u", g.backend, sizes[si], round);
-        vrpc_bench_report(&g.bo, name, r->tp[si], VRPC_BENCH_NONE, VRPC_BENCH_NONE, extra);
+        if (!g.no_baseline)
+            vrpc_bench_report(&g.bo, name, r->tp[si], VRPC_BENCH_NONE, VRPC_BENCH_NONE, extra);
         for (int c = 0; c < C_N; c++) {
-            r->v[si][c] = stream_case(uri, case_shape[c], sizes[si], case_streams[c]);
+            if (!case_selected(c, sizes[si]))
+                continue;
+            double cs;
+            r->v[si][c] = stream_case(uri, case_shape[c], sizes[si], case_streams[c], &cs);
             snprintf(name, sizeof(name), "rpc:stream_%s_%uB", case_names[c], sizes[si]);
-            snprintf(extra, sizeof(extra), "\"backend\":\"%s\",\"payload\":%u,\"streams\":%u,\"round\":%u", g.backend,
-                     sizes[si], case_streams[c], round);
+            snprintf(extra, sizeof(extra),
+                     "\"backend\":\"%s\",\"payload\":%u,\"streams\":%u,\"round\":%u,\"cs_per_msg\":%.3f", g.backend,
+                     sizes[si], case_streams[c], round, cs);
             vrpc_bench_report(&g.bo, name, r->v[si][c], VRPC_BENCH_NONE, VRPC_BENCH_NONE, extra);
         }
     }
-    run_grpc(&r->gr);
+    if (!g.only)
+        run_grpc(&r->gr);
     for (int sh = 0; sh < 2 && r->gr.have; sh++)
         for (int si = 0; si < 2; si++)
             for (int ni = 0; ni < 2; ni++) {
@@ -469,16 +510,21 @@ static void summarise(struct round *r, unsigned n)
     double v[ROUNDS_MAX];
     char name[96];
     for (int si = 0; si < 2; si++) {
-        /* one stream against the transport: the better of sync and async reads */
-        for (unsigned k = 0; k < n; k++)
-            v[k] =
-                (r[k].v[si][C_SYNC1] > r[k].v[si][C_ASYNC1] ? r[k].v[si][C_SYNC1] : r[k].v[si][C_ASYNC1]) / r[k].tp[si];
-        snprintf(name, sizeof(name), "ratio:stream_s1_vs_transport_%uB", sizes[si]);
-        report_ratio(name, v, n, 0.8);
-        for (unsigned k = 0; k < n; k++)
-            v[k] = r[k].v[si][C_ASYNC16] / r[k].tp[si];
-        snprintf(name, sizeof(name), "ratio:stream_s16_vs_transport_%uB", sizes[si]);
-        report_ratio(name, v, n, 0.8);
+        /* one stream against the transport: the better of sync and async reads
+         * (of those run; an unselected case's rate stays 0) */
+        if (case_selected(C_SYNC1, sizes[si]) || case_selected(C_ASYNC1, sizes[si])) {
+            for (unsigned k = 0; k < n; k++)
+                v[k] = (r[k].v[si][C_SYNC1] > r[k].v[si][C_ASYNC1] ? r[k].v[si][C_SYNC1] : r[k].v[si][C_ASYNC1]) /
+                       r[k].tp[si];
+            snprintf(name, sizeof(name), "ratio:stream_s1_vs_transport_%uB", sizes[si]);
+            report_ratio(name, v, n, 0.8);
+        }
+        if (case_selected(C_ASYNC16, sizes[si])) {
+            for (unsigned k = 0; k < n; k++)
+                v[k] = r[k].v[si][C_ASYNC16] / r[k].tp[si];
+            snprintf(name, sizeof(name), "ratio:stream_s16_vs_transport_%uB", sizes[si]);
+            report_ratio(name, v, n, 0.8);
+        }
         if (!r[0].gr.have)
             continue;
         static const struct {
@@ -497,7 +543,7 @@ static void summarise(struct round *r, unsigned n)
             report_ratio(name, v, m, 5.0);
         }
     }
-    if (!r[0].gr.have && !g.bo.json)
+    if (!r[0].gr.have && !g.bo.json && !g.only)
         printf("(gRPC streaming baseline not run: grpc_stream_bench is built with libgrpc++-dev and\n"
                " protobuf-compiler-grpc, scripts/install-deps.sh --bench; or --no-grpc was given)\n");
 }
@@ -506,11 +552,16 @@ static void usage(FILE *f, const char *argv0)
 {
     fprintf(f,
             "usage: %s [--json] [--quick] [--backend tcp|verbs] [--server-ip IP] [--client-ip IP]\n"
-            "          [--duration-ms N] [--rounds N] [--window N] [--no-grpc]\n"
+            "          [--duration-ms N] [--rounds N] [--window N] [--no-grpc] [--only SUBSTRING]\n"
+            "          [--no-spin] [--no-baseline]\n"
             "  verbrpc streaming message rates (one-way server streaming on 1 and 16 streams,\n"
             "  bidi echo) against the transport's one-way rate and gRPC C++ streaming,\n"
             "  measured in the same run, rounds alternating; targets on the median ratios\n"
-            "  (>= 0.8 of the transport on one stream, >= 5x gRPC).\n",
+            "  (>= 0.8 of the transport on one stream, >= 5x gRPC).\n"
+            "  --only: the cases whose name (oneway_sync_s1, oneway_s1, oneway_s16, bidi_s1,\n"
+            "  bidi_s16, then _32B or _4096B) contains SUBSTRING, with their sizes' transport\n"
+            "  baselines; gRPC is not run. --no-spin: nothing busy-waits (for callgrind);\n"
+            "  --no-baseline: no transport rate and no ratios.\n",
             argv0);
 }
 
@@ -534,6 +585,12 @@ int main(int argc, char **argv)
             g.duration_ms = (unsigned)atoi(argv[++i]);
         else if (!strcmp(a, "--rounds") && v)
             g.rounds = (unsigned)atoi(argv[++i]);
+        else if (!strcmp(a, "--no-spin"))
+            g.no_spin = true;
+        else if (!strcmp(a, "--no-baseline"))
+            g.no_baseline = true;
+        else if (!strcmp(a, "--only") && v)
+            g.only = argv[++i];
         else if (!strcmp(a, "--window") && v)
             g.window = (uint32_t)atoi(argv[++i]);
         else {
@@ -561,7 +618,10 @@ int main(int argc, char **argv)
     static struct round r[ROUNDS_MAX];
     for (unsigned k = 0; k < g.rounds; k++)
         one_round(uri, k, &r[k]);
-    summarise(r, g.rounds);
+    if (!g.no_baseline)
+        summarise(r, g.rounds);
+    else if (!g.bo.json) /* callgrind: instructions over messages, warm-up and teardown included */
+        printf("# messages read in all: %lu\n", __atomic_load_n(&g_reads, __ATOMIC_RELAXED));
     server_destroy(srv);
     return 0;
 }
