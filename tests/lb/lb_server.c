@@ -5,7 +5,8 @@
  * (vrpc_server_shutdown: GOAWAY, in-flight calls answered) and exits 0;
  * SIGUSR1 makes its Health say NOT_SERVING, SIGUSR2 SERVING again.
  * Echo answers with payload "sID"; the request's mode says how: 0 normal,
- * 1 UNAVAILABLE every other call (per process), 2 UNAVAILABLE always; fail-all
+ * 1 UNAVAILABLE every other call (per process), 2 UNAVAILABLE always, 3
+ * UNAVAILABLE "server is shutting down (the handler ran)"; fail-all
  * makes every call UNAVAILABLE. sleep_ms delays the answer. */
 #include <signal.h>
 #include <stdio.h>
@@ -29,6 +30,10 @@ static void echo(struct vrpc_server_call *call, const ProtobufCMessage *msg, voi
     if (r->sleep_ms) {
         struct timespec ts = {r->sleep_ms / 1000, (long)(r->sleep_ms % 1000) * 1000000};
         nanosleep(&ts, NULL);
+    }
+    if (r->mode == 3) { /* processed, with the words of a refusal (t_unprocessed_flag) */
+        vrpc_server_call_fail(call, VRPC_UNAVAILABLE, "server is shutting down (the handler ran)");
+        return;
     }
     if (g_fail_all || r->mode == 2 || (r->mode == 1 && n % 2 == 0)) {
         vrpc_server_call_fail(call, VRPC_UNAVAILABLE, "test server fails this call");

@@ -649,6 +649,36 @@ static void t_file_update(void **state)
     rmdir(dir);
 }
 
+/* ---- transparent retry: the flag, not the words ----------------------------------------- */
+
+/* A handler that fails with UNAVAILABLE "server is shutting down ...", the
+ * words of a refusal, has run: the call is not retried (no retry policy,
+ * a method never marked idempotent), one attempt per call. Transparent retry
+ * used to go by the message's prefix and made 11 attempts of each (330 for
+ * 30 calls); now only VRPC_STATUS_UNPROCESSED drives it. */
+static void t_unprocessed_flag(void **state)
+{
+    (void)state;
+    enum { NCALLS = 30 };
+    assert_int_equal(start_n(3, NULL), 0);
+    struct vrpc_channel *ch = open_ch(NULL, 3, NULL);
+    uint64_t a0 = attempts_of(ch);
+    for (int i = 0; i < NCALLS; i++) {
+        Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
+        r.mode = 3;
+        ProtobufCMessage *resp;
+        struct vrpc_call_opts co = {.timeout_us = 5000000};
+        struct vrpc_status st;
+        assert_int_equal(vrpc_call(ch, &lb_m_once, &r.base, &resp, &co, &st), VRPC_UNAVAILABLE);
+        assert_non_null(strstr(st.message, "server is shutting down"));
+        assert_false(st.flags & VRPC_STATUS_UNPROCESSED); /* it ran */
+    }
+    uint64_t n = attempts_of(ch) - a0;
+    printf("%d calls whose handler failed with a refusal's words: %llu attempts\n", NCALLS, (unsigned long long)n);
+    assert_int_equal(n, NCALLS);
+    vrpc_channel_destroy(ch);
+}
+
 /* ---- health checks ---------------------------------------------------------------------- */
 
 static void t_health(void **state)
@@ -795,6 +825,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(t_async_kill, teardown),
         cmocka_unit_test_teardown(t_async_cancel_destroy, teardown),
         cmocka_unit_test_teardown(t_file_update, teardown),
+        cmocka_unit_test_teardown(t_unprocessed_flag, teardown),
         cmocka_unit_test_teardown(t_health, teardown),
         cmocka_unit_test_teardown(t_peer_plain, teardown),
         cmocka_unit_test_teardown(t_streams, teardown),
