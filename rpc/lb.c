@@ -8,12 +8,16 @@
 #include <sched.h>
 #include <time.h>
 #include "rpc/channel_internal.h"
+#include <verbrpc/stream.h>
 #include "rpc/lb.h"
 
 /* ---- subchannels ------------------------------------------------------------- */
 
 static void sub_close(struct vrpc_subch *s)
 {
+    if (s->watch) /* first: its callbacks use s */
+        vrpc_stream_destroy(s->watch);
+    s->watch = NULL;
     for (unsigned i = 0; i < s->nch; i++)
         vrpc_channel_destroy(s->ch[i]);
     s->nch = 0;
@@ -31,6 +35,7 @@ static struct vrpc_subch *sub_new(struct vrpc_lb *lb, const char *uri)
     if (!s)
         return NULL;
     snprintf(s->uri, sizeof(s->uri), "%s", uri);
+    s->lb = lb;
     s->refs = 1; /* the set's */
     unsigned k = lb->o.conns_per_addr;
     for (s->nch = 0; s->nch < k; s->nch++) {

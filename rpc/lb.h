@@ -32,6 +32,7 @@
 #define VRPC_LB_URI_MAX 96
 
 enum { LB_HEALTH_UNKNOWN = 0, LB_HEALTH_SERVING = 1, LB_HEALTH_NOT_SERVING = 2 };
+enum { LB_WATCH_RUNNING = 0, LB_WATCH_ENDED = 1, LB_WATCH_UNIMPLEMENTED = 2 };
 
 struct vrpc_subch {
     char uri[VRPC_LB_URI_MAX];
@@ -46,7 +47,11 @@ struct vrpc_subch {
     int64_t ejected_until;               /* atomic, ns (vrpc_now_ns); 0: not ejected */
     int health;                          /* atomic LB_HEALTH_* */
     int64_t next_health_ns;              /* lb thread only */
-    struct vrpc_subch *next_dead;        /* the graveyard (under mu) */
+    struct vrpc_lb *lb;
+    struct vrpc_stream *watch;    /* the Health/Watch stream or NULL (lb thread; destroy) */
+    int watch_end;                /* atomic LB_WATCH_*: how the stream ended */
+    bool check_only;              /* Watch is UNIMPLEMENTED there: poll Check (lb thread) */
+    struct vrpc_subch *next_dead; /* the graveyard (under mu) */
 };
 
 /* The current set, immutable once published (swapped under lock). */

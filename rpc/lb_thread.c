@@ -1,6 +1,7 @@
 /* The thread of a channel over many servers: it connects the subchannels'
  * channels that are not READY (each after its own back-off: the channel's,
- * rpc/channel_conn.c), polls their Health.Check, reaps the subchannels the
+ * rpc/channel_conn.c), follows their health (Health.Watch, or Check polled
+ * where Watch is UNIMPLEMENTED), reaps the subchannels the
  * resolver removed once no attempt uses them, and starts the retries whose
  * back-off has passed. See rpc/lb.h. */
 #include <errno.h>
@@ -9,6 +10,7 @@
 #include <time.h>
 #include "rpc/channel_internal.h"
 #include "rpc/health_hook.h"
+#include <verbrpc/stream.h>
 #include "rpc/lb.h"
 
 #define LB_TICK_NS 50000000 /* at least this often: back-offs, health, ejections */
@@ -24,24 +26,71 @@ static void connect_if_due(struct vrpc_channel *ch)
         conn_unref(c);
 }
 
-/* vrpc_health_probe: installed by idl/health.c. */
+/* vrpc_health_probe, vrpc_health_watch: installed by idl/health.c. */
 vrpc_health_probe_fn vrpc_health_probe;
+vrpc_health_watch_fn vrpc_health_watch;
 
-/* One Health.Check of s (READY), if due. */
+static void health_set(struct vrpc_subch *s, int h)
+{
+    int was = __atomic_exchange_n(&s->health, h, __ATOMIC_RELAXED);
+    if (was != h && h == LB_HEALTH_NOT_SERVING)
+        vrpc_rpc_log("channel %s: server %s is NOT_SERVING: out of rotation", s->lb->target, s->uri);
+}
+
+/* A status from s's Watch stream (a worker): it takes effect at once. */
+static void watch_update(void *arg, int serving)
+{
+    health_set(arg, serving ? LB_HEALTH_SERVING : LB_HEALTH_NOT_SERVING);
+}
+
+/* s's Watch stream ended (a worker): the lb thread destroys it, and polls
+ * Check from then on if the server has no Watch. */
+static void watch_done(void *arg, int code)
+{
+    struct vrpc_subch *s = arg;
+    __atomic_store_n(&s->watch_end, code == VRPC_UNIMPLEMENTED ? LB_WATCH_UNIMPLEMENTED : LB_WATCH_ENDED,
+                     __ATOMIC_RELEASE);
+    vrpc_lb_kick(s->lb);
+}
+
+/* s's health (READY): a Watch stream while it lasts (opened again one
+ * period after it ends), else one Health.Check per period. */
 static void health_check(struct vrpc_lb *lb, struct vrpc_subch *s, int64_t now)
 {
-    if (!lb->o.health_check_ms || now < s->next_health_ns)
+    if (!lb->o.health_check_ms)
         return;
-    s->next_health_ns = now + (int64_t)lb->o.health_check_ms * 1000000;
+    int64_t period = (int64_t)lb->o.health_check_ms * 1000000;
+    if (s->watch) {
+        int end = __atomic_load_n(&s->watch_end, __ATOMIC_ACQUIRE);
+        if (end == LB_WATCH_RUNNING)
+            return;
+        vrpc_stream_destroy(s->watch);
+        s->watch = NULL;
+        if (end == LB_WATCH_UNIMPLEMENTED) {
+            s->check_only = true;
+            s->next_health_ns = now; /* the first Check now */
+        } else {
+            s->next_health_ns = now + period;
+        }
+    }
+    if (now < s->next_health_ns)
+        return;
+    s->next_health_ns = now + period;
     if (vrpc_channel_state(s->ch[0]) != VRPC_CHANNEL_READY)
         return;
+    vrpc_health_watch_fn watch = __atomic_load_n(&vrpc_health_watch, __ATOMIC_ACQUIRE);
+    if (!s->check_only && watch) {
+        __atomic_store_n(&s->watch_end, LB_WATCH_RUNNING, __ATOMIC_RELAXED);
+        if (watch(s->ch[0], watch_update, watch_done, s, &s->watch) == 0)
+            return;
+        s->watch = NULL; /* not opened: a Check this time */
+    }
     vrpc_health_probe_fn probe = __atomic_load_n(&vrpc_health_probe, __ATOMIC_ACQUIRE);
     if (!probe)
         return;
     int r = probe(s->ch[0], (int64_t)(lb->o.health_check_ms < 1000 ? lb->o.health_check_ms : 1000) * 1000);
-    int h = r < 0 ? -1 : r ? LB_HEALTH_SERVING : LB_HEALTH_NOT_SERVING;
-    if (h >= 0 && __atomic_exchange_n(&s->health, h, __ATOMIC_RELAXED) != h && h == LB_HEALTH_NOT_SERVING)
-        vrpc_rpc_log("channel %s: server %s is NOT_SERVING: out of rotation", lb->target, s->uri);
+    if (r >= 0)
+        health_set(s, r ? LB_HEALTH_SERVING : LB_HEALTH_NOT_SERVING);
 }
 
 /* The current subchannels, each with a reference (*n of them). */

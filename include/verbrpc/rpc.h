@@ -273,9 +273,12 @@ struct vrpc_channel_opts {
     unsigned lb_policy;                    /* enum vrpc_lb_policy; 0: round robin */
     unsigned conns_per_addr;               /* connections (each with its own poller)
                                               per server address; 0: 1, at most 16 */
-    uint32_t health_check_ms;              /* poll each server's Health.Check this
-                                              often; NOT_SERVING takes it out of
-                                              rotation until it serves again; 0: off */
+    uint32_t health_check_ms;              /* follow each server's Health.Watch
+                                              (reopened this long after it ends), or
+                                              poll its Health.Check this often where
+                                              Watch is UNIMPLEMENTED; NOT_SERVING takes
+                                              it out of rotation until it serves
+                                              again; 0: off */
     uint32_t outlier_failures;             /* consecutive failed calls (UNAVAILABLE,
                                               INTERNAL, UNKNOWN, DEADLINE_EXCEEDED)
                                               that eject a server; 0: 5 */

@@ -710,6 +710,84 @@ static void t_health(void **state)
     vrpc_channel_destroy(ch);
 }
 
+/* Time until subchannel 0's health is want (us; -1 after 5 s), polled every 200 us. */
+static int64_t until_healthy(struct vrpc_channel *ch, bool want)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        struct vrpc_subchannel_info info[NSRV];
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        int64_t us = (t.tv_sec - t0.tv_sec) * 1000000 + (t.tv_nsec - t0.tv_nsec) / 1000;
+        if (vrpc_channel_subchannels(ch, info, NSRV) >= 1 && info[0].healthy == want)
+            return us;
+        if (us > 5000000)
+            return -1;
+        usleep(200);
+    }
+}
+
+/* Health by Watch: with a period of 10 s (a poll would take up to that
+ * long) server 0's NOT_SERVING takes its subchannel out within a bound far
+ * below it, and SERVING brings it back as fast. The times include the
+ * signal reaching the server process. */
+static void t_health_watch(void **state)
+{
+    (void)state;
+    assert_int_equal(start_n(3, NULL), 0);
+    struct vrpc_channel_opts o;
+    vrpc_channel_opts_init(&o);
+    o.health_check_ms = 10000;
+    struct vrpc_channel *ch = open_ch(NULL, 3, &o);
+    usleep(100000);              /* the Watch streams open on the lb thread's next round */
+    kill(g_srv[0].pid, SIGUSR1); /* NOT_SERVING */
+    int64_t out = until_healthy(ch, false);
+    int count[3] = {0};
+    for (int i = 0; i < 300; i++) {
+        int code, s = call_echo(ch, &lb_m_echo, 0, 0, NULL, NULL, 0, &code);
+        assert_int_equal(code, VRPC_OK);
+        count[s]++;
+    }
+    kill(g_srv[0].pid, SIGUSR2); /* SERVING */
+    int64_t back = until_healthy(ch, true);
+    printf("Watch (period 10 s): server 0 out %.1f ms after NOT_SERVING, back %.1f ms after SERVING; "
+           "calls meanwhile %d %d %d\n",
+           out / 1000.0, back / 1000.0, count[0], count[1], count[2]);
+    assert_true(out >= 0 && out < 2000000);
+    assert_true(back >= 0 && back < 2000000);
+    assert_int_equal(count[0], 0);
+    vrpc_channel_destroy(ch);
+}
+
+/* Servers whose Health has Check alone (Watch UNIMPLEMENTED): the channel
+ * polls Check instead, and NOT_SERVING still takes server 0 out. */
+static void t_health_check_fallback(void **state)
+{
+    (void)state;
+    assert_int_equal(start_n(3, "check-only"), 0);
+    struct vrpc_channel_opts o;
+    vrpc_channel_opts_init(&o);
+    o.health_check_ms = 50;
+    struct vrpc_channel *ch = open_ch(NULL, 3, &o);
+    usleep(200000); /* Watch tried, UNIMPLEMENTED, Check from then on */
+    kill(g_srv[0].pid, SIGUSR1);
+    int64_t out = until_healthy(ch, false);
+    int count[3] = {0};
+    for (int i = 0; i < 300; i++) {
+        int code, s = call_echo(ch, &lb_m_echo, 0, 0, NULL, NULL, 0, &code);
+        assert_int_equal(code, VRPC_OK);
+        count[s]++;
+    }
+    kill(g_srv[0].pid, SIGUSR2);
+    int64_t back = until_healthy(ch, true);
+    printf("Check fallback (period 50 ms): server 0 out after %.1f ms, back after %.1f ms; calls %d %d %d\n",
+           out / 1000.0, back / 1000.0, count[0], count[1], count[2]);
+    assert_true(out >= 0 && out < 3000000);
+    assert_true(back >= 0 && back < 3000000);
+    assert_int_equal(count[0], 0);
+    vrpc_channel_destroy(ch);
+}
+
 /* ---- streams over many servers ------------------------------------------------------------ */
 
 static int g_serving, g_not_serving, g_done; /* atomic: what the Watch streams read */
@@ -827,6 +905,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(t_file_update, teardown),
         cmocka_unit_test_teardown(t_unprocessed_flag, teardown),
         cmocka_unit_test_teardown(t_health, teardown),
+        cmocka_unit_test_teardown(t_health_watch, teardown),
+        cmocka_unit_test_teardown(t_health_check_fallback, teardown),
         cmocka_unit_test_teardown(t_peer_plain, teardown),
         cmocka_unit_test_teardown(t_streams, teardown),
     };
