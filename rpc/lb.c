@@ -280,6 +280,8 @@ int vrpc_lb_create(const char *target, const struct vrpc_channel_opts *o, struct
     snprintf(lb->target, sizeof(lb->target), "%s", target);
     pthread_mutex_init(&lb->mu, NULL);
     pthread_cond_init(&lb->cond, NULL);
+    pthread_cond_init(&lb->job_cond, NULL);
+    lb->jobs_tail = &lb->jobs;
     pthread_mutex_init(&lb->pool_mu, NULL);
     set_state(ch, VRPC_CHANNEL_IDLE);
     if ((rc = lb_opts(lb, o)) || (rc = lb_sched(lb)))
@@ -352,6 +354,7 @@ void vrpc_lb_destroy(struct vrpc_channel *parent)
         pthread_mutex_unlock(&lb->mu);
         pthread_join(lb->thr, NULL); /* it completed the delayed calls (CANCELLED) */
     }
+    vrpc_lb_jobs_stop(lb);          /* a connect under way ends within connect_timeout_ms */
     vrpc_resolver_destroy(lb->res); /* no update from here on (the thread refreshed it) */
     /* the subchannels' channels complete their calls with CANCELLED (the
      * parent is SHUTDOWN: no retry); a subchannel's memory stays until the
@@ -381,6 +384,7 @@ void vrpc_lb_destroy(struct vrpc_channel *parent)
     free(lb->retry);
     pthread_mutex_destroy(&lb->mu);
     pthread_cond_destroy(&lb->cond);
+    pthread_cond_destroy(&lb->job_cond);
     pthread_mutex_destroy(&lb->pool_mu);
     free(lb);
     free(parent);

@@ -18,6 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 #include <verbrpc/health.vrpc.h>
@@ -788,6 +791,64 @@ static void t_health_check_fallback(void **state)
     vrpc_channel_destroy(ch);
 }
 
+/* ---- a blackholed address among the servers -------------------------------------------- */
+
+/* A TCP listener that never accepts: the kernel completes the handshake
+ * (the backlog), then nothing answers verbrpc's, so a connect to it hangs
+ * for connect_timeout_ms. The other servers of the list must not wait for
+ * it: each subchannel connects on its own job. TCP only (a blackhole for
+ * verbs would need the fabric's help). */
+static void t_blackhole_connect(void **state)
+{
+    (void)state;
+    if (strcmp(lb_backend, "tcp") != 0) {
+        printf("t_blackhole_connect: TCP only, skipped on %s\n", lb_backend);
+        return;
+    }
+    assert_int_equal(start_n(2, NULL), 0);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof a;
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(fd, 16), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &alen), 0);
+    char target[512];
+    snprintf(target, sizeof target, "list://tcp://127.0.0.1:%u,%s,%s", ntohs(a.sin_port), g_srv[0].uri, g_srv[1].uri);
+    struct vrpc_channel_opts o;
+    vrpc_channel_opts_init(&o);
+    o.connect_timeout_ms = 3000;
+    o.backoff_initial_ms = 20;
+    o.backoff_max_ms = 200;
+    struct vrpc_channel *ch;
+    int64_t t0 = now_ms();
+    assert_int_equal(vrpc_channel_create(target, &o, &ch), 0);
+    struct vrpc_subchannel_info info[3];
+    int64_t ready_ms = -1;
+    bool hole_ready = true;
+    while (now_ms() - t0 < 10000) {
+        size_t k = vrpc_channel_subchannels(ch, info, 3);
+        if (k == 3 && info[1].state == VRPC_CHANNEL_READY && info[2].state == VRPC_CHANNEL_READY) {
+            ready_ms = now_ms() - t0;
+            hole_ready = info[0].state == VRPC_CHANNEL_READY;
+            break;
+        }
+        usleep(1000);
+    }
+    printf("blackholed address first in the list (connect_timeout_ms 3000): the other two READY after %lld ms\n",
+           (long long)ready_ms);
+    assert_true(ready_ms >= 0);
+    assert_false(hole_ready);
+    assert_true(ready_ms < 1500); /* well before the blackhole's connect gives up */
+    int code;
+    for (int i = 0; i < 20; i++) {
+        int srv = call_echo(ch, &lb_m_echo, 0, 0, NULL, NULL, 0, &code);
+        assert_int_equal(code, VRPC_OK);
+        assert_true(srv == 0 || srv == 1);
+    }
+    vrpc_channel_destroy(ch);
+    close(fd);
+}
+
 /* ---- streams over many servers ------------------------------------------------------------ */
 
 static int g_serving, g_not_serving, g_done; /* atomic: what the Watch streams read */
@@ -907,6 +968,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(t_health, teardown),
         cmocka_unit_test_teardown(t_health_watch, teardown),
         cmocka_unit_test_teardown(t_health_check_fallback, teardown),
+        cmocka_unit_test_teardown(t_blackhole_connect, teardown),
         cmocka_unit_test_teardown(t_peer_plain, teardown),
         cmocka_unit_test_teardown(t_streams, teardown),
     };
