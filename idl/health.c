@@ -397,7 +397,59 @@ static int health_probe(struct vrpc_channel *ch, int64_t timeout_us)
     return code == VRPC_UNIMPLEMENTED ? 1 : -1; /* a server without the Health service serves */
 }
 
+/* A Watch of the channel's (vrpc_health_watch_fn): the rpc/ side's
+ * callbacks, freed when both the stream's end and the opener are done. */
+struct health_watch {
+    void (*update)(void *arg, int serving);
+    void (*done)(void *arg, int code);
+    void *arg;
+    int refs; /* atomic: the opener's and the stream's */
+    Verbrpc__Health__V1__Health_Watch_Async a;
+};
+
+static void health_watch_put(struct health_watch *w)
+{
+    if (__atomic_sub_fetch(&w->refs, 1, __ATOMIC_ACQ_REL) == 0)
+        free(w);
+}
+
+static void health_watch_read(struct vrpc_stream *s, const Verbrpc__Health__V1__HealthCheckResponse *msg, void *arg)
+{
+    struct health_watch *w = arg;
+    (void)s;
+    w->update(w->arg, msg->status == VERBRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING);
+}
+
+static void health_watch_done(struct vrpc_stream *s, const struct vrpc_status *st, void *arg)
+{
+    struct health_watch *w = arg;
+    (void)s;
+    w->done(w->arg, st->code);
+    health_watch_put(w);
+}
+
+static int health_watch(struct vrpc_channel *ch, void (*update)(void *arg, int serving),
+                        void (*done)(void *arg, int code), void *arg, struct vrpc_stream **out)
+{
+    struct health_watch *w = calloc(1, sizeof(*w));
+    if (!w)
+        return -ENOMEM;
+    *w = (struct health_watch){.update = update, .done = done, .arg = arg, .refs = 2};
+    w->a = (Verbrpc__Health__V1__Health_Watch_Async){.on_read = health_watch_read, .done = health_watch_done, .arg = w};
+    Verbrpc__Health__V1__HealthCheckRequest req = VERBRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+    struct vrpc_call_opts co = {.timeout_us = VRPC_NO_TIMEOUT}; /* it lasts as long as the connection */
+    struct vrpc_stream *s;
+    int rc = verbrpc__health__v1__health__watch__start_async(ch, &req, &co, &w->a, &s);
+    if (rc == 0)
+        *out = s;
+    else if (__atomic_load_n(&w->refs, __ATOMIC_ACQUIRE) == 2)
+        health_watch_put(w); /* done never ran: the stream's reference too */
+    health_watch_put(w);
+    return rc;
+}
+
 __attribute__((constructor)) static void health_probe_install(void)
 {
     __atomic_store_n(&vrpc_health_probe, health_probe, __ATOMIC_RELEASE);
+    __atomic_store_n(&vrpc_health_watch, health_watch, __ATOMIC_RELEASE);
 }

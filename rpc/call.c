@@ -301,9 +301,12 @@ static void on_response(struct vrpc_channel *ch, struct vrpc_conn *c, const stru
             memcpy(s->resp, payload, h->payload_len);
             s->resp_len = h->payload_len;
             s->st.code = VRPC_OK;
+            s->st.flags = 0;
             s->st.message[0] = 0;
         } else {
             vrpc_status_set_bytes(&s->st, (enum vrpc_code)h->status, payload, h->payload_len);
+            if (h->flags & VRPC_FF_REFUSED) /* the server refused it unread */
+                s->st.flags = VRPC_STATUS_UNPROCESSED;
             if (h->status == VRPC_UNIMPLEMENTED)
                 name_unimplemented(&s->st, s->method);
         }
@@ -373,7 +376,7 @@ void vrpc_ch_request_go(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrp
             vrpc_rndv_revoke(&s->out);
         pthread_mutex_unlock(&ch->conn_lock);
         if (vrpc_pending_decide(s, gen)) {
-            vrpc_status_set(&s->st, VRPC_UNAVAILABLE, "send failed: %s", strerror(-rc));
+            vrpc_status_set_unprocessed(&s->st, VRPC_UNAVAILABLE, "send failed: %s", strerror(-rc));
             vrpc_ch_complete(ch, s, gen, on_poller);
         }
         slot_seen(s, gen);
@@ -383,23 +386,25 @@ void vrpc_ch_request_go(struct vrpc_channel *ch, struct vrpc_conn *c, struct vrp
         conn_unref(c);
 }
 
-/* vrpc_ch_get_conn's failure as the call's status; returns its code. */
+/* vrpc_ch_get_conn's failure as the call's status (never sent: marked
+ * VRPC_STATUS_UNPROCESSED); returns its code. */
 int vrpc_ch_conn_refused(struct vrpc_channel *ch, int rc, struct vrpc_status *st)
 {
     if (rc == -ESHUTDOWN)
-        vrpc_status_set(st, VRPC_UNAVAILABLE, "channel is shutting down");
+        vrpc_status_set_unprocessed(st, VRPC_UNAVAILABLE, "channel is shutting down");
     else if (rc == -EAGAIN && __atomic_load_n(&ch->last_err, __ATOMIC_RELAXED) == -ENXIO)
-        vrpc_status_set(st, VRPC_UNAVAILABLE, "channel in back-off after: cannot resolve the host name of %s",
-                        ch->turi);
+        vrpc_status_set_unprocessed(st, VRPC_UNAVAILABLE,
+                                    "channel in back-off after: cannot resolve the host name of %s", ch->turi);
     else if (rc == -EAGAIN)
-        vrpc_status_set(st, VRPC_UNAVAILABLE, "channel in back-off after: %s",
-                        strerror(-__atomic_load_n(&ch->last_err, __ATOMIC_RELAXED)));
+        vrpc_status_set_unprocessed(st, VRPC_UNAVAILABLE, "channel in back-off after: %s",
+                                    strerror(-__atomic_load_n(&ch->last_err, __ATOMIC_RELAXED)));
     else if (rc == -ENXIO)
-        vrpc_status_set(st, VRPC_UNAVAILABLE, "connect failed: cannot resolve the host name of %s", ch->turi);
+        vrpc_status_set_unprocessed(st, VRPC_UNAVAILABLE, "connect failed: cannot resolve the host name of %s",
+                                    ch->turi);
     else if (rc == -EINVAL)
-        vrpc_status_set(st, VRPC_INVALID_ARGUMENT, "connect to %s failed: invalid argument", ch->turi);
+        vrpc_status_set_unprocessed(st, VRPC_INVALID_ARGUMENT, "connect to %s failed: invalid argument", ch->turi);
     else
-        vrpc_status_set(st, VRPC_UNAVAILABLE, "connect failed: %s", strerror(-rc));
+        vrpc_status_set_unprocessed(st, VRPC_UNAVAILABLE, "connect failed: %s", strerror(-rc));
     return rc == -EINVAL ? VRPC_INVALID_ARGUMENT : VRPC_UNAVAILABLE;
 }
 
@@ -438,7 +443,7 @@ static int call_slot(struct vrpc_channel *ch, struct vrpc_conn *c, struct call_s
             vrpc_status_set(st, VRPC_DEADLINE_EXCEEDED, "deadline exceeded waiting for a call credit");
             return VRPC_DEADLINE_EXCEEDED;
         }
-        vrpc_status_set(st, VRPC_UNAVAILABLE, "channel is shutting down");
+        vrpc_status_set_unprocessed(st, VRPC_UNAVAILABLE, "channel is shutting down");
         return VRPC_UNAVAILABLE;
     }
     return 0;
@@ -475,7 +480,7 @@ static void call_no_buf(struct vrpc_channel *ch, struct vrpc_conn *c, const stru
     vrpc_lbuf_put(cs->lb);
     vrpc_ch_zc_release(ch, s, false); /* never granted */
     if (vrpc_pending_decide(s, gen)) {
-        vrpc_status_set(&s->st, VRPC_UNAVAILABLE, "no send buffer free");
+        vrpc_status_set_unprocessed(&s->st, VRPC_UNAVAILABLE, "no send buffer free");
         vrpc_ch_complete(ch, s, gen, false);
     }
     slot_seen(s, gen);
@@ -646,6 +651,7 @@ __attribute__((noinline)) int vrpc_ch_call(struct vrpc_channel *ch, const struct
         } else {
             *resp = msg;
             st->code = VRPC_OK;
+            st->flags = 0;
             st->message[0] = 0;
         }
     } else if (st != &local) {

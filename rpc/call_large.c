@@ -95,6 +95,7 @@ void vrpc_ch_response_read_done(struct vrpc_channel *ch, struct vrpc_rndv_in *in
             s->resp_lb = lb;
             s->resp_len = in->len;
             s->st.code = VRPC_OK;
+            s->st.flags = 0;
             s->st.message[0] = 0;
             vrpc_ch_send_done(ch, c, in->id, VRPC_OK);
             vrpc_ch_complete(ch, s, gen, true);

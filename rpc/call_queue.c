@@ -52,7 +52,7 @@ static void queued_fail(struct queued *e, enum vrpc_code code, const char *why)
     struct vrpc_channel *ch = e->ch;
     vrpc_pool_put(e->buf);
     e->buf = NULL;
-    vrpc_status_set(&e->st, code, "%s", why);
+    vrpc_status_set_unprocessed(&e->st, code, "%s", why); /* every queued call fails unsent */
     vrpc_task_init(&e->task, queued_fail_task);
     __atomic_add_fetch(&ch->qtasks, 1, __ATOMIC_RELAXED);
     if (vrpc_sched_submit(ch->sched, &e->task))
@@ -288,7 +288,7 @@ int vrpc_ch_start_queued(struct vrpc_channel *ch, struct vrpc_conn *c, struct ca
     vrpc_pool_put(qb);
     if (rc == -EAGAIN)
         return -EAGAIN;
-    vrpc_status_set(st, VRPC_UNAVAILABLE, "channel is shutting down");
+    vrpc_status_set_unprocessed(st, VRPC_UNAVAILABLE, "channel is shutting down");
     return VRPC_UNAVAILABLE;
 }
 

@@ -216,7 +216,7 @@ static int connect_once(struct vrpc_channel *ch, int64_t deadline_ns)
     uint8_t hp[VRPC_WIRE_HELLO_LEN];
     struct vrpc_wire_hello hs = {.max_msg_size = ch->own_max_payload,
                                  .max_concurrent = ch->pend->n,
-                                 .features = vrpc_rndv_features | VRPC_FEAT_STREAM,
+                                 .features = vrpc_rndv_features | VRPC_FEAT_STREAM | VRPC_FEAT_REFUSED,
                                  .stream_window = ch->o.stream_window};
     vrpc_wire_hello_encode(hp, &hs);
     h.payload_len = sizeof(hp);

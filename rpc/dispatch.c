@@ -14,26 +14,49 @@
 static void request_read_done(struct poller *pl, struct vrpc_rndv_in *in, int status);
 
 /* A header-only RESPONSE from the poller (request refused before it got a
- * call object). Never waits: without a send buffer the answer is dropped and
- * logged (the client's deadline covers it). */
-static void refuse(struct sconn *c, uint64_t id, enum vrpc_code code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static void refuse(struct sconn *c, uint64_t id, enum vrpc_code code, const char *fmt, ...)
+ * call object). unread: refused without processing (draining, out of
+ * memory, over a limit that may pass), marked VRPC_FF_REFUSED for a client
+ * that reads it (VRPC_FEAT_REFUSED) so it may retry anywhere. Never waits:
+ * without a send buffer the answer is dropped and logged (the client's
+ * deadline covers it). */
+static void vrefuse(struct sconn *c, uint64_t id, enum vrpc_code code, bool unread, const char *fmt, va_list ap)
 {
     char msg[VRPC_STATUS_MSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
     int n = vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
     if (n < 0)
         n = 0;
     if ((size_t)n >= sizeof(msg))
         n = sizeof(msg) - 1;
-    struct vrpc_wire_hdr h = {
-        .version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE, .status = (uint32_t)code, .request_id = id};
+    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION,
+                              .type = VRPC_FT_RESPONSE,
+                              .flags = vrpc_srv_refused_flag(c, unread),
+                              .status = (uint32_t)code,
+                              .request_id = id};
     if (vrpc_srv_conn_send_simple(c, &h, msg, (uint32_t)n, false) == -ENOBUFS &&
         !__atomic_load_n(&c->b.dead, __ATOMIC_ACQUIRE))
         vrpc_rpc_log("no send buffer to answer %s to a request; answer dropped", vrpc_code_name(code));
+}
+
+/* A refusal the client must not retry blindly (the request is wrong here). */
+static void refuse(struct sconn *c, uint64_t id, enum vrpc_code code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void refuse(struct sconn *c, uint64_t id, enum vrpc_code code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vrefuse(c, id, code, false, fmt, ap);
+    va_end(ap);
+}
+
+/* A refusal of a request left unread: safe to retry anywhere. */
+static void refuse_unread(struct sconn *c, uint64_t id, enum vrpc_code code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void refuse_unread(struct sconn *c, uint64_t id, enum vrpc_code code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vrefuse(c, id, code, true, fmt, ap);
+    va_end(ap);
 }
 
 /* Poller: the request is complete: arm its deadline and hand it to a worker. */
@@ -51,8 +74,11 @@ static void call_submit(struct poller *pl, struct vrpc_server_call *call, uint32
         uint64_t id;
         struct sconn *dc = vrpc_srv_call_detach(call, gen, VRPC_UNAVAILABLE, -ECONNRESET, false, &id);
         if (dc) {
-            struct vrpc_wire_hdr r = {
-                .version = VRPC_WIRE_VERSION, .type = VRPC_FT_RESPONSE, .status = VRPC_UNAVAILABLE, .request_id = id};
+            struct vrpc_wire_hdr r = {.version = VRPC_WIRE_VERSION,
+                                      .type = VRPC_FT_RESPONSE,
+                                      .flags = vrpc_srv_refused_flag(dc, true), /* no handler ran */
+                                      .status = VRPC_UNAVAILABLE,
+                                      .request_id = id};
             vrpc_srv_conn_send_simple(dc, &r, "server is shutting down", 23, false);
             vrpc_srv_answered(dc);
         }
@@ -82,7 +108,7 @@ static struct vrpc_server_call *request_slot(struct sconn *c, const struct vrpc_
          * the call: the handler keeps that object, the slot gets a new one. */
         struct vrpc_server_call *fresh = vrpc_srv_call_new(c->s, c);
         if (!fresh) {
-            refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "server out of memory");
+            refuse_unread(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "server out of memory");
             return NULL;
         }
         c->calls[slot] = fresh;
@@ -113,7 +139,7 @@ static struct method_entry *request_admit(struct sconn *c, const struct vrpc_wir
         return NULL;
     }
     if (__atomic_load_n(&c->b.goaway, __ATOMIC_ACQUIRE)) {
-        refuse(c, h->request_id, VRPC_UNAVAILABLE, "server is shutting down");
+        refuse_unread(c, h->request_id, VRPC_UNAVAILABLE, "server is shutting down");
         return NULL;
     }
     struct method_entry *me = vrpc_srv_lookup(s, h->method_id);
@@ -158,7 +184,7 @@ static int request_copy(struct sconn *c, struct vrpc_server_call *call, const st
         uint32_t want = inline_len > fit ? inline_len : fit;
         uint8_t *nb = realloc(call->buf, want);
         if (!nb) {
-            refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "server out of memory");
+            refuse_unread(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "server out of memory");
             return -1;
         }
         call->buf = nb;
@@ -166,7 +192,7 @@ static int request_copy(struct sconn *c, struct vrpc_server_call *call, const st
     }
     memcpy(call->buf, body, inline_len);
     if (h->md_len && !call->md && !(call->md = malloc(VRPC_MD_MAX * sizeof(*call->md)))) {
-        refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "server out of memory");
+        refuse_unread(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "server out of memory");
         return -1;
     }
     int nmd = h->md_len ? vrpc_wire_md_decode(call->buf, h->md_len, call->md, VRPC_MD_MAX) : 0;
@@ -186,16 +212,16 @@ static bool request_rndv_prepare(struct sconn *c, struct vrpc_server_call *call,
     char why[VRPC_STATUS_MSG_MAX];
     if (c->rd_pinned + h->payload_len > s->o.max_pinned_per_conn) {
         vrpc_srv_record(me, VRPC_RESOURCE_EXHAUSTED, now);
-        refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED,
-               "large requests of this connection being read: %.1f MiB of %.1f MiB allowed "
-               "(max_pinned_per_conn), %.1f MiB more asked",
-               (double)c->rd_pinned / (1 << 20), (double)s->o.max_pinned_per_conn / (1 << 20),
-               (double)h->payload_len / (1 << 20));
+        refuse_unread(c, h->request_id, VRPC_RESOURCE_EXHAUSTED,
+                      "large requests of this connection being read: %.1f MiB of %.1f MiB allowed "
+                      "(max_pinned_per_conn), %.1f MiB more asked",
+                      (double)c->rd_pinned / (1 << 20), (double)s->o.max_pinned_per_conn / (1 << 20),
+                      (double)h->payload_len / (1 << 20));
         return false;
     }
     if (vrpc_rndv_buf(s->tp, s->o.max_pinned, h->payload_len, &call->in.lb, why, sizeof(why))) {
         vrpc_srv_record(me, VRPC_RESOURCE_EXHAUSTED, now);
-        refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "%s", why);
+        refuse_unread(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "%s", why);
         return false;
     }
     call->in.ep = c->b.ep;
@@ -262,7 +288,7 @@ static void on_request(struct sconn *c, const struct vrpc_wire_hdr *h, const uin
                      __ATOMIC_RELAXED);
     uint32_t gen = ST_GEN(st) + 1 ? ST_GEN(st) + 1 : 1;
     if (me->sops && vrpc_srv_stream_open(call, me, h->request_id, gen)) {
-        refuse(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "server out of memory");
+        refuse_unread(c, h->request_id, VRPC_RESOURCE_EXHAUSTED, "server out of memory");
         return;
     }
     __atomic_store_n(&call->cancelled, 0, __ATOMIC_RELAXED);
@@ -397,7 +423,7 @@ static void on_hello(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8
     uint8_t p[VRPC_WIRE_HELLO_LEN];
     struct vrpc_wire_hello ack = {.max_msg_size = s->max_payload,
                                   .max_concurrent = c->ncalls,
-                                  .features = vrpc_rndv_features | VRPC_FEAT_STREAM,
+                                  .features = vrpc_rndv_features | VRPC_FEAT_STREAM | VRPC_FEAT_REFUSED,
                                   .stream_window = s->o.stream_window};
     vrpc_wire_hello_encode(p, &ack);
     if (vrpc_srv_conn_send_simple(c, &a, p, sizeof(p), false))

@@ -8,12 +8,16 @@
 #include <sched.h>
 #include <time.h>
 #include "rpc/channel_internal.h"
+#include <verbrpc/stream.h>
 #include "rpc/lb.h"
 
 /* ---- subchannels ------------------------------------------------------------- */
 
 static void sub_close(struct vrpc_subch *s)
 {
+    if (s->watch) /* first: its callbacks use s */
+        vrpc_stream_destroy(s->watch);
+    s->watch = NULL;
     for (unsigned i = 0; i < s->nch; i++)
         vrpc_channel_destroy(s->ch[i]);
     s->nch = 0;
@@ -31,6 +35,7 @@ static struct vrpc_subch *sub_new(struct vrpc_lb *lb, const char *uri)
     if (!s)
         return NULL;
     snprintf(s->uri, sizeof(s->uri), "%s", uri);
+    s->lb = lb;
     s->refs = 1; /* the set's */
     unsigned k = lb->o.conns_per_addr;
     for (s->nch = 0; s->nch < k; s->nch++) {
@@ -267,6 +272,8 @@ int vrpc_lb_create(const char *target, const struct vrpc_channel_opts *o, struct
     snprintf(lb->target, sizeof(lb->target), "%s", target);
     pthread_mutex_init(&lb->mu, NULL);
     pthread_cond_init(&lb->cond, NULL);
+    pthread_cond_init(&lb->job_cond, NULL);
+    lb->jobs_tail = &lb->jobs;
     pthread_mutex_init(&lb->pool_mu, NULL);
     set_state(ch, VRPC_CHANNEL_IDLE);
     if ((rc = lb_opts(lb, o)) || (rc = lb_sched(lb)))
@@ -339,6 +346,7 @@ void vrpc_lb_destroy(struct vrpc_channel *parent)
         pthread_mutex_unlock(&lb->mu);
         pthread_join(lb->thr, NULL); /* it completed the delayed calls (CANCELLED) */
     }
+    vrpc_lb_jobs_stop(lb);          /* a connect under way ends within connect_timeout_ms */
     vrpc_resolver_destroy(lb->res); /* no update from here on (the thread refreshed it) */
     /* the subchannels' channels complete their calls with CANCELLED (the
      * parent is SHUTDOWN: no retry); a subchannel's memory stays until the
@@ -368,6 +376,7 @@ void vrpc_lb_destroy(struct vrpc_channel *parent)
     free(lb->retry);
     pthread_mutex_destroy(&lb->mu);
     pthread_cond_destroy(&lb->cond);
+    pthread_cond_destroy(&lb->job_cond);
     pthread_mutex_destroy(&lb->pool_mu);
     free(lb);
     free(parent);

@@ -30,8 +30,10 @@
 #define VRPC_LB_RING_POINTS 100 /* ring points per server */
 #define VRPC_LB_MAX_ATTEMPTS 5
 #define VRPC_LB_URI_MAX 96
+#define VRPC_LB_JOB_THREADS 8 /* connect/health job threads per channel, at most */
 
 enum { LB_HEALTH_UNKNOWN = 0, LB_HEALTH_SERVING = 1, LB_HEALTH_NOT_SERVING = 2 };
+enum { LB_WATCH_RUNNING = 0, LB_WATCH_ENDED = 1, LB_WATCH_UNIMPLEMENTED = 2 };
 
 struct vrpc_subch {
     char uri[VRPC_LB_URI_MAX];
@@ -46,7 +48,14 @@ struct vrpc_subch {
     int64_t ejected_until;               /* atomic, ns (vrpc_now_ns); 0: not ejected */
     int health;                          /* atomic LB_HEALTH_* */
     int64_t next_health_ns;              /* lb thread only */
-    struct vrpc_subch *next_dead;        /* the graveyard (under mu) */
+    struct vrpc_lb *lb;
+    struct vrpc_stream *watch;    /* the Health/Watch stream or NULL (lb thread; destroy) */
+    int watch_end;                /* atomic LB_WATCH_*: how the stream ended */
+    bool check_only;              /* Watch is UNIMPLEMENTED there: poll Check (lb thread) */
+    bool probe_due;               /* atomic: its job runs one Check */
+    bool job_queued;              /* under lb->mu: a connect/health job is queued or running */
+    struct vrpc_subch *next_job;  /* the job queue (under lb->mu) */
+    struct vrpc_subch *next_dead; /* the graveyard (under mu) */
 };
 
 /* The current set, immutable once published (swapped under lock). */
@@ -89,6 +98,15 @@ struct vrpc_lb {
     bool stop, kick;
     pthread_t thr;
     bool thr_started;
+    /* Connect and health jobs (rpc/lb_thread.c), one per subchannel at a
+     * time, so a blackholed address delays no other: a queue (under mu)
+     * served by up to VRPC_LB_JOB_THREADS threads the lb thread starts as
+     * needed and vrpc_lb_destroy joins. */
+    struct vrpc_subch *jobs, **jobs_tail;
+    pthread_cond_t job_cond;
+    pthread_t job_thr[VRPC_LB_JOB_THREADS];
+    unsigned njob_thr; /* started (the lb thread writes it; destroy reads it after joining it) */
+    unsigned job_idle; /* job threads waiting (under mu) */
     struct vrpc_resolver *res;
 
     int64_t tokens_milli; /* atomic: the retry budget, in 1/1000 tokens */
@@ -282,6 +300,9 @@ void vrpc_lb_calls_free(struct vrpc_lb *lb);
 
 /* ---- rpc/lb_thread.c --------------------------------------------------------- */
 void *vrpc_lb_thread(void *arg);
+/* After the lb thread was joined (stop set): join the job threads, forget
+ * the jobs still queued (their subchannels' references go with the set). */
+void vrpc_lb_jobs_stop(struct vrpc_lb *lb);
 
 /* ---- rpc/lb_stats.c ---------------------------------------------------------- */
 int vrpc_lb_metrics_text(const struct vrpc_lb *lb, char **out, size_t *len);

@@ -1,7 +1,7 @@
 /* Calls on a channel over many servers: pick a subchannel, run the attempt
  * on one of its channels, retry after gRPC's design (per-method policy,
  * back-off with jitter, one deadline, the retry budget; transparent retry of
- * what the server never received), cancel. See rpc/lb.h. */
+ * what the server did not process, VRPC_STATUS_UNPROCESSED), cancel. See rpc/lb.h. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -150,20 +150,13 @@ static const struct vrpc_retry_policy *policy_of(const struct vrpc_lb *lb, const
     return lb->retry_any;
 }
 
-/* The server never received the request: the channel refused before
- * sending (no connection, back-off, the send failed), or the server refused
- * it unread after its GOAWAY. The messages are rpc/call.c's conn_refused and
- * vrpc_ch_request_go's, and rpc/dispatch.c's refusal. */
-static bool never_sent(const struct vrpc_status *st)
+/* The server did not process the attempt (VRPC_STATUS_UNPROCESSED: the
+ * channel never sent it, or the server refused it unread and said so with
+ * VRPC_FF_REFUSED): a transparent retry, whatever the method. A cancel or
+ * the deadline ends the call all the same. */
+static bool unprocessed(const struct vrpc_status *st)
 {
-    static const char *const pfx[] = {"channel in back-off", "connect failed", "send failed",
-                                      "server is shutting down"};
-    if (st->code != VRPC_UNAVAILABLE)
-        return false;
-    for (size_t i = 0; i < sizeof pfx / sizeof pfx[0]; i++)
-        if (strncmp(st->message, pfx[i], strlen(pfx[i])) == 0)
-            return true;
-    return false;
+    return (st->flags & VRPC_STATUS_UNPROCESSED) && st->code != VRPC_CANCELLED && st->code != VRPC_DEADLINE_EXCEEDED;
 }
 
 static void budget_success(struct vrpc_lb *lb)
@@ -193,7 +186,7 @@ static bool retry_decide(struct vrpc_lb *lb, const struct vrpc_retry_policy *pol
     if (st->code == VRPC_OK || __atomic_load_n(&lb->parent->state, __ATOMIC_ACQUIRE) == VRPC_CHANNEL_SHUTDOWN ||
         !can_resend || (deadline != VRPC_NO_DEADLINE && vrpc_now_ns() >= deadline))
         return false;
-    if (never_sent(st)) {
+    if (unprocessed(st)) {
         if (tr->transparent >= LB_MAX_TRANSPARENT)
             return false;
         tr->transparent++;
@@ -480,8 +473,8 @@ static int attempt_start(struct lb_call *c, const ProtobufCMessage *first)
         call_put(lb, c);
         if (first && (rc == -EAGAIN || rc == -ESHUTDOWN))
             return rc; /* as a plain channel's: the caller retries later */
-        vrpc_status_set(&c->st, rc == -EAGAIN ? VRPC_RESOURCE_EXHAUSTED : VRPC_UNAVAILABLE, "attempt refused: %s",
-                        strerror(-rc));
+        vrpc_status_set_unprocessed(&c->st, rc == -EAGAIN ? VRPC_RESOURCE_EXHAUSTED : VRPC_UNAVAILABLE,
+                                    "attempt refused: %s", strerror(-rc));
         finish_later(c);
         return 0;
     }

@@ -256,6 +256,13 @@ int vrpc_srv_conn_send(struct sconn *c, struct vrpc_buf *b, uint32_t len);
 /* A header-only frame (plus a short payload) on c through its quota. */
 int vrpc_srv_conn_send_simple(struct sconn *c, const struct vrpc_wire_hdr *h, const void *payload, uint32_t payload_len,
                               bool wait);
+/* The RESPONSE flags of a refusal: VRPC_FF_REFUSED when the request was left
+ * unprocessed (unread) and c's client reads the flag (VRPC_FEAT_REFUSED in
+ * its HELLO; an older client would reject the frame), else 0. */
+static inline uint16_t vrpc_srv_refused_flag(const struct sconn *c, bool unread)
+{
+    return unread && (c->b.peer_features & VRPC_FEAT_REFUSED) ? VRPC_FF_REFUSED : 0;
+}
 
 /* ---- server_call.c: a call's life ------------------------------------------ */
 

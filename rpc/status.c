@@ -46,18 +46,33 @@ const char *vrpc_channel_state_name(enum vrpc_channel_state st)
     return "UNKNOWN_STATE";
 }
 
+static void status_vset(struct vrpc_status *st, enum vrpc_code code, uint32_t flags, const char *fmt, va_list ap)
+{
+    st->code = code;
+    st->flags = flags;
+    if (!fmt)
+        st->message[0] = 0;
+    else
+        vsnprintf(st->message, sizeof(st->message), fmt, ap);
+}
+
 void vrpc_status_set(struct vrpc_status *st, enum vrpc_code code, const char *fmt, ...)
 {
     if (!st)
         return;
-    st->code = code;
-    if (!fmt) {
-        st->message[0] = 0;
-        return;
-    }
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(st->message, sizeof(st->message), fmt, ap);
+    status_vset(st, code, 0, fmt, ap);
+    va_end(ap);
+}
+
+void vrpc_status_set_unprocessed(struct vrpc_status *st, enum vrpc_code code, const char *fmt, ...)
+{
+    if (!st)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    status_vset(st, code, VRPC_STATUS_UNPROCESSED, fmt, ap);
     va_end(ap);
 }
 
@@ -66,6 +81,7 @@ void vrpc_status_set_bytes(struct vrpc_status *st, enum vrpc_code code, const vo
     if (len >= sizeof(st->message))
         len = sizeof(st->message) - 1;
     st->code = code;
+    st->flags = 0;
     memcpy(st->message, msg, len);
     st->message[len] = 0;
 }

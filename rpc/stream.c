@@ -246,7 +246,7 @@ static void stream_open(struct vrpc_stream *s, const struct vrpc_stream_opts *o,
     }
     if (rc) {
         if (vrpc_pending_decide(slot, s->gen)) {
-            vrpc_status_set(&slot->st, VRPC_UNAVAILABLE, "send failed: %s", strerror(-rc));
+            vrpc_status_set_unprocessed(&slot->st, VRPC_UNAVAILABLE, "send failed: %s", strerror(-rc));
             vrpc_ch_complete(ch, slot, s->gen, false);
         }
         slot_seen(slot, s->gen);

@@ -213,8 +213,11 @@ void vrpc_ch_stream_on_response(struct vrpc_channel *ch, struct vrpc_conn *c, st
         return;
     }
     bool won = vrpc_pending_decide(slot, gen);
-    if (won)
+    if (won) {
         vrpc_status_set_bytes(&slot->st, (enum vrpc_code)h->status, payload, h->payload_len);
+        if (h->flags & VRPC_FF_REFUSED) /* the server refused the stream unread */
+            slot->st.flags = VRPC_STATUS_UNPROCESSED;
+    }
     slot_seen(slot, gen);
     if (won)
         vrpc_ch_complete(ch, slot, gen, true);

@@ -100,13 +100,14 @@ static int frame_check(const struct vrpc_wire_hdr *h)
 {
     switch (h->type) {
     case VRPC_FT_REQUEST:
-        if (h->request_id == 0 || h->status != 0 || (h->flags & VRPC_FF_END))
+        if (h->request_id == 0 || h->status != 0 || (h->flags & (VRPC_FF_END | VRPC_FF_REFUSED)))
             return -EPROTO;
         if ((h->flags & VRPC_FF_STREAM) && ((h->flags & VRPC_FF_RNDV) || h->payload_len != 0))
             return -EPROTO;
         return 0;
     case VRPC_FT_RESPONSE: /* md: the call's trailing metadata */
-        if (h->request_id == 0 || h->status >= VRPC_CODE_COUNT || (h->flags & ~VRPC_FF_RNDV) || h->method_id != 0)
+        if (h->request_id == 0 || h->status >= VRPC_CODE_COUNT || (h->flags & ~(VRPC_FF_RNDV | VRPC_FF_REFUSED)) ||
+            h->method_id != 0 || ((h->flags & VRPC_FF_REFUSED) && h->status == VRPC_OK))
             return -EPROTO;
         return 0;
     case VRPC_FT_CANCEL:

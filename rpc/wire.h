@@ -44,11 +44,18 @@ enum vrpc_frame_type {
                                     the sender; a descriptor follows the metadata */
 #define VRPC_FF_STREAM 0x0004u /* REQUEST: opens a stream; payload_len 0, no RNDV */
 #define VRPC_FF_END 0x0008u    /* MESSAGE (client -> server): half-close after this message */
-#define VRPC_FF_KNOWN (VRPC_FF_DEADLINE | VRPC_FF_RNDV | VRPC_FF_STREAM | VRPC_FF_END)
+/* RESPONSE with a status other than OK, only to a client that offered
+ * VRPC_FEAT_REFUSED: the server refused the request without processing it
+ * (GOAWAY, draining, out of memory, over a limit); safe to retry anywhere. */
+#define VRPC_FF_REFUSED 0x0010u
+#define VRPC_FF_KNOWN (VRPC_FF_DEADLINE | VRPC_FF_RNDV | VRPC_FF_STREAM | VRPC_FF_END | VRPC_FF_REFUSED)
 
 /* HELLO/HELLO_ACK feature bits. */
 #define VRPC_FEAT_LARGE 0x1u  /* this side reads and serves rendezvous payloads */
 #define VRPC_FEAT_STREAM 0x2u /* this side serves streams (always set by version 3) */
+/* HELLO: this client reads VRPC_FF_REFUSED (a peer that does not know it
+ * rejects the frame); HELLO_ACK: this server marks its refusals with it. */
+#define VRPC_FEAT_REFUSED 0x4u
 
 /* A decoded header. The wire is narrower than some fields here (flags and
  * status 8 bits, md_len 16, budget 32 with a unit bit): encode requires

@@ -53,9 +53,21 @@ enum vrpc_code {
 /* Longest status message kept, including the NUL; longer messages are cut. */
 #define VRPC_STATUS_MSG_MAX 160
 
+/* struct vrpc_status flags. */
+/* The server did not process the request: it never left this client (no
+ * connection, back-off, the send failed, the channel is shutting down), or
+ * the server refused it unread (after its GOAWAY, while draining, out of
+ * memory or over its limits) and said so on the wire. The request had no
+ * effect anywhere, so it is safe to retry on any server, idempotent or not;
+ * a channel over many servers retries such calls transparently. Never set
+ * with VRPC_OK. A server without the wire feature never says so: its
+ * refusals then come without the flag (treated as possibly processed). */
+#define VRPC_STATUS_UNPROCESSED 0x1u
+
 /* A call's outcome. Fixed size: filling one never allocates. */
 struct vrpc_status {
     enum vrpc_code code;
+    uint32_t flags;                    /* VRPC_STATUS_* */
     char message[VRPC_STATUS_MSG_MAX]; /* NUL-terminated, "" when none */
 };
 
@@ -261,9 +273,12 @@ struct vrpc_channel_opts {
     unsigned lb_policy;                    /* enum vrpc_lb_policy; 0: round robin */
     unsigned conns_per_addr;               /* connections (each with its own poller)
                                               per server address; 0: 1, at most 16 */
-    uint32_t health_check_ms;              /* poll each server's Health.Check this
-                                              often; NOT_SERVING takes it out of
-                                              rotation until it serves again; 0: off */
+    uint32_t health_check_ms;              /* follow each server's Health.Watch
+                                              (reopened this long after it ends), or
+                                              poll its Health.Check this often where
+                                              Watch is UNIMPLEMENTED; NOT_SERVING takes
+                                              it out of rotation until it serves
+                                              again; 0: off */
     uint32_t outlier_failures;             /* consecutive failed calls (UNAVAILABLE,
                                               INTERNAL, UNKNOWN, DEADLINE_EXCEEDED)
                                               that eject a server; 0: 5 */

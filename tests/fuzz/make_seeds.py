@@ -14,7 +14,8 @@ OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "seeds")
 
 # ---- RPC wire (rpc/wire.h) -------------------------------------------------
 HELLO, HELLO_ACK, REQUEST, RESPONSE, CANCEL, GOAWAY, DONE, MESSAGE, HALF_CLOSE, WINDOW, HEADERS = range(1, 12)
-FF_DEADLINE, FF_RNDV, FF_STREAM, FF_END = 1, 2, 4, 8
+FF_DEADLINE, FF_RNDV, FF_STREAM, FF_END, FF_REFUSED = 1, 2, 4, 8, 16
+FEAT_LARGE, FEAT_STREAM, FEAT_REFUSED = 1, 2, 4
 WIRE_VERSION = 3
 
 
@@ -54,6 +55,7 @@ WIRE = {
     "response": rpc_frame(RESPONSE, b"\x10\x05", rid=ID),
     "response_error": rpc_frame(RESPONSE, b"no such key", rid=ID, status=5),
     "response_rndv": rpc_frame(RESPONSE, desc(0x1000, 9), rid=ID, flags=FF_RNDV, payload_len=70000),
+    "response_refused": rpc_frame(RESPONSE, b"server is shutting down", rid=ID, status=14, flags=FF_REFUSED),
     "cancel": rpc_frame(CANCEL, rid=ID),
     "goaway": rpc_frame(GOAWAY, b"shutting down", status=14),
     "done": rpc_frame(DONE, rid=ID, status=0),
@@ -265,6 +267,9 @@ CHANNEL = {
     "bad_reply": frames(r_ack, rpc_frame(RESPONSE, b"\x0b", rid=ID0), rpc_frame(RESPONSE, echo_rep, rid=ID0)),
     "unknown_id_done": frames(r_ack, rpc_frame(RESPONSE, echo_rep, rid=(7 << 32) | 5), rpc_frame(DONE, rid=ID1)),
     "no_ack": frames(rpc_frame(RESPONSE, echo_rep, rid=ID0)),
+    "refused": frames(rpc_frame(HELLO_ACK, hello(1 << 20, 64, FEAT_LARGE | FEAT_STREAM | FEAT_REFUSED)),
+                      rpc_frame(RESPONSE, b"server is shutting down", rid=ID0, status=14, flags=FF_REFUSED),
+                      rpc_frame(RESPONSE, b"", rid=ID1, status=0, flags=FF_REFUSED)),
 }
 
 # A stream of the channel (slot 2): initial metadata, messages, window, the end with trailers.

@@ -18,6 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 #include <verbrpc/health.vrpc.h>
@@ -649,6 +652,36 @@ static void t_file_update(void **state)
     rmdir(dir);
 }
 
+/* ---- transparent retry: the flag, not the words ----------------------------------------- */
+
+/* A handler that fails with UNAVAILABLE "server is shutting down ...", the
+ * words of a refusal, has run: the call is not retried (no retry policy,
+ * a method never marked idempotent), one attempt per call. Transparent retry
+ * used to go by the message's prefix and made 11 attempts of each (330 for
+ * 30 calls); now only VRPC_STATUS_UNPROCESSED drives it. */
+static void t_unprocessed_flag(void **state)
+{
+    (void)state;
+    enum { NCALLS = 30 };
+    assert_int_equal(start_n(3, NULL), 0);
+    struct vrpc_channel *ch = open_ch(NULL, 3, NULL);
+    uint64_t a0 = attempts_of(ch);
+    for (int i = 0; i < NCALLS; i++) {
+        Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
+        r.mode = 3;
+        ProtobufCMessage *resp;
+        struct vrpc_call_opts co = {.timeout_us = 5000000};
+        struct vrpc_status st;
+        assert_int_equal(vrpc_call(ch, &lb_m_once, &r.base, &resp, &co, &st), VRPC_UNAVAILABLE);
+        assert_non_null(strstr(st.message, "server is shutting down"));
+        assert_false(st.flags & VRPC_STATUS_UNPROCESSED); /* it ran */
+    }
+    uint64_t n = attempts_of(ch) - a0;
+    printf("%d calls whose handler failed with a refusal's words: %llu attempts\n", NCALLS, (unsigned long long)n);
+    assert_int_equal(n, NCALLS);
+    vrpc_channel_destroy(ch);
+}
+
 /* ---- health checks ---------------------------------------------------------------------- */
 
 static void t_health(void **state)
@@ -678,6 +711,142 @@ static void t_health(void **state)
     printf("back in rotation after %lld ms\n", (long long)t);
     assert_true(t >= 0 && t < 3000);
     vrpc_channel_destroy(ch);
+}
+
+/* Time until subchannel 0's health is want (us; -1 after 5 s), polled every 200 us. */
+static int64_t until_healthy(struct vrpc_channel *ch, bool want)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        struct vrpc_subchannel_info info[NSRV];
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        int64_t us = (t.tv_sec - t0.tv_sec) * 1000000 + (t.tv_nsec - t0.tv_nsec) / 1000;
+        if (vrpc_channel_subchannels(ch, info, NSRV) >= 1 && info[0].healthy == want)
+            return us;
+        if (us > 5000000)
+            return -1;
+        usleep(200);
+    }
+}
+
+/* Health by Watch: with a period of 10 s (a poll would take up to that
+ * long) server 0's NOT_SERVING takes its subchannel out within a bound far
+ * below it, and SERVING brings it back as fast. The times include the
+ * signal reaching the server process. */
+static void t_health_watch(void **state)
+{
+    (void)state;
+    assert_int_equal(start_n(3, NULL), 0);
+    struct vrpc_channel_opts o;
+    vrpc_channel_opts_init(&o);
+    o.health_check_ms = 10000;
+    struct vrpc_channel *ch = open_ch(NULL, 3, &o);
+    usleep(100000);              /* the Watch streams open on the lb thread's next round */
+    kill(g_srv[0].pid, SIGUSR1); /* NOT_SERVING */
+    int64_t out = until_healthy(ch, false);
+    int count[3] = {0};
+    for (int i = 0; i < 300; i++) {
+        int code, s = call_echo(ch, &lb_m_echo, 0, 0, NULL, NULL, 0, &code);
+        assert_int_equal(code, VRPC_OK);
+        count[s]++;
+    }
+    kill(g_srv[0].pid, SIGUSR2); /* SERVING */
+    int64_t back = until_healthy(ch, true);
+    printf("Watch (period 10 s): server 0 out %.1f ms after NOT_SERVING, back %.1f ms after SERVING; "
+           "calls meanwhile %d %d %d\n",
+           out / 1000.0, back / 1000.0, count[0], count[1], count[2]);
+    assert_true(out >= 0 && out < 2000000);
+    assert_true(back >= 0 && back < 2000000);
+    assert_int_equal(count[0], 0);
+    vrpc_channel_destroy(ch);
+}
+
+/* Servers whose Health has Check alone (Watch UNIMPLEMENTED): the channel
+ * polls Check instead, and NOT_SERVING still takes server 0 out. */
+static void t_health_check_fallback(void **state)
+{
+    (void)state;
+    assert_int_equal(start_n(3, "check-only"), 0);
+    struct vrpc_channel_opts o;
+    vrpc_channel_opts_init(&o);
+    o.health_check_ms = 50;
+    struct vrpc_channel *ch = open_ch(NULL, 3, &o);
+    usleep(200000); /* Watch tried, UNIMPLEMENTED, Check from then on */
+    kill(g_srv[0].pid, SIGUSR1);
+    int64_t out = until_healthy(ch, false);
+    int count[3] = {0};
+    for (int i = 0; i < 300; i++) {
+        int code, s = call_echo(ch, &lb_m_echo, 0, 0, NULL, NULL, 0, &code);
+        assert_int_equal(code, VRPC_OK);
+        count[s]++;
+    }
+    kill(g_srv[0].pid, SIGUSR2);
+    int64_t back = until_healthy(ch, true);
+    printf("Check fallback (period 50 ms): server 0 out after %.1f ms, back after %.1f ms; calls %d %d %d\n",
+           out / 1000.0, back / 1000.0, count[0], count[1], count[2]);
+    assert_true(out >= 0 && out < 3000000);
+    assert_true(back >= 0 && back < 3000000);
+    assert_int_equal(count[0], 0);
+    vrpc_channel_destroy(ch);
+}
+
+/* ---- a blackholed address among the servers -------------------------------------------- */
+
+/* A TCP listener that never accepts: the kernel completes the handshake
+ * (the backlog), then nothing answers verbrpc's, so a connect to it hangs
+ * for connect_timeout_ms. The other servers of the list must not wait for
+ * it: each subchannel connects on its own job. TCP only (a blackhole for
+ * verbs would need the fabric's help). */
+static void t_blackhole_connect(void **state)
+{
+    (void)state;
+    if (strcmp(lb_backend, "tcp") != 0) {
+        printf("t_blackhole_connect: TCP only, skipped on %s\n", lb_backend);
+        return;
+    }
+    assert_int_equal(start_n(2, NULL), 0);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof a;
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(fd, 16), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &alen), 0);
+    char target[512];
+    snprintf(target, sizeof target, "list://tcp://127.0.0.1:%u,%s,%s", ntohs(a.sin_port), g_srv[0].uri, g_srv[1].uri);
+    struct vrpc_channel_opts o;
+    vrpc_channel_opts_init(&o);
+    o.connect_timeout_ms = 3000;
+    o.backoff_initial_ms = 20;
+    o.backoff_max_ms = 200;
+    struct vrpc_channel *ch;
+    int64_t t0 = now_ms();
+    assert_int_equal(vrpc_channel_create(target, &o, &ch), 0);
+    struct vrpc_subchannel_info info[3];
+    int64_t ready_ms = -1;
+    bool hole_ready = true;
+    while (now_ms() - t0 < 10000) {
+        size_t k = vrpc_channel_subchannels(ch, info, 3);
+        if (k == 3 && info[1].state == VRPC_CHANNEL_READY && info[2].state == VRPC_CHANNEL_READY) {
+            ready_ms = now_ms() - t0;
+            hole_ready = info[0].state == VRPC_CHANNEL_READY;
+            break;
+        }
+        usleep(1000);
+    }
+    printf("blackholed address first in the list (connect_timeout_ms 3000): the other two READY after %lld ms\n",
+           (long long)ready_ms);
+    assert_true(ready_ms >= 0);
+    assert_false(hole_ready);
+    assert_true(ready_ms < 1500); /* well before the blackhole's connect gives up */
+    int code;
+    for (int i = 0; i < 20; i++) {
+        int srv = call_echo(ch, &lb_m_echo, 0, 0, NULL, NULL, 0, &code);
+        assert_int_equal(code, VRPC_OK);
+        assert_true(srv == 0 || srv == 1);
+    }
+    vrpc_channel_destroy(ch);
+    close(fd);
 }
 
 /* ---- streams over many servers ------------------------------------------------------------ */
@@ -795,7 +964,11 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(t_async_kill, teardown),
         cmocka_unit_test_teardown(t_async_cancel_destroy, teardown),
         cmocka_unit_test_teardown(t_file_update, teardown),
+        cmocka_unit_test_teardown(t_unprocessed_flag, teardown),
         cmocka_unit_test_teardown(t_health, teardown),
+        cmocka_unit_test_teardown(t_health_watch, teardown),
+        cmocka_unit_test_teardown(t_health_check_fallback, teardown),
+        cmocka_unit_test_teardown(t_blackhole_connect, teardown),
         cmocka_unit_test_teardown(t_peer_plain, teardown),
         cmocka_unit_test_teardown(t_streams, teardown),
     };

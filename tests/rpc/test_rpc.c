@@ -1124,6 +1124,103 @@ static void test_bad_requests_get_status(void **state)
 }
 
 /* Each bad frame closes only its own connection; a channel alongside carries on. */
+/* The n-th received frame, decoded (any type). */
+static void raw_frame_n(struct raw *r, unsigned n, struct vrpc_wire_hdr *h)
+{
+    for (int i = 0; i < 5000 && __atomic_load_n(&r->nrecv, __ATOMIC_ACQUIRE) < n; i++)
+        usleep(1000);
+    pthread_mutex_lock(&r->lock);
+    assert_true(r->nrecv >= n);
+    assert_int_equal(vrpc_wire_hdr_decode(r->last, r->last_len, h), 0);
+    pthread_mutex_unlock(&r->lock);
+}
+
+static void *shutdown_thread(void *arg) { return (void *)(intptr_t)vrpc_server_shutdown(arg, 5000); }
+
+/* After its GOAWAY a draining server refuses new requests unread, and says
+ * so with VRPC_FF_REFUSED to a client that offered VRPC_FEAT_REFUSED (in
+ * its HELLO_ACK too); a client that did not gets the same refusal without
+ * the flag (it would reject the frame). A call that never leaves a channel
+ * (nothing listens) carries VRPC_STATUS_UNPROCESSED. */
+static void test_refused_after_goaway(void **state)
+{
+    (void)state;
+    char uri[VRPC_URI_MAX], bound[VRPC_URI_MAX];
+    struct vrpc_server *s = start_server(listen_uri(uri, sizeof(uri), 0), 64);
+    assert_int_equal(vrpc_server_uri(s, bound, sizeof(bound)), 0);
+    struct raw r[2];
+    uint8_t f[256], p[VRPC_WIRE_HELLO_LEN], body[32];
+    unsigned runs0 = __atomic_load_n(&g_handler_runs, __ATOMIC_RELAXED);
+    Vrpctest__EchoRequest er = VRPCTEST__ECHO_REQUEST__INIT;
+    er.mode = MODE_DEFERRED; /* keeps the drain waiting */
+    er.sleep_ms = 500;
+    size_t slow_len = protobuf_c_message_pack(&er.base, body);
+    for (int i = 0; i < 2; i++) {
+        raw_open(&r[i], g_opt.backend);
+        raw_connect(&r[i], bound, g_opt.client_ip);
+        struct vrpc_wire_hello hs = {
+            .max_msg_size = 4096, .max_concurrent = 8, .features = i == 0 ? VRPC_FEAT_REFUSED : 0};
+        vrpc_wire_hello_encode(p, &hs);
+        struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_HELLO, .payload_len = sizeof(p)};
+        raw_send_bytes(&r[i], r[i].ep, f, frame(f, &h, NULL, p));
+        raw_frame_n(&r[i], 1, &h);
+        assert_int_equal(h.type, VRPC_FT_HELLO_ACK);
+        struct vrpc_wire_hello ack;
+        pthread_mutex_lock(&r[i].lock);
+        assert_int_equal(vrpc_wire_hello_decode(r[i].last + VRPC_WIRE_HDR_LEN, h.payload_len, &ack), 0);
+        pthread_mutex_unlock(&r[i].lock);
+        assert_true(ack.features & VRPC_FEAT_REFUSED);
+        struct vrpc_wire_hdr req = {.version = VRPC_WIRE_VERSION,
+                                    .type = VRPC_FT_REQUEST,
+                                    .method_id = m_echo.id,
+                                    .request_id = vrpc_wire_make_id(0, 1),
+                                    .payload_len = (uint32_t)slow_len};
+        raw_send_bytes(&r[i], r[i].ep, f, frame(f, &req, NULL, body));
+    }
+    wait_handler_runs(runs0 + 2); /* both slow calls run: the drain waits for them */
+    pthread_t t;
+    pthread_create(&t, NULL, shutdown_thread, s);
+    er.mode = MODE_ECHO;
+    er.sleep_ms = 0;
+    size_t len = protobuf_c_message_pack(&er.base, body);
+    for (int i = 0; i < 2; i++) {
+        struct vrpc_wire_hdr h;
+        raw_frame_n(&r[i], 2, &h);
+        assert_int_equal(h.type, VRPC_FT_GOAWAY);
+        struct vrpc_wire_hdr req = {.version = VRPC_WIRE_VERSION,
+                                    .type = VRPC_FT_REQUEST,
+                                    .method_id = m_echo.id,
+                                    .request_id = vrpc_wire_make_id(1, 1),
+                                    .payload_len = (uint32_t)len};
+        raw_send_bytes(&r[i], r[i].ep, f, frame(f, &req, NULL, body));
+        raw_frame_n(&r[i], 3, &h);
+        assert_int_equal(h.type, VRPC_FT_RESPONSE);
+        assert_true(h.request_id == req.request_id);
+        assert_int_equal(h.status, VRPC_UNAVAILABLE);
+        assert_int_equal(h.flags, i == 0 ? VRPC_FF_REFUSED : 0);
+    }
+    void *rc;
+    pthread_join(t, &rc);
+    assert_int_equal((intptr_t)rc, 0); /* the slow calls were answered */
+    for (int i = 0; i < 2; i++) {
+        struct vrpc_wire_hdr h;
+        raw_frame_n(&r[i], 4, &h);
+        assert_int_equal(h.type, VRPC_FT_RESPONSE);
+        assert_int_equal(h.status, VRPC_OK);
+        assert_int_equal(h.flags, 0);
+        raw_close(&r[i]);
+    }
+    vrpc_server_destroy(s);
+
+    /* nothing listens there now: never sent */
+    struct vrpc_channel *ch = new_channel(bound, 64, false);
+    Vrpctest__EchoReply *rep;
+    struct vrpc_status st;
+    assert_int_equal(call_echo(ch, NULL, 0, 0, MODE_ECHO, 0, NULL, &rep, &st), VRPC_UNAVAILABLE);
+    assert_int_equal(st.flags, VRPC_STATUS_UNPROCESSED);
+    vrpc_channel_destroy(ch);
+}
+
 static void test_protocol_errors_close_connection(void **state)
 {
     (void)state;
@@ -1616,6 +1713,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_calls_racing_connection_loss),
         cmocka_unit_test(test_pinned_placement),
         cmocka_unit_test(test_bad_requests_get_status),
+        cmocka_unit_test(test_refused_after_goaway),
         cmocka_unit_test(test_protocol_errors_close_connection),
         cmocka_unit_test(test_bad_server_frames),
         cmocka_unit_test(test_no_malloc_steady_state),

@@ -14,6 +14,7 @@
 #include "rpc/arena.h"
 #include "rpc/pbutil.h"
 #include "rpc/pending.h"
+#include "rpc/status.h"
 #include "rpc/timer.h"
 #include "rpc/wire.h"
 #include <verbrpc/stream.h>
@@ -108,6 +109,60 @@ static void test_hdr_rejects_bad_frames(void **state)
                                .md_len = 0xffff};
     vrpc_wire_hdr_encode(f, &h);
     assert_int_equal(vrpc_wire_hdr_decode(f, sizeof(f), &d), -EPROTO); /* 4 GiB claim */
+}
+
+/* VRPC_STATUS_UNPROCESSED: set only by vrpc_status_set_unprocessed, cleared
+ * by every other setter (a slot's status is reused call after call); on the
+ * wire VRPC_FF_REFUSED is a RESPONSE flag with a status other than OK, and
+ * the HELLO feature bit that gates it survives the round trip. */
+static void test_unprocessed_status(void **state)
+{
+    (void)state;
+    struct vrpc_status st;
+    memset(&st, 0xff, sizeof(st));
+    vrpc_status_set_unprocessed(&st, VRPC_UNAVAILABLE, "connect failed: %s", "refused");
+    assert_int_equal(st.code, VRPC_UNAVAILABLE);
+    assert_int_equal(st.flags, VRPC_STATUS_UNPROCESSED);
+    assert_string_equal(st.message, "connect failed: refused");
+    vrpc_status_set(&st, VRPC_UNAVAILABLE, "connect failed: %s", "refused"); /* same words, no flag */
+    assert_int_equal(st.flags, 0);
+    vrpc_status_set_unprocessed(&st, VRPC_UNAVAILABLE, NULL);
+    assert_int_equal(st.flags, VRPC_STATUS_UNPROCESSED);
+    assert_string_equal(st.message, "");
+    vrpc_status_set_bytes(&st, VRPC_INTERNAL, "abc", 3);
+    assert_int_equal(st.flags, 0);
+    vrpc_status_set_unprocessed(NULL, VRPC_UNAVAILABLE, "x"); /* no-op */
+
+    uint8_t f[VRPC_WIRE_HDR_LEN + 8];
+    struct vrpc_wire_hdr d, h = {.version = VRPC_WIRE_VERSION,
+                                 .type = VRPC_FT_RESPONSE,
+                                 .flags = VRPC_FF_REFUSED,
+                                 .status = VRPC_UNAVAILABLE,
+                                 .request_id = 9,
+                                 .payload_len = 8};
+    vrpc_wire_hdr_encode(f, &h);
+    assert_int_equal(vrpc_wire_hdr_decode(f, sizeof(f), &d), 0);
+    assert_int_equal(d.flags, VRPC_FF_REFUSED);
+    assert_int_equal(d.status, VRPC_UNAVAILABLE);
+    h.status = VRPC_OK; /* an answer was processed by definition */
+    vrpc_wire_hdr_encode(f, &h);
+    assert_int_equal(vrpc_wire_hdr_decode(f, sizeof(f), &d), -EPROTO);
+    h = (struct vrpc_wire_hdr){.version = VRPC_WIRE_VERSION,
+                               .type = VRPC_FT_REQUEST,
+                               .flags = VRPC_FF_REFUSED,
+                               .request_id = 9,
+                               .payload_len = 8};
+    vrpc_wire_hdr_encode(f, &h);
+    assert_int_equal(vrpc_wire_hdr_decode(f, sizeof(f), &d), -EPROTO); /* RESPONSE only */
+    h.type = VRPC_FT_MESSAGE;
+    vrpc_wire_hdr_encode(f, &h);
+    assert_int_equal(vrpc_wire_hdr_decode(f, sizeof(f), &d), -EPROTO);
+
+    uint8_t p[VRPC_WIRE_HELLO_LEN];
+    struct vrpc_wire_hello hs = {.max_msg_size = 4096, .max_concurrent = 8, .features = VRPC_FEAT_REFUSED}, hd;
+    vrpc_wire_hello_encode(p, &hs);
+    assert_int_equal(vrpc_wire_hello_decode(p, sizeof(p), &hd), 0);
+    assert_int_equal(hd.features, VRPC_FEAT_REFUSED);
 }
 
 static void test_metadata_codec(void **state)
@@ -718,6 +773,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hdr_roundtrip_and_byte_order),
         cmocka_unit_test(test_hdr_rejects_bad_frames),
+        cmocka_unit_test(test_unprocessed_status),
         cmocka_unit_test(test_metadata_codec),
         cmocka_unit_test(test_hello_and_ids),
         cmocka_unit_test(test_rndv_and_done_frames),
