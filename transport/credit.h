@@ -7,7 +7,8 @@
  * credit_ret with vrpc_credit_take_ret when it builds a header).
  *
  * Threads and locks: avail, posted and credit_ret are atomics any thread may
- * touch; everything else (the hungry list, granted, resv, target, hungry) is
+ * touch; everything else (the hungry list, granted, resv, target, keep,
+ * used, win_ns, hungry) is
  * the pool's poller's alone, and the functions below that touch it run on
  * that poller with no lock held (vrpc_credit_distribute takes the endpoint's
  * lock only inside the backend's send hook). The hot ones are static inline:
@@ -47,7 +48,15 @@ struct vrpc_credit_ep {
     uint32_t granted;       /* credits the peer holds or will get (promised buffers) */
     uint32_t resv;          /* reservation: granted + consumed, not yet paid back */
     uint32_t target;        /* the most resv may grow to (credits attribute) */
-    bool hungry;            /* on the pool's hungry list */
+    /* Shrinking (vrpc_credit_shrink): resv grows only below keep, and while
+     * resv > keep each message consumed takes one off resv instead of
+     * being owed (a cut waiting for credits the peer still holds). keep ==
+     * target when no cut is pending. used: messages consumed since win_ns,
+     * the start of the current shrink window (0: not started). */
+    uint32_t keep;
+    uint32_t used;
+    uint64_t win_ns;
+    bool hungry; /* on the pool's hungry list */
     struct vrpc_credit_ep *hnext;
 };
 
@@ -119,12 +128,33 @@ static inline void vrpc_credit_hungry_add(struct vrpc_credit_pool *p, struct vrp
 void vrpc_credit_hungry_remove(struct vrpc_credit_pool *p, struct vrpc_credit_ep *e);
 
 /* A message of e's peer consumed one of its promised receives: one credit
- * less granted, and e is owed one. Poller, no lock. */
+ * less granted, counted in used, and e is owed one; or, while a cut is
+ * pending (resv > keep), the reservation is one less instead (the buffer,
+ * once reposted, is the pool's again). Poller, no lock. */
 static inline void vrpc_credit_consumed(struct vrpc_credit_pool *p, struct vrpc_credit_ep *e)
 {
     e->granted--;
+    e->used++;
+    if (__builtin_expect(e->resv > e->keep, 0)) {
+        if (--e->resv == e->keep)
+            e->keep = e->target; /* cut done: may grow again on demand */
+        return;
+    }
     vrpc_credit_hungry_add(p, e);
 }
+
+/* Credit rule 7 (shrinking), once per window of shrink_ns (0: never; call
+ * it at least every tenth of a window, from the pool's poller, no lock): a
+ * connection whose peer sent fewer messages in the window just ended than
+ * its reservation is cut back to what it sent (at least the pool's
+ * min_resv). It cannot have had more in flight than it sent, so the cut
+ * never slows it. Credits the peer holds are never taken back: what it
+ * consumed and is not yet paid back is dropped at once, the rest as the
+ * peer uses it (vrpc_credit_consumed); buffers not paid back stay in avail
+ * for other (and new) connections. A busy connection (as many messages as
+ * its reservation) keeps it. Returns how many credits were cut at once.
+ * Out of line: not on the per-message path. */
+uint32_t vrpc_credit_shrink(struct vrpc_credit_pool *p, struct vrpc_credit_ep *e, uint64_t now, uint64_t shrink_ns);
 
 /* The credits to piggyback on a header being built (all that piled up).
  * Any thread; the backend calls it where it builds headers (usually under
@@ -138,7 +168,7 @@ static inline uint32_t vrpc_credit_take_ret(struct vrpc_credit_ep *e)
  * their reservation), oldest first. While the pool has spare receives (more
  * than a quarter of those posted stay unpromised, kept for new
  * connections), a paid-back endpoint's reservation grows by one, up to its
- * target: busy connections get deep pipelines, idle ones keep what they had.
+ * target (keep, lower while a cut is pending): busy connections get deep pipelines, idle ones keep what they had.
  * An explicit update goes out (send_locked(e), which takes e's endpoint lock
  * itself and sends a credit-only message) once half the reservation (at
  * least 1) piled up, or when the peer holds nothing at all (everything
@@ -157,7 +187,7 @@ static inline void vrpc_credit_distribute(struct vrpc_credit_pool *p, void (*sen
             if (!p->hungry_head)
                 p->hungry_tail = NULL;
             e->hungry = false;
-            if (e->resv < e->target && atomic_load(&p->avail) > atomic_load(&p->posted) / 4 &&
+            if (e->resv < e->keep && atomic_load(&p->avail) > atomic_load(&p->posted) / 4 &&
                 vrpc_credit_take_avail_exact(p, 1)) {
                 e->resv++;
                 e->granted++;

@@ -39,6 +39,7 @@ void vrpc_transport_attr_init(struct vrpc_transport_attr *attr)
     attr->read_chunk = 0; /* backend's choice: see transport.h */
     attr->read_window = 2;
     attr->max_pinned = (uint64_t)256 << 20;
+    attr->shrink_ms = 1000;
 }
 
 static void apply_defaults(struct vrpc_transport_attr *a, const struct vrpc_transport_attr *in)
@@ -64,6 +65,8 @@ static void apply_defaults(struct vrpc_transport_attr *a, const struct vrpc_tran
         a->max_pinned = d.max_pinned;
     if (!a->credit_timeout_ms)
         a->credit_timeout_ms = a->idle_timeout_ms;
+    if (!a->shrink_ms)
+        a->shrink_ms = d.shrink_ms;
 }
 
 /* The backend (or layer) whose name is the first len bytes of name; a

@@ -102,12 +102,25 @@
  *      vrpc_transport_attr.credit_timeout_ms with no credit arriving
  *      meanwhile, the endpoint fails with -ETIMEDOUT (logged: "peer returned
  *      no credits for N ms"); its sends flush as for any failure.
- *   Reservations do not shrink: taking back credits a peer holds would need
- *   the peer's consent on the wire. What bounds them is the number of
- *   connections (vrpc_listen_attr.max_conns) times attr.credits, and the
- *   quarter of posted buffers rule 3 keeps for new connections; a server
- *   that must never refuse a connection below max_conns posts 2 more
- *   buffers per connection as connections arrive (the RPC server does).
+ *   7. Reservations shrink with demand: a connection whose peer sent fewer
+ *      messages in the last vrpc_transport_attr.shrink_ms (1000 ms; checked
+ *      every 100 ms or so) than its reservation is cut back to the number it
+ *      sent, but never below the minimum of rule 2 (TCP 2, verbs 1 data
+ *      credit + its control buffer), so every connection can always make
+ *      progress. It cannot have had more messages in flight than it sent, so
+ *      the cut never slows it; a busy one keeps its reservation and grows as
+ *      by rule 3. Credits the peer holds are never taken back (nothing
+ *      changes on the wire): what it consumed and was not paid back yet is
+ *      dropped at once, the rest as the peer spends it (those messages are
+ *      not paid back). The buffers so freed stay unpromised on the CQ, for
+ *      other and new connections. Limitation: a peer that stays silent
+ *      while holding credits keeps them until it sends or leaves (at most
+ *      attr.credits each). VRPC_SHRINK_NEVER turns this off.
+ *   What bounds reservations is the number of connections
+ *   (vrpc_listen_attr.max_conns) times attr.credits, the quarter of posted
+ *   buffers rule 3 keeps for new connections, and rule 7; a server that
+ *   must never refuse a connection below max_conns posts 2 more buffers per
+ *   connection as connections arrive (the RPC server does).
  *   Sizing: post at least 2 buffers per connection on a CQ, plus what busy
  *   connections should pipeline (about active peers x credits).
  *
@@ -237,7 +250,14 @@ struct vrpc_transport_attr {
                             no credit from the peer meanwhile, fails the
                             connection (-ETIMEDOUT, rule 6 of "Credits");
                             0: idle_timeout_ms */
+    uint32_t shrink_ms;          /* a connection whose peer sent fewer messages in
+                            this long than its reservation is cut back to what
+                            it sent, at least the minimum (rule 7 of
+                            "Credits"); 0: 1000, VRPC_SHRINK_NEVER: never */
 };
+
+/* vrpc_transport_attr.shrink_ms: reservations never shrink. */
+#define VRPC_SHRINK_NEVER UINT32_MAX
 
 /* Fill *attr with the defaults (all zero means default, too). */
 VRPC_API void vrpc_transport_attr_init(struct vrpc_transport_attr *attr);

@@ -38,9 +38,11 @@ void t_abort(void **state);
 void t_fair_max_conns(void **state);
 void t_fair_credit_timeout(void **state);
 void t_fair_eager_min(void **state);
+void t_fair_shrink(void **state);
 
 #define FAIR_CASES                                                                                                     \
-    cmocka_unit_test(t_fair_max_conns), cmocka_unit_test(t_fair_credit_timeout), cmocka_unit_test(t_fair_eager_min),
+    cmocka_unit_test(t_fair_max_conns), cmocka_unit_test(t_fair_credit_timeout), cmocka_unit_test(t_fair_eager_min),   \
+        cmocka_unit_test(t_fair_shrink),
 
 /* TCP only (bad_peer.c). */
 void t_bad_garbage(void **state);

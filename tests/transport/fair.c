@@ -120,3 +120,89 @@ void t_fair_eager_min(void **state)
     assert_int_equal(vrpc_transport_eager_size(tp), VRPC_EAGER_MIN);
     vrpc_transport_destroy(tp);
 }
+
+/* Rule 7 end to end. A server with 32 receive buffers on one CQ that
+ * reposts what it gets: connections are made, each sending a burst of 16
+ * messages (so its reservation grows, rule 3), until the server refuses
+ * one. Then, for up to 6 s, every connection sends one message per 150 ms (a
+ * light load, fewer messages per shrink_ms than the minimum reservation,
+ * that spends the credits it holds) while one more connection is tried
+ * each round, until 6 more are in. With shrink_ms 200 the light
+ * connections are cut back to the minimum and new ones get in; with
+ * VRPC_SHRINK_NEVER at most one does (a refusal of the fill can come while
+ * its last burst still holds buffers). */
+#define SHRINK_MAX_EPS 64
+
+static void send_one(struct client *c, struct vrpc_ep *ep, uint32_t i)
+{
+    struct vrpc_buf *b;
+    struct vrpc_wc w;
+    int rc;
+    while (!(b = vrpc_pool_get(c->pool))) {
+        assert_true(coll_wait(&c->coll, VRPC_WC_SEND, NULL, WAIT_MS, &w));
+        vrpc_pool_put(w.buf);
+    }
+    fill(b->data, 64, i);
+    while ((rc = vrpc_ep_send(ep, b, 64, i, i, 0)) == -EAGAIN) {
+        assert_true(coll_wait(&c->coll, VRPC_WC_SEND, NULL, WAIT_MS, &w));
+        vrpc_pool_put(w.buf);
+    }
+    assert_int_equal(rc, 0);
+}
+
+static void shrink_case(uint32_t shrink_ms, unsigned *before, unsigned *after)
+{
+    struct vrpc_transport_attr ta;
+    struct echo e;
+    struct client c;
+    struct vrpc_ep *eps[SHRINK_MAX_EPS];
+    struct vrpc_wc w;
+    unsigned n = 0, more = 0;
+    uint32_t seq = 0;
+    vrpc_transport_attr_init(&ta);
+    ta.shrink_ms = shrink_ms;
+    struct echo_cfg ec = {.tattr = &ta, .ncq = 1, .nbufs = 32, .repost_only = true};
+    assert_int_equal(echo_start(&e, &ec), 0);
+    assert_int_equal(client_start(&c, NULL, 512, 256, 0, NULL, NULL), 0);
+    while (n < SHRINK_MAX_EPS && client_connect(&c, e.uri, &eps[n]) == 0) {
+        for (int k = 0; k < 16; k++)
+            send_one(&c, eps[n], seq++);
+        n++;
+    }
+    *before = n;
+    for (int round = 0; round < 40 && n < SHRINK_MAX_EPS && more < 6; round++) {
+        for (unsigned i = 0; i < n; i++)
+            send_one(&c, eps[i], seq++);
+        while (coll_wait(&c.coll, VRPC_WC_SEND, NULL, 0, &w))
+            vrpc_pool_put(w.buf);
+        usleep(150000);
+        if (client_connect(&c, e.uri, &eps[n]) == 0) {
+            n++;
+            more++;
+        }
+    }
+    *after = more;
+    for (unsigned i = 0; i < n; i++)
+        vrpc_ep_destroy(eps[i]);
+    for (unsigned i = 0; i < n; i++)
+        coll_wait(&c.coll, VRPC_WC_DISCONNECTED, eps[i], WAIT_MS, &w);
+    while (coll_wait(&c.coll, VRPC_WC_SEND, NULL, 0, &w))
+        vrpc_pool_put(w.buf);
+    client_stop(&c);
+    echo_stop(&e);
+}
+
+void t_fair_shrink(void **state)
+{
+    unsigned before, after, nbefore, nafter;
+    (void)state;
+    shrink_case(200, &before, &after);
+    shrink_case(VRPC_SHRINK_NEVER, &nbefore, &nafter);
+    printf("  32 receive buffers: shrink_ms 200: %u connections in, %u more after the light load; "
+           "VRPC_SHRINK_NEVER: %u in, %u more\n",
+           before, after, nbefore, nafter);
+    assert_true(before >= 1 && before < SHRINK_MAX_EPS);
+    assert_true(nbefore >= 1 && nbefore < SHRINK_MAX_EPS);
+    assert_true(after >= 4);
+    assert_true(nafter <= 1); /* one refusal while the fill's last burst was in flight */
+}

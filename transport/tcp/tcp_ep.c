@@ -14,7 +14,7 @@ struct tcp_ep *vrpc_tcp_ep_alloc(struct vrpc_transport *tp, struct tcp_cq *cq, i
     ep->fd = fd;
     pthread_mutex_init(&ep->lock, NULL);
     ep->max_queued = tp->attr.max_queued;
-    ep->cr.target = tp->attr.credits;
+    ep->cr.target = ep->cr.keep = tp->attr.credits;
     ep->ctrl.data = ep->ctrl_space + HDR_LEN;
     ep->errf.data = ep->err_space + HDR_LEN;
     atomic_init(&ep->nreads, 0);
@@ -179,6 +179,7 @@ void vrpc_tcp_ep_scan_timeouts(struct tcp_cq *cq, uint64_t now)
     const struct vrpc_transport_attr *a = &cq->base.tp->attr;
     uint64_t idle = (uint64_t)a->idle_timeout_ms * 1000000u, hs = (uint64_t)a->connect_timeout_ms * 1000000u;
     uint64_t ctmo = (uint64_t)a->credit_timeout_ms * 1000000u;
+    uint64_t shrink = a->shrink_ms == VRPC_SHRINK_NEVER ? 0 : (uint64_t)a->shrink_ms * 1000000u;
     for (ep = cq->eps; ep; ep = n) {
         uint64_t c = atomic_load(&ep->close_ns);
         n = ep->next;
@@ -196,6 +197,8 @@ void vrpc_tcp_ep_scan_timeouts(struct tcp_cq *cq, uint64_t now)
         else if (vrpc_credit_wait_expired(atomic_load_explicit(&ep->wait_ns, memory_order_relaxed), now, ctmo)) {
             snprintf(ep->why, sizeof ep->why, "peer returned no credits for %u ms", a->credit_timeout_ms);
             vrpc_tcp_ep_teardown(cq, ep, -ETIMEDOUT, ep->why);
+        } else if (atomic_load(&ep->state) != S_HANDSHAKE) {
+            vrpc_credit_shrink(&cq->cr, &ep->cr, now, shrink); /* rule 7 */
         }
     }
 }

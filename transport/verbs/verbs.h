@@ -324,11 +324,12 @@ struct vcq {
     /* poller only */
     struct vrpc_wc *stage;
     unsigned st_head, st_tail, st_cap;
-    struct vep *reap_wait; /* drained; torn down once the CQ was seen empty */
-    atomic_int reading;    /* endpoints with a read deadline set */
-    uint64_t rd_scan_ns;   /* next read watchdog scan */
-    uint64_t cw_scan_ns;   /* next credit watchdog scan */
-    atomic_int waiting;    /* endpoints with wait_ns set */
+    struct vep *reap_wait;   /* drained; torn down once the CQ was seen empty */
+    atomic_int reading;      /* endpoints with a read deadline set */
+    uint64_t rd_scan_ns;     /* next read watchdog scan */
+    uint64_t cw_scan_ns;     /* next credit watchdog scan */
+    uint64_t shrink_scan_ns; /* next reservation shrink scan (rule 7) */
+    atomic_int waiting;      /* endpoints with wait_ns set */
     struct ibv_wc wcs[32];
 };
 

@@ -341,6 +341,26 @@ static void credit_watchdog(struct vcq *cq)
         verbs_ep_fail(late[i], -ETIMEDOUT, "peer returned no credits for %u ms", cq->tp->base.attr.credit_timeout_ms);
 }
 
+/* Rule 7 of transport.h's credits: reservations shrink with demand (the
+ * core's vrpc_credit_shrink), looked at every 100 ms (the poller wakes at
+ * least every 200 ms). */
+static void shrink_scan(struct vcq *cq)
+{
+    uint32_t ms = cq->tp->base.attr.shrink_ms;
+    uint64_t now;
+    if (ms == VRPC_SHRINK_NEVER)
+        return;
+    now = vrpc_tp_now_ns();
+    if (now < cq->shrink_scan_ns)
+        return;
+    cq->shrink_scan_ns = now + 100000000ull;
+    pthread_mutex_lock(&cq->lock);
+    for (uint32_t i = 0; i <= cq->map_mask; i++)
+        if (cq->map[i] && cq->map[i]->counted)
+            vrpc_credit_shrink(&cq->cr, &cq->map[i]->cr, now, (uint64_t)ms * 1000000ull);
+    pthread_mutex_unlock(&cq->lock);
+}
+
 /* The CQ whose poller this thread is (set by its first poll): a receive
  * reposted from the CQ's own callback needs no wake-up, the poller
  * distributes credits on its next poll anyway. */
@@ -377,6 +397,7 @@ int verbs_cq_poll(struct vrpc_cq *base, struct vrpc_wc *wc, unsigned max)
         vrpc_credit_distribute(&cq->cr, verbs_msg_credit_send);
         verbs_rma_watchdog(cq);
         credit_watchdog(cq);
+        shrink_scan(cq);
     }
     while (n < max && cq->st_head != cq->st_tail)
         wc[n++] = cq->stage[cq->st_head++ % cq->st_cap];
