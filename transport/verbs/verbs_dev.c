@@ -170,7 +170,10 @@ static void on_async_event(struct ibv_context *ctx, const struct ibv_async_event
         else if (ev->event_type == IBV_EVENT_PATH_MIG_ERR)
             status = -ENETUNREACH;
         ep = ev->element.qp->qp_context;
-        verbs_ep_fail(ep, status, "queue pair error reported by the device: %s", name);
+        /* logged here too: ep_fail says nothing when ep had failed before */
+        vrpc_tp_log("verbs: device %s reports %s on qpn %u (to %s)", dev, name, ev->element.qp->qp_num,
+                    ep->base.peer_uri);
+        verbs_ep_fail(ep, status, "queue pair error reported by the device: %s (qpn %u)", name, ev->element.qp->qp_num);
         break;
     case IBV_EVENT_CQ_ERR:
     case IBV_EVENT_SRQ_ERR:
