@@ -55,8 +55,12 @@ int verbs_dev_bind(struct vtp *tp, struct ibv_context *verbs)
     }
     tp->verbs = verbs;
     tp->rd_chunk = tp->cfg.rd_chunk ? tp->cfg.rd_chunk : tp->base.attr.read_chunk;
-    /* a chunk fixed by the attribute or the environment stays fixed */
-    tp->rd_chunk_bulk = tp->cfg.rd_chunk_bulk ? tp->cfg.rd_chunk_bulk : tp->rd_chunk ? 0 : READ_CHUNK_BULK;
+    /* a chunk fixed by the attribute or the environment stays fixed; a
+     * software device reads in bulk chunks only when told to (see
+     * READ_CHUNK_BULK: they overflow its netdev under concurrent reads) */
+    tp->rd_chunk_bulk = tp->cfg.rd_chunk_bulk                                  ? tp->cfg.rd_chunk_bulk
+                        : tp->rd_chunk || tp->dattr.vendor_id == RXE_VENDOR_ID ? 0
+                                                                               : READ_CHUNK_BULK;
     if (!tp->rd_chunk)
         tp->rd_chunk = tp->dattr.vendor_id == RXE_VENDOR_ID ? READ_CHUNK_SOFT : READ_CHUNK_HW;
     tp->rd_window = tp->cfg.rd_window ? tp->cfg.rd_window : tp->base.attr.read_window;
