@@ -240,10 +240,21 @@ static void on_established(struct vep *ep)
 /* DISCONNECTED (either side): the CM's verdict (see verbs_ep_fail_cm). */
 static void on_disconnected(struct vep *ep)
 {
-    bool local;
+    bool local, busy;
+    uint32_t sends, reads, mws, queued;
     pthread_mutex_lock(&ep->lock);
     local = ep->state == S_CLOSING;
+    busy = ep->state != S_DEAD && !verbs_ep_sq_idle_locked(ep);
+    sends = verbs_msg_ring_used(ep);
+    reads = ep->rd_inflight;
+    mws = ep->mw_inflight;
+    queued = ep->nwait;
     pthread_mutex_unlock(&ep->lock);
+    /* what the disconnect cuts off (error path: the peer left mid-work) */
+    if (busy && ep->reported)
+        vrpc_tp_log("verbs: qpn %u to %s: peer disconnected with %u sends unacknowledged, %u READ chunks and %u "
+                    "window operations in flight, %u sends queued for credits",
+                    ep->qpn, ep->base.peer_uri, sends, reads, mws, queued);
     /* a graceful close by either side, or a peer process that died;
 	 * but a QP already in error (nothing here moves it there before
 	 * ep_fail) means the connection broke first: e.g. this side

@@ -194,6 +194,71 @@ static void take_todo(struct vcq *cq)
     }
 }
 
+static const char *qp_state_str(enum ibv_qp_state st)
+{
+    switch (st) {
+    case IBV_QPS_RESET:
+        return "RESET";
+    case IBV_QPS_INIT:
+        return "INIT";
+    case IBV_QPS_RTR:
+        return "RTR";
+    case IBV_QPS_RTS:
+        return "RTS";
+    case IBV_QPS_SQD:
+        return "SQD";
+    case IBV_QPS_SQE:
+        return "SQE";
+    case IBV_QPS_ERR:
+        return "ERR";
+    default:
+        return "?";
+    }
+}
+
+/* Error paths only. */
+void verbs_cq_log_wc(struct vep *ep, const struct ibv_wc *wc, const char *what)
+{
+    char why[200] = "";
+    if (ep) {
+        pthread_mutex_lock(&ep->lock);
+        if (ep->state == S_DEAD)
+            snprintf(why, sizeof(why), "; the connection had failed before: %s", ep->why);
+        pthread_mutex_unlock(&ep->lock);
+    }
+    vrpc_tp_log("verbs: qpn %u%s%s: %s completion failed: %s (status %d, opcode %d, vendor_err %#x, wr_id %#llx)%s",
+                wc->qp_num, ep ? " to " : " (no endpoint: the QP is unmapped)", ep ? ep->base.peer_uri : "", what,
+                ibv_wc_status_str(wc->status), (int)wc->status, (int)wc->opcode, wc->vendor_err,
+                (unsigned long long)wc->wr_id, why);
+}
+
+void verbs_cq_fail_flushed(struct vep *ep, const struct ibv_wc *wc, const char *what, bool fail)
+{
+    struct ibv_qp_attr a;
+    struct ibv_qp_init_attr ia;
+    const char *st = "?";
+    bool quiet;
+    pthread_mutex_lock(&ep->lock);
+    /* the usual cases: ep failed first and said why, or our own
+     * rdma_disconnect moved the QP to error */
+    quiet = ep->state == S_DEAD || ep->disc_sent;
+    pthread_mutex_unlock(&ep->lock);
+    if (quiet || ep->flush_logged)
+        return;
+    ep->flush_logged = true;
+    /* the QP is alive: only the CM thread destroys it, after ep failed */
+    if (ep->qp && ibv_query_qp(ep->qp, &a, IBV_QP_STATE, &ia) == 0)
+        st = qp_state_str(a.qp_state);
+    if (fail)
+        verbs_ep_fail(ep, -ECONNRESET,
+                      "queue pair in error (qpn %u, state %s): a flushed %s was the first sign, no error "
+                      "completion or event came before it",
+                      wc->qp_num, st, what);
+    else
+        vrpc_tp_log("verbs: qpn %u to %s: a flushed %s is the first sign of the queue pair in error (state %s)",
+                    wc->qp_num, ep->base.peer_uri, what, st);
+}
+
 static void on_send(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
 {
     int st = verbs_wc_status(wc->status);
@@ -201,8 +266,12 @@ static void on_send(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
     bool drained = false;
     TRACE("verbs: send wc qpn %u status %d seq %llu", wc->qp_num, wc->status, (unsigned long long)seq);
     verbs_ep_note_wc(ep, wc->status, st);
-    if (wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR)
-        verbs_ep_fail(ep, st, "send failed: %s", ibv_wc_status_str(wc->status));
+    if (wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR) {
+        verbs_cq_log_wc(ep, wc, "send");
+        verbs_ep_fail(ep, st, "send failed on qpn %u: %s", wc->qp_num, ibv_wc_status_str(wc->status));
+    } else if (wc->status == IBV_WC_WR_FLUSH_ERR) {
+        verbs_cq_fail_flushed(ep, wc, "send", false);
+    }
     for (;;) {
         struct sent s;
         bool hit;
@@ -246,8 +315,12 @@ static void on_recv(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
             verbs_ep_fail(ep, -EPROTO, "runt message");
         } else if (ep && !ep->torn && wc->status != IBV_WC_WR_FLUSH_ERR) {
             /* e.g. a message longer than the buffer: the QP is in error */
+            verbs_cq_log_wc(ep, wc, "receive");
             verbs_ep_note_wc(ep, wc->status, verbs_wc_status(wc->status));
-            verbs_ep_fail(ep, verbs_wc_status(wc->status), "receive failed: %s", ibv_wc_status_str(wc->status));
+            verbs_ep_fail(ep, verbs_wc_status(wc->status), "receive failed on qpn %u: %s", wc->qp_num,
+                          ibv_wc_status_str(wc->status));
+        } else if (!ep && wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR) {
+            verbs_cq_log_wc(NULL, wc, "receive");
         }
         if (ep && ep->counted && ep->cr.granted)
             ep->cr.granted--; /* its promise was used */
@@ -295,6 +368,9 @@ static void on_recv(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
 
 static void on_wc(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
 {
+    static const char *const kind[] = {"send", "receive", "RDMA READ", "memory window operation"};
+    if (!ep && (wc->wr_id & WRID_TAG) != WRID_RECV && wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR)
+        verbs_cq_log_wc(NULL, wc, kind[wc->wr_id & WRID_TAG]); /* dropped below: say so */
     switch (wc->wr_id & WRID_TAG) {
     case WRID_RECV:
         on_recv(cq, ep, wc);

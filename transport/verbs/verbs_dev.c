@@ -55,8 +55,12 @@ int verbs_dev_bind(struct vtp *tp, struct ibv_context *verbs)
     }
     tp->verbs = verbs;
     tp->rd_chunk = tp->cfg.rd_chunk ? tp->cfg.rd_chunk : tp->base.attr.read_chunk;
-    /* a chunk fixed by the attribute or the environment stays fixed */
-    tp->rd_chunk_bulk = tp->cfg.rd_chunk_bulk ? tp->cfg.rd_chunk_bulk : tp->rd_chunk ? 0 : READ_CHUNK_BULK;
+    /* a chunk fixed by the attribute or the environment stays fixed; a
+     * software device reads in bulk chunks only when told to (see
+     * READ_CHUNK_BULK: they overflow its netdev under concurrent reads) */
+    tp->rd_chunk_bulk = tp->cfg.rd_chunk_bulk                                  ? tp->cfg.rd_chunk_bulk
+                        : tp->rd_chunk || tp->dattr.vendor_id == RXE_VENDOR_ID ? 0
+                                                                               : READ_CHUNK_BULK;
     if (!tp->rd_chunk)
         tp->rd_chunk = tp->dattr.vendor_id == RXE_VENDOR_ID ? READ_CHUNK_SOFT : READ_CHUNK_HW;
     tp->rd_window = tp->cfg.rd_window ? tp->cfg.rd_window : tp->base.attr.read_window;
@@ -170,7 +174,10 @@ static void on_async_event(struct ibv_context *ctx, const struct ibv_async_event
         else if (ev->event_type == IBV_EVENT_PATH_MIG_ERR)
             status = -ENETUNREACH;
         ep = ev->element.qp->qp_context;
-        verbs_ep_fail(ep, status, "queue pair error reported by the device: %s", name);
+        /* logged here too: ep_fail says nothing when ep had failed before */
+        vrpc_tp_log("verbs: device %s reports %s on qpn %u (to %s)", dev, name, ev->element.qp->qp_num,
+                    ep->base.peer_uri);
+        verbs_ep_fail(ep, status, "queue pair error reported by the device: %s (qpn %u)", name, ev->element.qp->qp_num);
         break;
     case IBV_EVENT_CQ_ERR:
     case IBV_EVENT_SRQ_ERR:

@@ -52,7 +52,7 @@ static void failed(struct vep *ep, int status)
 {
     /* accepted ones too: the server's operator hears of half-open peers */
     if (status && status != -ECANCELED && (ep->reported || ep->lst))
-        vrpc_tp_log("verbs: connection %s failed: %s", ep->base.peer_uri, ep->why);
+        vrpc_tp_log("verbs: connection %s (qpn %u) failed: %s", ep->base.peer_uri, ep->qpn, ep->why);
     verbs_ep_todo_add(ep);
 }
 
@@ -287,11 +287,11 @@ int verbs_ep_final_status(struct vep *ep)
     if (st == ep->wc_err) {
         snprintf(ep->why, sizeof(ep->why), "%s before the peer disconnected", strerror(-ep->wc_err));
         if (ep->reported)
-            vrpc_tp_log("verbs: connection %s failed: %s", ep->base.peer_uri, ep->why);
+            vrpc_tp_log("verbs: connection %s (qpn %u) failed: %s", ep->base.peer_uri, ep->qpn, ep->why);
     } else {
         snprintf(ep->why, sizeof(ep->why), "peer disconnected while our operations were in flight");
         if (ep->reported)
-            vrpc_tp_log("verbs: connection %s lost: %s", ep->base.peer_uri, ep->why);
+            vrpc_tp_log("verbs: connection %s (qpn %u) lost: %s", ep->base.peer_uri, ep->qpn, ep->why);
     }
     return st;
 }

@@ -95,6 +95,28 @@ static void mw_put(struct vtp *tp, struct vmw *w)
     pthread_mutex_unlock(&tp->mw_lock);
 }
 
+/* A failed bind (poller, error path): which MR and range it was over, and
+ * whether that MR is still registered (a window bound over a deregistered or
+ * re-registered MR fails, and its QP goes to error). The window's record is
+ * the poller's until its completion is handled; the MR is looked up in
+ * tp->mrs before anything of it is read. */
+static void bind_error_log(struct vep *ep, const struct vmw *w, const struct ibv_wc *wc)
+{
+    struct vtp *tp = ep->tp;
+    char mr[160] = "no longer registered (not in the transport's list)";
+    pthread_mutex_lock(&tp->lock);
+    for (const struct vmr *m = tp->mrs; m; m = m->next)
+        if (m == w->bind_mr) {
+            snprintf(mr, sizeof(mr), "still registered: [%p, +%zu), lkey now %#x%s", m->base.addr, m->base.len,
+                     m->mr ? m->mr->lkey : 0u, m->mr && m->mr->lkey == w->bind_lkey ? "" : " (NOT the bound lkey)");
+            break;
+        }
+    pthread_mutex_unlock(&tp->lock);
+    vrpc_tp_log("verbs: qpn %u: bind of window rkey %#x over MR lkey %#x [%#llx, +%u) failed (%s); the MR is %s",
+                wc->qp_num, w->rkey, w->bind_lkey, (unsigned long long)w->bind_addr, w->bind_len,
+                ibv_wc_status_str(wc->status), mr);
+}
+
 /* A BIND_MW or LOCAL_INV completed (a window's completions arrive in the
  * order they were posted: its bind's first). */
 void verbs_mw_on_wc(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
@@ -129,10 +151,16 @@ void verbs_mw_on_wc(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
     pthread_mutex_unlock(&ep->lock);
     if (put)
         mw_put(ep->tp, w);
-    if (wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR)
-        verbs_ep_fail(ep, verbs_wc_status(wc->status), "%s failed: %s", what, ibv_wc_status_str(wc->status));
-    else if (wc->status == IBV_WC_WR_FLUSH_ERR)
+    if (wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR) {
+        verbs_cq_log_wc(ep, wc, what);
+        if (!strcmp(what, "memory window bind"))
+            bind_error_log(ep, w, wc);
+        verbs_ep_fail(ep, verbs_wc_status(wc->status), "%s failed on qpn %u: %s", what, wc->qp_num,
+                      ibv_wc_status_str(wc->status));
+    } else if (wc->status == IBV_WC_WR_FLUSH_ERR) {
+        verbs_cq_fail_flushed(ep, wc, what, true);
         verbs_ep_fail(ep, -ECONNRESET, "queue pair in error"); /* no-op when ep failed first */
+    }
     if (drained)
         verbs_ep_todo_add(ep);
 }
@@ -181,6 +209,10 @@ int verbs_mw_grant(struct vrpc_ep *base, struct vrpc_mr *mbase, const void *addr
             /* the provider names the window by its current key */
             w->mw->rkey = key;
             w->rkey = key;
+            w->bind_mr = m;
+            w->bind_lkey = m->mr->lkey;
+            w->bind_addr = (uintptr_t)addr;
+            w->bind_len = len;
             w->state = MW_LIVE;
             w->bind_pending = true;
             w->next = ep->grants;
@@ -276,7 +308,14 @@ void verbs_mr_dereg(struct vrpc_mr *base)
             break;
         }
     pthread_mutex_unlock(&tp->lock);
-    if (m->mr)
-        ibv_dereg_mr(m->mr);
+    if (m->mr) {
+        uint32_t lkey = m->mr->lkey;
+        int rc = verbs_err_pos(ibv_dereg_mr(m->mr));
+        /* e.g. rxe's -EINVAL for an MR that memory windows are still bound
+         * to: it stays registered (leaked), and the windows keep working */
+        if (rc)
+            vrpc_tp_log("verbs: ibv_dereg_mr(lkey %#x, [%p, +%zu)): %s", lkey, m->base.addr, m->base.len,
+                        strerror(-rc));
+    }
     free(m);
 }

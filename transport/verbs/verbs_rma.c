@@ -184,11 +184,13 @@ void verbs_rma_on_wc(struct vcq *cq, struct vep *ep, const struct ibv_wc *wc)
     drained = ep->state == S_DEAD && verbs_ep_sq_idle_locked(ep);
     pthread_mutex_unlock(&ep->lock);
     /* a refused READ leaves both QPs in error: the connection is lost */
-    if (wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR)
-        verbs_ep_fail(ep, st, "RDMA READ failed: %s", ibv_wc_status_str(wc->status));
-    else if (wc->status == IBV_WC_WR_FLUSH_ERR)
+    if (wc->status != IBV_WC_SUCCESS && wc->status != IBV_WC_WR_FLUSH_ERR) {
+        verbs_cq_log_wc(ep, wc, "RDMA READ");
+        verbs_ep_fail(ep, st, "RDMA READ failed on qpn %u: %s", wc->qp_num, ibv_wc_status_str(wc->status));
+    } else if (wc->status == IBV_WC_WR_FLUSH_ERR) {
+        verbs_cq_fail_flushed(ep, wc, "RDMA READ", true);
         verbs_ep_fail(ep, -ECONNRESET, "queue pair in error"); /* no-op when ep failed first */
-    else if (prc)
+    } else if (prc)
         verbs_ep_fail(ep, prc, "cannot post an RDMA READ: %s", strerror(-prc));
     if (drained)
         verbs_ep_todo_add(ep);
