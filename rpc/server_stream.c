@@ -83,7 +83,8 @@ int vrpc_srv_stream_open(struct vrpc_server_call *call, struct method_entry *me,
     st->start_pending = true;
     st->started = st->ended = st->finished = st->half_closed = st->hc_pending = st->cancel_pending = false;
     st->sending = st->md_sent = false;
-    st->nin = st->nout = st->nqueued = st->consumed = 0;
+    st->nin = st->nout = st->consumed = 0;
+    __atomic_store_n(&st->nqueued, 0, __ATOMIC_RELAXED); /* write_async peeks at it */
     st->window = st->recv_avail = call->s->o.stream_window;
     st->send_avail = c->peer_window;
     st->conn = c;

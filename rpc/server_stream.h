@@ -68,7 +68,8 @@ struct vrpc_server_stream {
     uint32_t consumed;            /* consumed and not yet returned */
     uint32_t window;              /* our stream_window */
     uint64_t send_avail;          /* messages we may still send */
-    uint32_t nqueued;             /* async writes accepted, callback not run */
+    uint32_t nqueued;             /* async writes accepted, callback not run (stored atomically
+                                     under lock: write_async peeks at it without) */
     bool wr_offering;             /* a large message of ours is being offered (until its descriptor is out) */
     int wr_rc;                    /* that offer's outcome */
     struct vrpc_rndv_out out_rec; /* our large messages' grant: one at a time (DONE, revoke, then the next) */

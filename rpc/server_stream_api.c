@@ -91,7 +91,7 @@ void vrpc_srv_stream_out_one_locked(struct vrpc_server_stream *st)
         rc = -ECONNRESET;
     pthread_mutex_lock(&st->lock);
     st->sending = false;
-    st->nqueued--; /* (its callback may write again) */
+    __atomic_store_n(&st->nqueued, st->nqueued - 1, __ATOMIC_RELAXED); /* (its callback may write again) */
     pthread_cond_broadcast(&st->cond);
     pthread_mutex_unlock(&st->lock);
     o->cb(st, rc, o->arg); /* may finish st: not touched after */
@@ -193,6 +193,18 @@ int vrpc_server_stream_write_async(struct vrpc_server_stream *st, const Protobuf
     int rc = write_check(st, msg, &size);
     if (rc || !cb)
         return rc ? rc : -EINVAL;
+    /* No room: refused before anything is allocated or packed (a writer
+     * refilling from its callbacks meets this once per window). The count
+     * is read without the lock (only this test, and nqueued is only stored
+     * under it): a full one is confirmed under the lock, so a stale value
+     * never refuses a write that has room. */
+    if (__atomic_load_n(&st->nqueued, __ATOMIC_RELAXED) >= VRPC_STREAM_ASYNC_WRITES_MAX) {
+        pthread_mutex_lock(&st->lock);
+        rc = st->ended || st->finished ? -ECONNRESET : st->nqueued >= VRPC_STREAM_ASYNC_WRITES_MAX ? -EAGAIN : 0;
+        pthread_mutex_unlock(&st->lock);
+        if (rc)
+            return rc;
+    }
     bool big = large(st, size);
     struct srv_out *o = malloc(sizeof(*o) + (big ? 0 : size));
     if (!o)
@@ -222,7 +234,7 @@ int vrpc_server_stream_write_async(struct vrpc_server_stream *st, const Protobuf
         else
             st->out_head = o;
         st->out_tail = o;
-        st->nqueued++;
+        __atomic_store_n(&st->nqueued, st->nqueued + 1, __ATOMIC_RELAXED);
         st->nout++;
         st->md_sent = true;
         if (!st->sending && st->send_avail > 0)
