@@ -391,9 +391,15 @@ static void on_cancel(struct sconn *c, uint64_t id)
     uint64_t st = __atomic_load_n(&call->state, __ATOMIC_ACQUIRE);
     if (!(ST_FLAGS(st) & CALL_RUN) || call->req_id != id)
         return;
-    __atomic_store_n(&call->cancelled, 1, __ATOMIC_RELEASE);
+    /* A stream is cancelled by its detach, which sets cancelled only once it
+     * has won: a writer that sees the flag and gives up must find finish
+     * losing the claim (-ECONNRESET), not winning it before the detach
+     * (finish returned 0 and on_cancel never ran). A unary handler only
+     * polls the flag. */
     if (call->me->sops)
         vrpc_srv_stream_cancel(call, ST_GEN(st));
+    else
+        __atomic_store_n(&call->cancelled, 1, __ATOMIC_RELEASE);
 }
 
 static void on_hello(struct sconn *c, const struct vrpc_wire_hdr *h, const uint8_t *payload)
