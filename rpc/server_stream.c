@@ -58,6 +58,11 @@ void vrpc_srv_stream_free(struct vrpc_server_stream *st)
         vrpc_lbuf_put(o->lb);
         free(o);
     }
+    while (st->out_free) {
+        struct srv_out *o = st->out_free;
+        st->out_free = o->next;
+        free(o);
+    }
     vrpc_arena_fini(&st->arena);
     pthread_cond_destroy(&st->cond);
     pthread_mutex_destroy(&st->lock);

@@ -21,13 +21,19 @@ struct srv_msg {
     uint8_t data[];
 };
 
-/* An accepted asynchronous write, packed, waiting for window and its turn. */
+/* An accepted asynchronous write, packed, waiting for window and its turn.
+ * Nodes of messages up to SRV_OUT_SMALL bytes have that room and are kept
+ * on the stream's out_free list for its next writes (at most
+ * VRPC_STREAM_ASYNC_WRITES_MAX of them, freed with the stream object):
+ * a steady async writer allocates nothing per message. */
+#define SRV_OUT_SMALL 256
 struct srv_out {
     struct srv_out *next;
     struct vrpc_buf *lb; /* a large message: packed here (data unused) */
     vrpc_server_stream_write_cb cb;
     void *arg;
     uint32_t len;
+    bool small; /* data has SRV_OUT_SMALL bytes: back to out_free when sent */
     uint8_t data[];
 };
 
@@ -77,6 +83,7 @@ struct vrpc_server_stream {
     struct srv_msg *rd_node;      /* its queue entry */
     struct srv_msg *in_head, *in_tail;
     struct srv_out *out_head, *out_tail;
+    struct srv_out *out_free; /* small nodes for reuse (see srv_out) */
     /* No frame of a stream may follow its RESPONSE on the wire (the client
      * frees the id at the RESPONSE). wire_busy counts the frames of this
      * stream being handed to the transport (entered only while neither ended

@@ -43,9 +43,31 @@ int vrpc_srv_stream_wait_room(struct vrpc_server_stream *st)
     return 0;
 }
 
-int vrpc_srv_stream_send_bytes(struct vrpc_server_stream *st, const uint8_t *bytes, uint32_t len)
+/* The connection's send quota has room for a stream frame now (the test
+ * vrpc_srv_stream_wait_room waits on). */
+static bool room_now(const struct vrpc_server_stream *st)
+{
+    const struct sconn *c = st->conn;
+    uint32_t lim = c->s->send_half / 2 ? c->s->send_half / 2 : 1;
+    return __atomic_load_n(&c->sends, __ATOMIC_RELAXED) < lim;
+}
+
+/* Hand one MESSAGE to the transport, the stream's wire entered (no lock). */
+static int send_frame(struct vrpc_server_stream *st, const uint8_t *bytes, uint32_t len)
 {
     struct sconn *c = st->conn;
+    struct vrpc_buf *b = vrpc_conn_is_dead(&c->b) ? NULL : vrpc_srv_conn_buf(c, true);
+    if (!b)
+        return -ECONNRESET;
+    struct vrpc_wire_hdr h = {
+        .version = VRPC_WIRE_VERSION, .type = VRPC_FT_MESSAGE, .request_id = st->id, .payload_len = len};
+    vrpc_wire_hdr_encode(b->data, &h);
+    memcpy(b->data + VRPC_WIRE_HDR_LEN, bytes, len);
+    return vrpc_srv_conn_send(c, b, VRPC_WIRE_HDR_LEN + len) ? -ECONNRESET : 0;
+}
+
+int vrpc_srv_stream_send_bytes(struct vrpc_server_stream *st, const uint8_t *bytes, uint32_t len)
+{
     int rc = vrpc_srv_stream_wait_room(st);
     if (rc)
         return rc;
@@ -54,16 +76,7 @@ int vrpc_srv_stream_send_bytes(struct vrpc_server_stream *st, const uint8_t *byt
     pthread_mutex_unlock(&st->lock);
     if (!go)
         return -ECONNRESET;
-    struct vrpc_buf *b = vrpc_conn_is_dead(&c->b) ? NULL : vrpc_srv_conn_buf(c, true);
-    if (b) {
-        struct vrpc_wire_hdr h = {
-            .version = VRPC_WIRE_VERSION, .type = VRPC_FT_MESSAGE, .request_id = st->id, .payload_len = len};
-        vrpc_wire_hdr_encode(b->data, &h);
-        memcpy(b->data + VRPC_WIRE_HDR_LEN, bytes, len);
-        rc = vrpc_srv_conn_send(c, b, VRPC_WIRE_HDR_LEN + len) ? -ECONNRESET : 0;
-    } else {
-        rc = -ECONNRESET;
-    }
+    rc = send_frame(st, bytes, len);
     pthread_mutex_lock(&st->lock);
     vrpc_srv_stream_wire_leave_locked(st); /* a RESPONSE held for this frame goes after it */
     pthread_mutex_unlock(&st->lock);
@@ -79,24 +92,38 @@ void vrpc_srv_stream_out_one_locked(struct vrpc_server_stream *st)
     if (!ended)
         st->send_avail--;
     st->sending = true;
+    /* The common case enters the wire under the lock held here and leaves
+     * it under the one taken after the send (vrpc_srv_stream_send_bytes
+     * takes both again); no room in the connection's quota, or a large
+     * message, goes the way that waits. */
+    bool entered = !ended && !o->lb && room_now(st) && vrpc_srv_stream_wire_enter_locked(st);
     pthread_mutex_unlock(&st->lock);
     int rc;
     if (ended) {
         vrpc_lbuf_put(o->lb);
         rc = -ECONNRESET;
+    } else if (entered) {
+        rc = send_frame(st, o->data, o->len);
     } else {
         rc = o->lb ? vrpc_srv_stream_send_large(st, o->lb, o->len) : vrpc_srv_stream_send_bytes(st, o->data, o->len);
     }
     if (rc)
         rc = -ECONNRESET;
     pthread_mutex_lock(&st->lock);
+    if (entered)
+        vrpc_srv_stream_wire_leave_locked(st); /* a RESPONSE held for this frame goes after it */
     st->sending = false;
     __atomic_store_n(&st->nqueued, st->nqueued - 1, __ATOMIC_RELAXED); /* (its callback may write again) */
     pthread_cond_broadcast(&st->cond);
     pthread_mutex_unlock(&st->lock);
-    o->cb(st, rc, o->arg); /* may finish st: not touched after */
-    free(o);
+    o->cb(st, rc, o->arg); /* may finish st (the task's reference keeps the object) */
     pthread_mutex_lock(&st->lock);
+    if (o->small) {
+        o->next = st->out_free;
+        st->out_free = o;
+    } else {
+        free(o);
+    }
 }
 
 /* A message too large for one frame: it goes by rendezvous. */
@@ -105,10 +132,15 @@ static bool large(const struct vrpc_server_stream *st, size_t size)
     return VRPC_WIRE_HDR_LEN + size > vrpc_ep_eager_size(st->conn->b.ep);
 }
 
+static bool write_type_ok(const struct vrpc_server_stream *st, const ProtobufCMessage *msg)
+{
+    return st && msg && msg->descriptor == st->call->method->output;
+}
+
 /* The checks every write makes: 0 and the packed size, or -EINVAL. */
 static int write_check(struct vrpc_server_stream *st, const ProtobufCMessage *msg, size_t *size)
 {
-    if (!st || !msg || msg->descriptor != st->call->method->output)
+    if (!write_type_ok(st, msg))
         return -EINVAL;
     size_t n = vrpc_pb_packed_size(msg);
     struct sconn *c = st->conn;
@@ -190,14 +222,15 @@ int vrpc_server_stream_write_async(struct vrpc_server_stream *st, const Protobuf
                                    vrpc_server_stream_write_cb cb, void *arg)
 {
     size_t size;
-    int rc = write_check(st, msg, &size);
-    if (rc || !cb)
-        return rc ? rc : -EINVAL;
-    /* No room: refused before anything is allocated or packed (a writer
-     * refilling from its callbacks meets this once per window). The count
-     * is read without the lock (only this test, and nqueued is only stored
-     * under it): a full one is confirmed under the lock, so a stale value
-     * never refuses a write that has room. */
+    int rc;
+    if (!write_type_ok(st, msg) || !cb)
+        return -EINVAL;
+    /* No room: refused before anything is sized, allocated or packed (a
+     * writer refilling from its callbacks meets this once per message
+     * when the window is what limits it). The count is read without the
+     * lock (only this test, and nqueued is only stored under it): a full one
+     * is confirmed under the lock, so a stale value never refuses a write
+     * that has room. */
     if (__atomic_load_n(&st->nqueued, __ATOMIC_RELAXED) >= VRPC_STREAM_ASYNC_WRITES_MAX) {
         pthread_mutex_lock(&st->lock);
         rc = st->ended || st->finished ? -ECONNRESET : st->nqueued >= VRPC_STREAM_ASYNC_WRITES_MAX ? -EAGAIN : 0;
@@ -205,22 +238,28 @@ int vrpc_server_stream_write_async(struct vrpc_server_stream *st, const Protobuf
         if (rc)
             return rc;
     }
+    if ((rc = write_check(st, msg, &size)))
+        return rc;
     bool big = large(st, size);
-    struct srv_out *o = malloc(sizeof(*o) + (big ? 0 : size));
-    if (!o)
-        return -ENOMEM;
-    o->next = NULL;
-    o->lb = NULL;
-    o->cb = cb;
-    o->arg = arg;
-    if (big) {
-        char why[VRPC_STATUS_MSG_MAX];
-        if (vrpc_rndv_buf(st->call->s->tp, st->call->s->o.max_pinned, size, &o->lb, why, sizeof(why))) {
-            free(o);
+    bool small = !big && size <= SRV_OUT_SMALL;
+    uint8_t packed[SRV_OUT_SMALL];
+    struct srv_out *o = NULL;
+    if (small) { /* packed here; its node comes from out_free under the lock */
+        vrpc_pb_pack_sized(msg, packed);
+    } else {
+        if (!(o = malloc(sizeof(*o) + (big ? 0 : size))))
             return -ENOMEM;
+        o->lb = NULL;
+        o->small = false;
+        if (big) {
+            char why[VRPC_STATUS_MSG_MAX];
+            if (vrpc_rndv_buf(st->call->s->tp, st->call->s->o.max_pinned, size, &o->lb, why, sizeof(why))) {
+                free(o);
+                return -ENOMEM;
+            }
         }
+        vrpc_pb_pack_sized(msg, big ? o->lb->data : o->data);
     }
-    o->len = (uint32_t)vrpc_pb_pack_sized(msg, big ? o->lb->data : o->data);
     pthread_mutex_lock(&st->lock);
     if (st->ended || st->finished)
         rc = -ECONNRESET;
@@ -228,7 +267,21 @@ int vrpc_server_stream_write_async(struct vrpc_server_stream *st, const Protobuf
         rc = -EINVAL;
     else if (st->nqueued >= VRPC_STREAM_ASYNC_WRITES_MAX)
         rc = -EAGAIN;
+    if (rc == 0 && small) {
+        if ((o = st->out_free))
+            st->out_free = o->next;
+        else if ((o = malloc(sizeof(*o) + SRV_OUT_SMALL))) /* (the stream's first writes only) */
+            o->small = true, o->lb = NULL;
+        else
+            rc = -ENOMEM;
+        if (o)
+            memcpy(o->data, packed, size);
+    }
     if (rc == 0) {
+        o->next = NULL;
+        o->cb = cb;
+        o->arg = arg;
+        o->len = (uint32_t)size;
         if (st->out_tail)
             st->out_tail->next = o;
         else
@@ -241,7 +294,7 @@ int vrpc_server_stream_write_async(struct vrpc_server_stream *st, const Protobuf
             vrpc_srv_stream_kick_locked(st, NULL);
     }
     pthread_mutex_unlock(&st->lock);
-    if (rc) {
+    if (rc && o && !o->small) {
         vrpc_lbuf_put(o->lb);
         free(o);
     }
