@@ -84,7 +84,8 @@ void vrpc_offer_hold_fired(void *ctx, uint64_t arg)
     char peer[VRPC_URI_MAX] = "?";
     vrpc_ep_peer_uri(h.c->ep, peer, sizeof(peer));
     vrpc_rpc_log("%s %s held the %u-byte %s of call %#llx for %u ms without reading it%s; aborting the connection",
-                 ops->hold_peer, peer, h.len, ops->hold_what, (unsigned long long)h.id, h.hold_ms, ops->hold_note);
+                 ops->hold_peer, peer, h.len, h.what ? h.what : ops->hold_what, (unsigned long long)h.id, h.hold_ms,
+                 ops->hold_note);
     ops->hold_kill(h.c);
     vrpc_ep_abort(h.c->ep, -ECONNABORTED);
     ops->conn_unref(h.c);

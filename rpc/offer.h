@@ -26,6 +26,7 @@ struct vrpc_offer_held {
     uint32_t len;             /* the payload's bytes */
     uint64_t id;              /* its call id */
     uint32_t hold_ms;         /* the role's hold timeout */
+    const char *what;         /* what was held, for the log line; NULL: the ops' hold_what */
 };
 
 struct vrpc_offer_ops {

@@ -447,20 +447,27 @@ static int response_offer_done(struct vrpc_offer_q *q, struct vrpc_rndv_out *o, 
     return rc;
 }
 
-/* The hold timer (rpc/offer.h), under s->lock: the record arg names, if
- * its client has not sent DONE within the hold timeout. */
+/* The hold timer (rpc/offer.h), under s->lock: the record arg names, a
+ * response's (c->rsp) or a stream message's (a stream's out_rec), if its
+ * client has not sent DONE within the hold timeout. The record is looked
+ * up among the live connections' before it is read: it may be gone. */
 static bool response_hold_find_locked(struct vrpc_offer_q *q, uint64_t arg, struct vrpc_offer_held *h)
 {
     struct vrpc_server *s = container_of(q, struct poller, offers)->s;
     struct vrpc_rndv_out *o = (struct vrpc_rndv_out *)(uintptr_t)arg;
     for (struct sconn *c = s->conns.next; c != &s->conns; c = c->next) {
-        if (c->rsp && o >= c->rsp && o < c->rsp + c->ncalls) {
+        bool rsp = c->rsp && o >= c->rsp && o < c->rsp + c->ncalls;
+        if (rsp || vrpc_srv_stream_owns_offer(c, o)) {
             /* the grant's reference on c is dropped only under s->lock (response_released) */
             if (__atomic_load_n(&o->state, __ATOMIC_ACQUIRE) != VRPC_RNDV_GRANTED ||
                 vrpc_now_ns() - o->sent_ns < (int64_t)s->o.hold_timeout_ms * 1000000)
                 return false;
             __atomic_add_fetch(&c->b.refs, 1, __ATOMIC_RELAXED);
-            *h = (struct vrpc_offer_held){.c = &c->b, .len = o->len, .id = o->id, .hold_ms = s->o.hold_timeout_ms};
+            *h = (struct vrpc_offer_held){.c = &c->b,
+                                          .len = o->len,
+                                          .id = o->id,
+                                          .hold_ms = s->o.hold_timeout_ms,
+                                          .what = rsp ? NULL : "stream message"};
             return true;
         }
     }

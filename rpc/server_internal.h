@@ -315,6 +315,9 @@ int vrpc_srv_stream_offer_done(struct vrpc_rndv_out *o);
 /* Poller: o (not in c->rsp) is a stream's large-message grant: its REVOKE
  * completed (wake the writer), DONE for it came (revoke), c lost (drop). */
 bool vrpc_srv_stream_is_offer(const struct sconn *c, const struct vrpc_rndv_out *o);
+/* Any thread, c kept alive (the hold timer, under s->lock): o is the grant
+ * record of one of c's streams. Reads only c's call objects, never o. */
+bool vrpc_srv_stream_owns_offer(const struct sconn *c, const struct vrpc_rndv_out *o);
 void vrpc_srv_stream_offer_revoked(struct vrpc_rndv_out *o);
 bool vrpc_srv_stream_on_done(struct sconn *c, const struct vrpc_wire_hdr *h);
 void vrpc_srv_stream_conn_lost(struct sconn *c);

@@ -72,9 +72,13 @@ void vrpc_srv_stream_free(struct vrpc_server_stream *st)
 int vrpc_srv_stream_open(struct vrpc_server_call *call, struct method_entry *me, uint64_t id, uint32_t gen)
 {
     struct sconn *c = call->conn;
-    if (!call->st && !(call->st = stream_new(call, c)))
-        return -ENOMEM;
     struct vrpc_server_stream *st = call->st;
+    /* release: the hold timer's thread may look for st's grant record
+     * (vrpc_srv_stream_owns_offer) */
+    if (!st && (st = stream_new(call, c)))
+        __atomic_store_n(&call->st, st, __ATOMIC_RELEASE);
+    if (!st)
+        return -ENOMEM;
     pthread_mutex_lock(&st->lock);
     /* The object's last stream is over (its call is not RUN); its task may
      * still be on its way out: it then starts this one (start_pending). */

@@ -18,6 +18,16 @@ bool vrpc_srv_stream_is_offer(const struct sconn *c, const struct vrpc_rndv_out 
     return !c->rsp || o < c->rsp || o >= c->rsp + c->ncalls;
 }
 
+bool vrpc_srv_stream_owns_offer(const struct sconn *c, const struct vrpc_rndv_out *o)
+{
+    for (uint32_t i = 0; i < c->ncalls; i++) {
+        const struct vrpc_server_stream *st = __atomic_load_n(&c->calls[i]->st, __ATOMIC_ACQUIRE);
+        if (st && &st->out_rec == o)
+            return true;
+    }
+    return false;
+}
+
 /* Wait (lock held) until the previous large message is over: its record
  * idle and not parked. 0, -ECONNRESET, -ETIMEDOUT. */
 static int large_turn_locked(struct vrpc_server_stream *st)

@@ -250,6 +250,7 @@ struct vrpc_method_desc m_bidi = DESC("/vrpctest.Stream/Echo", VRPC_METHOD_BIDI_
 struct vrpc_method_desc m_sum = DESC("/vrpctest.Stream/Sum", VRPC_METHOD_CLIENT_STREAMING);
 struct vrpc_method_desc m_gate = DESC("/vrpctest.Stream/Gate", VRPC_METHOD_BIDI_STREAMING);
 struct vrpc_method_desc m_big = DESC("/vrpctest.Stream/Big", VRPC_METHOD_SERVER_STREAMING);
+struct vrpc_method_desc m_big_once = DESC("/vrpctest.Stream/BigOnce", VRPC_METHOD_SERVER_STREAMING);
 
 unsigned gate_open = 1; /* atomic: Gate's on_read and Echo mode 1 wait while 0 (at most 5 s) */
 unsigned n_cancel;      /* atomic: on_cancel calls */
@@ -430,6 +431,22 @@ static void big_half_close(struct vrpc_server_stream *s, void *user)
 }
 static const struct vrpc_server_stream_ops big_ops = {bidi_start, NULL, big_half_close, on_cancel_finish};
 
+/* BigOnce: one large message (blocking write, its outcome in big_once_rc),
+ * then OK, whatever the write gave. */
+int big_once_rc = 1;
+static void big_once_half_close(struct vrpc_server_stream *s, void *user)
+{
+    (void)user;
+    Vrpctest__EchoReply rep = VRPCTEST__ECHO_REPLY__INIT;
+    memset(big_payload, 0xa7, sizeof big_payload);
+    rep.payload.data = big_payload;
+    rep.payload.len = sizeof big_payload;
+    rep.seq = 1;
+    __atomic_store_n(&big_once_rc, vrpc_server_stream_write(s, &rep.base), __ATOMIC_RELEASE);
+    vrpc_server_stream_finish(s, VRPC_OK, NULL, NULL, 0);
+}
+static const struct vrpc_server_stream_ops big_once_ops = {bidi_start, NULL, big_once_half_close, on_cancel_finish};
+
 struct vrpc_server *srv_start(const struct vrpc_server_opts *o0, char *uri)
 {
     struct vrpc_server_opts o;
@@ -438,7 +455,7 @@ struct vrpc_server *srv_start(const struct vrpc_server_opts *o0, char *uri)
         o = *o0;
     else
         vrpc_server_opts_init(&o);
-    struct vrpc_method_desc *ms[] = {&m_echo, &m_count, &m_acount, &m_bidi, &m_sum, &m_gate, &m_big};
+    struct vrpc_method_desc *ms[] = {&m_echo, &m_count, &m_acount, &m_bidi, &m_sum, &m_gate, &m_big, &m_big_once};
     for (unsigned i = 0; i < sizeof(ms) / sizeof(ms[0]); i++)
         ms[i]->id = vrpc_method_id(ms[i]->full_name);
     assert_int_equal(vrpc_server_create(&o, &s), 0);
@@ -451,6 +468,7 @@ struct vrpc_server *srv_start(const struct vrpc_server_opts *o0, char *uri)
     assert_int_equal(vrpc_server_register_stream(s, &m_sum, &sum_ops, NULL), 0);
     assert_int_equal(vrpc_server_register_stream(s, &m_gate, &gate_ops, NULL), 0);
     assert_int_equal(vrpc_server_register_stream(s, &m_big, &big_ops, NULL), 0);
+    assert_int_equal(vrpc_server_register_stream(s, &m_big_once, &big_once_ops, NULL), 0);
     assert_int_equal(vrpc_server_start(s, "tcp://127.0.0.1:0"), 0);
     assert_int_equal(vrpc_server_uri(s, uri, VRPC_URI_MAX), 0);
     return s;

@@ -62,7 +62,8 @@ uint64_t reply_seq(const struct frame *f);
 void resp_text(const struct frame *f, char *out, size_t cap);
 
 /* the test server: methods (ids set by srv_start) */
-extern struct vrpc_method_desc m_echo, m_count, m_acount, m_bidi, m_sum, m_gate, m_big;
+extern struct vrpc_method_desc m_echo, m_count, m_acount, m_bidi, m_sum, m_gate, m_big, m_big_once;
+extern int big_once_rc;    /* atomic: BigOnce's write outcome (1 until it returns) */
 extern unsigned gate_open; /* atomic: Gate's on_read and Echo mode 1 wait while 0 (at most 5 s) */
 extern unsigned n_cancel;  /* atomic: on_cancel calls */
 void gate_wait(void);

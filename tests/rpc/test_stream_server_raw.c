@@ -17,6 +17,7 @@
 #include <verbrpc/rpc.h>
 #include <verbrpc/stream.h>
 #include <verbrpc/transport.h>
+#include "rpc/rndv.h"
 #include "rpc/wire.h"
 #include "rpc_test.pb-c.h"
 
@@ -667,6 +668,45 @@ static void t_send_pressure(void **state)
     vrpc_server_destroy(s);
 }
 
+/* A client that never reads a large stream message (no READ, no DONE)
+ * holds the server's large buffer only for the hold timeout: then it loses
+ * its connection, the writer's write fails, the buffer comes back. */
+static void t_large_message_never_read(void **state)
+{
+    (void)state;
+    char uri[VRPC_URI_MAX];
+    struct vrpc_server_opts o;
+    vrpc_server_opts_init(&o);
+    o.hold_timeout_ms = 300;
+    struct vrpc_server *s = srv_start(&o, uri);
+    size_t pinned = 0, base = 0, held = 0;
+    vrpc_lbuf_stats(vrpc_server_transport(s), &pinned, &base);
+    __atomic_store_n(&big_once_rc, 1, __ATOMIC_RELEASE);
+    struct rc r;
+    rc_open(&r, uri, 64);
+    assert_non_null(take(&r, VRPC_FT_HELLO_ACK, 0, 5000));
+    open_stream(&r, ID(0), m_big_once.id, 0);
+    send_msg(&r, ID(0), 0, VRPC_FF_END);
+    int64_t t0 = vrpc_now_ns();
+    struct frame *m = take(&r, VRPC_FT_MESSAGE, ID(0), 5000);
+    assert_non_null(m);
+    assert_int_equal(m->h.flags, VRPC_FF_RNDV);
+    vrpc_lbuf_stats(vrpc_server_transport(s), &pinned, &held);
+    assert_true(held > base); /* the payload waits in a large buffer for our read */
+    assert_true(wait_disconnected(&r, 10000));
+    long long ms = (long long)((vrpc_now_ns() - t0) / 1000000);
+    printf("never-read large stream message: connection aborted after %lld ms (hold_timeout_ms 300)\n", ms);
+    assert_true(ms >= 250);
+    size_t now = held;
+    for (int i = 0; i < 5000 && now > base; i++) {
+        usleep(1000);
+        vrpc_lbuf_stats(vrpc_server_transport(s), &pinned, &now);
+    }
+    assert_int_equal(now, base);
+    rc_close(&r);
+    vrpc_server_destroy(s);
+}
+
 /* Connection loss mid-stream: on_cancel runs, the server frees the stream. */
 static void t_connection_lost(void **state)
 {
@@ -691,6 +731,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(t_unary_response_metadata),
         cmocka_unit_test(t_large_client_message),
         cmocka_unit_test(t_large_server_messages),
+        cmocka_unit_test(t_large_message_never_read),
         cmocka_unit_test(t_server_streaming),
         cmocka_unit_test(t_client_window_bounds_writes),
         cmocka_unit_test(t_bidi_window_returned),
