@@ -39,9 +39,12 @@ struct vrpc_subch {
     char uri[VRPC_LB_URI_MAX];
     struct vrpc_channel *ch[VRPC_LB_MAX_CONNS]; /* ordinary channels to uri */
     unsigned nch;
-    uint32_t refs;                       /* atomic: the set's, and one per attempt using it */
-    uint32_t next_ch;                    /* atomic: round robin over ch[] */
-    uint32_t outstanding;                /* atomic: attempts in flight */
+    uint32_t refs;    /* atomic: the set's, a stream's, the lb thread's and its jobs' */
+    uint32_t next_ch; /* atomic: round robin over ch[] */
+    /* atomic: attempts (unary calls) in flight, each also a reference: a
+     * removed subchannel is reaped at refs 0 and outstanding 0 (one count
+     * per attempt where there were two, a reference and this) */
+    uint32_t outstanding;
     uint64_t calls, failures, ejections; /* atomic counters */
     uint32_t consec_fail;                /* atomic */
     uint32_t eject_level;                /* atomic: ejections since it last served */
@@ -93,7 +96,7 @@ struct vrpc_lb {
 
     pthread_mutex_t mu; /* graveyard, delayed list, thread wake-up */
     pthread_cond_t cond;
-    struct vrpc_subch *dead; /* removed from the set, reaped at refs 0 */
+    struct vrpc_subch *dead; /* removed from the set, reaped at refs 0 and outstanding 0 */
     struct lb_call *delayed; /* calls waiting for a retry back-off */
     bool stop, kick;
     pthread_t thr;
@@ -250,11 +253,17 @@ static inline __attribute__((always_inline)) struct vrpc_subch *vrpc_lb_pick_rin
     return vrpc_lb_usable(s) ? s : vrpc_lb_pick_ring_from(set, lo);
 }
 
-/* vrpc_lb_sub_get for the calling thread's hot path: the common cases (one
- * server, usable; each policy's first choice, usable) inline, the rest as
- * vrpc_lb_pick. The same choices as vrpc_lb_sub_get. */
-static inline __attribute__((always_inline)) struct vrpc_subch *vrpc_lb_sub_get_fast(struct vrpc_lb *lb, bool has_key,
-                                                                                     uint64_t key)
+/* An attempt's subchannel (a unary call's, on the calling thread's hot
+ * path): the policy's choice, the same as vrpc_lb_sub_get's (the common
+ * cases inline: one server, usable; each policy's first choice, usable; the
+ * rest as vrpc_lb_pick), with the attempt counted in its outstanding, which
+ * holds it instead of a reference until vrpc_lb_attempt_end/_drop. Counted
+ * inside the set's read section: a set replaced meanwhile waits for it
+ * before the subchannel goes to the graveyard, where the lb thread frees it
+ * only at refs 0 and outstanding 0 (by its next tick, LB_TICK_NS: an
+ * attempt's end wakes no thread). NULL when no server is known. */
+static inline __attribute__((always_inline)) struct vrpc_subch *vrpc_lb_attempt_get(struct vrpc_lb *lb, bool has_key,
+                                                                                    uint64_t key)
 {
     const struct lb_set *set = lb_read_begin(lb);
     struct vrpc_subch *s;
@@ -271,9 +280,16 @@ static inline __attribute__((always_inline)) struct vrpc_subch *vrpc_lb_sub_get_
     else
         s = vrpc_lb_pick(lb, set, has_key, key);
     if (s)
-        __atomic_add_fetch(&s->refs, 1, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&s->outstanding, 1, __ATOMIC_RELAXED);
     lb_read_end(lb);
     return s;
+}
+/* The end of an attempt from vrpc_lb_attempt_get that never ran (refused,
+ * past its deadline, cancelled): its count goes, the attempt's last touch
+ * of s (a removed one may be freed from here on). */
+static inline void vrpc_lb_attempt_drop(struct vrpc_subch *s)
+{
+    __atomic_sub_fetch(&s->outstanding, 1, __ATOMIC_RELEASE);
 }
 uint64_t vrpc_lb_hash(const void *p, size_t len);
 /* An attempt on s ended with code: counters and outlier ejection. */
@@ -285,6 +301,13 @@ static inline void vrpc_lb_outcome(struct vrpc_lb *lb, struct vrpc_subch *s, int
         !__atomic_load_n(&s->ejected_until, __ATOMIC_RELAXED))
         return;
     vrpc_lb_outcome_slow(lb, s, code);
+}
+/* An attempt from vrpc_lb_attempt_get ended with code: its outcome, then as
+ * vrpc_lb_attempt_drop. */
+static inline void vrpc_lb_attempt_end(struct vrpc_lb *lb, struct vrpc_subch *s, int code)
+{
+    vrpc_lb_outcome(lb, s, code);
+    vrpc_lb_attempt_drop(s);
 }
 
 /* ---- rpc/lb_call.c ----------------------------------------------------------- */

@@ -255,16 +255,19 @@ static void no_server(const struct vrpc_lb *lb, struct vrpc_status *st)
 
 /* ---- synchronous calls ---------------------------------------------------------------- */
 
-/* One attempt of a synchronous call on a picked subchannel. */
+/* One attempt of a synchronous call on a subchannel from
+ * vrpc_lb_attempt_get, which it ends (the caller no longer touches sub). */
 static int sync_attempt(struct vrpc_lb *lb, struct vrpc_subch *sub, struct lb_call *c, bool first,
                         const struct vrpc_method_desc *m, const ProtobufCMessage *req, ProtobufCMessage **resp,
                         const struct vrpc_call_opts *o, int64_t deadline, struct vrpc_status *st)
 {
     struct vrpc_channel *ch = vrpc_lb_sub_channel(sub);
     struct vrpc_call_opts io, *iop = NULL;
+    copy_peer(o, sub->uri);
     /* the first attempt of a call without options: the channel's own
      * default deadline is the same as ours */
     if ((o || c || !first) && !attempt_opts(o, deadline, c ? &c->inner_id : NULL, iop = &io)) {
+        vrpc_lb_attempt_drop(sub);
         vrpc_status_set(st, VRPC_DEADLINE_EXCEEDED, "deadline exceeded");
         return VRPC_DEADLINE_EXCEEDED;
     }
@@ -275,14 +278,13 @@ static int sync_attempt(struct vrpc_lb *lb, struct vrpc_subch *sub, struct lb_ca
         __atomic_store_n(&c->inner_id, 0, __ATOMIC_RELAXED);
         pthread_mutex_unlock(&c->mu);
         if (x) {
+            vrpc_lb_attempt_drop(sub);
             vrpc_status_set(st, VRPC_CANCELLED, "cancelled by the client");
             return VRPC_CANCELLED;
         }
     }
-    __atomic_add_fetch(&sub->outstanding, 1, __ATOMIC_RELAXED);
     int code = vrpc_call(ch, m, req, resp, iop, st);
-    __atomic_sub_fetch(&sub->outstanding, 1, __ATOMIC_RELAXED);
-    vrpc_lb_outcome(lb, sub, code);
+    vrpc_lb_attempt_end(lb, sub, code);
     if (c) {
         pthread_mutex_lock(&c->mu);
         c->ach = NULL;
@@ -314,7 +316,7 @@ static __attribute__((noinline)) int sync_call(struct vrpc_lb *lb, const struct 
                 break;
             sleep_ns(delay);
         }
-        struct vrpc_subch *sub = vrpc_lb_sub_get_fast(lb, has_key, key);
+        struct vrpc_subch *sub = vrpc_lb_attempt_get(lb, has_key, key);
         if (!sub) {
             no_server(lb, st);
             code = VRPC_UNAVAILABLE;
@@ -322,8 +324,6 @@ static __attribute__((noinline)) int sync_call(struct vrpc_lb *lb, const struct 
         }
         tr.attempts++;
         code = sync_attempt(lb, sub, c, tr.attempts == 1, m, req, resp, o, deadline, st);
-        copy_peer(o, sub->uri);
-        vrpc_lb_sub_put(lb, sub);
     }
     if (code == VRPC_OK && pol)
         budget_success(lb);
@@ -376,14 +376,11 @@ int vrpc_lb_call(struct vrpc_lb *lb, const struct vrpc_method_desc *m, const Pro
     /* the common call, no options (no id, key nor peer): its first attempt
      * here, as sync_call's (sync_attempt without options) */
     int64_t deadline = lb_deadline(lb, NULL);
-    struct vrpc_subch *sub = vrpc_lb_sub_get_fast(lb, false, 0);
+    struct vrpc_subch *sub = vrpc_lb_attempt_get(lb, false, 0);
     if (!sub)
         return lb_call_slow(lb, m, req, resp, o, st);
-    __atomic_add_fetch(&sub->outstanding, 1, __ATOMIC_RELAXED);
     int code = vrpc_ch_call(vrpc_lb_sub_channel(sub), m, req, resp, NULL, st);
-    __atomic_sub_fetch(&sub->outstanding, 1, __ATOMIC_RELAXED);
-    vrpc_lb_outcome(lb, sub, code);
-    vrpc_lb_sub_put(lb, sub);
+    vrpc_lb_attempt_end(lb, sub, code);
     if (code != VRPC_OK)
         return lb_call_retry(lb, m, req, resp, st, deadline, code);
     if (lb->o.n_retry && policy_of(lb, m))
@@ -435,7 +432,7 @@ static int attempt_start(struct lb_call *c, const ProtobufCMessage *first)
     const ProtobufCMessage *req = first ? first : c->req, *copy = NULL;
     if (!req && c->packed)
         req = copy = protobuf_c_message_unpack(c->m->input, NULL, c->plen, c->packed);
-    struct vrpc_subch *sub = req ? vrpc_lb_sub_get_fast(lb, c->has_key, c->key) : NULL;
+    struct vrpc_subch *sub = req ? vrpc_lb_attempt_get(lb, c->has_key, c->key) : NULL;
     struct vrpc_call_opts io;
     if (!sub) {
         if (req)
@@ -445,7 +442,7 @@ static int attempt_start(struct lb_call *c, const ProtobufCMessage *first)
         goto fail;
     }
     if (!attempt_opts(&c->uo, c->deadline, &c->inner_id, &io)) {
-        vrpc_lb_sub_put(lb, sub);
+        vrpc_lb_attempt_drop(sub);
         vrpc_status_set(&c->st, VRPC_DEADLINE_EXCEEDED, "deadline exceeded");
         goto fail;
     }
@@ -462,14 +459,12 @@ static int attempt_start(struct lb_call *c, const ProtobufCMessage *first)
     __atomic_store_n(&c->inner_id, 0, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&c->mu);
     __atomic_add_fetch(&c->refs, 1, __ATOMIC_RELAXED); /* ours, until the cancel check below */
-    __atomic_add_fetch(&sub->outstanding, 1, __ATOMIC_RELAXED);
     int rc = vrpc_call_async(ch, c->m, req, &io, attempt_cb, c);
     if (copy)
         protobuf_c_message_free_unpacked((ProtobufCMessage *)copy, NULL);
     if (rc) { /* not accepted: the callback will not run */
-        __atomic_sub_fetch(&sub->outstanding, 1, __ATOMIC_RELAXED);
         c->sub = NULL;
-        vrpc_lb_sub_put(lb, sub);
+        vrpc_lb_attempt_drop(sub);
         call_put(lb, c);
         if (first && (rc == -EAGAIN || rc == -ESHUTDOWN))
             return rc; /* as a plain channel's: the caller retries later */
@@ -510,14 +505,12 @@ static void attempt_cb(const struct vrpc_status *st, const ProtobufCMessage *res
     struct lb_call *c = arg;
     struct vrpc_lb *lb = c->lb;
     struct vrpc_subch *sub = c->sub;
-    __atomic_sub_fetch(&sub->outstanding, 1, __ATOMIC_RELAXED);
-    vrpc_lb_outcome(lb, sub, st->code);
     pthread_mutex_lock(&c->mu);
     c->ach = NULL;
     bool cancelled = c->cancelled;
     pthread_mutex_unlock(&c->mu);
     c->sub = NULL;
-    vrpc_lb_sub_put(lb, sub);
+    vrpc_lb_attempt_end(lb, sub, st->code);
     int64_t delay;
     if (!cancelled && retry_decide(lb, c->pol, st, &c->tr, c->deadline, c->req || c->packed, &delay)) {
         if (delay > 0)
