@@ -357,15 +357,42 @@ static __attribute__((noinline)) int lb_call_slow(struct vrpc_lb *lb, const stru
     return sync_call(lb, m, req, resp, o, st, pol, deadline, has_key, key, c, (struct lb_try){0}, 0);
 }
 
-/* The first attempt of a call without options failed with code: retry it
- * as sync_call does (the deadline counts from here: the first attempt had
- * the channel's default timeout on its own). */
-static __attribute__((noinline)) int lb_call_retry(struct vrpc_lb *lb, const struct vrpc_method_desc *m,
-                                                   const ProtobufCMessage *req, ProtobufCMessage **resp,
-                                                   struct vrpc_status *st, int64_t deadline, int code)
+/* What a call without options needs only if its first attempt fails: kept
+ * in the frame, not in registers saved across the attempt. */
+struct lb_first {
+    const struct vrpc_method_desc *m;
+    const ProtobufCMessage *req;
+    ProtobufCMessage **resp;
+    struct vrpc_status *st;
+    int64_t deadline; /* set only with a default timeout (lb->o.default_timeout_us > 0) */
+};
+
+/* The first attempt of a call without options (f) failed with code on sub:
+ * its end, then the retries as sync_call's (the deadline counts from the
+ * call's start: the first attempt had the channel's default timeout on its
+ * own). */
+static __attribute__((noinline, cold)) int lb_call_retry(struct vrpc_lb *lb, struct vrpc_subch *sub,
+                                                         const struct lb_first *f, int code)
 {
-    const struct vrpc_retry_policy *pol = lb->o.n_retry ? policy_of(lb, m) : NULL;
-    return sync_call(lb, m, req, resp, NULL, st, pol, deadline, false, 0, NULL, (struct lb_try){.attempts = 1}, code);
+    vrpc_lb_attempt_end(lb, sub, code);
+    const struct vrpc_retry_policy *pol = lb->o.n_retry ? policy_of(lb, f->m) : NULL;
+    int64_t deadline = lb->o.default_timeout_us > 0 ? f->deadline : VRPC_NO_DEADLINE;
+    return sync_call(lb, f->m, f->req, f->resp, NULL, f->st, pol, deadline, false, 0, NULL,
+                     (struct lb_try){.attempts = 1}, code);
+}
+
+/* The first attempt of a call without options succeeded on sub (counted
+ * in calls) and there is more to do than end it: the outcome's slow part
+ * (vrpc_lb_ok_work), the retry budget's share. */
+static __attribute__((noinline)) int lb_call_ok_slow(struct vrpc_lb *lb, struct vrpc_subch *sub,
+                                                     const struct vrpc_method_desc *m)
+{
+    if (vrpc_lb_ok_work(sub))
+        vrpc_lb_outcome_slow(lb, sub, VRPC_OK);
+    vrpc_lb_attempt_drop(sub);
+    if (lb->o.n_retry && policy_of(lb, m))
+        budget_success(lb);
+    return VRPC_OK;
 }
 
 int vrpc_lb_call(struct vrpc_lb *lb, const struct vrpc_method_desc *m, const ProtobufCMessage *req,
@@ -374,18 +401,33 @@ int vrpc_lb_call(struct vrpc_lb *lb, const struct vrpc_method_desc *m, const Pro
     if (o || !st)
         return lb_call_slow(lb, m, req, resp, o, st);
     /* the common call, no options (no id, key nor peer): its first attempt
-     * here, as sync_call's (sync_attempt without options) */
-    int64_t deadline = lb_deadline(lb, NULL);
-    struct vrpc_subch *sub = vrpc_lb_attempt_get(lb, false, 0);
-    if (!sub)
-        return lb_call_slow(lb, m, req, resp, o, st);
-    int code = vrpc_ch_call(vrpc_lb_sub_channel(sub), m, req, resp, NULL, st);
-    vrpc_lb_attempt_end(lb, sub, code);
-    if (code != VRPC_OK)
-        return lb_call_retry(lb, m, req, resp, st, deadline, code);
-    if (lb->o.n_retry && policy_of(lb, m))
-        budget_success(lb);
-    return code;
+     * here, as sync_call's (sync_attempt without options); the deadline is
+     * lb_deadline's, only read if there is one */
+    struct lb_first f; /* deadline left unset without a default timeout: no store */
+    f.m = m;
+    f.req = req;
+    f.resp = resp;
+    f.st = st;
+    if (lb->o.default_timeout_us > 0)
+        f.deadline = lb_deadline(lb, NULL);
+    /* f from the frame from here on: no register keeps a copy across the
+     * calls (the pick's slow paths, the attempt), which would cost a save
+     * and a restore each */
+    __asm__("" : "+m"(f));
+    struct vrpc_subch *sub = vrpc_lb_attempt_pick(lb, false, 0);
+    if (__builtin_expect(!sub, 0))
+        return lb_call_slow(lb, f.m, f.req, f.resp, NULL, f.st);
+    struct vrpc_channel *ch = vrpc_lb_sub_channel(sub);
+    __asm__("" : "+m"(f));
+    int code = vrpc_ch_call(ch, f.m, f.req, f.resp, NULL, f.st);
+    if (__builtin_expect(code != VRPC_OK, 0))
+        return lb_call_retry(lb, sub, &f, code);
+    /* vrpc_lb_attempt_end of a success, its rare parts out of line */
+    __atomic_add_fetch(&sub->calls, 1, __ATOMIC_RELAXED);
+    if (__builtin_expect(vrpc_lb_ok_work(sub) | lb->o.n_retry, 0))
+        return lb_call_ok_slow(lb, sub, f.m);
+    vrpc_lb_attempt_drop(sub);
+    return VRPC_OK;
 }
 
 /* ---- asynchronous calls ------------------------------------------------------------------ */
