@@ -66,10 +66,12 @@ struct lb_set {
     size_t n;
     struct vrpc_subch **subs; /* the target's order */
     size_t nring;
+    /* sorted by h, then ring[nring]: a sentinel (h UINT64_MAX, ring[0]'s
+     * sub) that ends every scan; one allocation with bucket */
     struct lb_point {
         uint64_t h;
         uint32_t sub;
-    } * ring; /* sorted by h; one allocation with bucket */
+    } * ring;
     /* bucket[h >> bucket_shift]: the first ring index whose point is >= the
      * bucket's lowest hash (nring if none), so that a lookup scans from
      * there instead of a binary search (about one step: twice as many
@@ -194,11 +196,11 @@ static inline __attribute__((always_inline)) bool vrpc_lb_usable(const struct vr
 /* Build set->ring and set->bucket from set->subs (-ENOMEM). */
 int vrpc_lb_ring_build(struct lb_set *set);
 /* The first ring index whose point is >= h; set->nring if none (the ring
- * wraps to 0). set->nring > 0. */
+ * wraps to 0: the sentinel there has ring[0]'s owner). set->nring > 0. */
 static inline size_t vrpc_lb_ring_find(const struct lb_set *set, uint64_t h)
 {
     size_t i = set->bucket[h >> set->bucket_shift];
-    while (i < set->nring && set->ring[i].h < h)
+    while (set->ring[i].h < h) /* the sentinel stops it */
         i++;
     return i;
 }
@@ -300,7 +302,7 @@ static inline __attribute__((always_inline)) struct vrpc_subch *vrpc_lb_attempt_
         if (!has_key && __builtin_expect(!vrpc_lb_rand_x, 0))
             break;
         size_t lo = vrpc_lb_ring_find(set, has_key ? key : vrpc_lb_rand());
-        s = set->subs[set->ring[lo < set->nring ? lo : 0].sub];
+        s = set->subs[set->ring[lo].sub]; /* lo == nring: the sentinel's, ring[0]'s */
         return vrpc_lb_usable_fast(s) ? vrpc_lb_attempt_counted(lb, s) : vrpc_lb_attempt_ring(lb, set, lo);
     }
     }

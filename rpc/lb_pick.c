@@ -50,9 +50,9 @@ int vrpc_lb_ring_build(struct lb_set *set)
     while (bits < 16 && (1ull << bits) < 2 * set->nring)
         bits++;
     size_t nb = (size_t)1 << bits;
-    if (!(set->ring = malloc(set->nring * sizeof(*set->ring) + nb * sizeof(*set->bucket))))
+    if (!(set->ring = malloc((set->nring + 1) * sizeof(*set->ring) + nb * sizeof(*set->bucket))))
         return -ENOMEM;
-    set->bucket = (uint32_t *)(set->ring + set->nring);
+    set->bucket = (uint32_t *)(set->ring + set->nring + 1);
     set->bucket_shift = 64 - bits;
     for (size_t i = 0; i < set->n; i++) {
         for (unsigned k = 0; k < VRPC_LB_RING_POINTS; k++) {
@@ -62,6 +62,8 @@ int vrpc_lb_ring_build(struct lb_set *set)
         }
     }
     qsort(set->ring, set->nring, sizeof(*set->ring), point_cmp);
+    /* the sentinel: every scan stops there, and it owns what wraps round */
+    set->ring[set->nring] = (struct lb_point){UINT64_MAX, set->ring[0].sub};
     size_t j = 0;
     for (size_t b = 0; b < nb; b++) {
         uint64_t lo = (uint64_t)b << set->bucket_shift;
