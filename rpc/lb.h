@@ -39,9 +39,12 @@ struct vrpc_subch {
     char uri[VRPC_LB_URI_MAX];
     struct vrpc_channel *ch[VRPC_LB_MAX_CONNS]; /* ordinary channels to uri */
     unsigned nch;
-    uint32_t refs;                       /* atomic: the set's, and one per attempt using it */
-    uint32_t next_ch;                    /* atomic: round robin over ch[] */
-    uint32_t outstanding;                /* atomic: attempts in flight */
+    uint32_t refs;    /* atomic: the set's, a stream's, the lb thread's and its jobs' */
+    uint32_t next_ch; /* atomic: round robin over ch[] */
+    /* atomic: attempts (unary calls) in flight, each also a reference: a
+     * removed subchannel is reaped at refs 0 and outstanding 0 (one count
+     * per attempt where there were two, a reference and this) */
+    uint32_t outstanding;
     uint64_t calls, failures, ejections; /* atomic counters */
     uint32_t consec_fail;                /* atomic */
     uint32_t eject_level;                /* atomic: ejections since it last served */
@@ -63,10 +66,12 @@ struct lb_set {
     size_t n;
     struct vrpc_subch **subs; /* the target's order */
     size_t nring;
+    /* sorted by h, then ring[nring]: a sentinel (h UINT64_MAX, ring[0]'s
+     * sub) that ends every scan; one allocation with bucket */
     struct lb_point {
         uint64_t h;
         uint32_t sub;
-    } * ring; /* sorted by h; one allocation with bucket */
+    } * ring;
     /* bucket[h >> bucket_shift]: the first ring index whose point is >= the
      * bucket's lowest hash (nring if none), so that a lookup scans from
      * there instead of a binary search (about one step: twice as many
@@ -93,7 +98,7 @@ struct vrpc_lb {
 
     pthread_mutex_t mu; /* graveyard, delayed list, thread wake-up */
     pthread_cond_t cond;
-    struct vrpc_subch *dead; /* removed from the set, reaped at refs 0 */
+    struct vrpc_subch *dead; /* removed from the set, reaped at refs 0 and outstanding 0 */
     struct lb_call *delayed; /* calls waiting for a retry back-off */
     bool stop, kick;
     pthread_t thr;
@@ -191,11 +196,11 @@ static inline __attribute__((always_inline)) bool vrpc_lb_usable(const struct vr
 /* Build set->ring and set->bucket from set->subs (-ENOMEM). */
 int vrpc_lb_ring_build(struct lb_set *set);
 /* The first ring index whose point is >= h; set->nring if none (the ring
- * wraps to 0). set->nring > 0. */
+ * wraps to 0: the sentinel there has ring[0]'s owner). set->nring > 0. */
 static inline size_t vrpc_lb_ring_find(const struct lb_set *set, uint64_t h)
 {
     size_t i = set->bucket[h >> set->bucket_shift];
-    while (i < set->nring && set->ring[i].h < h)
+    while (set->ring[i].h < h) /* the sentinel stops it */
         i++;
     return i;
 }
@@ -215,76 +220,126 @@ static inline uint64_t vrpc_lb_rand(void)
     return x * 0x2545f4914f6cdd1dull;
 }
 
-/* Least outstanding's choice after drawing a and b (rpc/lb_pick.c). */
-struct vrpc_subch *vrpc_lb_pick_least_rest(const struct lb_set *set, size_t a, size_t b);
-/* Least outstanding (power of two choices): two distinct servers drawn at
- * random, the one with fewer attempts in flight if both are usable. */
-static inline __attribute__((always_inline)) struct vrpc_subch *vrpc_lb_pick_least(const struct lb_set *set)
+/* Least outstanding's draw: two distinct servers (a and b) at random. */
+static inline void vrpc_lb_least_draw(size_t n, uint64_t r, size_t *a, size_t *b)
 {
-    size_t n = set->n;
-    uint64_t r = vrpc_lb_rand();
-    size_t a = r % n;
-    if (n > 1) {
-        size_t b = (a + 1 + (r >> 32) % (n - 1)) % n; /* != a */
-        struct vrpc_subch *x = set->subs[a], *y = set->subs[b];
-        if (vrpc_lb_usable(x) && vrpc_lb_usable(y))
-            return __atomic_load_n(&x->outstanding, __ATOMIC_RELAXED) <=
-                           __atomic_load_n(&y->outstanding, __ATOMIC_RELAXED)
-                       ? x
-                       : y;
-        return vrpc_lb_pick_least_rest(set, a, b);
-    }
-    return vrpc_lb_pick_least_rest(set, a, a);
+    *a = r % n;
+    *b = n > 1 ? (*a + 1 + (r >> 32) % (n - 1)) % n : *a; /* != a */
 }
 
-/* Ring hash from ring index lo on, when the first point's owner is not usable. */
-struct vrpc_subch *vrpc_lb_pick_ring_from(const struct lb_set *set, size_t lo);
-/* Ring hash: the owner of the first point at or after the key's hash (a
- * random one without a key), or the next ones round the ring (see
- * vrpc_lb_pick_ring_from). */
-static inline __attribute__((always_inline)) struct vrpc_subch *vrpc_lb_pick_ring(const struct lb_set *set,
-                                                                                  bool has_key, uint64_t key)
+/* Whether s is usable (vrpc_lb_usable) by what costs a few loads: healthy,
+ * never ejected or forgiven since, its first channel READY (then so is the
+ * best of them, vrpc_lb_sub_state). false says nothing: the slow path looks
+ * again with vrpc_lb_usable (an ejection over but not yet forgiven, another
+ * of its channels READY). */
+static inline __attribute__((always_inline)) bool vrpc_lb_usable_fast(const struct vrpc_subch *s)
 {
-    size_t lo = vrpc_lb_ring_find(set, has_key ? key : vrpc_lb_rand());
-    struct vrpc_subch *s = set->subs[set->ring[lo < set->nring ? lo : 0].sub];
-    return vrpc_lb_usable(s) ? s : vrpc_lb_pick_ring_from(set, lo);
+    return __atomic_load_n(&s->health, __ATOMIC_RELAXED) != LB_HEALTH_NOT_SERVING &&
+           !__atomic_load_n(&s->ejected_until, __ATOMIC_RELAXED) &&
+           __atomic_load_n(&s->ch[0]->state, __ATOMIC_ACQUIRE) == VRPC_CHANNEL_READY;
 }
 
-/* vrpc_lb_sub_get for the calling thread's hot path: the common cases (one
- * server, usable; each policy's first choice, usable) inline, the rest as
- * vrpc_lb_pick. The same choices as vrpc_lb_sub_get. */
-static inline __attribute__((always_inline)) struct vrpc_subch *vrpc_lb_sub_get_fast(struct vrpc_lb *lb, bool has_key,
+/* s (or NULL) for an attempt: counted, and the read section ends. */
+static inline __attribute__((always_inline)) struct vrpc_subch *vrpc_lb_attempt_counted(struct vrpc_lb *lb,
+                                                                                        struct vrpc_subch *s)
+{
+    if (s)
+        __atomic_add_fetch(&s->outstanding, 1, __ATOMIC_RELAXED);
+    lb_read_end(lb);
+    return s;
+}
+
+/* vrpc_lb_attempt_pick's slow paths (rpc/lb_pick.c), each the policy's
+ * whole choice from where the fast path left it (the same draw, turn or
+ * ring index), counted. */
+struct vrpc_subch *vrpc_lb_attempt_any(struct vrpc_lb *lb, const struct lb_set *set, bool has_key, uint64_t key);
+struct vrpc_subch *vrpc_lb_attempt_rr(struct vrpc_lb *lb, const struct lb_set *set, uint32_t turn);
+struct vrpc_subch *vrpc_lb_attempt_least(struct vrpc_lb *lb, const struct lb_set *set, size_t a, size_t b);
+struct vrpc_subch *vrpc_lb_attempt_ring(struct vrpc_lb *lb, const struct lb_set *set, size_t lo);
+
+/* An attempt's subchannel (a unary call's, on the calling thread's hot
+ * path): the policy's choice, the same as vrpc_lb_sub_get's, with the
+ * attempt counted in its outstanding, which holds it instead of a reference
+ * until vrpc_lb_attempt_end/_drop. Counted inside the set's read section: a
+ * set replaced meanwhile waits for it before the subchannel goes to the
+ * graveyard, where the lb thread frees it only at refs 0 and outstanding 0
+ * (by its next tick, LB_TICK_NS: an attempt's end wakes no thread). NULL
+ * when no server is known.
+ * Each policy's first choice inline when vrpc_lb_usable_fast says it is
+ * usable; the slow paths decide the rest as vrpc_lb_pick would from the same
+ * draw. Least outstanding looks at the less busy of its two first: usable,
+ * it is the choice whether or not the other one is. */
+static inline __attribute__((always_inline)) struct vrpc_subch *vrpc_lb_attempt_pick(struct vrpc_lb *lb, bool has_key,
                                                                                      uint64_t key)
 {
     const struct lb_set *set = lb_read_begin(lb);
+    size_t n = set ? set->n : 0;
     struct vrpc_subch *s;
-    if (!set || !set->n)
-        s = NULL;
-    else if (set->n == 1 && vrpc_lb_usable(set->subs[0]))
-        s = set->subs[0]; /* every policy's choice */
-    else if (lb->o.lb_policy == VRPC_LB_ROUND_ROBIN)
-        s = vrpc_lb_pick_rr(set, __atomic_fetch_add(&lb->rr, 1, __ATOMIC_RELAXED));
-    else if (lb->o.lb_policy == VRPC_LB_LEAST_OUTSTANDING)
-        s = vrpc_lb_pick_least(set);
-    else if (lb->o.lb_policy == VRPC_LB_RING_HASH)
-        s = vrpc_lb_pick_ring(set, has_key, key);
-    else
-        s = vrpc_lb_pick(lb, set, has_key, key);
-    if (s)
-        __atomic_add_fetch(&s->refs, 1, __ATOMIC_RELAXED);
-    lb_read_end(lb);
-    return s;
+    if (n <= 1) {
+        if (!n)
+            return vrpc_lb_attempt_counted(lb, NULL);
+        s = set->subs[0]; /* every policy's choice if usable */
+        return vrpc_lb_usable_fast(s) ? vrpc_lb_attempt_counted(lb, s) : vrpc_lb_attempt_any(lb, set, has_key, key);
+    }
+    switch (lb->o.lb_policy) {
+    case VRPC_LB_ROUND_ROBIN: {
+        uint32_t turn = __atomic_fetch_add(&lb->rr, 1, __ATOMIC_RELAXED);
+        s = set->subs[turn % n];
+        return vrpc_lb_usable_fast(s) ? vrpc_lb_attempt_counted(lb, s) : vrpc_lb_attempt_rr(lb, set, turn);
+    }
+    case VRPC_LB_LEAST_OUTSTANDING: {
+        if (__builtin_expect(!vrpc_lb_rand_x, 0))
+            break; /* vrpc_lb_pick seeds it */
+        size_t a, b;
+        vrpc_lb_least_draw(n, vrpc_lb_rand(), &a, &b);
+        struct vrpc_subch *x = set->subs[a], *y = set->subs[b];
+        s = __atomic_load_n(&x->outstanding, __ATOMIC_RELAXED) <= __atomic_load_n(&y->outstanding, __ATOMIC_RELAXED)
+                ? x
+                : y;
+        return vrpc_lb_usable_fast(s) ? vrpc_lb_attempt_counted(lb, s) : vrpc_lb_attempt_least(lb, set, a, b);
+    }
+    case VRPC_LB_RING_HASH: {
+        if (!has_key && __builtin_expect(!vrpc_lb_rand_x, 0))
+            break;
+        size_t lo = vrpc_lb_ring_find(set, has_key ? key : vrpc_lb_rand());
+        s = set->subs[set->ring[lo].sub]; /* lo == nring: the sentinel's, ring[0]'s */
+        return vrpc_lb_usable_fast(s) ? vrpc_lb_attempt_counted(lb, s) : vrpc_lb_attempt_ring(lb, set, lo);
+    }
+    }
+    return vrpc_lb_attempt_any(lb, set, has_key, key);
+}
+/* vrpc_lb_attempt_pick, not inline (the paths that are not the hot one). */
+struct vrpc_subch *vrpc_lb_attempt_get(struct vrpc_lb *lb, bool has_key, uint64_t key);
+/* The end of an attempt from vrpc_lb_attempt_get that never ran (refused,
+ * past its deadline, cancelled): its count goes, the attempt's last touch
+ * of s (a removed one may be freed from here on). */
+static inline void vrpc_lb_attempt_drop(struct vrpc_subch *s)
+{
+    __atomic_sub_fetch(&s->outstanding, 1, __ATOMIC_RELEASE);
 }
 uint64_t vrpc_lb_hash(const void *p, size_t len);
 /* An attempt on s ended with code: counters and outlier ejection. */
 void vrpc_lb_outcome_slow(struct vrpc_lb *lb, struct vrpc_subch *s, int code);
+/* Nonzero if a success on s has more to do than count: a failure since the
+ * last success, or an ejection to forgive (one branch for both). */
+static inline uint64_t vrpc_lb_ok_work(const struct vrpc_subch *s)
+{
+    return __atomic_load_n(&s->consec_fail, __ATOMIC_RELAXED) |
+           (uint64_t)__atomic_load_n(&s->ejected_until, __ATOMIC_RELAXED);
+}
 static inline void vrpc_lb_outcome(struct vrpc_lb *lb, struct vrpc_subch *s, int code)
 {
     __atomic_add_fetch(&s->calls, 1, __ATOMIC_RELAXED);
-    if (code == VRPC_OK && !__atomic_load_n(&s->consec_fail, __ATOMIC_RELAXED) &&
-        !__atomic_load_n(&s->ejected_until, __ATOMIC_RELAXED))
+    if (code == VRPC_OK && !vrpc_lb_ok_work(s))
         return;
     vrpc_lb_outcome_slow(lb, s, code);
+}
+/* An attempt from vrpc_lb_attempt_get ended with code: its outcome, then as
+ * vrpc_lb_attempt_drop. */
+static inline void vrpc_lb_attempt_end(struct vrpc_lb *lb, struct vrpc_subch *s, int code)
+{
+    vrpc_lb_outcome(lb, s, code);
+    vrpc_lb_attempt_drop(s);
 }
 
 /* ---- rpc/lb_call.c ----------------------------------------------------------- */

@@ -255,16 +255,19 @@ static void no_server(const struct vrpc_lb *lb, struct vrpc_status *st)
 
 /* ---- synchronous calls ---------------------------------------------------------------- */
 
-/* One attempt of a synchronous call on a picked subchannel. */
+/* One attempt of a synchronous call on a subchannel from
+ * vrpc_lb_attempt_get, which it ends (the caller no longer touches sub). */
 static int sync_attempt(struct vrpc_lb *lb, struct vrpc_subch *sub, struct lb_call *c, bool first,
                         const struct vrpc_method_desc *m, const ProtobufCMessage *req, ProtobufCMessage **resp,
                         const struct vrpc_call_opts *o, int64_t deadline, struct vrpc_status *st)
 {
     struct vrpc_channel *ch = vrpc_lb_sub_channel(sub);
     struct vrpc_call_opts io, *iop = NULL;
+    copy_peer(o, sub->uri);
     /* the first attempt of a call without options: the channel's own
      * default deadline is the same as ours */
     if ((o || c || !first) && !attempt_opts(o, deadline, c ? &c->inner_id : NULL, iop = &io)) {
+        vrpc_lb_attempt_drop(sub);
         vrpc_status_set(st, VRPC_DEADLINE_EXCEEDED, "deadline exceeded");
         return VRPC_DEADLINE_EXCEEDED;
     }
@@ -275,14 +278,13 @@ static int sync_attempt(struct vrpc_lb *lb, struct vrpc_subch *sub, struct lb_ca
         __atomic_store_n(&c->inner_id, 0, __ATOMIC_RELAXED);
         pthread_mutex_unlock(&c->mu);
         if (x) {
+            vrpc_lb_attempt_drop(sub);
             vrpc_status_set(st, VRPC_CANCELLED, "cancelled by the client");
             return VRPC_CANCELLED;
         }
     }
-    __atomic_add_fetch(&sub->outstanding, 1, __ATOMIC_RELAXED);
     int code = vrpc_call(ch, m, req, resp, iop, st);
-    __atomic_sub_fetch(&sub->outstanding, 1, __ATOMIC_RELAXED);
-    vrpc_lb_outcome(lb, sub, code);
+    vrpc_lb_attempt_end(lb, sub, code);
     if (c) {
         pthread_mutex_lock(&c->mu);
         c->ach = NULL;
@@ -314,7 +316,7 @@ static __attribute__((noinline)) int sync_call(struct vrpc_lb *lb, const struct 
                 break;
             sleep_ns(delay);
         }
-        struct vrpc_subch *sub = vrpc_lb_sub_get_fast(lb, has_key, key);
+        struct vrpc_subch *sub = vrpc_lb_attempt_get(lb, has_key, key);
         if (!sub) {
             no_server(lb, st);
             code = VRPC_UNAVAILABLE;
@@ -322,8 +324,6 @@ static __attribute__((noinline)) int sync_call(struct vrpc_lb *lb, const struct 
         }
         tr.attempts++;
         code = sync_attempt(lb, sub, c, tr.attempts == 1, m, req, resp, o, deadline, st);
-        copy_peer(o, sub->uri);
-        vrpc_lb_sub_put(lb, sub);
     }
     if (code == VRPC_OK && pol)
         budget_success(lb);
@@ -357,15 +357,42 @@ static __attribute__((noinline)) int lb_call_slow(struct vrpc_lb *lb, const stru
     return sync_call(lb, m, req, resp, o, st, pol, deadline, has_key, key, c, (struct lb_try){0}, 0);
 }
 
-/* The first attempt of a call without options failed with code: retry it
- * as sync_call does (the deadline counts from here: the first attempt had
- * the channel's default timeout on its own). */
-static __attribute__((noinline)) int lb_call_retry(struct vrpc_lb *lb, const struct vrpc_method_desc *m,
-                                                   const ProtobufCMessage *req, ProtobufCMessage **resp,
-                                                   struct vrpc_status *st, int64_t deadline, int code)
+/* What a call without options needs only if its first attempt fails: kept
+ * in the frame, not in registers saved across the attempt. */
+struct lb_first {
+    const struct vrpc_method_desc *m;
+    const ProtobufCMessage *req;
+    ProtobufCMessage **resp;
+    struct vrpc_status *st;
+    int64_t deadline; /* set only with a default timeout (lb->o.default_timeout_us > 0) */
+};
+
+/* The first attempt of a call without options (f) failed with code on sub:
+ * its end, then the retries as sync_call's (the deadline counts from the
+ * call's start: the first attempt had the channel's default timeout on its
+ * own). */
+static __attribute__((noinline, cold)) int lb_call_retry(struct vrpc_lb *lb, struct vrpc_subch *sub,
+                                                         const struct lb_first *f, int code)
 {
-    const struct vrpc_retry_policy *pol = lb->o.n_retry ? policy_of(lb, m) : NULL;
-    return sync_call(lb, m, req, resp, NULL, st, pol, deadline, false, 0, NULL, (struct lb_try){.attempts = 1}, code);
+    vrpc_lb_attempt_end(lb, sub, code);
+    const struct vrpc_retry_policy *pol = lb->o.n_retry ? policy_of(lb, f->m) : NULL;
+    int64_t deadline = lb->o.default_timeout_us > 0 ? f->deadline : VRPC_NO_DEADLINE;
+    return sync_call(lb, f->m, f->req, f->resp, NULL, f->st, pol, deadline, false, 0, NULL,
+                     (struct lb_try){.attempts = 1}, code);
+}
+
+/* The first attempt of a call without options succeeded on sub (counted
+ * in calls) and there is more to do than end it: the outcome's slow part
+ * (vrpc_lb_ok_work), the retry budget's share. */
+static __attribute__((noinline)) int lb_call_ok_slow(struct vrpc_lb *lb, struct vrpc_subch *sub,
+                                                     const struct vrpc_method_desc *m)
+{
+    if (vrpc_lb_ok_work(sub))
+        vrpc_lb_outcome_slow(lb, sub, VRPC_OK);
+    vrpc_lb_attempt_drop(sub);
+    if (lb->o.n_retry && policy_of(lb, m))
+        budget_success(lb);
+    return VRPC_OK;
 }
 
 int vrpc_lb_call(struct vrpc_lb *lb, const struct vrpc_method_desc *m, const ProtobufCMessage *req,
@@ -374,21 +401,33 @@ int vrpc_lb_call(struct vrpc_lb *lb, const struct vrpc_method_desc *m, const Pro
     if (o || !st)
         return lb_call_slow(lb, m, req, resp, o, st);
     /* the common call, no options (no id, key nor peer): its first attempt
-     * here, as sync_call's (sync_attempt without options) */
-    int64_t deadline = lb_deadline(lb, NULL);
-    struct vrpc_subch *sub = vrpc_lb_sub_get_fast(lb, false, 0);
-    if (!sub)
-        return lb_call_slow(lb, m, req, resp, o, st);
-    __atomic_add_fetch(&sub->outstanding, 1, __ATOMIC_RELAXED);
-    int code = vrpc_ch_call(vrpc_lb_sub_channel(sub), m, req, resp, NULL, st);
-    __atomic_sub_fetch(&sub->outstanding, 1, __ATOMIC_RELAXED);
-    vrpc_lb_outcome(lb, sub, code);
-    vrpc_lb_sub_put(lb, sub);
-    if (code != VRPC_OK)
-        return lb_call_retry(lb, m, req, resp, st, deadline, code);
-    if (lb->o.n_retry && policy_of(lb, m))
-        budget_success(lb);
-    return code;
+     * here, as sync_call's (sync_attempt without options); the deadline is
+     * lb_deadline's, only read if there is one */
+    struct lb_first f; /* deadline left unset without a default timeout: no store */
+    f.m = m;
+    f.req = req;
+    f.resp = resp;
+    f.st = st;
+    if (lb->o.default_timeout_us > 0)
+        f.deadline = lb_deadline(lb, NULL);
+    /* f from the frame from here on: no register keeps a copy across the
+     * calls (the pick's slow paths, the attempt), which would cost a save
+     * and a restore each */
+    __asm__("" : "+m"(f));
+    struct vrpc_subch *sub = vrpc_lb_attempt_pick(lb, false, 0);
+    if (__builtin_expect(!sub, 0))
+        return lb_call_slow(lb, f.m, f.req, f.resp, NULL, f.st);
+    struct vrpc_channel *ch = vrpc_lb_sub_channel(sub);
+    __asm__("" : "+m"(f));
+    int code = vrpc_ch_call(ch, f.m, f.req, f.resp, NULL, f.st);
+    if (__builtin_expect(code != VRPC_OK, 0))
+        return lb_call_retry(lb, sub, &f, code);
+    /* vrpc_lb_attempt_end of a success, its rare parts out of line */
+    __atomic_add_fetch(&sub->calls, 1, __ATOMIC_RELAXED);
+    if (__builtin_expect(vrpc_lb_ok_work(sub) | lb->o.n_retry, 0))
+        return lb_call_ok_slow(lb, sub, f.m);
+    vrpc_lb_attempt_drop(sub);
+    return VRPC_OK;
 }
 
 /* ---- asynchronous calls ------------------------------------------------------------------ */
@@ -435,7 +474,7 @@ static int attempt_start(struct lb_call *c, const ProtobufCMessage *first)
     const ProtobufCMessage *req = first ? first : c->req, *copy = NULL;
     if (!req && c->packed)
         req = copy = protobuf_c_message_unpack(c->m->input, NULL, c->plen, c->packed);
-    struct vrpc_subch *sub = req ? vrpc_lb_sub_get_fast(lb, c->has_key, c->key) : NULL;
+    struct vrpc_subch *sub = req ? vrpc_lb_attempt_get(lb, c->has_key, c->key) : NULL;
     struct vrpc_call_opts io;
     if (!sub) {
         if (req)
@@ -445,7 +484,7 @@ static int attempt_start(struct lb_call *c, const ProtobufCMessage *first)
         goto fail;
     }
     if (!attempt_opts(&c->uo, c->deadline, &c->inner_id, &io)) {
-        vrpc_lb_sub_put(lb, sub);
+        vrpc_lb_attempt_drop(sub);
         vrpc_status_set(&c->st, VRPC_DEADLINE_EXCEEDED, "deadline exceeded");
         goto fail;
     }
@@ -462,14 +501,12 @@ static int attempt_start(struct lb_call *c, const ProtobufCMessage *first)
     __atomic_store_n(&c->inner_id, 0, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&c->mu);
     __atomic_add_fetch(&c->refs, 1, __ATOMIC_RELAXED); /* ours, until the cancel check below */
-    __atomic_add_fetch(&sub->outstanding, 1, __ATOMIC_RELAXED);
     int rc = vrpc_call_async(ch, c->m, req, &io, attempt_cb, c);
     if (copy)
         protobuf_c_message_free_unpacked((ProtobufCMessage *)copy, NULL);
     if (rc) { /* not accepted: the callback will not run */
-        __atomic_sub_fetch(&sub->outstanding, 1, __ATOMIC_RELAXED);
         c->sub = NULL;
-        vrpc_lb_sub_put(lb, sub);
+        vrpc_lb_attempt_drop(sub);
         call_put(lb, c);
         if (first && (rc == -EAGAIN || rc == -ESHUTDOWN))
             return rc; /* as a plain channel's: the caller retries later */
@@ -510,14 +547,12 @@ static void attempt_cb(const struct vrpc_status *st, const ProtobufCMessage *res
     struct lb_call *c = arg;
     struct vrpc_lb *lb = c->lb;
     struct vrpc_subch *sub = c->sub;
-    __atomic_sub_fetch(&sub->outstanding, 1, __ATOMIC_RELAXED);
-    vrpc_lb_outcome(lb, sub, st->code);
     pthread_mutex_lock(&c->mu);
     c->ach = NULL;
     bool cancelled = c->cancelled;
     pthread_mutex_unlock(&c->mu);
     c->sub = NULL;
-    vrpc_lb_sub_put(lb, sub);
+    vrpc_lb_attempt_end(lb, sub, st->code);
     int64_t delay;
     if (!cancelled && retry_decide(lb, c->pol, st, &c->tr, c->deadline, c->req || c->packed, &delay)) {
         if (delay > 0)

@@ -50,9 +50,9 @@ int vrpc_lb_ring_build(struct lb_set *set)
     while (bits < 16 && (1ull << bits) < 2 * set->nring)
         bits++;
     size_t nb = (size_t)1 << bits;
-    if (!(set->ring = malloc(set->nring * sizeof(*set->ring) + nb * sizeof(*set->bucket))))
+    if (!(set->ring = malloc((set->nring + 1) * sizeof(*set->ring) + nb * sizeof(*set->bucket))))
         return -ENOMEM;
-    set->bucket = (uint32_t *)(set->ring + set->nring);
+    set->bucket = (uint32_t *)(set->ring + set->nring + 1);
     set->bucket_shift = 64 - bits;
     for (size_t i = 0; i < set->n; i++) {
         for (unsigned k = 0; k < VRPC_LB_RING_POINTS; k++) {
@@ -62,6 +62,8 @@ int vrpc_lb_ring_build(struct lb_set *set)
         }
     }
     qsort(set->ring, set->nring, sizeof(*set->ring), point_cmp);
+    /* the sentinel: every scan stops there, and it owns what wraps round */
+    set->ring[set->nring] = (struct lb_point){UINT64_MAX, set->ring[0].sub};
     size_t j = 0;
     for (size_t b = 0; b < nb; b++) {
         uint64_t lo = (uint64_t)b << set->bucket_shift;
@@ -120,9 +122,10 @@ struct vrpc_subch *vrpc_lb_pick_rr(const struct lb_set *set, uint32_t turn)
     return pick_scan(set, turn % set->n); /* the states changed meanwhile */
 }
 
-/* Power of two choices on outstanding calls: a and b (!= a) drawn; the
- * case where both are usable is vrpc_lb_pick_least's, inline. */
-struct vrpc_subch *vrpc_lb_pick_least_rest(const struct lb_set *set, size_t a, size_t b)
+/* Power of two choices on outstanding calls: a and b (!= a unless n is 1)
+ * drawn; the one with fewer attempts in flight if both are usable, else the
+ * usable one, else a scan from a. */
+static struct vrpc_subch *pick_least_rest(const struct lb_set *set, size_t a, size_t b)
 {
     if (set->n == 1)
         return pick_scan(set, 0);
@@ -143,7 +146,7 @@ struct vrpc_subch *vrpc_lb_pick_least_rest(const struct lb_set *set, size_t a, s
  * owner, or past it only while it is down (back-off, ejected, NOT_SERVING):
  * one still connecting gets the call, which waits for the connect, so that
  * keys do not move while a channel starts up. */
-struct vrpc_subch *vrpc_lb_pick_ring_from(const struct lb_set *set, size_t lo)
+static struct vrpc_subch *pick_ring_from(const struct lb_set *set, size_t lo)
 {
     for (size_t i = 0; i < set->nring; i++) {
         struct vrpc_subch *s = set->subs[set->ring[(lo + i) % set->nring].sub];
@@ -158,6 +161,22 @@ struct vrpc_subch *vrpc_lb_pick_ring_from(const struct lb_set *set, size_t lo)
     return fallback(set, set->ring[lo % set->nring].sub);
 }
 
+/* Least outstanding (power of two choices). */
+static struct vrpc_subch *pick_least(const struct lb_set *set)
+{
+    size_t a, b;
+    vrpc_lb_least_draw(set->n, vrpc_lb_rand(), &a, &b);
+    return pick_least_rest(set, a, b);
+}
+
+/* Ring hash: the owner of the first point at or after the key's hash (a
+ * random one without a key), or the next ones round the ring (see
+ * pick_ring_from). */
+static struct vrpc_subch *pick_ring(const struct lb_set *set, bool has_key, uint64_t key)
+{
+    return pick_ring_from(set, vrpc_lb_ring_find(set, has_key ? key : vrpc_lb_rand()));
+}
+
 struct vrpc_subch *vrpc_lb_pick(struct vrpc_lb *lb, const struct lb_set *set, bool has_key, uint64_t key)
 {
     if (!set || !set->n)
@@ -168,12 +187,39 @@ struct vrpc_subch *vrpc_lb_pick(struct vrpc_lb *lb, const struct lb_set *set, bo
     case VRPC_LB_PICK_FIRST:
         return pick_scan(set, 0);
     case VRPC_LB_LEAST_OUTSTANDING:
-        return vrpc_lb_pick_least(set);
+        return pick_least(set);
     case VRPC_LB_RING_HASH:
-        return vrpc_lb_pick_ring(set, has_key, key);
+        return pick_ring(set, has_key, key);
     default:
         return vrpc_lb_pick_rr(set, __atomic_fetch_add(&lb->rr, 1, __ATOMIC_RELAXED));
     }
+}
+
+/* ---- an attempt's pick: the slow paths of vrpc_lb_attempt_pick (rpc/lb.h) ---------- */
+
+struct vrpc_subch *vrpc_lb_attempt_any(struct vrpc_lb *lb, const struct lb_set *set, bool has_key, uint64_t key)
+{
+    return vrpc_lb_attempt_counted(lb, vrpc_lb_pick(lb, set, has_key, key));
+}
+
+struct vrpc_subch *vrpc_lb_attempt_rr(struct vrpc_lb *lb, const struct lb_set *set, uint32_t turn)
+{
+    return vrpc_lb_attempt_counted(lb, vrpc_lb_pick_rr(set, turn));
+}
+
+struct vrpc_subch *vrpc_lb_attempt_least(struct vrpc_lb *lb, const struct lb_set *set, size_t a, size_t b)
+{
+    return vrpc_lb_attempt_counted(lb, pick_least_rest(set, a, b));
+}
+
+struct vrpc_subch *vrpc_lb_attempt_ring(struct vrpc_lb *lb, const struct lb_set *set, size_t lo)
+{
+    return vrpc_lb_attempt_counted(lb, pick_ring_from(set, lo));
+}
+
+struct vrpc_subch *vrpc_lb_attempt_get(struct vrpc_lb *lb, bool has_key, uint64_t key)
+{
+    return vrpc_lb_attempt_pick(lb, has_key, key);
 }
 
 /* ---- outlier ejection ----------------------------------------------------------- */

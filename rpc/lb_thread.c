@@ -15,7 +15,7 @@
 #include <verbrpc/stream.h>
 #include "rpc/lb.h"
 
-#define LB_TICK_NS 50000000 /* at least this often: back-offs, health, ejections */
+#define LB_TICK_NS 50000000 /* at least this often: back-offs, health, ejections, reaping */
 
 static bool wants_connect(struct vrpc_channel *ch)
 {
@@ -201,14 +201,17 @@ static struct vrpc_subch **snapshot(struct vrpc_lb *lb, size_t *n)
     return v;
 }
 
-/* Removed subchannels no attempt uses any more. */
+/* Removed subchannels nothing uses any more: no reference (a stream's, a
+ * job's) and no attempt, which holds its subchannel by its count in
+ * outstanding (none can start: the set that named it is gone). */
 static void reap(struct vrpc_lb *lb)
 {
     struct vrpc_subch *gone = NULL;
     pthread_mutex_lock(&lb->mu);
     for (struct vrpc_subch **pp = &lb->dead; *pp;) {
         struct vrpc_subch *s = *pp;
-        if (__atomic_load_n(&s->refs, __ATOMIC_ACQUIRE) == 0) {
+        if (__atomic_load_n(&s->refs, __ATOMIC_ACQUIRE) == 0 &&
+            __atomic_load_n(&s->outstanding, __ATOMIC_ACQUIRE) == 0) {
             *pp = s->next_dead;
             s->next_dead = gone;
             gone = s;
