@@ -492,6 +492,7 @@ static void rndv_message_locked(struct sconn *c, struct vrpc_server_stream *st, 
         .lb = lb, .ep = c->b.ep, .addr = d.addr, .rkey = d.rkey, .len = h->payload_len, .id = h->request_id};
     c->rd_pinned += h->payload_len;
     pthread_mutex_unlock(&st->lock);
+    vrpc_srv_stream_read_limit(c, call, h->payload_len, gen);
     int rc = vrpc_rndv_read(&call->in);
     if (rc == -ENOSPC)
         vrpc_rndv_read_later(&c->poller->retry, &call->in);
@@ -525,6 +526,7 @@ bool vrpc_srv_stream_read_done(struct vrpc_server_call *call, int status)
     struct vrpc_server_stream *st = call->st;
     if (!st->rd_busy) /* (written by this poller only) */
         return false;
+    status = vrpc_srv_stream_read_unlimit(call, status);
     struct sconn *c = st->conn;
     struct vrpc_buf *lb = call->in.lb;
     call->in.lb = NULL;

@@ -80,6 +80,8 @@ struct vrpc_server_stream {
     int wr_rc;                    /* that offer's outcome */
     struct vrpc_rndv_out out_rec; /* our large messages' grant: one at a time (DONE, revoke, then the next) */
     bool rd_busy;                 /* a large client message is being read (into call->in): at most one */
+    struct sconn *rd_conn;        /* the read's limit timer's connection (a reference), see
+                                     vrpc_srv_stream_read_limit */
     struct srv_msg *rd_node;      /* its queue entry */
     struct srv_msg *in_head, *in_tail;
     struct srv_out *out_head, *out_tail;
@@ -125,6 +127,17 @@ int vrpc_srv_stream_wait_room(struct vrpc_server_stream *st);
  * waits for the previous large one's revoke, offers it (grant, MESSAGE|RNDV)
  * and returns once the descriptor is out. */
 int vrpc_srv_stream_send_large(struct vrpc_server_stream *st, struct vrpc_buf *lb, uint32_t len);
+/* Poller, as the read of a large client MESSAGE (call->in, len bytes) starts:
+ * arm its limit, as a large request's (rpc/dispatch.c request_read_start):
+ * transfer_floor_ms + len at min_transfer_rate from now, whatever trickles
+ * in. At the limit (the wheel's thread) the stream ends RESOURCE_EXHAUSTED
+ * and the connection is failed, which ends the read (its buffer comes back
+ * at the flushed completion). The state is call->xfer (server_internal.h). */
+void vrpc_srv_stream_read_limit(struct sconn *c, struct vrpc_server_call *call, uint32_t len, uint32_t gen);
+/* Poller, at that read's completion, before anything else: disarm the limit,
+ * or wait for the expiry that won to finish. Returns status, or -ETIMEDOUT
+ * for a read that succeeded too late. */
+int vrpc_srv_stream_read_unlimit(struct vrpc_server_call *call, int status);
 /* Send the first queued async write (lock held, st->sending false; drops
  * and retakes the lock; runs its callback). */
 void vrpc_srv_stream_out_one_locked(struct vrpc_server_stream *st);

@@ -3,10 +3,74 @@
  * through the server's offer machine (rpc/offer.h) with the stream's own
  * grant record (struct vrpc_server_stream.out_rec, never one of c->rsp: that
  * is how the machine's callbacks tell them apart), one at a time: the next
- * waits until the client's DONE and our revoke are over. */
+ * waits until the client's DONE and our revoke are over. And the time limit
+ * of reading a large message the client sends. */
 #include <errno.h>
+#include <sched.h>
+#include <stdio.h>
 #include <string.h>
 #include "rpc/server_stream.h"
+
+/* The wheel's thread: the read of a large client message is not over at
+ * its limit (vrpc_srv_stream_read_limit). ctx: the call (the timer's
+ * reference), gen: the stream's generation. */
+static void read_limit_expired(void *ctx, uint64_t gen)
+{
+    struct vrpc_server_call *call = ctx;
+    struct vrpc_server_stream *st = call->st;
+    struct sconn *c = st->rd_conn;
+    uint32_t want = XFER_READING;
+    if (__atomic_compare_exchange_n(&call->xfer, &want, XFER_EXPIRING, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        struct vrpc_server *s = c->s;
+        long long ms = (long long)((vrpc_now_ns() - call->xfer_start_ns) / 1000000);
+        char msg[VRPC_STATUS_MSG_MAX];
+        snprintf(msg, sizeof(msg),
+                 "large transfer too slow: the %u-byte stream message was not read in %lld ms (min_transfer_rate "
+                 "%u B/s, transfer_floor_ms %u)",
+                 call->in.len, ms, s->o.min_transfer_rate, s->o.transfer_floor_ms);
+        vrpc_srv_stream_end(st, (uint32_t)gen, VRPC_RESOURCE_EXHAUSTED, msg);
+        vrpc_srv_conn_fail(c, "large transfer too slow: a %u-byte stream message in %lld ms", call->in.len, ms);
+        /* release: the read's completion may now go on */
+        __atomic_store_n(&call->xfer, XFER_EXPIRED, __ATOMIC_RELEASE);
+    }
+    /* else the read finished first and left the timer's references to us */
+    vrpc_srv_sconn_unref(c);
+    vrpc_srv_call_unref(call);
+}
+
+void vrpc_srv_stream_read_limit(struct sconn *c, struct vrpc_server_call *call, uint32_t len, uint32_t gen)
+{
+    struct vrpc_server *s = c->s;
+    int64_t now = vrpc_now_ns();
+    int64_t lim = now + ((int64_t)s->o.transfer_floor_ms + (int64_t)len * 1000 / s->o.min_transfer_rate) * 1000000;
+    call->xfer_start_ns = now;
+    call->st->rd_conn = c;
+    __atomic_store_n(&call->xfer, XFER_READING, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&c->b.refs, 1, __ATOMIC_RELAXED);  /* the timer's, */
+    __atomic_add_fetch(&call->refs, 1, __ATOMIC_RELAXED); /* both */
+    vrpc_timer_arm(s->wheel, &call->xfer_timer, lim, read_limit_expired, call, gen);
+}
+
+int vrpc_srv_stream_read_unlimit(struct vrpc_server_call *call, int status)
+{
+    struct sconn *c = call->st->rd_conn;
+    uint32_t want = XFER_READING;
+    if (__atomic_compare_exchange_n(&call->xfer, &want, XFER_NONE, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        if (vrpc_timer_cancel(c->s->wheel, &call->xfer_timer)) {
+            vrpc_srv_sconn_unref(c); /* not the last: c's endpoint delivered this completion */
+            vrpc_srv_call_unref(call);
+        } /* else the firing timer sees XFER_NONE and lets go */
+        return status;
+    }
+    if (want == XFER_NONE) /* never armed */
+        return status;
+    /* Too late: the limit ends the stream and fails c. Let it finish
+     * deciding (a few non-blocking steps on the wheel's thread) before this
+     * completion goes on. */
+    while (__atomic_load_n(&call->xfer, __ATOMIC_ACQUIRE) != XFER_EXPIRED)
+        sched_yield();
+    return status ? status : -ETIMEDOUT;
+}
 
 static struct vrpc_server_stream *rec_stream(struct vrpc_rndv_out *o)
 {

@@ -231,12 +231,15 @@ struct vrpc_channel_opts {
                                     keep registered (vrpc_transport_attr.max_pinned);
                                     0: 256 MiB; must be >= max_msg_size */
     uint32_t hold_timeout_ms;    /* a server that neither read (DONE) nor answered a
-                                    large request this long after it was offered
+                                    large request (or a large stream message of
+                                    ours) this long after it was offered
                                     loses its connection (aborted); 0: 60000 */
-    uint32_t min_transfer_rate;  /* bytes/s: a large response must be read within
+    uint32_t min_transfer_rate;  /* bytes/s: a large response (or a large stream
+                                    message from the server) must be read within
                                     transfer_floor_ms + its size at this rate,
                                     counted from its announcement (the server's
                                     rule for large requests, vrpc_server_opts).
+                                    A stream message's stream ends the same way.
                                     A slower one is abandoned: the call ends
                                     RESOURCE_EXHAUSTED naming this limit (unless
                                     its deadline or a cancel ended it first: the
@@ -541,10 +544,12 @@ struct vrpc_server_opts {
                                       deadline with no bound the server controls).
                                       0: max_pinned / 4, at least max_msg_size;
                                       at most max_pinned */
-    uint32_t min_transfer_rate;   /* bytes/s: a large request must be read within
-                                      transfer_floor_ms + its size at this rate,
-                                      counted from its announcement (and within
-                                      the call's own deadline); a slower one is
+    uint32_t min_transfer_rate;   /* bytes/s: a large request (or a large
+                                      stream message from the client) must be
+                                      read within transfer_floor_ms + its size
+                                      at this rate, counted from its
+                                      announcement (and, a request, within the
+                                      call's own deadline); a slower one is
                                       abandoned, answered RESOURCE_EXHAUSTED (or
                                       DEADLINE_EXCEEDED when the call's deadline
                                       came first) and its connection failed

@@ -5,6 +5,7 @@
  *     credits), one and two at once;
  *   - seventeen announced large requests whose reads are never served;
  *   - sixteen connections serving their reads one byte at a time;
+ *   - the same with large messages inside client streams;
  *   - a client that floods requests as fast as its credits allow.
  * Each asserts that the attacker gets a clear status or loses its connection,
  * that the well-behaved client keeps a 100 % success rate with a p95 within
@@ -30,6 +31,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 #include <verbrpc/rpc.h>
+#include <verbrpc/stream.h>
 #include <verbrpc/transport.h>
 #include "rpc/rndv.h"
 #include "rpc/wire.h"
@@ -45,6 +47,9 @@
             VRPC_METHOD_UNARY                                                                                          \
     }
 static struct vrpc_method_desc m_echo = M("Echo", echo_request, echo_reply);
+/* a client stream whose messages the server drops */
+static struct vrpc_method_desc m_sink = {"/vrpctest.Stream/Sink",           0,    &vrpctest__echo_request__descriptor,
+                                         &vrpctest__echo_reply__descriptor, NULL, VRPC_METHOD_CLIENT_STREAMING};
 
 static void h_echo(struct vrpc_server_call *call, const ProtobufCMessage *msg, void *user)
 {
@@ -56,6 +61,18 @@ static void h_echo(struct vrpc_server_call *call, const ProtobufCMessage *msg, v
         rep.payload = r->payload;
     vrpc_server_call_respond(call, &rep.base);
 }
+
+static void sink_start(struct vrpc_server_stream *s, void *user) { (void)s, (void)user; }
+static void sink_read(struct vrpc_server_stream *s, const ProtobufCMessage *msg, void *user)
+{
+    (void)s, (void)msg, (void)user;
+}
+static void sink_end(struct vrpc_server_stream *s, void *user)
+{
+    (void)user;
+    vrpc_server_stream_finish(s, VRPC_OK, NULL, NULL, 0);
+}
+static const struct vrpc_server_stream_ops sink_ops = {sink_start, sink_read, sink_end, sink_end};
 
 static struct {
     const char *backend, *server_ip, *client_ip;
@@ -73,6 +90,7 @@ static void env_start(struct env *e, const struct vrpc_server_opts *o)
     m_echo.id = vrpc_method_id(m_echo.full_name);
     assert_int_equal(vrpc_server_create(o, &e->srv), 0);
     assert_int_equal(vrpc_server_register(e->srv, &m_echo, h_echo, NULL), 0);
+    assert_int_equal(vrpc_server_register_stream(e->srv, &m_sink, &sink_ops, NULL), 0);
     char listen[VRPC_URI_MAX];
     snprintf(listen, sizeof(listen), "%s://%s:0", g_opt.backend, g_opt.server_ip);
     assert_int_equal(vrpc_server_start(e->srv, listen), 0);
@@ -97,10 +115,11 @@ static bool wait_in_use(struct env *e, size_t n, int ms)
 /* ---- the raw attacker ----------------------------------------------------- */
 
 enum atk_mode {
-    ATK_NO_READ, /* calls, returns no credits: its responses pile up at the server */
-    ATK_LARGE,   /* announces large requests, never serves their reads */
-    ATK_SLOW,    /* announces a large request, serves its read one byte per tick */
-    ATK_FLOOD,   /* calls as fast as credits allow, reads everything */
+    ATK_NO_READ,     /* calls, returns no credits: its responses pile up at the server */
+    ATK_LARGE,       /* announces large requests, never serves their reads */
+    ATK_SLOW,        /* announces a large request, serves its read one byte per tick */
+    ATK_FLOOD,       /* calls as fast as credits allow, reads everything */
+    ATK_STREAM_SLOW, /* ATK_SLOW with a large message in a client stream */
 };
 
 struct atk {
@@ -279,6 +298,32 @@ static bool atk_announce(struct atk *a, uint32_t slot)
     return atk_data(a, &w, d, sizeof d);
 }
 
+/* Open a client stream on slot and announce a large MESSAGE in it (two
+ * frames, a credit each). */
+static bool atk_stream_announce(struct atk *a, uint32_t slot)
+{
+    struct vrpc_wire_hdr w = {.version = VRPC_WIRE_VERSION,
+                              .type = VRPC_FT_REQUEST,
+                              .flags = VRPC_FF_STREAM,
+                              .method_id = m_sink.id,
+                              .request_id = vrpc_wire_make_id(slot, 1)};
+    static const uint8_t none[1];
+    if (!atk_data(a, &w, none, 0))
+        return false;
+    while (!a->credits)
+        if (!atk_pump(a, 5))
+            return false;
+    uint8_t d[VRPC_WIRE_DESC_LEN];
+    struct vrpc_wire_desc desc = {.addr = 0x10000 + (uint64_t)slot * a->large_len, .rkey = 0x1234 + slot};
+    vrpc_wire_desc_encode(d, &desc);
+    w = (struct vrpc_wire_hdr){.version = VRPC_WIRE_VERSION,
+                               .type = VRPC_FT_MESSAGE,
+                               .flags = VRPC_FF_RNDV,
+                               .request_id = vrpc_wire_make_id(slot, 1),
+                               .payload_len = a->large_len};
+    return atk_data(a, &w, d, sizeof d);
+}
+
 /* Serve one byte of every read asked of us (ATK_SLOW). */
 static bool atk_trickle(struct atk *a)
 {
@@ -300,11 +345,11 @@ static void *atk_main(void *arg)
     int64_t end = vrpc_now_ns() + (int64_t)a->run_ms * 1000000;
     uint32_t slot = 0, gen = 1;
     bool up = true;
-    if (a->mode == ATK_LARGE || a->mode == ATK_SLOW) {
+    if (a->mode == ATK_LARGE || a->mode == ATK_SLOW || a->mode == ATK_STREAM_SLOW) {
         for (uint32_t i = 0; i < a->nlarge && up; i++) {
             while (!a->credits && (up = atk_pump(a, 5)))
                 ;
-            up = up && atk_announce(a, i);
+            up = up && (a->mode == ATK_STREAM_SLOW ? atk_stream_announce(a, i) : atk_announce(a, i));
             a->sent++;
         }
     }
@@ -339,6 +384,7 @@ static void *atk_main(void *arg)
             }
             break;
         case ATK_SLOW:
+        case ATK_STREAM_SLOW:
             up = atk_trickle(a) && atk_pump(a, 50);
             break;
         case ATK_LARGE:
@@ -588,9 +634,10 @@ static void t_large_never_served(void **state)
     vrpc_server_destroy(e.srv);
 }
 
-static void t_large_slow_readers(void **state)
+/* Sixteen connections each announce a 1 MiB request (or a 1 MiB message in
+ * a client stream) and serve its read one byte per 50 ms. */
+static void slow_readers_case(enum atk_mode mode, const char *what)
 {
-    (void)state;
     struct env e;
     struct vrpc_server_opts so;
     struct good g;
@@ -600,12 +647,12 @@ static void t_large_slow_readers(void **state)
     good_open(&g, e.uri);
     size_t base = lbuf_in_use(&e);
     good_run(&g, 500);
-    struct figures before = good_figures(&g, "slow x16", "before");
+    struct figures before = good_figures(&g, what, "before");
     for (int i = 0; i < 16; i++)
-        atk_start(&a[i], ATK_SLOW, e.uri, 32, 0, 1);
+        atk_start(&a[i], mode, e.uri, 32, 0, 1);
     usleep(300000);
     good_run(&g, 1500);
-    struct figures during = good_figures(&g, "slow x16", "during");
+    struct figures during = good_figures(&g, what, "during");
     /* 8 of them hold the 8 MiB at first (the others are refused): only the
      * transfer limit (2 s from the announcement) frees it, trickle or not */
     int64_t waited = good_large_until_ok(&g, 25000);
@@ -624,15 +671,27 @@ static void t_large_slow_readers(void **state)
             closed++;
         atk_stop(&a[i]);
     }
-    printf("attack slow x16: %u of 16 answered RESOURCE_EXHAUSTED, %u of them lost their connection "
+    printf("attack %s: %u of 16 answered RESOURCE_EXHAUSTED, %u of them lost their connection "
            "(large transfer too slow)\n",
-           refused, closed);
+           what, refused, closed);
     assert_true(closed >= 1);
     assert_kept(&before, &during);
     assert_true(wait_in_use(&e, base, 20000));
-    printf("attack slow x16: lbuf in use %zu bytes after (%zu before)\n", lbuf_in_use(&e), base);
+    printf("attack %s: lbuf in use %zu bytes after (%zu before)\n", what, lbuf_in_use(&e), base);
     vrpc_channel_destroy(g.ch);
     vrpc_server_destroy(e.srv);
+}
+
+static void t_large_slow_readers(void **state)
+{
+    (void)state;
+    slow_readers_case(ATK_SLOW, "slow x16");
+}
+
+static void t_stream_large_slow_readers(void **state)
+{
+    (void)state;
+    slow_readers_case(ATK_STREAM_SLOW, "stream slow x16");
 }
 
 /* ---- a never-reading client on either backend ----------------------------
@@ -800,7 +859,8 @@ static void t_flood(void **state)
 struct trickler {
     int lfd, fd;
     unsigned port;
-    uint32_t len;    /* the announced response */
+    uint32_t len;    /* the announced response (or stream message) */
+    bool stream;     /* a stream's REQUEST gets a large MESSAGE, not a RESPONSE */
     unsigned served; /* bytes of the read served (atomic) */
     unsigned reads;  /* READ_REQs seen (atomic) */
     unsigned ended;  /* the channel's side ended the connection (atomic) */
@@ -865,7 +925,7 @@ static void *trickler_main(void *arg)
             if (w.type == VRPC_FT_HELLO) {
                 uint8_t hp[VRPC_WIRE_HELLO_LEN];
                 struct vrpc_wire_hello hs = {
-                    .max_msg_size = 32u << 20, .max_concurrent = 8, .features = VRPC_FEAT_LARGE};
+                    .max_msg_size = 32u << 20, .max_concurrent = 8, .features = VRPC_FEAT_LARGE | VRPC_FEAT_STREAM};
                 vrpc_wire_hello_encode(hp, &hs);
                 struct vrpc_wire_hdr a = {
                     .version = VRPC_WIRE_VERSION, .type = VRPC_FT_HELLO_ACK, .payload_len = sizeof hp};
@@ -875,8 +935,9 @@ static void *trickler_main(void *arg)
                 uint8_t d[VRPC_WIRE_DESC_LEN];
                 struct vrpc_wire_desc desc = {.addr = 0x100000, .rkey = 0x77};
                 vrpc_wire_desc_encode(d, &desc);
+                bool msg = t->stream && (w.flags & VRPC_FF_STREAM);
                 struct vrpc_wire_hdr r = {.version = VRPC_WIRE_VERSION,
-                                          .type = VRPC_FT_RESPONSE,
+                                          .type = msg ? VRPC_FT_MESSAGE : VRPC_FT_RESPONSE,
                                           .flags = VRPC_FF_RNDV,
                                           .status = VRPC_OK,
                                           .request_id = w.request_id,
@@ -906,22 +967,23 @@ static size_t ch_in_use(struct vrpc_channel *ch)
     return in_use;
 }
 
-static void t_trickled_response(void **state)
+/* A trickler announcing 16 MiB (as a large stream message if stream) on a
+ * port of its own, and a channel to it whose limit for that read is 2 s. */
+static struct vrpc_channel *trickler_start(struct trickler *t, bool stream)
 {
-    (void)state;
-    static struct trickler t;
-    memset(&t, 0, sizeof t);
-    t.len = 16u << 20;
+    memset(t, 0, sizeof *t);
+    t->len = 16u << 20;
+    t->stream = stream;
     struct sockaddr_in sa = {.sin_family = AF_INET};
     socklen_t sl = sizeof sa;
     inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-    t.lfd = socket(AF_INET, SOCK_STREAM, 0);
-    assert_true(t.lfd >= 0);
-    assert_int_equal(bind(t.lfd, (struct sockaddr *)&sa, sizeof sa), 0);
-    assert_int_equal(listen(t.lfd, 4), 0);
-    assert_int_equal(getsockname(t.lfd, (struct sockaddr *)&sa, &sl), 0);
-    t.port = ntohs(sa.sin_port);
-    assert_int_equal(pthread_create(&t.th, NULL, trickler_main, &t), 0);
+    t->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(t->lfd >= 0);
+    assert_int_equal(bind(t->lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(t->lfd, 4), 0);
+    assert_int_equal(getsockname(t->lfd, (struct sockaddr *)&sa, &sl), 0);
+    t->port = ntohs(sa.sin_port);
+    assert_int_equal(pthread_create(&t->th, NULL, trickler_main, t), 0);
 
     struct vrpc_channel_opts co;
     vrpc_channel_opts_init(&co);
@@ -929,9 +991,38 @@ static void t_trickled_response(void **state)
     co.min_transfer_rate = 16u << 20;
     co.transfer_floor_ms = 1000; /* the limit: 1 s + 16 MiB at 16 MiB/s = 2 s */
     char uri[VRPC_URI_MAX];
-    snprintf(uri, sizeof uri, "tcp://127.0.0.1:%u", t.port);
+    snprintf(uri, sizeof uri, "tcp://127.0.0.1:%u", t->port);
     struct vrpc_channel *ch;
     assert_int_equal(vrpc_channel_create(uri, &co, &ch), 0);
+    return ch;
+}
+
+/* After the limit: the buffer comes back, the trickler saw the connection
+ * end (aborted, not left to time out); then everything stops. */
+static void trickler_finish(struct trickler *t, struct vrpc_channel *ch, int64_t t0, int64_t ms)
+{
+    for (int i = 0; i < 100 && ch_in_use(ch); i++) /* the aborted read's completion puts it back */
+        usleep(10000);
+    assert_int_equal(ch_in_use(ch), 0);
+    for (int i = 0; i < 100 && !__atomic_load_n(&t->ended, __ATOMIC_ACQUIRE); i++)
+        usleep(10000);
+    assert_true(__atomic_load_n(&t->ended, __ATOMIC_ACQUIRE));
+    printf("attack trickle: the raw server saw the connection end %lld ms after the %s did\n",
+           (long long)((t->ended_ns - t0) / 1000000 - ms), t->stream ? "stream" : "call");
+    vrpc_channel_destroy(ch);
+    __atomic_store_n(&t->stop, 1, __ATOMIC_RELEASE);
+    shutdown(t->lfd, SHUT_RDWR);
+    pthread_join(t->th, NULL);
+    if (t->fd >= 0)
+        close(t->fd);
+    close(t->lfd);
+}
+
+static void t_trickled_response(void **state)
+{
+    (void)state;
+    static struct trickler t;
+    struct vrpc_channel *ch = trickler_start(&t, false);
     Vrpctest__EchoRequest rq = VRPCTEST__ECHO_REQUEST__INIT;
     Vrpctest__EchoReply *rep = NULL;
     struct vrpc_status st;
@@ -946,22 +1037,37 @@ static void t_trickled_response(void **state)
     assert_int_equal(__atomic_load_n(&t.reads, __ATOMIC_ACQUIRE), 1);
     assert_int_equal(code, VRPC_RESOURCE_EXHAUSTED);
     assert_non_null(strstr(st.message, "min_transfer_rate"));
-    assert_true(ms >= 1500 && ms < 6000);          /* at its limit (2 s), well before the deadline */
-    for (int i = 0; i < 100 && ch_in_use(ch); i++) /* the aborted read's completion puts it back */
-        usleep(10000);
-    assert_int_equal(ch_in_use(ch), 0);
-    for (int i = 0; i < 100 && !__atomic_load_n(&t.ended, __ATOMIC_ACQUIRE); i++)
-        usleep(10000);
-    assert_true(__atomic_load_n(&t.ended, __ATOMIC_ACQUIRE)); /* aborted, not left to time out */
-    printf("attack trickle: the raw server saw the connection end %lld ms after the call did\n",
-           (long long)((t.ended_ns - t0) / 1000000 - ms));
-    vrpc_channel_destroy(ch);
-    __atomic_store_n(&t.stop, 1, __ATOMIC_RELEASE);
-    shutdown(t.lfd, SHUT_RDWR);
-    pthread_join(t.th, NULL);
-    if (t.fd >= 0)
-        close(t.fd);
-    close(t.lfd);
+    assert_true(ms >= 1500 && ms < 6000); /* at its limit (2 s), well before the deadline */
+    trickler_finish(&t, ch, t0, ms);
+}
+
+/* The same for a large message in a stream: a client stream whose one
+ * response (the server's MESSAGE) is trickled. */
+static void t_trickled_stream_message(void **state)
+{
+    (void)state;
+    static struct trickler t;
+    struct vrpc_channel *ch = trickler_start(&t, true);
+    struct vrpc_stream_opts so = {.call = {.timeout_us = 8000000}};
+    struct vrpc_stream *s;
+    struct vrpc_status st;
+    ProtobufCMessage *resp = NULL;
+    int64_t t0 = vrpc_now_ns();
+    assert_int_equal(vrpc_stream_start(ch, &m_sink, &so, &s), 0);
+    vrpc_stream_close_send(s);
+    enum vrpc_code code = (enum vrpc_code)vrpc_stream_finish(s, &resp, &st);
+    int64_t ms = (vrpc_now_ns() - t0) / 1000000;
+    printf("attack trickle: the 16 MiB stream message's stream ended %s after %lld ms (\"%s\"); %u bytes served, "
+           "%zu bytes of large buffers still in use\n",
+           vrpc_code_name(code), (long long)ms, st.message, __atomic_load_n(&t.served, __ATOMIC_ACQUIRE),
+           ch_in_use(ch));
+    assert_null(resp);
+    vrpc_stream_destroy(s);
+    assert_int_equal(__atomic_load_n(&t.reads, __ATOMIC_ACQUIRE), 1);
+    assert_int_equal(code, VRPC_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(st.message, "min_transfer_rate"));
+    assert_true(ms >= 1500 && ms < 6000); /* at its limit (2 s), well before the deadline */
+    trickler_finish(&t, ch, t0, ms);
 }
 
 int main(int argc, char **argv)
@@ -984,6 +1090,7 @@ int main(int argc, char **argv)
     if (src)
         return src;
     m_echo.id = vrpc_method_id(m_echo.full_name);
+    m_sink.id = vrpc_method_id(m_sink.full_name);
     if (strcmp(g_opt.backend, "tcp")) { /* the raw-socket attackers speak TCP only */
         const struct CMUnitTest ep_tests[] = {cmocka_unit_test(t_no_read_ep)};
         return cmocka_run_group_tests(ep_tests, NULL, NULL);
@@ -994,7 +1101,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(t_no_read_two),
         cmocka_unit_test(t_large_never_served),
         cmocka_unit_test(t_large_slow_readers),
+        cmocka_unit_test(t_stream_large_slow_readers),
         cmocka_unit_test(t_trickled_response),
+        cmocka_unit_test(t_trickled_stream_message),
         cmocka_unit_test(t_flood),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
