@@ -318,6 +318,14 @@ static inline void vrpc_lb_attempt_drop(struct vrpc_subch *s)
     __atomic_sub_fetch(&s->outstanding, 1, __ATOMIC_RELEASE);
 }
 uint64_t vrpc_lb_hash(const void *p, size_t len);
+/* A call's (or stream's) ring-hash key from its options: true and *key =
+ * the hash of o->hash_key when it has one; else false and *key = 0. */
+static inline bool vrpc_lb_call_key(const struct vrpc_call_opts *o, uint64_t *key)
+{
+    bool has = o && o->hash_key;
+    *key = has ? vrpc_lb_hash(o->hash_key, o->hash_key_len) : 0;
+    return has;
+}
 /* An attempt on s ended with code: counters and outlier ejection. */
 void vrpc_lb_outcome_slow(struct vrpc_lb *lb, struct vrpc_subch *s, int code);
 /* Nonzero if a success on s has more to do than count: a failure since the

@@ -343,8 +343,8 @@ static __attribute__((noinline)) int lb_call_slow(struct vrpc_lb *lb, const stru
     struct vrpc_status local;
     if (!st)
         st = &local;
-    bool has_key = o && o->hash_key;
-    uint64_t key = has_key ? vrpc_lb_hash(o->hash_key, o->hash_key_len) : 0;
+    uint64_t key;
+    bool has_key = vrpc_lb_call_key(o, &key);
     struct lb_call *c = NULL;
     if (o && o->call_id) {
         if (!(c = call_get(lb))) {
@@ -597,8 +597,7 @@ int vrpc_lb_call_async(struct vrpc_lb *lb, const struct vrpc_method_desc *m, con
         c->uo = *o;
     else
         memset(&c->uo, 0, sizeof(c->uo));
-    c->has_key = o && o->hash_key;
-    c->key = c->has_key ? vrpc_lb_hash(o->hash_key, o->hash_key_len) : 0;
+    c->has_key = vrpc_lb_call_key(o, &c->key);
     c->uo.hash_key = NULL;
     c->deadline = lb_deadline(lb, o);
     c->cb = cb;

@@ -261,8 +261,8 @@ static void stream_open(struct vrpc_stream *s, const struct vrpc_stream_opts *o,
 static int stream_start_lb(struct vrpc_channel *ch, const struct vrpc_method_desc *m, const struct vrpc_stream_opts *o,
                            struct vrpc_stream **out)
 {
-    bool has_key = o && o->call.hash_key;
-    uint64_t key = has_key ? vrpc_lb_hash(o->call.hash_key, o->call.hash_key_len) : 0;
+    uint64_t key;
+    bool has_key = vrpc_lb_call_key(o ? &o->call : NULL, &key);
     struct vrpc_subch *sub = vrpc_lb_sub_get(ch->lb, has_key, key);
     if (!sub)
         return -EAGAIN;
