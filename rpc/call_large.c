@@ -5,6 +5,8 @@
  * read from the server's grant, within a time limit, and acknowledged with
  * DONE. Not on the small-call path. */
 #include <errno.h>
+#include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "rpc/stream_internal.h"
@@ -74,20 +76,12 @@ void vrpc_ch_response_read_done(struct vrpc_channel *ch, struct vrpc_rndv_in *in
     }
     struct vrpc_conn *c = vrpc_ep_user(in->ep);
     uint32_t gen = vrpc_wire_id_gen(in->id);
-    uint64_t want = (uint64_t)gen << 32 | VRPC_RD_READING;
-    if (!__atomic_compare_exchange_n(&s->rd_xfer, &want, (uint64_t)gen << 32 | VRPC_RD_NONE, false, __ATOMIC_ACQ_REL,
-                                     __ATOMIC_ACQUIRE)) {
-        /* Too late: the limit decided the call and aborted c. Let it finish
-         * (a few non-blocking steps on the wheel's thread) before this
-         * completion lets go of the slot; no DONE on an aborted connection. */
-        while (__atomic_load_n(&s->rd_xfer, __ATOMIC_ACQUIRE) != ((uint64_t)gen << 32 | VRPC_RD_EXPIRED))
-            sched_yield();
+    if (!vrpc_ch_read_unlimit(ch, s, gen)) { /* no DONE on an aborted connection */
         vrpc_lbuf_put(in->lb);
         in->lb = NULL;
         slot_drop(s, gen);
         return;
     }
-    vrpc_timer_cancel(ch->wheel, &s->rd_timer); /* if it fires anyway, it finds NONE */
     struct vrpc_buf *lb = in->lb;
     in->lb = NULL;
     if (status == 0) {
@@ -119,11 +113,12 @@ void vrpc_ch_response_read_done(struct vrpc_channel *ch, struct vrpc_rndv_in *in
     slot_drop(s, gen);
 }
 
-/* The wheel's thread: a large response's read is not over at its limit
- * (vrpc_ch_on_large_response). The call ends RESOURCE_EXHAUSTED (if nothing ended it
- * before), and the connection is aborted: that ends the read at once, and the
- * buffer comes back at its (flushed) completion. */
-static void response_xfer_expired(void *ctx, uint64_t id)
+/* The wheel's thread: a large response's (or stream MESSAGE's) read is not
+ * over at its limit (vrpc_ch_read_limit). The call ends RESOURCE_EXHAUSTED
+ * (the stream fails so) if nothing ended it before, and the connection is
+ * aborted: that ends the read at once, and the buffer comes back at its
+ * (flushed) completion. */
+static void read_limit_expired(void *ctx, uint64_t id)
 {
     struct vrpc_channel *ch = ctx;
     uint32_t idx = vrpc_wire_id_slot(id), gen = vrpc_wire_id_gen(id);
@@ -139,21 +134,57 @@ static void response_xfer_expired(void *ctx, uint64_t id)
     struct vrpc_conn *c = vrpc_ep_user(s->in.ep);
     long long ms = (long long)((vrpc_now_ns() - s->rd_start_ns) / 1000000);
     uint32_t len = s->in.len;
-    if (vrpc_pending_decide(s, gen)) {
-        vrpc_status_set(&s->st, VRPC_RESOURCE_EXHAUSTED,
-                        "large transfer too slow: the %u-byte response was not read in %lld ms (min_transfer_rate "
-                        "%u B/s, transfer_floor_ms %u)",
-                        len, ms, ch->o.min_transfer_rate, ch->o.transfer_floor_ms);
+    bool stream = slot_is_stream(s);
+    const char *what = stream ? "stream message" : "response";
+    char msg[VRPC_STATUS_MSG_MAX];
+    snprintf(msg, sizeof(msg),
+             "large transfer too slow: the %u-byte %s was not read in %lld ms (min_transfer_rate %u B/s, "
+             "transfer_floor_ms %u)",
+             len, what, ms, ch->o.min_transfer_rate, ch->o.transfer_floor_ms);
+    if (stream) {
+        vrpc_ch_stream_fail_id(ch, id, VRPC_RESOURCE_EXHAUSTED, msg);
+    } else if (vrpc_pending_decide(s, gen)) {
+        vrpc_status_set(&s->st, VRPC_RESOURCE_EXHAUSTED, "%s", msg);
         vrpc_ch_complete(ch, s, gen, false);
     }
     char peer[VRPC_URI_MAX] = "?";
     vrpc_ep_peer_uri(c->b.ep, peer, sizeof(peer));
-    vrpc_rpc_log("server %s: large transfer too slow: %u-byte response of call %#llx not read in %lld ms; "
+    vrpc_rpc_log("server %s: large transfer too slow: %u-byte %s of call %#llx not read in %lld ms; "
                  "aborting the connection",
-                 peer, len, (unsigned long long)id, ms);
-    vrpc_ch_conn_fail(c, "connection aborted: a large response was too slow (min_transfer_rate)", false);
+                 peer, len, what, (unsigned long long)id, ms);
+    vrpc_ch_conn_fail(c,
+                      stream ? "connection aborted: a large stream message was too slow (min_transfer_rate)"
+                             : "connection aborted: a large response was too slow (min_transfer_rate)",
+                      false);
     vrpc_ep_abort(c->b.ep, -ECONNABORTED);
     __atomic_store_n(&s->rd_xfer, (uint64_t)gen << 32 | VRPC_RD_EXPIRED, __ATOMIC_RELEASE);
+}
+
+void vrpc_ch_read_limit(struct vrpc_channel *ch, struct vrpc_pending_slot *s, const struct vrpc_wire_hdr *h)
+{
+    s->rd_start_ns = vrpc_now_ns();
+    __atomic_store_n(&s->rd_xfer, (uint64_t)vrpc_wire_id_gen(h->request_id) << 32 | VRPC_RD_READING, __ATOMIC_RELEASE);
+    vrpc_timer_arm(ch->wheel, &s->rd_timer,
+                   s->rd_start_ns +
+                       ((int64_t)ch->o.transfer_floor_ms + (int64_t)h->payload_len * 1000 / ch->o.min_transfer_rate) *
+                           1000000,
+                   read_limit_expired, ch, h->request_id);
+}
+
+bool vrpc_ch_read_unlimit(struct vrpc_channel *ch, struct vrpc_pending_slot *s, uint32_t gen)
+{
+    uint64_t want = (uint64_t)gen << 32 | VRPC_RD_READING;
+    if (__atomic_compare_exchange_n(&s->rd_xfer, &want, (uint64_t)gen << 32 | VRPC_RD_NONE, false, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE)) {
+        vrpc_timer_cancel(ch->wheel, &s->rd_timer); /* if it fires anyway, it finds NONE */
+        return true;
+    }
+    /* Too late: the limit decided and aborted the connection. Let it finish
+     * (a few non-blocking steps on the wheel's thread) before this
+     * completion lets go of the slot. */
+    while (__atomic_load_n(&s->rd_xfer, __ATOMIC_ACQUIRE) != ((uint64_t)gen << 32 | VRPC_RD_EXPIRED))
+        sched_yield();
+    return false;
 }
 
 void vrpc_ch_response_read_failed(struct vrpc_rndv_in *in, int rc, void *arg)
@@ -206,15 +237,7 @@ void vrpc_ch_on_large_response(struct vrpc_channel *ch, struct vrpc_conn *c, str
     in->id = h->request_id;
     slot_hold(s); /* before seen: the read keeps the slot */
     slot_seen(s, gen);
-    /* the read's limit, from the announcement: the floor, and the size at
-     * min_transfer_rate (the call's deadline ends the call on its own) */
-    s->rd_start_ns = vrpc_now_ns();
-    __atomic_store_n(&s->rd_xfer, (uint64_t)gen << 32 | VRPC_RD_READING, __ATOMIC_RELEASE);
-    vrpc_timer_arm(ch->wheel, &s->rd_timer,
-                   s->rd_start_ns +
-                       ((int64_t)ch->o.transfer_floor_ms + (int64_t)h->payload_len * 1000 / ch->o.min_transfer_rate) *
-                           1000000,
-                   response_xfer_expired, ch, h->request_id);
+    vrpc_ch_read_limit(ch, s, h);
     int rc = vrpc_rndv_read(in);
     if (rc == -ENOSPC)
         vrpc_rndv_read_later(&ch->retry, in);

@@ -338,6 +338,16 @@ void vrpc_ch_request_revoked(struct vrpc_channel *ch, struct vrpc_pending_slot *
 void vrpc_ch_response_read_done(struct vrpc_channel *ch, struct vrpc_rndv_in *in, int status);
 /* The read retry list's failure callback (arg: the channel). */
 void vrpc_ch_response_read_failed(struct vrpc_rndv_in *in, int rc, void *arg);
+/* Poller, as the read of a large response or stream MESSAGE (frame h) into
+ * s->in starts: arm its limit, transfer_floor_ms + the size at
+ * min_transfer_rate from now, whatever trickles in (s->rd_xfer, s->rd_timer).
+ * At the limit (the wheel's thread) the call ends RESOURCE_EXHAUSTED, or the
+ * stream fails so, and the connection is aborted. */
+void vrpc_ch_read_limit(struct vrpc_channel *ch, struct vrpc_pending_slot *s, const struct vrpc_wire_hdr *h);
+/* Poller, at that read's completion: true when its limit was disarmed;
+ * false when the limit won (the call or stream is over, the connection
+ * aborted: no DONE), once the expiry has finished. */
+bool vrpc_ch_read_unlimit(struct vrpc_channel *ch, struct vrpc_pending_slot *s, uint32_t gen);
 /* Poller, at ep's DISCONNECTED: give back the buffers of grants not
  * revoked, and fail reads still waiting to start. */
 void vrpc_ch_release_transfers(struct vrpc_channel *ch, struct vrpc_ep *ep);

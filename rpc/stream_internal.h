@@ -148,6 +148,9 @@ const char *vrpc_ch_stream_large_in(struct vrpc_stream *s, const struct vrpc_wir
 int vrpc_stream_write_large(struct vrpc_stream *s, const ProtobufCMessage *msg, const uint8_t *bytes, uint32_t len);
 /* Poller: the READ of a large stream MESSAGE finished (or failed to start). */
 void vrpc_ch_stream_read_done(struct vrpc_channel *ch, struct vrpc_pending_slot *slot, int status);
+/* Any thread: fail the stream of request id, if it is still the slot's
+ * (vrpc_stream_fail under ch->slock). */
+void vrpc_ch_stream_fail_id(struct vrpc_channel *ch, uint64_t id, enum vrpc_code code, const char *why);
 
 /* The stream task: callbacks, async writes, window, release (s->mu held:
  * submits s->task unless it is scheduled; on_poller: through the

@@ -6,10 +6,8 @@
  * rndv_in record serves it. The read holds the slot (slot_hold) until its
  * completion; the stream's deadline or cancel ends the stream meanwhile as
  * always (the read's bytes are then dropped). The read has the limit of a
- * large response's (rpc/call_large.c), with the slot's rd_xfer and rd_timer:
- * a server that trickles it fails the stream RESOURCE_EXHAUSTED and loses
- * the connection. */
-#include <stdio.h>
+ * large response's (vrpc_ch_read_limit, rpc/call_large.c): a server that
+ * trickles it fails the stream RESOURCE_EXHAUSTED and loses the connection. */
 #include <errno.h>
 #include <sched.h>
 #include <string.h>
@@ -19,75 +17,13 @@
 
 static bool large_deliver(struct vrpc_stream *s, const struct vrpc_buf *lb, uint32_t len);
 
-/* The wheel's thread: the read of a large stream MESSAGE (id) is not over at
- * its limit. The stream fails RESOURCE_EXHAUSTED and the connection is
- * aborted, which ends the read (its buffer comes back at the flushed
- * completion, vrpc_ch_stream_read_done). */
-static void read_limit_expired(void *ctx, uint64_t id)
+void vrpc_ch_stream_fail_id(struct vrpc_channel *ch, uint64_t id, enum vrpc_code code, const char *why)
 {
-    struct vrpc_channel *ch = ctx;
-    uint32_t idx = vrpc_wire_id_slot(id), gen = vrpc_wire_id_gen(id);
-    if (idx >= ch->pend->n)
-        return;
-    struct vrpc_pending_slot *slot = &ch->pend->slots[idx];
-    uint64_t want = (uint64_t)gen << 32 | VRPC_RD_READING;
-    if (!__atomic_compare_exchange_n(&slot->rd_xfer, &want, (uint64_t)gen << 32 | VRPC_RD_EXPIRING, false,
-                                     __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-        return; /* the read finished first (or the slot moved on) */
-    /* the read's completion waits for EXPIRED: the slot, its endpoint and
-     * connection stay as they are until then */
-    struct vrpc_conn *c = vrpc_ep_user(slot->in.ep);
-    long long ms = (long long)((vrpc_now_ns() - slot->rd_start_ns) / 1000000);
-    uint32_t len = slot->in.len;
-    char msg[VRPC_STATUS_MSG_MAX];
-    snprintf(msg, sizeof(msg),
-             "large transfer too slow: the %u-byte stream message was not read in %lld ms (min_transfer_rate %u B/s, "
-             "transfer_floor_ms %u)",
-             len, ms, ch->o.min_transfer_rate, ch->o.transfer_floor_ms);
     pthread_mutex_lock(&ch->slock);
-    struct vrpc_stream *s = ch->streams[idx];
+    struct vrpc_stream *s = ch->streams[vrpc_wire_id_slot(id)];
     if (s && s->id == id)
-        vrpc_stream_fail(s, VRPC_RESOURCE_EXHAUSTED, msg);
+        vrpc_stream_fail(s, code, why);
     pthread_mutex_unlock(&ch->slock);
-    char peer[VRPC_URI_MAX] = "?";
-    vrpc_ep_peer_uri(c->b.ep, peer, sizeof(peer));
-    vrpc_rpc_log("server %s: large transfer too slow: %u-byte stream message of call %#llx not read in %lld ms; "
-                 "aborting the connection",
-                 peer, len, (unsigned long long)id, ms);
-    vrpc_ch_conn_fail(c, "connection aborted: a large stream message was too slow (min_transfer_rate)", false);
-    vrpc_ep_abort(c->b.ep, -ECONNABORTED);
-    __atomic_store_n(&slot->rd_xfer, (uint64_t)gen << 32 | VRPC_RD_EXPIRED, __ATOMIC_RELEASE);
-}
-
-/* Poller: arm the read's limit, from now: the floor, and the size at
- * min_transfer_rate (the stream's deadline ends the stream on its own). */
-static void read_limit(struct vrpc_channel *ch, struct vrpc_pending_slot *slot, const struct vrpc_wire_hdr *h)
-{
-    slot->rd_start_ns = vrpc_now_ns();
-    __atomic_store_n(&slot->rd_xfer, (uint64_t)vrpc_wire_id_gen(h->request_id) << 32 | VRPC_RD_READING,
-                     __ATOMIC_RELEASE);
-    vrpc_timer_arm(ch->wheel, &slot->rd_timer,
-                   slot->rd_start_ns +
-                       ((int64_t)ch->o.transfer_floor_ms + (int64_t)h->payload_len * 1000 / ch->o.min_transfer_rate) *
-                           1000000,
-                   read_limit_expired, ch, h->request_id);
-}
-
-/* Poller, at the read's completion: disarm its limit, or let the expiry
- * that won finish. Returns status, or -ETIMEDOUT for a read over too late. */
-static int read_unlimit(struct vrpc_channel *ch, struct vrpc_pending_slot *slot, uint32_t gen, int status)
-{
-    uint64_t want = (uint64_t)gen << 32 | VRPC_RD_READING;
-    if (__atomic_compare_exchange_n(&slot->rd_xfer, &want, (uint64_t)gen << 32 | VRPC_RD_NONE, false, __ATOMIC_ACQ_REL,
-                                    __ATOMIC_ACQUIRE)) {
-        vrpc_timer_cancel(ch->wheel, &slot->rd_timer); /* if it fires anyway, it finds NONE */
-        return status;
-    }
-    if (want != ((uint64_t)gen << 32 | VRPC_RD_EXPIRING) && want != ((uint64_t)gen << 32 | VRPC_RD_EXPIRED))
-        return status; /* never armed */
-    while (__atomic_load_n(&slot->rd_xfer, __ATOMIC_ACQUIRE) != ((uint64_t)gen << 32 | VRPC_RD_EXPIRED))
-        sched_yield();
-    return status ? status : -ETIMEDOUT;
 }
 
 const char *vrpc_ch_stream_large_in(struct vrpc_stream *s, const struct vrpc_wire_hdr *h, const uint8_t *descp)
@@ -134,7 +70,7 @@ const char *vrpc_ch_stream_large_in(struct vrpc_stream *s, const struct vrpc_wir
     pthread_mutex_unlock(&s->mu);
     int rc = vrpc_rndv_read(in);
     if (rc == 0 || rc == -ENOSPC) /* (its completion is this poller's, later) */
-        read_limit(ch, slot, h);
+        vrpc_ch_read_limit(ch, slot, h);
     if (rc == -ENOSPC) {
         vrpc_rndv_read_later(&ch->retry, in);
     } else if (rc) { /* as vrpc_ch_stream_read_done, but ch->slock is ours already */
@@ -186,7 +122,8 @@ void vrpc_ch_stream_read_done(struct vrpc_channel *ch, struct vrpc_pending_slot 
     struct vrpc_conn *c = vrpc_ep_user(in->ep);
     uint32_t gen = vrpc_wire_id_gen(in->id);
     uint64_t id = in->id;
-    status = read_unlimit(ch, slot, gen, status);
+    if (!vrpc_ch_read_unlimit(ch, slot, gen) && !status)
+        status = -ETIMEDOUT; /* over too late: the limit failed the stream */
     struct vrpc_buf *lb = in->lb;
     in->lb = NULL;
     pthread_mutex_lock(&ch->slock);
