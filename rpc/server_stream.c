@@ -317,7 +317,8 @@ static bool step_locked(struct vrpc_server_stream *st)
         return true;
     }
     if (st->out_head && !st->sending && (st->send_avail > 0 || st->ended)) {
-        vrpc_srv_stream_out_one_locked(st);
+        if (!vrpc_srv_stream_out_batch_locked(st))
+            vrpc_srv_stream_out_one_locked(st);
         return true;
     }
     return false;

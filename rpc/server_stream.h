@@ -128,6 +128,12 @@ int vrpc_srv_stream_send_large(struct vrpc_server_stream *st, struct vrpc_buf *l
 /* Send the first queued async write (lock held, st->sending false; drops
  * and retakes the lock; runs its callback). */
 void vrpc_srv_stream_out_one_locked(struct vrpc_server_stream *st);
+/* Send the first queued async writes together when at least two small ones
+ * may go now (window and connection quota), in one vrpc_ep_send_list (one
+ * sendmsg on TCP instead of one each), then run their callbacks in order
+ * (lock held, st->sending false; drops and retakes the lock). False when it
+ * sent nothing: out_one_locked then sends the first alone. */
+bool vrpc_srv_stream_out_batch_locked(struct vrpc_server_stream *st);
 /* True on the stream's own task thread (lock held). */
 static inline bool vrpc_srv_stream_on_task(const struct vrpc_server_stream *st)
 {

@@ -126,6 +126,95 @@ void vrpc_srv_stream_out_one_locked(struct vrpc_server_stream *st)
     }
 }
 
+/* Queued async writes handed to the transport in one vrpc_ep_send_list, at most. */
+#define OUT_BATCH 32
+
+/* How many queued writes at the head may go together now (lock held): small
+ * (not large messages), within the client's window and the connection's
+ * stream quota (room_now for each), at most OUT_BATCH. */
+static unsigned out_batchable_locked(const struct vrpc_server_stream *st)
+{
+    const struct sconn *c = st->conn;
+    uint32_t lim = c->s->send_half / 2 ? c->s->send_half / 2 : 1;
+    uint32_t sends = __atomic_load_n(&c->sends, __ATOMIC_RELAXED);
+    uint64_t max = sends < lim ? lim - sends : 0;
+    if (max > st->send_avail)
+        max = st->send_avail;
+    if (max > OUT_BATCH)
+        max = OUT_BATCH;
+    unsigned k = 0;
+    for (const struct srv_out *o = st->out_head; o && k < max && !o->lb; o = o->next)
+        k++;
+    return k;
+}
+
+/* The frames of outs[0..k) handed over in one list (no lock; the wire
+ * entered): rc[i] is each one's outcome. A frame whose buffer cannot be had
+ * fails alone, those before it go first, as single sends would have. */
+static void out_batch_send(struct vrpc_server_stream *st, struct srv_out *const *outs, unsigned k, int *rc)
+{
+    struct sconn *c = st->conn;
+    struct vrpc_send_wr wrs[OUT_BATCH];
+    unsigned n = 0, first = 0;
+    for (unsigned i = 0; i <= k; i++) {
+        struct vrpc_buf *b = i < k && !vrpc_conn_is_dead(&c->b) ? vrpc_srv_conn_buf(c, true) : NULL;
+        if (b) {
+            struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION,
+                                      .type = VRPC_FT_MESSAGE,
+                                      .request_id = st->id,
+                                      .payload_len = outs[i]->len};
+            vrpc_wire_hdr_encode(b->data, &h);
+            memcpy(b->data + VRPC_WIRE_HDR_LEN, outs[i]->data, outs[i]->len);
+            wrs[n++] = (struct vrpc_send_wr){.buf = b, .len = VRPC_WIRE_HDR_LEN + outs[i]->len};
+            continue;
+        }
+        unsigned sent = n ? vrpc_srv_conn_send_list(c, wrs, n) : 0;
+        for (unsigned j = 0; j < n; j++)
+            rc[first + j] = j < sent ? 0 : -ECONNRESET;
+        if (i < k)
+            rc[i] = -ECONNRESET;
+        first = i + 1;
+        n = 0;
+    }
+}
+
+bool vrpc_srv_stream_out_batch_locked(struct vrpc_server_stream *st)
+{
+    unsigned k = st->ended ? 0 : out_batchable_locked(st);
+    if (k < 2 || !vrpc_srv_stream_wire_enter_locked(st))
+        return false; /* one at a time: out_one_locked */
+    struct srv_out *outs[OUT_BATCH];
+    int rc[OUT_BATCH];
+    for (unsigned i = 0; i < k; i++) {
+        outs[i] = st->out_head;
+        st->out_head = outs[i]->next;
+    }
+    if (!st->out_head)
+        st->out_tail = NULL;
+    st->send_avail -= k;
+    st->sending = true;
+    pthread_mutex_unlock(&st->lock);
+    out_batch_send(st, outs, k, rc);
+    pthread_mutex_lock(&st->lock);
+    vrpc_srv_stream_wire_leave_locked(st); /* a RESPONSE held for these frames goes after them */
+    st->sending = false;
+    pthread_cond_broadcast(&st->cond);
+    for (unsigned i = 0; i < k; i++) { /* callbacks in order, each counted out just before (as out_one) */
+        struct srv_out *o = outs[i];
+        __atomic_store_n(&st->nqueued, st->nqueued - 1, __ATOMIC_RELAXED);
+        pthread_mutex_unlock(&st->lock);
+        o->cb(st, rc[i], o->arg); /* may finish st (the task's reference keeps the object) */
+        pthread_mutex_lock(&st->lock);
+        if (o->small) {
+            o->next = st->out_free;
+            st->out_free = o;
+        } else {
+            free(o);
+        }
+    }
+    return true;
+}
+
 /* A message too large for one frame: it goes by rendezvous. */
 static bool large(const struct vrpc_server_stream *st, size_t size)
 {
