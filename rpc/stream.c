@@ -93,6 +93,23 @@ int vrpc_stream_send_buf(struct vrpc_stream *s, struct vrpc_buf *b, uint32_t len
     return rc;
 }
 
+int vrpc_stream_send_list(struct vrpc_stream *s, const struct vrpc_send_wr *wrs, unsigned n, unsigned *sent)
+{
+    int64_t end = 0;
+    unsigned done = 0, k = 0;
+    int rc = vrpc_conn_is_dead(&s->c->b) ? -ENOTCONN : 0;
+    while (!rc && done < n) {
+        rc = vrpc_ep_send_list(s->c->b.ep, wrs + done, n - done, 0, &k);
+        done += k;
+        if (rc == -EAGAIN) /* the credit queue is full: wait as send_buf does, then the rest */
+            rc = room_wait(s, &end);
+    }
+    for (unsigned i = done; i < n; i++)
+        vrpc_pool_put(wrs[i].buf);
+    *sent = done;
+    return rc;
+}
+
 int vrpc_stream_send(struct vrpc_stream *s, uint8_t type, uint16_t flags, const void *payload, uint32_t len)
 {
     struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = type, .flags = flags, .request_id = s->id};

@@ -74,7 +74,8 @@ struct vrpc_stream {
     /* under mu: */
     struct smq rx;          /* received, not yet consumed */
     struct smq tx;          /* async writes waiting for window */
-    bool tx_busy;           /* the task is sending one taken off tx */
+    uint32_t tx_busy;       /* writes the task took off tx and has not yet run
+                               the callbacks of (outstanding, ahead of later writes) */
     struct smq rx_hold;     /* received behind a large MESSAGE being read */
     bool large_busy;        /* a large MESSAGE is being read (rpc/stream_large.c) */
     struct smsg *spare;     /* free nodes */
@@ -175,6 +176,10 @@ int vrpc_stream_buf(struct vrpc_stream *s, bool msg, struct vrpc_buf **out);
 /* Send frame b (len bytes) of s, waiting as above while the credit queue is
  * full; b is the transport's on 0, back in its pool otherwise. */
 int vrpc_stream_send_buf(struct vrpc_stream *s, struct vrpc_buf *b, uint32_t len);
+/* The same for the frames wrs[0..n) in one vrpc_ep_send_list (the rest of
+ * the list again after each wait): 0, or the error that stopped it, with
+ * *sent the frames the transport took (the others back in their pool). */
+int vrpc_stream_send_list(struct vrpc_stream *s, const struct vrpc_send_wr *wrs, unsigned n, unsigned *sent);
 /* Return window if enough was consumed (or all of it, with force): s->mu
  * held, dropped while sending. True if it sent. */
 bool vrpc_stream_window_locked(struct vrpc_stream *s, bool force);
