@@ -42,6 +42,13 @@ int vrpc_stream_unpack(struct vrpc_stream *s, const ProtobufCMessageDescriptor *
     return vrpc_pb_unpack(d, n->data, n->len, 0, &s->arena, out);
 }
 
+int vrpc_stream_unpack_ref(struct vrpc_stream *s, const ProtobufCMessageDescriptor *d, struct smsg *n,
+                           ProtobufCMessage **out)
+{
+    vrpc_arena_reset(&s->arena);
+    return vrpc_pb_unpack_ref(d, n->data, n->len, 0, &s->arena, out);
+}
+
 /* While waiting for send room: -EPIPE once the stream ended, -ENOTCONN once
  * its connection died, -ENOBUFS after VRPC_STREAM_ROOM_WAIT_MS, else 0 (after
  * a short nap). */
@@ -521,6 +528,10 @@ int vrpc_stream_read(struct vrpc_stream *s, ProtobufCMessage **msg)
 {
     if (!s || !msg || s->has_cbs)
         return -EINVAL;
+    if (s->rd_last) { /* the previous message is the caller's no longer */
+        smq_push(&s->rd_used, s->rd_last);
+        s->rd_last = NULL;
+    }
     struct smsg *n = smq_pop(&s->rd);
     if (!n) {
         pthread_mutex_lock(&s->mu);
@@ -540,8 +551,8 @@ int vrpc_stream_read(struct vrpc_stream *s, ProtobufCMessage **msg)
         if (!n)
             return -ENODATA;
     }
-    int rc = vrpc_stream_unpack(s, s->m->output, n, msg);
-    smq_push(&s->rd_used, n);
+    int rc = vrpc_stream_unpack_ref(s, s->m->output, n, msg);
+    s->rd_last = n; /* *msg may point into it: kept until the next read */
     uint32_t thresh = s->rx_window / 4 ? s->rx_window / 4 : 1;
     if (++s->rd_consumed >= thresh) {
         pthread_mutex_lock(&s->mu);
@@ -569,6 +580,9 @@ static void drain_locked(struct vrpc_stream *s)
         }
         while ((n = smq_pop(&s->rd_used)))
             spare_put_locked(s, n);
+        if (s->rd_last) /* finish: its message is over */
+            spare_put_locked(s, s->rd_last);
+        s->rd_last = NULL;
         s->rx_unreported += s->rd_consumed;
         s->rd_consumed = 0;
     }
@@ -660,6 +674,7 @@ void vrpc_stream_free(struct vrpc_stream *s)
     struct smsg *n;
     while ((n = smq_pop(&s->rx)) || (n = smq_pop(&s->rx_hold)) || (n = smq_pop(&s->rd)) || (n = smq_pop(&s->rd_used)))
         free(n);
+    free(s->rd_last);
     while ((n = s->spare)) {
         s->spare = n->next;
         free(n);

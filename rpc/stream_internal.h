@@ -111,6 +111,9 @@ struct vrpc_stream {
      * messages it took off rx under one lock, the nodes it consumed and the
      * count it has not yet put into rx_unreported (rpc/stream.c, rd_flush). */
     struct smq rd, rd_used;
+    struct smsg *rd_last; /* the node of the message read returned last: its big
+                             bytes fields point into it (vrpc_stream_unpack_ref),
+                             so it is kept until the next read or finish */
     uint32_t rd_consumed;
     uint32_t rd_seq;     /* rx_seq when it last took rx */
     uint64_t rd_spin_ns; /* how long it spins for more before sleeping: 0 none */
@@ -189,6 +192,12 @@ struct smsg *vrpc_stream_node_locked(struct vrpc_stream *s, uint32_t len);
 /* Unpack a node into the stream's arena (reset first) as type d. */
 int vrpc_stream_unpack(struct vrpc_stream *s, const ProtobufCMessageDescriptor *d, const struct smsg *n,
                        ProtobufCMessage **out);
+/* The same, but bytes fields of at least VRPC_PB_REF_MIN bytes point into
+ * the node instead of being copied (vrpc_pb_unpack_ref): for a message
+ * whose node outlives its use (a read callback's; a synchronous read's,
+ * held in rd_last). */
+int vrpc_stream_unpack_ref(struct vrpc_stream *s, const ProtobufCMessageDescriptor *d, struct smsg *n,
+                           ProtobufCMessage **out);
 
 /* Watch s->rx_seq (no lock held) until it differs from seq (true) or the
  * latency mode's window (at most max_ns) passed (false; at once with

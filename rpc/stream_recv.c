@@ -291,7 +291,8 @@ static bool deliver_locked(struct vrpc_stream *s)
     struct smsg *n;
     while ((n = smq_pop(&batch))) {
         ProtobufCMessage *msg = NULL;
-        int rc = s->free_on_return ? 0 : vrpc_stream_unpack(s, s->m->output, n, &msg);
+        /* (n goes back to the spare list after the callback: msg may point into it) */
+        int rc = s->free_on_return ? 0 : vrpc_stream_unpack_ref(s, s->m->output, n, &msg);
         if (rc == 0 && !s->free_on_return) {
             cb_running = s;
             s->cbs.on_read(s, msg, s->cbs.arg);
