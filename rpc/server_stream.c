@@ -47,6 +47,39 @@ void vrpc_srv_stream_drop_in_locked(struct vrpc_server_stream *st)
     st->in_tail = NULL;
 }
 
+void vrpc_srv_stream_trim_locked(struct vrpc_server_stream *st)
+{
+    while (st->out_spare) {
+        struct srv_out *o = st->out_spare;
+        st->out_spare = o->next;
+        free(o);
+    }
+    while (st->in_spare) {
+        struct srv_msg *m = st->in_spare;
+        st->in_spare = m->next;
+        free(m);
+    }
+}
+
+/* A node for a client message of len bytes: from in_spare (the first few
+ * looked at: a stream's messages are mostly of one size), else new. */
+static struct srv_msg *msg_node_locked(struct vrpc_server_stream *st, uint32_t len)
+{
+    struct srv_msg **pp = &st->in_spare;
+    for (int i = 0; *pp && i < 4; pp = &(*pp)->next, i++) {
+        if ((*pp)->cap >= len) {
+            struct srv_msg *m = *pp;
+            *pp = m->next;
+            return m;
+        }
+    }
+    uint32_t cap = len < 256 ? 256 : len;
+    struct srv_msg *m = malloc(sizeof(*m) + cap);
+    if (m)
+        m->cap = cap;
+    return m;
+}
+
 void vrpc_srv_stream_free(struct vrpc_server_stream *st)
 {
     if (!st)
@@ -63,6 +96,7 @@ void vrpc_srv_stream_free(struct vrpc_server_stream *st)
         st->out_free = o->next;
         free(o);
     }
+    vrpc_srv_stream_trim_locked(st);
     vrpc_arena_fini(&st->arena);
     pthread_cond_destroy(&st->cond);
     pthread_mutex_destroy(&st->lock);
@@ -245,11 +279,13 @@ static void deliver_locked(struct vrpc_server_stream *st, struct srv_msg *m)
             vrpc_lbuf_put(m->lb);
         else
             vrpc_arena_hold(&st->arena, m->lb); /* back at the arena's reset */
-    } else {
-        rc = vrpc_pb_unpack(md->input, m->data, m->len, call->s->o.max_depth, &st->arena, &msg);
+        free(m);
+        m = NULL;
+    } else { /* big bytes fields point into m, kept until the callback returned */
+        rc = vrpc_pb_unpack_ref(md->input, m->data, m->len, call->s->o.max_depth, &st->arena, &msg);
     }
-    free(m);
     if (rc) {
+        free(m);
         char why[VRPC_STATUS_MSG_MAX];
         snprintf(why, sizeof(why), "stream message does not decode as %s: %s", md->input->name,
                  rc == -ELOOP    ? "nested too deeply"
@@ -264,6 +300,10 @@ static void deliver_locked(struct vrpc_server_stream *st, struct srv_msg *m)
     if (st->ops->on_read && !st->finished)
         RUN_CB(st, st->ops->on_read(st, msg, st->user));
     vrpc_arena_reset(&st->arena);
+    if (m) {
+        m->next = st->in_spare;
+        st->in_spare = m;
+    }
     consumed_locked(st);
 }
 
@@ -565,13 +605,13 @@ void vrpc_srv_stream_on_message(struct sconn *c, const struct vrpc_wire_hdr *h, 
         rndv_message_locked(c, st, h, body, gen);
         return;
     }
-    struct srv_msg *m = malloc(sizeof(*m) + h->payload_len);
+    struct srv_msg *m = msg_node_locked(st, h->payload_len);
     if (!m) {
         pthread_mutex_unlock(&st->lock);
         vrpc_srv_stream_end(st, gen, VRPC_RESOURCE_EXHAUSTED, "server out of memory");
         return;
     }
-    *m = (struct srv_msg){.len = h->payload_len};
+    *m = (struct srv_msg){.len = h->payload_len, .cap = m->cap};
     memcpy(m->data, body, h->payload_len);
     queue_locked(c, st, m, h->flags);
     pthread_mutex_unlock(&st->lock);

@@ -118,12 +118,33 @@ void vrpc_srv_stream_out_one_locked(struct vrpc_server_stream *st)
     pthread_mutex_unlock(&st->lock);
     o->cb(st, rc, o->arg); /* may finish st (the task's reference keeps the object) */
     pthread_mutex_lock(&st->lock);
-    if (o->small) {
-        o->next = st->out_free;
-        st->out_free = o;
-    } else {
+    vrpc_srv_stream_out_put_locked(st, o);
+}
+
+void vrpc_srv_stream_out_put_locked(struct vrpc_server_stream *st, struct srv_out *o)
+{
+    struct srv_out **list = o->cap == SRV_OUT_SMALL ? &st->out_free : o->cap ? &st->out_spare : NULL;
+    if (!list) {
         free(o);
+        return;
     }
+    o->next = *list;
+    *list = o;
+}
+
+/* A node of out_spare with room for size bytes, or NULL (lock held). A
+ * stream writes mostly one size: the first few nodes are enough to look at. */
+static struct srv_out *out_spare_take_locked(struct vrpc_server_stream *st, size_t size)
+{
+    struct srv_out **pp = &st->out_spare;
+    for (int i = 0; *pp && i < 4; pp = &(*pp)->next, i++) {
+        if ((*pp)->cap >= size) {
+            struct srv_out *o = *pp;
+            *pp = o->next;
+            return o;
+        }
+    }
+    return NULL;
 }
 
 /* Queued async writes handed to the transport in one vrpc_ep_send_list, at most. */
@@ -198,20 +219,35 @@ bool vrpc_srv_stream_out_batch_locked(struct vrpc_server_stream *st)
     pthread_mutex_lock(&st->lock);
     vrpc_srv_stream_wire_leave_locked(st); /* a RESPONSE held for these frames goes after them */
     st->sending = false;
-    pthread_cond_broadcast(&st->cond);
-    for (unsigned i = 0; i < k; i++) { /* callbacks in order, each counted out just before (as out_one) */
-        struct srv_out *o = outs[i];
-        __atomic_store_n(&st->nqueued, st->nqueued - 1, __ATOMIC_RELAXED);
-        pthread_mutex_unlock(&st->lock);
-        o->cb(st, rc[i], o->arg); /* may finish st (the task's reference keeps the object) */
-        pthread_mutex_lock(&st->lock);
-        if (o->small) {
-            o->next = st->out_free;
-            st->out_free = o;
-        } else {
-            free(o);
-        }
+    for (unsigned i = 0; i < k; i++) {
+        outs[i]->rc = rc[i];
+        outs[i]->next = NULL;
+        if (st->sent_tail)
+            st->sent_tail->next = outs[i];
+        else
+            st->sent_head = outs[i];
+        st->sent_tail = outs[i];
     }
+    pthread_cond_broadcast(&st->cond);
+    while (vrpc_srv_stream_run_sent_locked(st))
+        ;
+    return true;
+}
+
+bool vrpc_srv_stream_run_sent_locked(struct vrpc_server_stream *st)
+{
+    struct srv_out *o = st->sent_head;
+    if (!o)
+        return false;
+    if (!(st->sent_head = o->next))
+        st->sent_tail = NULL;
+    /* counted out just before its callback, as out_one does */
+    __atomic_store_n(&st->nqueued, st->nqueued - 1, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&st->lock);
+    o->cb(st, o->rc, o->arg); /* may finish st (the task's reference keeps the object) */
+    pthread_mutex_lock(&st->lock);
+    vrpc_srv_stream_out_put_locked(st, o);
+    pthread_cond_broadcast(&st->cond); /* a finish on another thread waits for the list */
     return true;
 }
 
@@ -248,6 +284,10 @@ static int write_turn_locked(struct vrpc_server_stream *st)
             return -ECONNRESET;
         if (!st->out_head && !st->sending && st->send_avail > 0)
             return 0;
+        if (st->sent_head && vrpc_srv_stream_on_task(st)) {
+            vrpc_srv_stream_run_sent_locked(st); /* earlier writes' callbacks first */
+            continue;
+        }
         if (st->out_head && !st->sending && st->send_avail > 0 && vrpc_srv_stream_on_task(st)) {
             vrpc_srv_stream_out_one_locked(st); /* the task is this thread: flush here */
             continue;
@@ -336,10 +376,17 @@ int vrpc_server_stream_write_async(struct vrpc_server_stream *st, const Protobuf
     if (small) { /* packed here; its node comes from out_free under the lock */
         vrpc_pb_pack_sized(msg, packed);
     } else {
-        if (!(o = malloc(sizeof(*o) + (big ? 0 : size))))
-            return -ENOMEM;
+        if (!big) { /* a node that fits it from out_spare, else a new one */
+            pthread_mutex_lock(&st->lock);
+            o = out_spare_take_locked(st, size);
+            pthread_mutex_unlock(&st->lock);
+        }
+        if (!o) {
+            if (!(o = malloc(sizeof(*o) + (big ? 0 : size))))
+                return -ENOMEM;
+            o->cap = big ? 0 : (uint32_t)size;
+        }
         o->lb = NULL;
-        o->small = false;
         if (big) {
             char why[VRPC_STATUS_MSG_MAX];
             if (vrpc_rndv_buf(st->call->s->tp, st->call->s->o.max_pinned, size, &o->lb, why, sizeof(why))) {
@@ -360,7 +407,7 @@ int vrpc_server_stream_write_async(struct vrpc_server_stream *st, const Protobuf
         if ((o = st->out_free))
             st->out_free = o->next;
         else if ((o = malloc(sizeof(*o) + SRV_OUT_SMALL))) /* (the stream's first writes only) */
-            o->small = true, o->lb = NULL;
+            o->cap = SRV_OUT_SMALL, o->lb = NULL;
         else
             rc = -ENOMEM;
         if (o)
@@ -383,9 +430,12 @@ int vrpc_server_stream_write_async(struct vrpc_server_stream *st, const Protobuf
             vrpc_srv_stream_kick_locked(st, NULL);
     }
     pthread_mutex_unlock(&st->lock);
-    if (rc && o && !o->small) {
+    if (rc && o) { /* (a small write takes its node only when accepted) */
         vrpc_lbuf_put(o->lb);
-        free(o);
+        o->lb = NULL;
+        pthread_mutex_lock(&st->lock);
+        vrpc_srv_stream_out_put_locked(st, o);
+        pthread_mutex_unlock(&st->lock);
     }
     return rc;
 }
@@ -424,8 +474,12 @@ int vrpc_server_stream_send_metadata(struct vrpc_server_stream *st, const struct
 static void finish_wait_locked(struct vrpc_server_stream *st)
 {
     bool self = vrpc_srv_stream_on_task(st);
-    while (st->out_head || st->sending) {
-        if (!st->sending && (st->ended || (self && st->send_avail > 0))) {
+    while (st->out_head || st->sending || st->sent_head) {
+        if (st->sent_head && self) { /* the callbacks of writes already out, first */
+            vrpc_srv_stream_run_sent_locked(st);
+            continue;
+        }
+        if (!st->sending && !st->sent_head && (st->ended || (self && st->send_avail > 0))) {
             if (self || st->ended)
                 vrpc_srv_stream_out_one_locked(st); /* ended: fails it (-ECONNRESET) */
             continue;
@@ -442,6 +496,7 @@ static void finish_wait_locked(struct vrpc_server_stream *st)
     while ((st->in_cb && !self) || st->rd_busy || st->wire_busy)
         pthread_cond_wait(&st->cond, &st->lock);
     vrpc_srv_stream_drop_in_locked(st);
+    vrpc_srv_stream_trim_locked(st); /* the object may serve streams of other sizes next */
     st->open = false;
 }
 
