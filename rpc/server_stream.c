@@ -7,7 +7,9 @@
  * the asynchronous writes waiting for it. The end is exactly once, by the
  * call's claim (the application's finish) or detach (deadline, CANCEL,
  * connection loss, a per-stream error of the client). */
+#define _GNU_SOURCE
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +29,12 @@ static struct vrpc_server_stream *stream_new(struct vrpc_server_call *call, stru
     pthread_condattr_destroy(&ca);
     pthread_mutex_init(&st->lock, NULL);
     st->call = call;
+    struct vrpc_server *s = call->s;
+    struct vrpc_rpc_spin sp;
+    vrpc_rpc_spin_mode(s->o.no_spin, s->o.spin_us, &sp);
+    /* not where workers share CPUs with pinned pollers (they must sleep there) */
+    if (sp.wait && !s->o.cpu_mask)
+        st->linger_ns = sp.wait_ns < VRPC_RPC_BUSY_POLL_US * 1000ull ? sp.wait_ns : VRPC_RPC_BUSY_POLL_US * 1000ull;
     vrpc_arena_init(&st->arena, (size_t)vrpc_ep_eager_size(c->b.ep) * 2 + 4096,
                     (size_t)call->s->max_payload * 8 + 65536);
     return st;
@@ -142,8 +150,10 @@ static void stream_task(struct vrpc_task *t);
 
 void vrpc_srv_stream_kick_locked(struct vrpc_server_stream *st, struct vrpc_sched_producer *prod)
 {
-    if (st->running)
+    if (st->running) { /* a lingering task looks again */
+        __atomic_store_n(&st->kick_seq, st->kick_seq + 1, __ATOMIC_RELEASE);
         return;
+    }
     struct vrpc_server_call *call = st->call;
     struct vrpc_server *s = call->s;
     st->running = true;
@@ -364,6 +374,31 @@ static bool step_locked(struct vrpc_server_stream *st)
     return false;
 }
 
+/* A task with nothing to do stays a while for the next kick (lock dropped)
+ * before it ends, while the stream can still get work from the client (a
+ * message, or WINDOW for queued writes): the poller then only appends and
+ * bumps kick_seq, and the worker is not put to sleep and woken per message
+ * (as the client's stream task, rpc/stream_recv.c). It yields between looks
+ * (the poller may need the CPU). True if a kick came. */
+static bool linger_locked(struct vrpc_server_stream *st)
+{
+    if (!st->linger_ns || !st->started || st->finished || st->ended || (st->half_closed && !st->out_head))
+        return false;
+    uint32_t seq = st->kick_seq;
+    pthread_mutex_unlock(&st->lock);
+    int64_t t0 = vrpc_now_ns();
+    for (uint32_t i = 1; __atomic_load_n(&st->kick_seq, __ATOMIC_ACQUIRE) == seq; i++) {
+        __builtin_ia32_pause();
+        if (i % 64 == 0) {
+            if ((uint64_t)(vrpc_now_ns() - t0) >= st->linger_ns)
+                break;
+            sched_yield();
+        }
+    }
+    pthread_mutex_lock(&st->lock);
+    return st->kick_seq != seq; /* under the lock: a kick just after the spin is seen */
+}
+
 static void stream_task(struct vrpc_task *t)
 {
     struct vrpc_server_stream *st = container_of(t, struct vrpc_server_stream, task);
@@ -371,8 +406,10 @@ static void stream_task(struct vrpc_task *t)
     struct vrpc_server *s = call->s;
     pthread_mutex_lock(&st->lock);
     st->runner = pthread_self();
-    while (step_locked(st))
-        ;
+    do
+        while (step_locked(st))
+            ;
+    while (linger_locked(st));
     st->running = false;
     pthread_cond_broadcast(&st->cond);
     pthread_mutex_unlock(&st->lock);

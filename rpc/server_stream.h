@@ -74,6 +74,10 @@ struct vrpc_server_stream {
     bool sending;                 /* a message is being handed to the transport */
     bool md_sent;                 /* HEADERS went out (or the first message did) */
     pthread_t runner;             /* the task's thread while running */
+    uint32_t kick_seq;            /* bumped (atomically, under lock) by a kick that finds
+                                     the task running: a lingering task watches it */
+    uint64_t linger_ns;           /* how long the task waits for more before it ends
+                                     (the latency mode's, at most 50 us; 0: never) */
     uint32_t nin, nout;           /* client messages received, messages written */
     uint32_t recv_avail;          /* client messages still accepted before a WINDOW of ours */
     uint32_t consumed;            /* consumed and not yet returned */
