@@ -347,6 +347,33 @@ int vrpc_server_stream_write(struct vrpc_server_stream *st, const ProtobufCMessa
     return rc;
 }
 
+/* The node of a write above SRV_OUT_SMALL bytes (no lock held): one of
+ * out_spare that fits it, else a new one; a large message's with its large
+ * buffer. NULL: out of memory. */
+static struct srv_out *out_node_get(struct vrpc_server_stream *st, size_t size, bool big)
+{
+    struct srv_out *o = NULL;
+    if (!big) {
+        pthread_mutex_lock(&st->lock);
+        o = out_spare_take_locked(st, size);
+        pthread_mutex_unlock(&st->lock);
+    }
+    if (!o) {
+        if (!(o = malloc(sizeof(*o) + (big ? 0 : size))))
+            return NULL;
+        o->cap = big ? 0 : (uint32_t)size;
+    }
+    o->lb = NULL;
+    if (big) {
+        char why[VRPC_STATUS_MSG_MAX];
+        if (vrpc_rndv_buf(st->call->s->tp, st->call->s->o.max_pinned, size, &o->lb, why, sizeof(why))) {
+            free(o);
+            return NULL;
+        }
+    }
+    return o;
+}
+
 int vrpc_server_stream_write_async(struct vrpc_server_stream *st, const ProtobufCMessage *msg,
                                    vrpc_server_stream_write_cb cb, void *arg)
 {
@@ -376,24 +403,8 @@ int vrpc_server_stream_write_async(struct vrpc_server_stream *st, const Protobuf
     if (small) { /* packed here; its node comes from out_free under the lock */
         vrpc_pb_pack_sized(msg, packed);
     } else {
-        if (!big) { /* a node that fits it from out_spare, else a new one */
-            pthread_mutex_lock(&st->lock);
-            o = out_spare_take_locked(st, size);
-            pthread_mutex_unlock(&st->lock);
-        }
-        if (!o) {
-            if (!(o = malloc(sizeof(*o) + (big ? 0 : size))))
-                return -ENOMEM;
-            o->cap = big ? 0 : (uint32_t)size;
-        }
-        o->lb = NULL;
-        if (big) {
-            char why[VRPC_STATUS_MSG_MAX];
-            if (vrpc_rndv_buf(st->call->s->tp, st->call->s->o.max_pinned, size, &o->lb, why, sizeof(why))) {
-                free(o);
-                return -ENOMEM;
-            }
-        }
+        if (!(o = out_node_get(st, size, big)))
+            return -ENOMEM;
         vrpc_pb_pack_sized(msg, big ? o->lb->data : o->data);
     }
     pthread_mutex_lock(&st->lock);
