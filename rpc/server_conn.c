@@ -98,6 +98,22 @@ int vrpc_srv_conn_send(struct sconn *c, struct vrpc_buf *b, uint32_t len)
     return rc;
 }
 
+unsigned vrpc_srv_conn_send_list(struct sconn *c, const struct vrpc_send_wr *wrs, unsigned n)
+{
+    unsigned sent = 0;
+    int rc = vrpc_ep_send_list(c->b.ep, wrs, n, 0, &sent);
+    if (rc) {
+        for (unsigned i = sent; i < n; i++) {
+            vrpc_pool_put(wrs[i].buf);
+            __atomic_sub_fetch(&c->sends, 1, __ATOMIC_RELAXED);
+        }
+        if (rc == -EAGAIN)
+            vrpc_srv_conn_fail(c, "client does not read: the transport's send queue is full (%u frames out)",
+                               __atomic_load_n(&c->sends, __ATOMIC_RELAXED));
+    }
+    return sent;
+}
+
 /* A header-only frame (plus a short payload) on c through its quota. */
 int vrpc_srv_conn_send_simple(struct sconn *c, const struct vrpc_wire_hdr *h, const void *payload, uint32_t payload_len,
                               bool wait)

@@ -253,6 +253,10 @@ void vrpc_srv_conn_fail(struct sconn *c, const char *fmt, ...) __attribute__((fo
 struct vrpc_buf *vrpc_srv_conn_buf(struct sconn *c, bool wait);
 /* Send b (from vrpc_srv_conn_buf) on c, never waiting; on error b goes back. */
 int vrpc_srv_conn_send(struct sconn *c, struct vrpc_buf *b, uint32_t len);
+/* Send wrs[0..n) (buffers from vrpc_srv_conn_buf) on c in one
+ * vrpc_ep_send_list, never waiting. Returns how many the transport took;
+ * the rest went back as vrpc_srv_conn_send's failures do. */
+unsigned vrpc_srv_conn_send_list(struct sconn *c, const struct vrpc_send_wr *wrs, unsigned n);
 /* A header-only frame (plus a short payload) on c through its quota. */
 int vrpc_srv_conn_send_simple(struct sconn *c, const struct vrpc_wire_hdr *h, const void *payload, uint32_t payload_len,
                               bool wait);

@@ -7,7 +7,9 @@
  * the asynchronous writes waiting for it. The end is exactly once, by the
  * call's claim (the application's finish) or detach (deadline, CANCEL,
  * connection loss, a per-stream error of the client). */
+#define _GNU_SOURCE
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +29,12 @@ static struct vrpc_server_stream *stream_new(struct vrpc_server_call *call, stru
     pthread_condattr_destroy(&ca);
     pthread_mutex_init(&st->lock, NULL);
     st->call = call;
+    struct vrpc_server *s = call->s;
+    struct vrpc_rpc_spin sp;
+    vrpc_rpc_spin_mode(s->o.no_spin, s->o.spin_us, &sp);
+    /* not where workers share CPUs with pinned pollers (they must sleep there) */
+    if (sp.wait && !s->o.cpu_mask)
+        st->linger_ns = sp.wait_ns < VRPC_RPC_BUSY_POLL_US * 1000ull ? sp.wait_ns : VRPC_RPC_BUSY_POLL_US * 1000ull;
     vrpc_arena_init(&st->arena, (size_t)vrpc_ep_eager_size(c->b.ep) * 2 + 4096,
                     (size_t)call->s->max_payload * 8 + 65536);
     return st;
@@ -47,6 +55,39 @@ void vrpc_srv_stream_drop_in_locked(struct vrpc_server_stream *st)
     st->in_tail = NULL;
 }
 
+void vrpc_srv_stream_trim_locked(struct vrpc_server_stream *st)
+{
+    while (st->out_spare) {
+        struct srv_out *o = st->out_spare;
+        st->out_spare = o->next;
+        free(o);
+    }
+    while (st->in_spare) {
+        struct srv_msg *m = st->in_spare;
+        st->in_spare = m->next;
+        free(m);
+    }
+}
+
+/* A node for a client message of len bytes: from in_spare (the first few
+ * looked at: a stream's messages are mostly of one size), else new. */
+static struct srv_msg *msg_node_locked(struct vrpc_server_stream *st, uint32_t len)
+{
+    struct srv_msg **pp = &st->in_spare;
+    for (int i = 0; *pp && i < 4; pp = &(*pp)->next, i++) {
+        if ((*pp)->cap >= len) {
+            struct srv_msg *m = *pp;
+            *pp = m->next;
+            return m;
+        }
+    }
+    uint32_t cap = len < 256 ? 256 : len;
+    struct srv_msg *m = malloc(sizeof(*m) + cap);
+    if (m)
+        m->cap = cap;
+    return m;
+}
+
 void vrpc_srv_stream_free(struct vrpc_server_stream *st)
 {
     if (!st)
@@ -63,6 +104,7 @@ void vrpc_srv_stream_free(struct vrpc_server_stream *st)
         st->out_free = o->next;
         free(o);
     }
+    vrpc_srv_stream_trim_locked(st);
     vrpc_arena_fini(&st->arena);
     pthread_cond_destroy(&st->cond);
     pthread_mutex_destroy(&st->lock);
@@ -112,8 +154,10 @@ static void stream_task(struct vrpc_task *t);
 
 void vrpc_srv_stream_kick_locked(struct vrpc_server_stream *st, struct vrpc_sched_producer *prod)
 {
-    if (st->running)
+    if (st->running) { /* a lingering task looks again */
+        __atomic_store_n(&st->kick_seq, st->kick_seq + 1, __ATOMIC_RELEASE);
         return;
+    }
     struct vrpc_server_call *call = st->call;
     struct vrpc_server *s = call->s;
     st->running = true;
@@ -249,11 +293,13 @@ static void deliver_locked(struct vrpc_server_stream *st, struct srv_msg *m)
             vrpc_lbuf_put(m->lb);
         else
             vrpc_arena_hold(&st->arena, m->lb); /* back at the arena's reset */
-    } else {
-        rc = vrpc_pb_unpack(md->input, m->data, m->len, call->s->o.max_depth, &st->arena, &msg);
+        free(m);
+        m = NULL;
+    } else { /* big bytes fields point into m, kept until the callback returned */
+        rc = vrpc_pb_unpack_ref(md->input, m->data, m->len, call->s->o.max_depth, &st->arena, &msg);
     }
-    free(m);
     if (rc) {
+        free(m);
         char why[VRPC_STATUS_MSG_MAX];
         snprintf(why, sizeof(why), "stream message does not decode as %s: %s", md->input->name,
                  rc == -ELOOP    ? "nested too deeply"
@@ -268,6 +314,10 @@ static void deliver_locked(struct vrpc_server_stream *st, struct srv_msg *m)
     if (st->ops->on_read && !st->finished)
         RUN_CB(st, st->ops->on_read(st, msg, st->user));
     vrpc_arena_reset(&st->arena);
+    if (m) {
+        m->next = st->in_spare;
+        st->in_spare = m;
+    }
     consumed_locked(st);
 }
 
@@ -321,10 +371,36 @@ static bool step_locked(struct vrpc_server_stream *st)
         return true;
     }
     if (st->out_head && !st->sending && (st->send_avail > 0 || st->ended)) {
-        vrpc_srv_stream_out_one_locked(st);
+        if (!vrpc_srv_stream_out_batch_locked(st))
+            vrpc_srv_stream_out_one_locked(st);
         return true;
     }
     return false;
+}
+
+/* A task with nothing to do stays a while for the next kick (lock dropped)
+ * before it ends, while the stream can still get work from the client (a
+ * message, or WINDOW for queued writes): the poller then only appends and
+ * bumps kick_seq, and the worker is not put to sleep and woken per message
+ * (as the client's stream task, rpc/stream_recv.c). It yields between looks
+ * (the poller may need the CPU). True if a kick came. */
+static bool linger_locked(struct vrpc_server_stream *st)
+{
+    if (!st->linger_ns || !st->started || st->finished || st->ended || (st->half_closed && !st->out_head))
+        return false;
+    uint32_t seq = st->kick_seq;
+    pthread_mutex_unlock(&st->lock);
+    int64_t t0 = vrpc_now_ns();
+    for (uint32_t i = 1; __atomic_load_n(&st->kick_seq, __ATOMIC_ACQUIRE) == seq; i++) {
+        __builtin_ia32_pause();
+        if (i % 64 == 0) {
+            if ((uint64_t)(vrpc_now_ns() - t0) >= st->linger_ns)
+                break;
+            sched_yield();
+        }
+    }
+    pthread_mutex_lock(&st->lock);
+    return st->kick_seq != seq; /* under the lock: a kick just after the spin is seen */
 }
 
 static void stream_task(struct vrpc_task *t)
@@ -334,8 +410,10 @@ static void stream_task(struct vrpc_task *t)
     struct vrpc_server *s = call->s;
     pthread_mutex_lock(&st->lock);
     st->runner = pthread_self();
-    while (step_locked(st))
-        ;
+    do
+        while (step_locked(st))
+            ;
+    while (linger_locked(st));
     st->running = false;
     pthread_cond_broadcast(&st->cond);
     pthread_mutex_unlock(&st->lock);
@@ -570,13 +648,13 @@ void vrpc_srv_stream_on_message(struct sconn *c, const struct vrpc_wire_hdr *h, 
         rndv_message_locked(c, st, h, body, gen);
         return;
     }
-    struct srv_msg *m = malloc(sizeof(*m) + h->payload_len);
+    struct srv_msg *m = msg_node_locked(st, h->payload_len);
     if (!m) {
         pthread_mutex_unlock(&st->lock);
         vrpc_srv_stream_end(st, gen, VRPC_RESOURCE_EXHAUSTED, "server out of memory");
         return;
     }
-    *m = (struct srv_msg){.len = h->payload_len};
+    *m = (struct srv_msg){.len = h->payload_len, .cap = m->cap};
     memcpy(m->data, body, h->payload_len);
     queue_locked(c, st, m, h->flags);
     pthread_mutex_unlock(&st->lock);

@@ -18,14 +18,17 @@ struct srv_msg {
     struct vrpc_buf *lb;
     bool pending, failed, orphan;
     uint32_t len;
+    uint32_t cap; /* bytes of data; nodes go to in_spare once delivered */
     uint8_t data[];
 };
 
 /* An accepted asynchronous write, packed, waiting for window and its turn.
  * Nodes of messages up to SRV_OUT_SMALL bytes have that room and are kept
  * on the stream's out_free list for its next writes (at most
- * VRPC_STREAM_ASYNC_WRITES_MAX of them, freed with the stream object):
- * a steady async writer allocates nothing per message. */
+ * VRPC_STREAM_ASYNC_WRITES_MAX of them, freed with the stream object);
+ * nodes of bigger messages that fit a frame go to out_spare, reused by the
+ * stream's later writes that fit them and freed when it finishes: a steady
+ * async writer allocates nothing per message. */
 #define SRV_OUT_SMALL 256
 struct srv_out {
     struct srv_out *next;
@@ -33,7 +36,9 @@ struct srv_out {
     vrpc_server_stream_write_cb cb;
     void *arg;
     uint32_t len;
-    bool small; /* data has SRV_OUT_SMALL bytes: back to out_free when sent */
+    uint32_t cap; /* bytes of data: SRV_OUT_SMALL (out_free), more (out_spare),
+                     0 (a large message's node: freed when sent) */
+    int rc;       /* on the sent list: the outcome its callback gets */
     uint8_t data[];
 };
 
@@ -69,6 +74,10 @@ struct vrpc_server_stream {
     bool sending;                 /* a message is being handed to the transport */
     bool md_sent;                 /* HEADERS went out (or the first message did) */
     pthread_t runner;             /* the task's thread while running */
+    uint32_t kick_seq;            /* bumped (atomically, under lock) by a kick that finds
+                                     the task running: a lingering task watches it */
+    uint64_t linger_ns;           /* how long the task waits for more before it ends
+                                     (the latency mode's, at most 50 us; 0: never) */
     uint32_t nin, nout;           /* client messages received, messages written */
     uint32_t recv_avail;          /* client messages still accepted before a WINDOW of ours */
     uint32_t consumed;            /* consumed and not yet returned */
@@ -84,8 +93,12 @@ struct vrpc_server_stream {
                                      vrpc_srv_stream_read_limit */
     struct srv_msg *rd_node;      /* its queue entry */
     struct srv_msg *in_head, *in_tail;
+    struct srv_msg *in_spare; /* delivered nodes for the next messages (at most a
+                                 window's worth), freed at finish */
     struct srv_out *out_head, *out_tail;
-    struct srv_out *out_free; /* small nodes for reuse (see srv_out) */
+    struct srv_out *sent_head, *sent_tail; /* handed over by a batch, callback not yet run */
+    struct srv_out *out_free;              /* small nodes for reuse (see srv_out) */
+    struct srv_out *out_spare;             /* bigger nodes for reuse, until finish */
     /* No frame of a stream may follow its RESPONSE on the wire (the client
      * frees the id at the RESPONSE). wire_busy counts the frames of this
      * stream being handed to the transport (entered only while neither ended
@@ -141,6 +154,20 @@ int vrpc_srv_stream_read_unlimit(struct vrpc_server_call *call, int status);
 /* Send the first queued async write (lock held, st->sending false; drops
  * and retakes the lock; runs its callback). */
 void vrpc_srv_stream_out_one_locked(struct vrpc_server_stream *st);
+/* Send the first queued async writes together when at least two small ones
+ * may go now (window and connection quota), in one vrpc_ep_send_list (one
+ * sendmsg on TCP instead of one each), then run their callbacks in order
+ * from the sent list (lock held, st->sending false; drops and retakes the
+ * lock). A callback that writes with a blocking write or finishes runs the
+ * rest of the list first, so callbacks keep the order of the writes and none
+ * runs after finish. False when it sent nothing: out_one_locked then sends
+ * the first alone. */
+bool vrpc_srv_stream_out_batch_locked(struct vrpc_server_stream *st);
+/* Run the callback of the first write on the sent list (lock held, dropped
+ * and retaken; on the task's thread, or finish's on it). False if none. */
+bool vrpc_srv_stream_run_sent_locked(struct vrpc_server_stream *st);
+/* A sent (or failed) async write's node back for reuse, or freed (lock held). */
+void vrpc_srv_stream_out_put_locked(struct vrpc_server_stream *st, struct srv_out *o);
 /* True on the stream's own task thread (lock held). */
 static inline bool vrpc_srv_stream_on_task(const struct vrpc_server_stream *st)
 {
@@ -148,6 +175,9 @@ static inline bool vrpc_srv_stream_on_task(const struct vrpc_server_stream *st)
 }
 /* The server ends the stream with code (per-stream error); any thread, no lock held. */
 void vrpc_srv_stream_end(struct vrpc_server_stream *st, uint32_t gen, enum vrpc_code code, const char *msg);
+/* Free the nodes kept for reuse (out_spare, in_spare), lock held: at finish,
+ * so that an idle stream object keeps only its small write nodes. */
+void vrpc_srv_stream_trim_locked(struct vrpc_server_stream *st);
 /* Free the queued client messages (lock held). */
 void vrpc_srv_stream_drop_in_locked(struct vrpc_server_stream *st);
 /* Release the application's hold after the end (conn reference). */

@@ -118,12 +118,137 @@ void vrpc_srv_stream_out_one_locked(struct vrpc_server_stream *st)
     pthread_mutex_unlock(&st->lock);
     o->cb(st, rc, o->arg); /* may finish st (the task's reference keeps the object) */
     pthread_mutex_lock(&st->lock);
-    if (o->small) {
-        o->next = st->out_free;
-        st->out_free = o;
-    } else {
+    vrpc_srv_stream_out_put_locked(st, o);
+}
+
+void vrpc_srv_stream_out_put_locked(struct vrpc_server_stream *st, struct srv_out *o)
+{
+    struct srv_out **list = o->cap == SRV_OUT_SMALL ? &st->out_free : o->cap ? &st->out_spare : NULL;
+    if (!list) {
         free(o);
+        return;
     }
+    o->next = *list;
+    *list = o;
+}
+
+/* A node of out_spare with room for size bytes, or NULL (lock held). A
+ * stream writes mostly one size: the first few nodes are enough to look at. */
+static struct srv_out *out_spare_take_locked(struct vrpc_server_stream *st, size_t size)
+{
+    struct srv_out **pp = &st->out_spare;
+    for (int i = 0; *pp && i < 4; pp = &(*pp)->next, i++) {
+        if ((*pp)->cap >= size) {
+            struct srv_out *o = *pp;
+            *pp = o->next;
+            return o;
+        }
+    }
+    return NULL;
+}
+
+/* Queued async writes handed to the transport in one vrpc_ep_send_list, at most. */
+#define OUT_BATCH 32
+
+/* How many queued writes at the head may go together now (lock held): small
+ * (not large messages), within the client's window and the connection's
+ * stream quota (room_now for each), at most OUT_BATCH. */
+static unsigned out_batchable_locked(const struct vrpc_server_stream *st)
+{
+    const struct sconn *c = st->conn;
+    uint32_t lim = c->s->send_half / 2 ? c->s->send_half / 2 : 1;
+    uint32_t sends = __atomic_load_n(&c->sends, __ATOMIC_RELAXED);
+    uint64_t max = sends < lim ? lim - sends : 0;
+    if (max > st->send_avail)
+        max = st->send_avail;
+    if (max > OUT_BATCH)
+        max = OUT_BATCH;
+    unsigned k = 0;
+    for (const struct srv_out *o = st->out_head; o && k < max && !o->lb; o = o->next)
+        k++;
+    return k;
+}
+
+/* The frames of outs[0..k) handed over in one list (no lock; the wire
+ * entered): rc[i] is each one's outcome. A frame whose buffer cannot be had
+ * fails alone, those before it go first, as single sends would have. */
+static void out_batch_send(struct vrpc_server_stream *st, struct srv_out *const *outs, unsigned k, int *rc)
+{
+    struct sconn *c = st->conn;
+    struct vrpc_send_wr wrs[OUT_BATCH];
+    unsigned n = 0, first = 0;
+    for (unsigned i = 0; i <= k; i++) {
+        struct vrpc_buf *b = i < k && !vrpc_conn_is_dead(&c->b) ? vrpc_srv_conn_buf(c, true) : NULL;
+        if (b) {
+            struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION,
+                                      .type = VRPC_FT_MESSAGE,
+                                      .request_id = st->id,
+                                      .payload_len = outs[i]->len};
+            vrpc_wire_hdr_encode(b->data, &h);
+            memcpy(b->data + VRPC_WIRE_HDR_LEN, outs[i]->data, outs[i]->len);
+            wrs[n++] = (struct vrpc_send_wr){.buf = b, .len = VRPC_WIRE_HDR_LEN + outs[i]->len};
+            continue;
+        }
+        unsigned sent = n ? vrpc_srv_conn_send_list(c, wrs, n) : 0;
+        for (unsigned j = 0; j < n; j++)
+            rc[first + j] = j < sent ? 0 : -ECONNRESET;
+        if (i < k)
+            rc[i] = -ECONNRESET;
+        first = i + 1;
+        n = 0;
+    }
+}
+
+bool vrpc_srv_stream_out_batch_locked(struct vrpc_server_stream *st)
+{
+    unsigned k = st->ended ? 0 : out_batchable_locked(st);
+    if (k < 2 || !vrpc_srv_stream_wire_enter_locked(st))
+        return false; /* one at a time: out_one_locked */
+    struct srv_out *outs[OUT_BATCH];
+    int rc[OUT_BATCH];
+    for (unsigned i = 0; i < k; i++) {
+        outs[i] = st->out_head;
+        st->out_head = outs[i]->next;
+    }
+    if (!st->out_head)
+        st->out_tail = NULL;
+    st->send_avail -= k;
+    st->sending = true;
+    pthread_mutex_unlock(&st->lock);
+    out_batch_send(st, outs, k, rc);
+    pthread_mutex_lock(&st->lock);
+    vrpc_srv_stream_wire_leave_locked(st); /* a RESPONSE held for these frames goes after them */
+    st->sending = false;
+    for (unsigned i = 0; i < k; i++) {
+        outs[i]->rc = rc[i];
+        outs[i]->next = NULL;
+        if (st->sent_tail)
+            st->sent_tail->next = outs[i];
+        else
+            st->sent_head = outs[i];
+        st->sent_tail = outs[i];
+    }
+    pthread_cond_broadcast(&st->cond);
+    while (vrpc_srv_stream_run_sent_locked(st))
+        ;
+    return true;
+}
+
+bool vrpc_srv_stream_run_sent_locked(struct vrpc_server_stream *st)
+{
+    struct srv_out *o = st->sent_head;
+    if (!o)
+        return false;
+    if (!(st->sent_head = o->next))
+        st->sent_tail = NULL;
+    /* counted out just before its callback, as out_one does */
+    __atomic_store_n(&st->nqueued, st->nqueued - 1, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&st->lock);
+    o->cb(st, o->rc, o->arg); /* may finish st (the task's reference keeps the object) */
+    pthread_mutex_lock(&st->lock);
+    vrpc_srv_stream_out_put_locked(st, o);
+    pthread_cond_broadcast(&st->cond); /* a finish on another thread waits for the list */
+    return true;
 }
 
 /* A message too large for one frame: it goes by rendezvous. */
@@ -159,6 +284,10 @@ static int write_turn_locked(struct vrpc_server_stream *st)
             return -ECONNRESET;
         if (!st->out_head && !st->sending && st->send_avail > 0)
             return 0;
+        if (st->sent_head && vrpc_srv_stream_on_task(st)) {
+            vrpc_srv_stream_run_sent_locked(st); /* earlier writes' callbacks first */
+            continue;
+        }
         if (st->out_head && !st->sending && st->send_avail > 0 && vrpc_srv_stream_on_task(st)) {
             vrpc_srv_stream_out_one_locked(st); /* the task is this thread: flush here */
             continue;
@@ -218,6 +347,33 @@ int vrpc_server_stream_write(struct vrpc_server_stream *st, const ProtobufCMessa
     return rc;
 }
 
+/* The node of a write above SRV_OUT_SMALL bytes (no lock held): one of
+ * out_spare that fits it, else a new one; a large message's with its large
+ * buffer. NULL: out of memory. */
+static struct srv_out *out_node_get(struct vrpc_server_stream *st, size_t size, bool big)
+{
+    struct srv_out *o = NULL;
+    if (!big) {
+        pthread_mutex_lock(&st->lock);
+        o = out_spare_take_locked(st, size);
+        pthread_mutex_unlock(&st->lock);
+    }
+    if (!o) {
+        if (!(o = malloc(sizeof(*o) + (big ? 0 : size))))
+            return NULL;
+        o->cap = big ? 0 : (uint32_t)size;
+    }
+    o->lb = NULL;
+    if (big) {
+        char why[VRPC_STATUS_MSG_MAX];
+        if (vrpc_rndv_buf(st->call->s->tp, st->call->s->o.max_pinned, size, &o->lb, why, sizeof(why))) {
+            free(o);
+            return NULL;
+        }
+    }
+    return o;
+}
+
 int vrpc_server_stream_write_async(struct vrpc_server_stream *st, const ProtobufCMessage *msg,
                                    vrpc_server_stream_write_cb cb, void *arg)
 {
@@ -247,17 +403,8 @@ int vrpc_server_stream_write_async(struct vrpc_server_stream *st, const Protobuf
     if (small) { /* packed here; its node comes from out_free under the lock */
         vrpc_pb_pack_sized(msg, packed);
     } else {
-        if (!(o = malloc(sizeof(*o) + (big ? 0 : size))))
+        if (!(o = out_node_get(st, size, big)))
             return -ENOMEM;
-        o->lb = NULL;
-        o->small = false;
-        if (big) {
-            char why[VRPC_STATUS_MSG_MAX];
-            if (vrpc_rndv_buf(st->call->s->tp, st->call->s->o.max_pinned, size, &o->lb, why, sizeof(why))) {
-                free(o);
-                return -ENOMEM;
-            }
-        }
         vrpc_pb_pack_sized(msg, big ? o->lb->data : o->data);
     }
     pthread_mutex_lock(&st->lock);
@@ -271,7 +418,7 @@ int vrpc_server_stream_write_async(struct vrpc_server_stream *st, const Protobuf
         if ((o = st->out_free))
             st->out_free = o->next;
         else if ((o = malloc(sizeof(*o) + SRV_OUT_SMALL))) /* (the stream's first writes only) */
-            o->small = true, o->lb = NULL;
+            o->cap = SRV_OUT_SMALL, o->lb = NULL;
         else
             rc = -ENOMEM;
         if (o)
@@ -294,9 +441,12 @@ int vrpc_server_stream_write_async(struct vrpc_server_stream *st, const Protobuf
             vrpc_srv_stream_kick_locked(st, NULL);
     }
     pthread_mutex_unlock(&st->lock);
-    if (rc && o && !o->small) {
+    if (rc && o) { /* (a small write takes its node only when accepted) */
         vrpc_lbuf_put(o->lb);
-        free(o);
+        o->lb = NULL;
+        pthread_mutex_lock(&st->lock);
+        vrpc_srv_stream_out_put_locked(st, o);
+        pthread_mutex_unlock(&st->lock);
     }
     return rc;
 }
@@ -335,8 +485,12 @@ int vrpc_server_stream_send_metadata(struct vrpc_server_stream *st, const struct
 static void finish_wait_locked(struct vrpc_server_stream *st)
 {
     bool self = vrpc_srv_stream_on_task(st);
-    while (st->out_head || st->sending) {
-        if (!st->sending && (st->ended || (self && st->send_avail > 0))) {
+    while (st->out_head || st->sending || st->sent_head) {
+        if (st->sent_head && self) { /* the callbacks of writes already out, first */
+            vrpc_srv_stream_run_sent_locked(st);
+            continue;
+        }
+        if (!st->sending && !st->sent_head && (st->ended || (self && st->send_avail > 0))) {
             if (self || st->ended)
                 vrpc_srv_stream_out_one_locked(st); /* ended: fails it (-ECONNRESET) */
             continue;
@@ -353,6 +507,7 @@ static void finish_wait_locked(struct vrpc_server_stream *st)
     while ((st->in_cb && !self) || st->rd_busy || st->wire_busy)
         pthread_cond_wait(&st->cond, &st->lock);
     vrpc_srv_stream_drop_in_locked(st);
+    vrpc_srv_stream_trim_locked(st); /* the object may serve streams of other sizes next */
     st->open = false;
 }
 

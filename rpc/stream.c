@@ -42,6 +42,13 @@ int vrpc_stream_unpack(struct vrpc_stream *s, const ProtobufCMessageDescriptor *
     return vrpc_pb_unpack(d, n->data, n->len, 0, &s->arena, out);
 }
 
+int vrpc_stream_unpack_ref(struct vrpc_stream *s, const ProtobufCMessageDescriptor *d, struct smsg *n,
+                           ProtobufCMessage **out)
+{
+    vrpc_arena_reset(&s->arena);
+    return vrpc_pb_unpack_ref(d, n->data, n->len, 0, &s->arena, out);
+}
+
 /* While waiting for send room: -EPIPE once the stream ended, -ENOTCONN once
  * its connection died, -ENOBUFS after VRPC_STREAM_ROOM_WAIT_MS, else 0 (after
  * a short nap). */
@@ -90,6 +97,23 @@ int vrpc_stream_send_buf(struct vrpc_stream *s, struct vrpc_buf *b, uint32_t len
         rc = vrpc_ep_send(s->c->b.ep, b, len, 0, 0, 0);
     if (rc)
         vrpc_pool_put(b);
+    return rc;
+}
+
+int vrpc_stream_send_list(struct vrpc_stream *s, const struct vrpc_send_wr *wrs, unsigned n, unsigned *sent)
+{
+    int64_t end = 0;
+    unsigned done = 0, k = 0;
+    int rc = vrpc_conn_is_dead(&s->c->b) ? -ENOTCONN : 0;
+    while (!rc && done < n) {
+        rc = vrpc_ep_send_list(s->c->b.ep, wrs + done, n - done, 0, &k);
+        done += k;
+        if (rc == -EAGAIN) /* the credit queue is full: wait as send_buf does, then the rest */
+            rc = room_wait(s, &end);
+    }
+    for (unsigned i = done; i < n; i++)
+        vrpc_pool_put(wrs[i].buf);
+    *sent = done;
     return rc;
 }
 
@@ -504,6 +528,10 @@ int vrpc_stream_read(struct vrpc_stream *s, ProtobufCMessage **msg)
 {
     if (!s || !msg || s->has_cbs)
         return -EINVAL;
+    if (s->rd_last) { /* the previous message is the caller's no longer */
+        smq_push(&s->rd_used, s->rd_last);
+        s->rd_last = NULL;
+    }
     struct smsg *n = smq_pop(&s->rd);
     if (!n) {
         pthread_mutex_lock(&s->mu);
@@ -523,8 +551,8 @@ int vrpc_stream_read(struct vrpc_stream *s, ProtobufCMessage **msg)
         if (!n)
             return -ENODATA;
     }
-    int rc = vrpc_stream_unpack(s, s->m->output, n, msg);
-    smq_push(&s->rd_used, n);
+    int rc = vrpc_stream_unpack_ref(s, s->m->output, n, msg);
+    s->rd_last = n; /* *msg may point into it: kept until the next read */
     uint32_t thresh = s->rx_window / 4 ? s->rx_window / 4 : 1;
     if (++s->rd_consumed >= thresh) {
         pthread_mutex_lock(&s->mu);
@@ -552,6 +580,9 @@ static void drain_locked(struct vrpc_stream *s)
         }
         while ((n = smq_pop(&s->rd_used)))
             spare_put_locked(s, n);
+        if (s->rd_last) /* finish: its message is over */
+            spare_put_locked(s, s->rd_last);
+        s->rd_last = NULL;
         s->rx_unreported += s->rd_consumed;
         s->rd_consumed = 0;
     }
@@ -643,6 +674,7 @@ void vrpc_stream_free(struct vrpc_stream *s)
     struct smsg *n;
     while ((n = smq_pop(&s->rx)) || (n = smq_pop(&s->rx_hold)) || (n = smq_pop(&s->rd)) || (n = smq_pop(&s->rd_used)))
         free(n);
+    free(s->rd_last);
     while ((n = s->spare)) {
         s->spare = n->next;
         free(n);

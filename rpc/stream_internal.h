@@ -74,7 +74,8 @@ struct vrpc_stream {
     /* under mu: */
     struct smq rx;          /* received, not yet consumed */
     struct smq tx;          /* async writes waiting for window */
-    bool tx_busy;           /* the task is sending one taken off tx */
+    uint32_t tx_busy;       /* writes the task took off tx and has not yet run
+                               the callbacks of (outstanding, ahead of later writes) */
     struct smq rx_hold;     /* received behind a large MESSAGE being read */
     bool large_busy;        /* a large MESSAGE is being read (rpc/stream_large.c) */
     struct smsg *spare;     /* free nodes */
@@ -110,6 +111,9 @@ struct vrpc_stream {
      * messages it took off rx under one lock, the nodes it consumed and the
      * count it has not yet put into rx_unreported (rpc/stream.c, rd_flush). */
     struct smq rd, rd_used;
+    struct smsg *rd_last; /* the node of the message read returned last: its big
+                             bytes fields point into it (vrpc_stream_unpack_ref),
+                             so it is kept until the next read or finish */
     uint32_t rd_consumed;
     uint32_t rd_seq;     /* rx_seq when it last took rx */
     uint64_t rd_spin_ns; /* how long it spins for more before sleeping: 0 none */
@@ -178,6 +182,10 @@ int vrpc_stream_buf(struct vrpc_stream *s, bool msg, struct vrpc_buf **out);
 /* Send frame b (len bytes) of s, waiting as above while the credit queue is
  * full; b is the transport's on 0, back in its pool otherwise. */
 int vrpc_stream_send_buf(struct vrpc_stream *s, struct vrpc_buf *b, uint32_t len);
+/* The same for the frames wrs[0..n) in one vrpc_ep_send_list (the rest of
+ * the list again after each wait): 0, or the error that stopped it, with
+ * *sent the frames the transport took (the others back in their pool). */
+int vrpc_stream_send_list(struct vrpc_stream *s, const struct vrpc_send_wr *wrs, unsigned n, unsigned *sent);
 /* Return window if enough was consumed (or all of it, with force): s->mu
  * held, dropped while sending. True if it sent. */
 bool vrpc_stream_window_locked(struct vrpc_stream *s, bool force);
@@ -187,6 +195,12 @@ struct smsg *vrpc_stream_node_locked(struct vrpc_stream *s, uint32_t len);
 /* Unpack a node into the stream's arena (reset first) as type d. */
 int vrpc_stream_unpack(struct vrpc_stream *s, const ProtobufCMessageDescriptor *d, const struct smsg *n,
                        ProtobufCMessage **out);
+/* The same, but bytes fields of at least VRPC_PB_REF_MIN bytes point into
+ * the node instead of being copied (vrpc_pb_unpack_ref): for a message
+ * whose node outlives its use (a read callback's; a synchronous read's,
+ * held in rd_last). */
+int vrpc_stream_unpack_ref(struct vrpc_stream *s, const ProtobufCMessageDescriptor *d, struct smsg *n,
+                           ProtobufCMessage **out);
 
 /* Watch s->rx_seq (no lock held) until it differs from seq (true) or the
  * latency mode's window (at most max_ns) passed (false; at once with

@@ -291,7 +291,8 @@ static bool deliver_locked(struct vrpc_stream *s)
     struct smsg *n;
     while ((n = smq_pop(&batch))) {
         ProtobufCMessage *msg = NULL;
-        int rc = s->free_on_return ? 0 : vrpc_stream_unpack(s, s->m->output, n, &msg);
+        /* (n goes back to the spare list after the callback: msg may point into it) */
+        int rc = s->free_on_return ? 0 : vrpc_stream_unpack_ref(s, s->m->output, n, &msg);
         if (rc == 0 && !s->free_on_return) {
             cb_running = s;
             s->cbs.on_read(s, msg, s->cbs.arg);
@@ -335,6 +336,65 @@ static bool done_locked(struct vrpc_stream *s)
     return true;
 }
 
+/* Queued async writes handed to the transport in one vrpc_ep_send_list, at most. */
+#define TX_BATCH 32
+
+/* The frames of batch[0..k) in one list (no lock; the writes counted in
+ * tx_sent and tx_busy): the number the transport took; the stream failed if
+ * not all. */
+static unsigned tx_batch_send(struct vrpc_stream *s, struct smsg *const *batch, unsigned k)
+{
+    struct vrpc_send_wr wrs[TX_BATCH];
+    unsigned got = 0, sent = 0;
+    int rc = 0;
+    for (; got < k; got++) {
+        struct vrpc_buf *b;
+        if ((rc = vrpc_stream_buf(s, true, &b)))
+            break;
+        struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_MESSAGE, .request_id = s->id};
+        wrs[got] =
+            (struct vrpc_send_wr){.buf = b, .len = vrpc_rpc_frame_fill(b, &h, batch[got]->data, batch[got]->len)};
+    }
+    int src = got ? vrpc_stream_send_list(s, wrs, got, &sent) : 0;
+    if (rc || src)
+        vrpc_stream_fail(s, VRPC_UNAVAILABLE, "stream send failed");
+    return sent;
+}
+
+/* Several queued async writes at once (s->mu held, dropped while sending):
+ * when at least two small ones may go now (the server's window), they go in
+ * one vrpc_ep_send_list (one sendmsg on TCP instead of one each), then
+ * their callbacks run in order. True if it did. */
+static bool tx_batch_locked(struct vrpc_stream *s)
+{
+    if (s->ended || s->tx.n < 2 || s->tx_sent >= s->tx_allowed)
+        return false;
+    uint64_t room = s->tx_allowed - s->tx_sent;
+    uint32_t fits = vrpc_ep_eager_size(s->c->b.ep) - VRPC_WIRE_HDR_LEN;
+    struct smsg *batch[TX_BATCH];
+    unsigned k = 0;
+    for (struct smsg *n = s->tx.head; n && k < TX_BATCH && k < room && n->len <= fits; n = n->next)
+        k++;
+    if (k < 2)
+        return false; /* tx_one_locked */
+    for (unsigned i = 0; i < k; i++)
+        batch[i] = smq_pop(&s->tx);
+    s->tx_sent += k;
+    s->tx_busy += k;
+    pthread_mutex_unlock(&s->mu);
+    unsigned sent = tx_batch_send(s, batch, k);
+    for (unsigned i = 0; i < k; i++) {
+        batch[i]->cb(s, i < sent ? 0 : -EPIPE, batch[i]->arg);
+        pthread_mutex_lock(&s->mu);
+        s->tx_busy--;
+        spare_put_locked(s, batch[i]);
+        pthread_cond_broadcast(&s->cond); /* a write waiting behind them */
+        if (i + 1 < k)
+            pthread_mutex_unlock(&s->mu);
+    }
+    return true;
+}
+
 /* One queued async write (or, once all went, the half-close), with s->mu
  * held (dropped while sending). True if it did something. */
 static bool tx_one_locked(struct vrpc_stream *s)
@@ -344,7 +404,7 @@ static bool tx_one_locked(struct vrpc_stream *s)
         smq_pop(&s->tx);
         bool ended = s->ended;
         s->tx_sent++;
-        s->tx_busy = true; /* still outstanding, and ahead of any later write */
+        s->tx_busy++; /* still outstanding, and ahead of any later write */
         pthread_mutex_unlock(&s->mu);
         int rc = ended ? -EPIPE
                  : VRPC_WIRE_HDR_LEN + n->len > vrpc_ep_eager_size(s->c->b.ep)
@@ -354,7 +414,7 @@ static bool tx_one_locked(struct vrpc_stream *s)
             vrpc_stream_fail(s, VRPC_UNAVAILABLE, "stream send failed");
         n->cb(s, rc ? -EPIPE : 0, n->arg);
         pthread_mutex_lock(&s->mu);
-        s->tx_busy = false;
+        s->tx_busy--;
         spare_put_locked(s, n);
         pthread_cond_broadcast(&s->cond); /* a write waiting behind it */
         return true;
@@ -421,8 +481,8 @@ static void stream_task(struct vrpc_task *t)
     struct vrpc_stream *s = container_of(t, struct vrpc_stream, task);
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        if (deliver_locked(s) || tx_one_locked(s) || vrpc_stream_window_locked(s, s->draining) || done_locked(s) ||
-            release_locked(s) || linger_locked(s))
+        if (deliver_locked(s) || tx_batch_locked(s) || tx_one_locked(s) || vrpc_stream_window_locked(s, s->draining) ||
+            done_locked(s) || release_locked(s) || linger_locked(s))
             continue;
         break;
     }

@@ -578,6 +578,41 @@ int vrpc_ep_send(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t len, uint32_
     return ep->tp->ops->send(ep, buf, len, imm, wr_id, flags);
 }
 
+int vrpc_ep_send_list(struct vrpc_ep *ep, const struct vrpc_send_wr *wrs, unsigned n, unsigned flags, unsigned *sent)
+{
+    unsigned ok = 0, done = 0;
+    int rc = 0, bad = 0;
+    if (!sent && n > 1)
+        return -EINVAL;
+    if (sent)
+        *sent = 0;
+    if (!ep || (n && !wrs) || flags)
+        return -EINVAL;
+    /* the valid prefix goes to the backend; the first invalid one is refused after it */
+    for (; ok < n; ok++) {
+        if (!wrs[ok].buf || wrs[ok].len > wrs[ok].buf->cap) {
+            bad = -EINVAL;
+            break;
+        }
+        if (wrs[ok].len > ep->eager) {
+            bad = -EMSGSIZE;
+            break;
+        }
+    }
+    int (*list)(struct vrpc_ep *, const struct vrpc_send_wr *, unsigned, unsigned *) =
+        VRPC_TP_OP(ep->tp->ops, send_list);
+    if (ok && list) {
+        rc = list(ep, wrs, ok, &done);
+    } else {
+        for (; done < ok; done++)
+            if ((rc = ep->tp->ops->send(ep, wrs[done].buf, wrs[done].len, wrs[done].imm, wrs[done].wr_id, 0)))
+                break;
+    }
+    if (sent)
+        *sent = done;
+    return rc ? rc : bad;
+}
+
 int vrpc_ep_read(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t off, uint32_t len, uint64_t raddr, uint32_t rkey,
                  uint64_t wr_id)
 {

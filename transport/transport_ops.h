@@ -193,6 +193,10 @@ struct vrpc_transport_ops {
     /* vrpc_ep_grant_segs, with VRPC_TP_CAP_GATHER: arguments checked by the
      * core (n >= 1). */
     int (*grant_segs)(struct vrpc_ep *ep, const struct vrpc_seg *segs, unsigned n, uint32_t len, uint32_t *rkey);
+    /* vrpc_ep_send_list: n >= 1, every len checked by the core (<= cap and
+     * the eager size). The contract of transport.h (*sent accepted, the
+     * error of the next). Absent: the core loops over send. */
+    int (*send_list)(struct vrpc_ep *ep, const struct vrpc_send_wr *wrs, unsigned n, unsigned *sent);
 };
 
 /* The table's optional member m, or NULL when absent (beyond ops->size). */

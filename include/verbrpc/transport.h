@@ -461,6 +461,28 @@ VRPC_API int vrpc_connect(struct vrpc_transport *tp, const char *uri, const stru
 VRPC_API int vrpc_ep_send(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t len, uint32_t imm, uint64_t wr_id,
                           unsigned flags);
 
+/* One message of vrpc_ep_send_list: the arguments of one vrpc_ep_send. */
+struct vrpc_send_wr {
+    struct vrpc_buf *buf;
+    uint32_t len;
+    uint32_t imm;
+    uint64_t wr_id;
+};
+
+/* Send wrs[0..n) in this order, as n vrpc_ep_send calls from this thread
+ * would, in one operation (a doorbell batch): TCP admits them under one
+ * lock and writes them with one sendmsg; a backend without a list of its
+ * own gets a loop of single sends from the core. Nothing else changes:
+ * each message needs its credit and those without one queue (rule 5 of
+ * "Credits", bounded by max_queued), each accepted message has exactly one
+ * SEND completion, in order, and messages of other threads may come
+ * between them. Returns 0 when all n were accepted (n = 0 included); else
+ * the error of the first one refused, wrs[*sent] (vrpc_ep_send's: -EINVAL,
+ * -EMSGSIZE, -EAGAIN, -ENOTCONN): wrs[0..*sent) were accepted, the caller
+ * keeps wrs[*sent..n). sent may be NULL when n is 1. Never blocks. flags: 0. */
+VRPC_API int vrpc_ep_send_list(struct vrpc_ep *ep, const struct vrpc_send_wr *wrs, unsigned n, unsigned flags,
+                               unsigned *sent);
+
 /* Read len bytes (>= 1) from the peer's memory at raddr, key rkey (from the
  * peer's vrpc_ep_grant() on its end of this connection, or a REMOTE_READ MR's
  * rkey on verbs) into buf->data + off; buf->mr must be registered (pool or

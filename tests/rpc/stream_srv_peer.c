@@ -331,14 +331,21 @@ static void count_half_close(struct vrpc_server_stream *s, void *user)
 }
 static const struct vrpc_server_stream_ops count_ops = {count_start, count_read, count_half_close, on_cancel_finish};
 
-/* AsyncCount: as Count, with write_async, each callback queueing the next. */
+/* AsyncCount: as Count, with write_async, each callback queueing the next.
+ * A request seq of N | K << 32 (K >= 1) finishes from the K-th callback,
+ * with later writes still queued or handed over: every accepted write's
+ * callback must run before that finish returns, none after. */
 struct actx {
-    uint64_t n, queued, done;
+    uint64_t n, queued, done, stop_at;
+    bool in_finish;
 };
+unsigned long acount_late;           /* atomic: callbacks after an early finish returned */
+unsigned long acount_early_ok;       /* atomic: early finishes that returned with every callback run */
+static struct actx *acount_finished; /* the context of the last early finish (compared, never read) */
 static void acount_done(struct vrpc_server_stream *s, int rc, void *arg);
 static void acount_more(struct vrpc_server_stream *s, struct actx *a)
 {
-    while (a->queued < a->n) {
+    while (a->queued < a->n && !a->in_finish) {
         Vrpctest__EchoReply rep = VRPCTEST__ECHO_REPLY__INIT;
         rep.seq = a->queued;
         int rc = vrpc_server_stream_write_async(s, &rep.base, acount_done, a);
@@ -351,10 +358,23 @@ static void acount_more(struct vrpc_server_stream *s, struct actx *a)
 static void acount_done(struct vrpc_server_stream *s, int rc, void *arg)
 {
     struct actx *a = arg;
+    if (a == __atomic_load_n(&acount_finished, __ATOMIC_ACQUIRE)) {
+        __atomic_add_fetch(&acount_late, 1, __ATOMIC_RELAXED);
+        return;
+    }
     assert_int_equal(rc, 0);
-    if (++a->done == a->n) {
-        free(a);
+    ++a->done;
+    if (a->in_finish)
+        return;
+    if (a->done == a->n || a->done == a->stop_at) {
+        a->in_finish = true;
         vrpc_server_stream_finish(s, VRPC_OK, NULL, NULL, 0);
+        if (a->stop_at) {
+            if (a->done == a->queued)
+                __atomic_add_fetch(&acount_early_ok, 1, __ATOMIC_RELAXED);
+            __atomic_store_n(&acount_finished, a, __ATOMIC_RELEASE);
+        }
+        free(a);
         return;
     }
     acount_more(s, a);
@@ -364,7 +384,9 @@ static void acount_half_close(struct vrpc_server_stream *s, void *user)
 {
     (void)user;
     struct actx *a = calloc(1, sizeof(*a));
-    a->n = (uintptr_t)vrpc_server_stream_ctx(s);
+    uint64_t seq = (uintptr_t)vrpc_server_stream_ctx(s);
+    a->n = seq & 0xffffffffu;
+    a->stop_at = seq >> 32;
     vrpc_server_stream_set_ctx(s, a);
     acount_more(s, a);
 }

@@ -66,6 +66,7 @@ extern struct vrpc_method_desc m_echo, m_count, m_acount, m_bidi, m_sum, m_gate,
 extern int big_once_rc;    /* atomic: BigOnce's write outcome (1 until it returns) */
 extern unsigned gate_open; /* atomic: Gate's on_read and Echo mode 1 wait while 0 (at most 5 s) */
 extern unsigned n_cancel;  /* atomic: on_cancel calls */
+extern unsigned long acount_late, acount_early_ok; /* AsyncCount's early finish (see there) */
 void gate_wait(void);
 struct vrpc_server *srv_start(const struct vrpc_server_opts *o0, char *uri);
 /* the group's server (stream_window 4) */

@@ -324,6 +324,33 @@ static void t_async_writes(void **state)
     rc_close(&r);
 }
 
+/* A write callback finishes the stream while later writes are queued or
+ * already handed over together with its own: their callbacks all run before
+ * that finish returns (none after), and the client gets the messages sent,
+ * in order, then OK. */
+static void t_async_finish_early(void **state)
+{
+    (void)state;
+    struct rc r;
+    connect_g(&r, 1u << 20);
+    open_stream(&r, ID(5), m_acount.id, 0);
+    send_msg(&r, ID(5), 500 | 5ull << 32, VRPC_FF_END); /* 500 writes, finish from the 5th callback */
+    struct frame *end = take(&r, VRPC_FT_RESPONSE, ID(5), 10000);
+    assert_non_null(end);
+    assert_int_equal(end->h.status, VRPC_OK);
+    unsigned got = count(&r, VRPC_FT_MESSAGE, ID(5));
+    assert_true(got >= 5 && got <= 500);
+    for (uint64_t i = 0; i < got; i++) {
+        struct frame *m = take(&r, VRPC_FT_MESSAGE, ID(5), 100);
+        assert_non_null(m);
+        assert_int_equal(reply_seq(m), i);
+    }
+    usleep(50000); /* a late callback would come now */
+    assert_int_equal(__atomic_load_n(&acount_early_ok, __ATOMIC_RELAXED), 1);
+    assert_int_equal(__atomic_load_n(&acount_late, __ATOMIC_RELAXED), 0);
+    rc_close(&r);
+}
+
 /* Open a Gate stream on a fresh connection, with the gate closed so the
  * server's handler consumes nothing (no WINDOW comes back). */
 static void gate_stream(struct rc *r, uint64_t id)
@@ -737,6 +764,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(t_bidi_window_returned),
         cmocka_unit_test(t_client_streaming),
         cmocka_unit_test(t_async_writes),
+        cmocka_unit_test(t_async_finish_early),
         cmocka_unit_test(t_message_beyond_window),
         cmocka_unit_test(t_message_after_half_close),
         cmocka_unit_test(t_second_half_close),

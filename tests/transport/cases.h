@@ -24,6 +24,9 @@ void t_reads_with_small_sends(void **state);
 void t_revoke_during_read(void **state);
 /* abortive close */
 void t_abort(void **state);
+/* vrpc_ep_send_list (send_list.c) */
+void t_send_list_order(void **state);
+void t_send_list_refused(void **state);
 
 #define CONFORMANCE_CASES                                                                                              \
     cmocka_unit_test(t_credits_burst), cmocka_unit_test(t_pipelined_sizes), cmocka_unit_test(t_many_connections),      \
@@ -32,7 +35,8 @@ void t_abort(void **state);
         cmocka_unit_test(t_listener_close_pending), cmocka_unit_test(t_read_sizes),                                    \
         cmocka_unit_test(t_read_after_revoke), cmocka_unit_test(t_read_wrong_endpoint),                                \
         cmocka_unit_test(t_read_past_buffer), cmocka_unit_test(t_read_tail_zeroed),                                    \
-        cmocka_unit_test(t_reads_with_small_sends), cmocka_unit_test(t_revoke_during_read), cmocka_unit_test(t_abort),
+        cmocka_unit_test(t_reads_with_small_sends), cmocka_unit_test(t_revoke_during_read), cmocka_unit_test(t_abort), \
+        cmocka_unit_test(t_send_list_order), cmocka_unit_test(t_send_list_refused),
 
 /* Fair shares (fair.c): connection limit, credit timeout, eager minimum. */
 void t_fair_max_conns(void **state);

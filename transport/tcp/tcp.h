@@ -248,6 +248,7 @@ void vrpc_tcp_msg_flush_locked(struct tcp_ep *ep);
 void vrpc_tcp_msg_credit_send(struct vrpc_credit_ep *e);
 int vrpc_tcp_msg_send(struct vrpc_ep *base, struct vrpc_buf *b, uint32_t len, uint32_t imm, uint64_t wr_id,
                       unsigned flags);
+int vrpc_tcp_msg_send_list(struct vrpc_ep *base, const struct vrpc_send_wr *wrs, unsigned n, unsigned *sent);
 
 /* endpoints (tcp_ep.c): state, close/abort, teardown, idle timeouts */
 struct tcp_ep *vrpc_tcp_ep_alloc(struct vrpc_transport *tp, struct tcp_cq *cq, int fd, void *user, int refs);

@@ -1,10 +1,23 @@
 /* The TCP backend's messages: the frame header on each send, the endpoint's
- * tx queue written with one sendmsg (writev) from the calling thread, the
- * credit-only frame and the credit core's send hook. */
+ * tx queue written with one sendmsg (writev) from the calling thread (a
+ * send list's frames all in one), the credit-only frame and the credit
+ * core's send hook. */
 #define _GNU_SOURCE
 #include "transport/tcp/tcp.h"
 
 #define MAX_IOV 64
+
+/* Add b to a chain for the CQ's done list, newest first: the list is a
+ * LIFO the poller takes whole and reverses, so a chain pushed newest first
+ * comes out oldest first and an endpoint's SEND completions keep the order
+ * of its sends (as a verbs send queue's do). */
+static void chain_prepend(struct vrpc_buf **first, struct vrpc_buf **last, struct vrpc_buf *b)
+{
+    b->next = *first;
+    *first = b;
+    if (!*last)
+        *last = b;
+}
 
 /* tx_locked's last step, when nothing is left to write: EPOLLOUT stays armed
  * only for read jobs still to stream; a closing endpoint shuts its write side. */
@@ -85,12 +98,7 @@ void vrpc_tcp_msg_tx_locked(struct tcp_ep *ep)
                     container_of(b, struct tcp_rslot, req)->queued = false;
                 continue;
             }
-            if (last)
-                last->next = b;
-            else
-                first = b;
-            last = b;
-            b->next = NULL;
+            chain_prepend(&first, &last, b);
         }
         if ((size_t)w < want && ep->wq.head) {
             tcp_ep_set_pollout_locked(ep, true);
@@ -131,39 +139,78 @@ void vrpc_tcp_msg_credit_send(struct vrpc_credit_ep *e)
     pthread_mutex_unlock(&ep->lock);
 }
 
+/* One send of a caller, its fields set (lock held): admitted to the wire
+ * queue when a credit is at hand and nothing waits, else queued for
+ * credits (rule 5), or -EAGAIN when that queue is full. */
+static int send_one_locked(struct tcp_ep *ep, struct vrpc_buf *b)
+{
+    if (ep->waitq.head || !ep->send_credits) {
+        if (ep->nwait >= ep->max_queued)
+            return -EAGAIN;
+        if (!ep->waitq.head)
+            atomic_store_explicit(&ep->wait_ns, vrpc_tp_now_ns(), memory_order_relaxed);
+        ep->nwait++;
+        vrpc_tp_note_credit_wait(&ep->base);
+        tcp_fifo_push(&ep->waitq, b);
+        return 0;
+    }
+    tcp_msg_admit_locked(ep, b);
+    return 0;
+}
+
+static void send_prepare(struct tcp_ep *ep, struct vrpc_buf *b, uint32_t len, uint32_t imm, uint64_t wr_id)
+{
+    b->len = len;
+    b->priv[P_WRID] = wr_id;
+    tcp_cq_stage_fill(b, VRPC_WC_SEND, 0, ep, imm);
+}
+
 int vrpc_tcp_msg_send(struct vrpc_ep *base, struct vrpc_buf *b, uint32_t len, uint32_t imm, uint64_t wr_id,
                       unsigned flags)
 {
     struct tcp_ep *ep = container_of(base, struct tcp_ep, base);
-    bool idle;
-
-    b->len = len;
-    b->priv[P_WRID] = wr_id;
-    tcp_cq_stage_fill(b, VRPC_WC_SEND, 0, ep, imm);
+    (void)flags;
+    send_prepare(ep, b, len, imm, wr_id);
     pthread_mutex_lock(&ep->lock);
     if (atomic_load(&ep->state) != S_OPEN) {
         pthread_mutex_unlock(&ep->lock);
         return -ENOTCONN;
     }
-    if (ep->waitq.head || !ep->send_credits) {
-        if (ep->nwait >= ep->max_queued) {
-            pthread_mutex_unlock(&ep->lock);
-            return -EAGAIN;
-        }
-        if (!ep->waitq.head)
-            atomic_store_explicit(&ep->wait_ns, vrpc_tp_now_ns(), memory_order_relaxed);
-        ep->nwait++;
-        vrpc_tp_note_credit_wait(base);
-        tcp_fifo_push(&ep->waitq, b);
-        pthread_mutex_unlock(&ep->lock);
-        return 0;
-    }
-    idle = !ep->wq.head;
-    tcp_msg_admit_locked(ep, b);
-    if (idle)
+    /* a non-empty wire queue is being written by the poller (the socket
+     * was full): only an idle one is written from here */
+    bool idle = !ep->wq.head;
+    int rc = send_one_locked(ep, b);
+    if (idle && ep->wq.head)
         vrpc_tcp_msg_tx_locked(ep);
     pthread_mutex_unlock(&ep->lock);
-    return 0;
+    return rc;
+}
+
+/* vrpc_ep_send_list: every frame admitted (or queued for credits) under one
+ * acquisition of the lock, then one sendmsg for all of them (up to MAX_IOV
+ * frames per call) instead of one per frame. */
+int vrpc_tcp_msg_send_list(struct vrpc_ep *base, const struct vrpc_send_wr *wrs, unsigned n, unsigned *sent)
+{
+    struct tcp_ep *ep = container_of(base, struct tcp_ep, base);
+    unsigned i;
+    int rc = 0;
+    for (i = 0; i < n; i++)
+        send_prepare(ep, wrs[i].buf, wrs[i].len, wrs[i].imm, wrs[i].wr_id);
+    pthread_mutex_lock(&ep->lock);
+    if (atomic_load(&ep->state) != S_OPEN) {
+        pthread_mutex_unlock(&ep->lock);
+        *sent = 0;
+        return -ENOTCONN;
+    }
+    bool idle = !ep->wq.head;
+    for (i = 0; i < n; i++)
+        if ((rc = send_one_locked(ep, wrs[i].buf)))
+            break;
+    if (idle && ep->wq.head)
+        vrpc_tcp_msg_tx_locked(ep);
+    pthread_mutex_unlock(&ep->lock);
+    *sent = i;
+    return rc;
 }
 
 /* Move every queued send to the done list with -ECANCELED (lock held). */
@@ -183,11 +230,7 @@ void vrpc_tcp_msg_flush_locked(struct tcp_ep *ep)
             }
             tcp_cq_stage_fill(b, VRPC_WC_SEND, -ECANCELED, ep, 0);
             b->len = 0;
-            if (last)
-                last->next = b;
-            else
-                first = b;
-            last = b;
+            chain_prepend(&first, &last, b);
         }
     }
     ep->nwait = 0;

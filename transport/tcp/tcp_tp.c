@@ -51,6 +51,7 @@ const struct vrpc_transport_ops vrpc_tcp_ops = {
     .grant = vrpc_tcp_rma_grant,
     .revoke = vrpc_tcp_rma_revoke,
     .grant_segs = vrpc_tcp_rma_grant_segs,
+    .send_list = vrpc_tcp_msg_send_list,
     .close = vrpc_tcp_ep_close,
     .abort = vrpc_tcp_ep_abort,
     .ep_free = vrpc_tcp_ep_free,
