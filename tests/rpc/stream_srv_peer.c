@@ -432,6 +432,15 @@ static const struct vrpc_server_stream_ops gate_ops = {bidi_start, gate_read, NU
 /* Big: a large message (blocking write), a large one written async, a
  * small one; then OK. */
 static uint8_t big_payload[BIG];
+/* A reply carrying BIG bytes of 0xa7, sequence number 1. */
+static void big_reply(Vrpctest__EchoReply *rep)
+{
+    *rep = (Vrpctest__EchoReply)VRPCTEST__ECHO_REPLY__INIT;
+    memset(big_payload, 0xa7, sizeof big_payload);
+    rep->payload.data = big_payload;
+    rep->payload.len = sizeof big_payload;
+    rep->seq = 1;
+}
 static void big_done(struct vrpc_server_stream *s, int rc, void *arg)
 {
     (void)s, (void)arg;
@@ -440,11 +449,8 @@ static void big_done(struct vrpc_server_stream *s, int rc, void *arg)
 static void big_half_close(struct vrpc_server_stream *s, void *user)
 {
     (void)user;
-    Vrpctest__EchoReply rep = VRPCTEST__ECHO_REPLY__INIT;
-    memset(big_payload, 0xa7, sizeof big_payload);
-    rep.payload.data = big_payload;
-    rep.payload.len = sizeof big_payload;
-    rep.seq = 1;
+    Vrpctest__EchoReply rep;
+    big_reply(&rep);
     assert_int_equal(vrpc_server_stream_write(s, &rep.base), 0);
     rep.seq = 2;
     assert_int_equal(vrpc_server_stream_write_async(s, &rep.base, big_done, NULL), 0);
@@ -459,11 +465,8 @@ int big_once_rc = 1;
 static void big_once_half_close(struct vrpc_server_stream *s, void *user)
 {
     (void)user;
-    Vrpctest__EchoReply rep = VRPCTEST__ECHO_REPLY__INIT;
-    memset(big_payload, 0xa7, sizeof big_payload);
-    rep.payload.data = big_payload;
-    rep.payload.len = sizeof big_payload;
-    rep.seq = 1;
+    Vrpctest__EchoReply rep;
+    big_reply(&rep);
     __atomic_store_n(&big_once_rc, vrpc_server_stream_write(s, &rep.base), __ATOMIC_RELEASE);
     vrpc_server_stream_finish(s, VRPC_OK, NULL, NULL, 0);
 }
