@@ -180,8 +180,13 @@ void t_send_list_refused(void **state)
     /* the receiver holds its 4 buffers: credits run out, then the queue */
     list_build(&c, wrs, LIST_MAX, seq, m.eager);
     rc = vrpc_ep_send_list(ep, wrs, LIST_MAX, 0, &sent);
+    printf("  a list of %d against 4 held buffers: %u taken, then %d (max_queued %u)\n", LIST_MAX, sent, rc,
+           ca.max_queued);
     assert_int_equal(rc, -EAGAIN);
-    assert_true(sent >= ca.max_queued && sent < LIST_MAX);
+    /* -EAGAIN only once the credit queue is full: it holds max_queued, of
+     * which the 2 sends before may take some where the receiver's credits
+     * did not cover them (verbs with 4 buffers grants fewer than TCP) */
+    assert_true(sent + 2 >= ca.max_queued && sent < LIST_MAX);
     for (i = sent; i < LIST_MAX; i++)
         vrpc_pool_put(wrs[i].buf);
     seq += sent;
