@@ -37,6 +37,11 @@ struct vrpc_rpc_spin {
     uint64_t wait_ns, wait_cap_ns; /* vrpc_pending.spin_ns, spin_cap_ns */
 };
 void vrpc_rpc_spin_mode(bool no_spin, uint32_t spin_us, struct vrpc_rpc_spin *out);
+/* Watch *word (acquire loads, pause between looks) for up to window_ns until
+ * it is no longer seen; about every 64 looks the clock is read and the CPU
+ * yielded (the thread that will change the word may need it). True if it
+ * changed in time. Any thread. */
+bool vrpc_rpc_watch(const uint32_t *word, uint32_t seen, uint64_t window_ns);
 
 /* The calling thread's arenas for unpacking responses (created on first use,
  * freed at thread exit or vrpc_thread_release). NULL if out of memory.

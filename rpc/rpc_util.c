@@ -13,8 +13,24 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+#include "common/clock.h"
 #include "common/log_internal.h"
 #include "rpc/futex.h"
+
+bool vrpc_rpc_watch(const uint32_t *word, uint32_t seen, uint64_t window_ns)
+{
+    int64_t t0 = vrpc_clock_mono_ns();
+    for (uint32_t i = 1;; i++) {
+        if (__atomic_load_n(word, __ATOMIC_ACQUIRE) != seen)
+            return true;
+        __builtin_ia32_pause();
+        if (i % 64 == 0) {
+            if ((uint64_t)(vrpc_clock_mono_ns() - t0) >= window_ns)
+                return false;
+            sched_yield();
+        }
+    }
+}
 
 /* Two arenas per thread: one for synchronous calls' responses, one for async
  * callbacks' (on workers). A vrpc_call made inside a callback unpacks into

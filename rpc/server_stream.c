@@ -7,9 +7,7 @@
  * the asynchronous writes waiting for it. The end is exactly once, by the
  * call's claim (the application's finish) or detach (deadline, CANCEL,
  * connection loss, a per-stream error of the client). */
-#define _GNU_SOURCE
 #include <errno.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -390,15 +388,7 @@ static bool linger_locked(struct vrpc_server_stream *st)
         return false;
     uint32_t seq = st->kick_seq;
     pthread_mutex_unlock(&st->lock);
-    int64_t t0 = vrpc_now_ns();
-    for (uint32_t i = 1; __atomic_load_n(&st->kick_seq, __ATOMIC_ACQUIRE) == seq; i++) {
-        __builtin_ia32_pause();
-        if (i % 64 == 0) {
-            if ((uint64_t)(vrpc_now_ns() - t0) >= st->linger_ns)
-                break;
-            sched_yield();
-        }
-    }
+    vrpc_rpc_watch(&st->kick_seq, seq, st->linger_ns);
     pthread_mutex_lock(&st->lock);
     return st->kick_seq != seq; /* under the lock: a kick just after the spin is seen */
 }

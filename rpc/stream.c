@@ -489,8 +489,6 @@ static void rd_flush_locked(struct vrpc_stream *s)
         vrpc_stream_kick_locked(s, false);
 }
 
-#define SPIN_CHECK 64
-
 /* Before sleeping for more, the reader watches rx_seq for the latency
  * mode's fixed window (the synchronous caller's, vrpc_pending.spin_ns; none
  * with no_spin, or on the CPU of a pinned poller, as vrpc_pending_wait):
@@ -506,17 +504,7 @@ bool vrpc_stream_spin(const struct vrpc_stream *s, uint32_t seq, uint64_t max_ns
     uint64_t win = s->rd_spin_ns < max_ns ? s->rd_spin_ns : max_ns;
     if (!win || (s->rd_poller_cpu >= 0 && sched_getcpu() == s->rd_poller_cpu))
         return false;
-    int64_t t0 = vrpc_clock_mono_ns();
-    for (uint32_t i = 1;; i++) {
-        if (__atomic_load_n(&s->rx_seq, __ATOMIC_ACQUIRE) != seq)
-            return true;
-        __builtin_ia32_pause();
-        if (i % SPIN_CHECK == 0) {
-            if ((uint64_t)(vrpc_clock_mono_ns() - t0) >= win)
-                return false;
-            sched_yield();
-        }
-    }
+    return vrpc_rpc_watch(&s->rx_seq, seq, win);
 }
 
 /* The reader takes every received message under one lock acquisition

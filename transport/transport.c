@@ -569,13 +569,21 @@ void vrpc_ep_unref(struct vrpc_ep *ep)
         ep->tp->ops->ep_free(ep);
 }
 
+/* What vrpc_ep_send and each element of vrpc_ep_send_list refuse before the
+ * backend sees them (ep checked by the caller). */
+static int send_check(const struct vrpc_ep *ep, const struct vrpc_buf *buf, uint32_t len)
+{
+    if (!buf || len > buf->cap)
+        return -EINVAL;
+    return len > ep->eager ? -EMSGSIZE : 0;
+}
+
 int vrpc_ep_send(struct vrpc_ep *ep, struct vrpc_buf *buf, uint32_t len, uint32_t imm, uint64_t wr_id, unsigned flags)
 {
-    if (!ep || !buf || len > buf->cap || flags)
+    if (!ep || flags)
         return -EINVAL;
-    if (len > ep->eager)
-        return -EMSGSIZE;
-    return ep->tp->ops->send(ep, buf, len, imm, wr_id, flags);
+    int rc = send_check(ep, buf, len);
+    return rc ? rc : ep->tp->ops->send(ep, buf, len, imm, wr_id, flags);
 }
 
 int vrpc_ep_send_list(struct vrpc_ep *ep, const struct vrpc_send_wr *wrs, unsigned n, unsigned flags, unsigned *sent)
@@ -589,16 +597,8 @@ int vrpc_ep_send_list(struct vrpc_ep *ep, const struct vrpc_send_wr *wrs, unsign
     if (!ep || (n && !wrs) || flags)
         return -EINVAL;
     /* the valid prefix goes to the backend; the first invalid one is refused after it */
-    for (; ok < n; ok++) {
-        if (!wrs[ok].buf || wrs[ok].len > wrs[ok].buf->cap) {
-            bad = -EINVAL;
-            break;
-        }
-        if (wrs[ok].len > ep->eager) {
-            bad = -EMSGSIZE;
-            break;
-        }
-    }
+    for (; ok < n && !(bad = send_check(ep, wrs[ok].buf, wrs[ok].len)); ok++)
+        ;
     int (*list)(struct vrpc_ep *, const struct vrpc_send_wr *, unsigned, unsigned *) =
         VRPC_TP_OP(ep->tp->ops, send_list);
     if (ok && list) {
