@@ -95,6 +95,16 @@ bool trailer_u64(const struct vrpc_stream *s, const char *key, uint64_t *v);
 
 /* Resident set of this process, bytes. */
 size_t rss_bytes(void);
+/* Heap bytes allocated and not yet freed (the sanitizer's allocator count
+ * under ASan/TSan, glibc's mallinfo2 otherwise). */
+size_t heap_bytes(void);
+/* RSS is the process's memory only without TSan (its shadow and sync
+ * objects grow with every new address touched). */
+#ifdef __SANITIZE_THREAD__
+#define RSS_MEANINGFUL 0
+#else
+#define RSS_MEANINGFUL 1
+#endif
 
 /* A child: this program with --child ROLE ARG; its first stdout line is
  * returned in line (e.g. the server's URI). Returns the pid. */
