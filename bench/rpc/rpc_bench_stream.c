@@ -122,6 +122,17 @@ static void s_start(struct vrpc_server_stream *s, void *user)
     vrpc_server_stream_set_ctx(s, c);
 }
 
+static void echoed(struct vrpc_server_stream *s, int rc, void *arg)
+{
+    (void)s;
+    struct sctx *c = arg;
+    if (rc != 0) {
+        pthread_mutex_lock(&c->mu);
+        c->stop = true;
+        pthread_mutex_unlock(&c->mu);
+    }
+}
+
 static void s_read(struct vrpc_server_stream *s, const ProtobufCMessage *msg, void *user)
 {
     (void)user;
@@ -138,9 +149,18 @@ static void s_read(struct vrpc_server_stream *s, const ProtobufCMessage *msg, vo
     Vrpctest__EchoReply rep = VRPCTEST__ECHO_REPLY__INIT;
     rep.seq = r->seq;
     rep.payload = r->payload;
+    /* As stream.h advises handlers that stream a lot: write_async (packed
+     * before it returns; the worker sends what its callbacks queued as one
+     * list), the blocking write only when VRPC_STREAM_ASYNC_WRITES_MAX are
+     * outstanding. */
     pthread_mutex_lock(&c->mu);
-    if (!c->finished && vrpc_server_stream_write(s, &rep.base) != 0)
-        c->stop = true;
+    if (!c->finished) {
+        int rc = vrpc_server_stream_write_async(s, &rep.base, echoed, c);
+        if (rc == -EAGAIN)
+            rc = vrpc_server_stream_write(s, &rep.base);
+        if (rc != 0)
+            c->stop = true;
+    }
     pthread_mutex_unlock(&c->mu);
 }
 
