@@ -486,6 +486,7 @@ int verbs_cq_post_recv(struct vrpc_cq *base, struct vrpc_buf *const *bufs, const
 /* verbs_msg.c: messages (send path, credit-only messages, the credit hook) */
 void verbs_msg_credit_send(struct vrpc_credit_ep *e);
 void verbs_msg_send_credit_locked(struct vep *ep);
+int verbs_msg_send_list(struct vrpc_ep *base, const struct vrpc_send_wr *wrs, unsigned n, unsigned *sent);
 int verbs_msg_send(struct vrpc_ep *base, struct vrpc_buf *buf, uint32_t len, uint32_t imm, uint64_t wr_id,
                    unsigned flags);
 
@@ -584,6 +585,49 @@ static inline bool verbs_ep_sq_idle_locked(const struct vep *ep)
     return ep->head == ep->tail && !ep->rd_inflight && !ep->rq_head && !ep->mw_inflight;
 }
 
+/* One message's work request (ep->lock): the header carries the credits we
+ * owe (all of them go on the first message that asks), the k-th message
+ * after those already on the ring gets the k-th ring slot's sequence number,
+ * small ones go inline. Selective signalling: a signalled completion retires
+ * every earlier send of the QP; signal every sig_every, when nothing follows
+ * (more false), and before the ring could fill. */
+static inline void verbs_msg_wr_fill(struct vep *ep, struct ibv_send_wr *wr, struct ibv_sge *sge, struct hdr *h,
+                                     uint32_t lkey, uint32_t len, uint32_t imm, bool ctl, uint32_t k, bool more)
+{
+    h->credits = htons((uint16_t)atomic_exchange(&ep->cr.credit_ret, 0));
+    h->flags = htons(ctl ? HDR_CREDIT_ONLY : 0);
+    h->ctl_seen = htonl(atomic_load(&ep->ctl_rcvd));
+    memset(wr, 0, sizeof(*wr));
+    sge->addr = (uintptr_t)h;
+    sge->length = HDR_LEN + len;
+    sge->lkey = lkey;
+    wr->wr_id = (ep->seq_head + verbs_msg_ring_used(ep) + k) << WRID_SEQ_SHIFT;
+    wr->sg_list = sge;
+    wr->num_sge = 1;
+    wr->opcode = IBV_WR_SEND_WITH_IMM;
+    wr->imm_data = htonl(imm);
+    if (sge->length <= ep->max_inline)
+        wr->send_flags |= IBV_SEND_INLINE;
+    if (!more || ep->unsignaled + 1 >= ep->sig_every || verbs_msg_ring_used(ep) + k + 2 > ep->ring_mask) {
+        wr->send_flags |= IBV_SEND_SIGNALED;
+        ep->unsignaled = 0;
+    } else {
+        ep->unsignaled++;
+    }
+}
+
+/* A posted message onto the ring (ep->lock), in posting order. */
+static inline void verbs_msg_ring_push(struct vep *ep, struct vrpc_buf *buf, uint64_t wr_id)
+{
+    ep->ring[ep->tail & ep->ring_mask] = (struct sent){.buf = buf, .wr_id = wr_id};
+    ep->tail++;
+    if (buf)
+        ep->credits--;
+    else
+        ep->ctl_sent++;
+}
+
+/* One message (buf NULL: a credit-only one), one ibv_post_send. */
 static inline int verbs_msg_post_locked(struct vep *ep, struct vrpc_buf *buf, uint32_t len, uint32_t imm,
                                         uint64_t wr_id, bool more)
 {
@@ -591,29 +635,7 @@ static inline int verbs_msg_post_locked(struct vep *ep, struct vrpc_buf *buf, ui
     struct ibv_sge sge;
     struct hdr ctl, *h = buf ? (struct hdr *)((char *)buf->data - HDR_LEN) : &ctl;
     int rc;
-    h->credits = htons((uint16_t)atomic_exchange(&ep->cr.credit_ret, 0));
-    h->flags = htons(buf ? 0 : HDR_CREDIT_ONLY);
-    h->ctl_seen = htonl(atomic_load(&ep->ctl_rcvd));
-    memset(&wr, 0, sizeof(wr));
-    sge.addr = (uintptr_t)h;
-    sge.length = HDR_LEN + len;
-    sge.lkey = buf ? buf->mr->lkey : 0;
-    wr.wr_id = (ep->seq_head + verbs_msg_ring_used(ep)) << WRID_SEQ_SHIFT;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = IBV_WR_SEND_WITH_IMM;
-    wr.imm_data = htonl(imm);
-    if (sge.length <= ep->max_inline)
-        wr.send_flags |= IBV_SEND_INLINE;
-    /* selective signalling: a signalled completion retires every earlier
-	 * send of the QP; signal every sig_every, when nothing follows, and
-	 * before the ring could fill */
-    if (!more || ep->unsignaled + 1 >= ep->sig_every || verbs_msg_ring_used(ep) + 2 > ep->ring_mask) {
-        wr.send_flags |= IBV_SEND_SIGNALED;
-        ep->unsignaled = 0;
-    } else {
-        ep->unsignaled++;
-    }
+    verbs_msg_wr_fill(ep, &wr, &sge, h, buf ? buf->mr->lkey : 0, len, imm, !buf, 0, more);
     rc = ibv_post_send(ep->qp, &wr, &bad);
     TRACE("verbs: post qpn %u len %u credits %u ret %u ctl %d rc %d", ep->qpn, len, ep->credits, ntohs(h->credits),
           !buf, rc);
@@ -621,13 +643,51 @@ static inline int verbs_msg_post_locked(struct vep *ep, struct vrpc_buf *buf, ui
         atomic_fetch_add(&ep->cr.credit_ret, ntohs(h->credits));
         return verbs_err_pos(rc);
     }
-    ep->ring[ep->tail & ep->ring_mask] = (struct sent){.buf = buf, .wr_id = wr_id};
-    ep->tail++;
-    if (buf)
-        ep->credits--;
-    else
-        ep->ctl_sent++;
+    verbs_msg_ring_push(ep, buf, wr_id);
     return 0;
+}
+
+/* Doorbell batching: at most this many messages per ibv_post_send. */
+#define VERBS_POST_LIST_MAX 32
+
+/* wrs[0..k) (1 <= k <= VERBS_POST_LIST_MAX, each with a credit and a ring
+ * slot: the caller checked) as one chain of work requests, one
+ * ibv_post_send: one doorbell (on rxe one system call) instead of k. more:
+ * another message is posted right after the last. *posted: how many went
+ * (all of them on 0; on an error those before the provider's bad_wr). */
+static inline int verbs_msg_post_list_locked(struct vep *ep, const struct vrpc_send_wr *wrs, unsigned k, bool more,
+                                             unsigned *posted)
+{
+    struct ibv_send_wr wr[VERBS_POST_LIST_MAX], *bad = NULL;
+    struct ibv_sge sge[VERBS_POST_LIST_MAX];
+    unsigned i, ok;
+    int rc;
+    for (i = 0; i < k; i++) {
+        struct vrpc_buf *b = wrs[i].buf;
+        verbs_msg_wr_fill(ep, &wr[i], &sge[i], (struct hdr *)((char *)b->data - HDR_LEN), b->mr->lkey, wrs[i].len,
+                          wrs[i].imm, false, i, i + 1 < k || more);
+        wr[i].next = i + 1 < k ? &wr[i + 1] : NULL;
+    }
+    rc = ibv_post_send(ep->qp, wr, &bad);
+    ok = !rc ? k : (bad >= wr && bad < wr + k) ? (unsigned)(bad - wr) : 0;
+    TRACE("verbs: post list qpn %u n %u posted %u credits %u rc %d", ep->qpn, k, ok, ep->credits, rc);
+    for (i = 0; i < ok; i++)
+        verbs_msg_ring_push(ep, wrs[i].buf, wrs[i].wr_id);
+    for (i = ok; i < k; i++) { /* the credits the unposted headers were to carry */
+        struct hdr *h = (struct hdr *)((char *)wrs[i].buf->data - HDR_LEN);
+        atomic_fetch_add(&ep->cr.credit_ret, ntohs(h->credits));
+    }
+    *posted = ok;
+    return rc ? verbs_err_pos(rc) : 0;
+}
+
+/* How many messages may be posted now: credits and ring room, at most max. */
+static inline unsigned verbs_msg_room(const struct vep *ep, unsigned max)
+{
+    uint32_t room = ep->ring_mask - verbs_msg_ring_used(ep);
+    if (room > ep->credits)
+        room = ep->credits;
+    return room < max ? room : max;
 }
 
 /* Graceful close: once every send accepted before vrpc_ep_close() has been
@@ -672,15 +732,26 @@ static inline void verbs_msg_pump_locked(struct vep *ep)
 {
     if (ep->state != S_OPEN && ep->state != S_CLOSING)
         return;
-    while (ep->wq_head && verbs_msg_can_post(ep)) {
+    /* the queue in chains: one doorbell per VERBS_POST_LIST_MAX messages */
+    while (ep->wq_head) {
+        struct vrpc_send_wr wrs[VERBS_POST_LIST_MAX];
+        unsigned k = verbs_msg_room(ep, VERBS_POST_LIST_MAX), n = 0, posted;
         struct vrpc_buf *b = ep->wq_head;
-        bool more = b->next && ep->credits > 1;
-        if (verbs_msg_post_locked(ep, b, b->len, (uint32_t)b->priv[1], b->priv[0], more))
-            return;
-        ep->wq_head = b->next;
+        for (; b && n < k; b = b->next, n++)
+            wrs[n] = (struct vrpc_send_wr){b, b->len, (uint32_t)b->priv[1], b->priv[0]};
+        if (!n)
+            break;
+        /* another chain follows at once only if a message, credit and slot are left */
+        bool more = b && ep->credits > n && verbs_msg_ring_used(ep) + n < ep->ring_mask;
+        int rc = verbs_msg_post_list_locked(ep, wrs, n, more, &posted);
+        for (unsigned i = 0; i < posted; i++) {
+            ep->wq_head = ep->wq_head->next;
+            ep->nwait--;
+        }
         if (!ep->wq_head)
             ep->wq_tail = NULL;
-        ep->nwait--;
+        if (rc)
+            return;
     }
     if (ep->wq_head || atomic_load_explicit(&ep->wait_ns, memory_order_relaxed))
         verbs_msg_wait_clock_locked(ep, false);

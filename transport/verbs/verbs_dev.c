@@ -351,6 +351,7 @@ const struct vrpc_transport_ops vrpc_verbs_ops = {
     .listener_destroy = verbs_cm_listener_destroy,
     .connect = verbs_cm_connect,
     .send = verbs_msg_send,
+    .send_list = verbs_msg_send_list,
     .read = verbs_rma_read,
     .grant = verbs_mw_grant,
     .revoke = verbs_mw_revoke,

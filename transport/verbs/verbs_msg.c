@@ -28,6 +28,21 @@ void verbs_msg_send_credit_locked(struct vep *ep)
         ep->pending_ctl_min = 0;
 }
 
+/* Queue one accepted message that waits for a credit or a ring slot (lock
+ * held; the caller checked nwait < max_queued). */
+static void wait_enqueue_locked(struct vep *ep, struct vrpc_buf *buf, uint32_t imm, uint64_t wr_id)
+{
+    buf->priv[0] = wr_id;
+    buf->priv[1] = imm;
+    buf->next = NULL;
+    if (ep->wq_tail)
+        ep->wq_tail->next = buf;
+    else
+        ep->wq_head = buf;
+    ep->wq_tail = buf;
+    ep->nwait++;
+}
+
 int verbs_msg_send(struct vrpc_ep *base, struct vrpc_buf *buf, uint32_t len, uint32_t imm, uint64_t wr_id,
                    unsigned flags)
 {
@@ -43,15 +58,7 @@ int verbs_msg_send(struct vrpc_ep *base, struct vrpc_buf *buf, uint32_t len, uin
     } else if (ep->nwait >= ep->max_queued) {
         rc = -EAGAIN;
     } else {
-        buf->priv[0] = wr_id;
-        buf->priv[1] = imm;
-        buf->next = NULL;
-        if (ep->wq_tail)
-            ep->wq_tail->next = buf;
-        else
-            ep->wq_head = buf;
-        ep->wq_tail = buf;
-        ep->nwait++;
+        wait_enqueue_locked(ep, buf, imm, wr_id);
         if (!atomic_load_explicit(&ep->wait_ns, memory_order_relaxed))
             verbs_msg_wait_clock_locked(ep, false);
         vrpc_tp_note_credit_wait(base);
@@ -59,5 +66,49 @@ int verbs_msg_send(struct vrpc_ep *base, struct vrpc_buf *buf, uint32_t len, uin
     TRACE("verbs: send qpn %u len %u state %d credits %u nwait %u rc %d", ep->qpn, len, ep->state, ep->credits,
           ep->nwait, rc);
     pthread_mutex_unlock(&ep->lock);
+    return rc;
+}
+
+/* vrpc_ep_send_list: what credits and ring slots allow goes as chains of
+ * work requests, one ibv_post_send each (doorbell batching); the rest waits
+ * for credits as single sends do, in order. */
+int verbs_msg_send_list(struct vrpc_ep *base, const struct vrpc_send_wr *wrs, unsigned n, unsigned *sent)
+{
+    struct vep *ep = container_of(base, struct vep, base);
+    unsigned i = 0, queued = 0;
+    int rc = 0;
+    for (unsigned j = 0; j < n; j++)
+        wrs[j].buf->len = wrs[j].len;
+    pthread_mutex_lock(&ep->lock);
+    if (ep->state != S_OPEN) {
+        rc = -ENOTCONN;
+    } else {
+        while (i < n && !ep->wq_head) {
+            unsigned k = verbs_msg_room(ep, n - i < VERBS_POST_LIST_MAX ? n - i : VERBS_POST_LIST_MAX), posted;
+            if (!k)
+                break;
+            bool more = i + k < n && ep->credits > k && verbs_msg_ring_used(ep) + k < ep->ring_mask;
+            rc = verbs_msg_post_list_locked(ep, wrs + i, k, more, &posted);
+            i += posted;
+            if (rc)
+                break;
+        }
+        for (; !rc && i < n; i++, queued++) {
+            if (ep->nwait >= ep->max_queued) {
+                rc = -EAGAIN;
+                break;
+            }
+            wait_enqueue_locked(ep, wrs[i].buf, wrs[i].imm, wrs[i].wr_id);
+        }
+        if (queued) {
+            if (!atomic_load_explicit(&ep->wait_ns, memory_order_relaxed))
+                verbs_msg_wait_clock_locked(ep, false);
+            vrpc_tp_note_credit_wait(base);
+        }
+    }
+    TRACE("verbs: send list qpn %u n %u accepted %u queued %u credits %u rc %d", ep->qpn, n, i, queued, ep->credits,
+          rc);
+    pthread_mutex_unlock(&ep->lock);
+    *sent = i;
     return rc;
 }
