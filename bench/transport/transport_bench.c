@@ -7,7 +7,9 @@
  * one thread that sleeps in the kernel between messages, exactly like the
  * blocking-socket baseline (busy-poll variants are reported separately).
  * Message rate: 1 or 2 sender threads, one endpoint each, to a server that
- * reposts every buffer; counted at the receiver. */
+ * reposts every buffer; counted at the receiver. The _list variants (one
+ * thread) send up to LIST_N messages per vrpc_ep_send_list (on verbs one
+ * chain of work requests, one ibv_post_send: doorbell batching). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -275,7 +277,10 @@ struct sender {
     struct vrpc_ep *ep;
     atomic_int *stop;
     unsigned long sent;
+    bool list; /* vrpc_ep_send_list, LIST_N at a time */
 };
+
+#define LIST_N 16
 
 static void rate_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, void *arg)
 {
@@ -286,9 +291,36 @@ static void rate_cb(struct vrpc_cq *cq, const struct vrpc_wc *wc, unsigned n, vo
             vrpc_pool_put(wc[i].buf);
 }
 
+/* As sender_main, LIST_N messages per vrpc_ep_send_list. */
+static void sender_list(struct sender *x)
+{
+    struct vrpc_send_wr wrs[LIST_N];
+    while (!atomic_load_explicit(x->stop, memory_order_relaxed)) {
+        unsigned n = 0, sent = 0;
+        for (; n < LIST_N; n++) {
+            struct vrpc_buf *b = vrpc_pool_get(x->pool);
+            if (!b)
+                break;
+            memset(b->data, 0x33, x->size);
+            wrs[n] = (struct vrpc_send_wr){b, x->size, 0, 0};
+        }
+        if (n)
+            vrpc_ep_send_list(x->ep, wrs, n, 0, &sent);
+        x->sent += sent;
+        for (unsigned i = sent; i < n; i++)
+            vrpc_pool_put(wrs[i].buf);
+        if (sent < LIST_N)
+            sched_yield();
+    }
+}
+
 static void *sender_main(void *arg)
 {
     struct sender *x = arg;
+    if (x->list) {
+        sender_list(x);
+        return NULL;
+    }
     while (!atomic_load_explicit(x->stop, memory_order_relaxed)) {
         struct vrpc_buf *b = vrpc_pool_get(x->pool);
         if (!b) {
@@ -306,7 +338,7 @@ static void *sender_main(void *arg)
     return NULL;
 }
 
-static void bench_rate(uint32_t size, unsigned nthreads, const char *name)
+static void bench_rate(uint32_t size, unsigned nthreads, bool list, const char *name)
 {
     struct server s;
     struct sender x[2];
@@ -321,6 +353,7 @@ static void bench_rate(uint32_t size, unsigned nthreads, const char *name)
         memset(&x[i], 0, sizeof x[i]);
         x[i].size = size;
         x[i].stop = &stop;
+        x[i].list = list;
         client_open(&x[i].tp, &x[i].cq, &x[i].pool, rate_cb, &x[i], 0, s.uri, &x[i].ep);
     }
     for (unsigned i = 0; i < nthreads; i++)
@@ -334,7 +367,8 @@ static void bench_rate(uint32_t size, unsigned nthreads, const char *name)
     atomic_store(&stop, 1);
     for (unsigned i = 0; i < nthreads; i++)
         pthread_join(th[i], NULL);
-    snprintf(extra, sizeof extra, "\"backend\":\"%s\",\"size\":%u,\"threads\":%u", g.backend, size, nthreads);
+    snprintf(extra, sizeof extra, "\"backend\":\"%s\",\"size\":%u,\"threads\":%u,\"list\":%u", g.backend, size,
+             nthreads, list ? LIST_N : 1u);
     vrpc_bench_report(&g.o, name, (double)(r1 - r0) * 1e9 / (double)(t1 - t0), VRPC_BENCH_NONE, VRPC_BENCH_NONE, extra);
     for (unsigned i = 0; i < nthreads; i++) {
         vrpc_ep_destroy(x[i].ep);
@@ -617,9 +651,13 @@ int main(int argc, char **argv)
     baseline_stream(4096, "baseline:tcp_stream_4KiB");
     for (unsigned t = 1; t <= 2; t++) {
         snprintf(name, sizeof name, "transport:%s_rate_32B_%ut", g.backend, t);
-        bench_rate(32, t, name);
+        bench_rate(32, t, false, name);
         snprintf(name, sizeof name, "transport:%s_rate_4KiB_%ut", g.backend, t);
-        bench_rate(4096, t, name);
+        bench_rate(4096, t, false, name);
     }
+    snprintf(name, sizeof name, "transport:%s_rate_list_32B_1t", g.backend);
+    bench_rate(32, 1, true, name);
+    snprintf(name, sizeof name, "transport:%s_rate_list_4KiB_1t", g.backend);
+    bench_rate(4096, 1, true, name);
     return 0;
 }
