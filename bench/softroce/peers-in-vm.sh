@@ -72,6 +72,7 @@ verbrpc_round() { # MODE ARGS...: the transport, then the RPC echo
         --rounds 1 --busy-us 1000 >"$out/tb" 2>>"$out/err"
     keep "tp_pingpong_rtt_us" "$(field "$out/tb" transport:verbs_pingpong_32B_busypoll p50_us)"
     keep "tp_rate_32_msgs" "$(field "$out/tb" transport:verbs_rate_32B_1t ops_per_s)"
+    keep "tp_rate_list_32_msgs" "$(field "$out/tb" transport:verbs_rate_list_32B_1t ops_per_s)"
     "$BUILD/bench/rpc/rpc_bench" --backend verbs --json --rounds 1 --duration-ms 1000 "$@" >"$out/rb" 2>>"$out/err"
     keep "${mode}_echo_out1_p50_us" "$(field "$out/rb" rpc:echo_32_out1 p50_us)"
     keep "${mode}_echo_out64_calls" "$(field "$out/rb" rpc:echo_32_out64 ops_per_s)"
@@ -93,7 +94,7 @@ lat=$(median ib_send_lat_rtt_us) fp=$(median fi_pingpong_rtt_us) bw=$(median ib_
 echo
 echo "== medians of $ROUNDS rounds (round trips in us, rates in messages or calls per second)"
 for s in ib_send_lat_rtt_us fi_pingpong_rtt_us fi_rdm_pingpong_rtt_us tp_pingpong_rtt_us \
-    default_echo_out1_p50_us latency_echo_out1_p50_us ib_send_bw_32_msgs ib_send_bw_4096_msgs tp_rate_32_msgs \
+    default_echo_out1_p50_us latency_echo_out1_p50_us ib_send_bw_32_msgs ib_send_bw_4096_msgs tp_rate_32_msgs tp_rate_list_32_msgs \
     default_echo_out64_calls latency_echo_out64_calls; do
     printf '  %-28s %s\n' "$s" "$(median "$s")"
 done
@@ -106,5 +107,6 @@ for mode in latency default; do
     echo "  $mode: RPC calls/s at 64 out / ib_send_bw msgs/s $(ratio "$e64" "$bw") (target >= 0.4)"
 done
 echo "  transport 32 B one-way rate / ib_send_bw $(ratio "$(median tp_rate_32_msgs)" "$bw") (target >= 0.8)"
+echo "  transport 32 B one-way rate, 16 per vrpc_ep_send_list / ib_send_bw $(ratio "$(median tp_rate_list_32_msgs)" "$bw")"
 [[ -s $out/err ]] && { echo "== stderr of our benchmarks (last lines)"; tail -5 "$out/err"; }
 exit 0
