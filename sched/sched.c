@@ -275,7 +275,6 @@ static struct vrpc_task *take_from_producers(struct vrpc_worker *w)
     do {
         uint64_t avail = vrpc_ring_size(&p->ring);
         bool streaming = false;
-#ifndef NO_LAG
         /* The last looks found tasks every time, and less than a slot line
          * is queued: the producer is submitting as fast as we take. Let it
          * fill the line before we read it, rather than pull its lines over
@@ -289,7 +288,6 @@ static struct vrpc_task *take_from_producers(struct vrpc_worker *w)
                 avail = vrpc_ring_size(&p->ring);
             }
         }
-#endif
         if (avail) {
             /* All that is queued, up to BATCH: what this worker does not run
              * at once goes on its deque, where idle workers steal it, so the
