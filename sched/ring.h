@@ -18,7 +18,8 @@
  * Thread contract:
  *  - vrpc_ring_push(): the ring's one producer thread at a time (ownership may
  *    move between threads only through a lock or other happens-before edge).
- *  - vrpc_ring_pop_batch(), vrpc_ring_pop_batch_lines(), vrpc_ring_size():
+ *  - vrpc_ring_pop_batch(), vrpc_ring_pop_batch_lines(), vrpc_ring_size(),
+ *    vrpc_ring_size_want():
  *    any thread.
  *  - vrpc_inject_push(): any thread. vrpc_inject_take_all(): any thread. */
 #ifndef VRPC_SCHED_RING_H
@@ -167,16 +168,20 @@ static inline unsigned vrpc_ring_pop_batch(struct vrpc_ring *r, struct vrpc_task
     return vrpc_ring_pop_batch_lines(r, out, max, false);
 }
 
-/* Any thread; a hint (may be stale). Nonzero only if the ring held tasks;
- * zero is read from the producer's tail itself. */
-static inline uint64_t vrpc_ring_size(struct vrpc_ring *r)
+/* Any thread; a hint (may be stale). How many tasks are queued, read from
+ * the consumers' copy of the tail if that shows at least want of them (then
+ * possibly fewer than are queued), else from the producer's tail itself. */
+static inline uint64_t vrpc_ring_size_want(struct vrpc_ring *r, uint64_t want)
 {
     uint64_t h = vs_load_64(&r->head);
     /* The head load before the tail loads, so that tail >= head. */
     ck_pr_fence_load();
-    uint64_t tl = vrpc_ring_tail_(r, h, 1);
+    uint64_t tl = vrpc_ring_tail_(r, h, want);
     return (int64_t)(tl - h) > 0 ? tl - h : 0;
 }
+
+/* Any thread; a hint. Zero only if the producer's tail showed no task. */
+static inline uint64_t vrpc_ring_size(struct vrpc_ring *r) { return vrpc_ring_size_want(r, 1); }
 
 struct vrpc_inject {
     _Alignas(64) struct vrpc_task *head; /* newest first, linked through task->next */

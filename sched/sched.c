@@ -288,7 +288,7 @@ static struct vrpc_task *take_from_producers(struct vrpc_worker *w)
             for (unsigned i = 0; i < STREAM_WAIT && avail < BATCH; i++) {
                 for (unsigned j = 0; j < 8; j++)
                     ck_pr_stall();
-                avail = vrpc_ring_size(&p->ring);
+                avail = vrpc_ring_size_want(&p->ring, BATCH);
             }
         }
         if (avail) {
