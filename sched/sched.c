@@ -28,6 +28,7 @@
 #include "sched/ring.h"
 
 #define BATCH 32     /* most tasks a worker takes from a producer ring at once */
+#define STREAM_WAIT 8 /* looks (of 8 pauses each) a worker waits for a streaming producer to fill a batch */
 #define FAIR_TICK 61 /* every FAIR_TICK-th task comes from the shared queues first */
 #define MAX_WORKERS 4096
 #define SPIN_ALWAYS_NS (UINT64_C(1) << 60) /* VRPC_SCHED_SPIN_ALWAYS: 36 years */
@@ -48,6 +49,7 @@ struct vrpc_worker {
     uint64_t tick;
     uint64_t spin_ns;                        /* current spin budget, adapted between spin_ns/4 and 4 * spin_ns */
     struct vrpc_sched_producer *prod_cursor; /* round robin over producer rings */
+    unsigned ring_streak;                    /* the last looks at the rings found tasks (saturates at 2) */
     /* Written by the owner only (relaxed), read by anyone. */
     uint64_t executed, stolen, parked, woken;
 };
@@ -272,11 +274,31 @@ static struct vrpc_task *take_from_producers(struct vrpc_worker *w)
     p = start = w->prod_cursor ? w->prod_cursor : first;
     do {
         uint64_t avail = vrpc_ring_size(&p->ring);
+        bool streaming = false;
+        /* The last looks found tasks every time, and less than a batch is
+         * queued: the producer is submitting as fast as we take. Let it fill
+         * a batch (four slot lines) before we read it, rather than pull its
+         * lines over for a task or two at a time. Bounded: STREAM_WAIT looks,
+         * and none for a task that comes after a quiet spell (its latency).
+         * 1 worker and the producer pinned, 2M empty tasks, 3 alternating
+         * runs of 3: no wait 20 M/s (50 ns a submit); wait for one line, 4
+         * looks, 35 M/s (28 ns); for a batch, 8 looks, 52 M/s (19 ns). */
+        if (avail && avail < BATCH && w->ring_streak >= 2) {
+            streaming = true;
+            for (unsigned i = 0; i < STREAM_WAIT && avail < BATCH; i++) {
+                for (unsigned j = 0; j < 8; j++)
+                    ck_pr_stall();
+                avail = vrpc_ring_size_want(&p->ring, BATCH);
+            }
+        }
         if (avail) {
-            /* Half of what is queued, at least one: leave the rest to others. */
-            uint64_t want = (avail + 1) / 2;
-            unsigned n = vrpc_ring_pop_batch(&p->ring, batch, want > BATCH ? BATCH : (unsigned)want);
+            /* All that is queued, up to BATCH: what this worker does not run
+             * at once goes on its deque, where idle workers steal it, so the
+             * ring's lines see one consumer at a time. */
+            unsigned n = vrpc_ring_pop_batch_lines(&p->ring, batch, avail > BATCH ? BATCH : (unsigned)avail, streaming);
             if (n) {
+                if (w->ring_streak < 2)
+                    w->ring_streak++;
                 w->prod_cursor = p->next; /* NULL: restart at the head */
                 /* The producer wrote these tasks on another core: start
                  * fetching them now rather than one miss per task later. */
@@ -292,6 +314,7 @@ static struct vrpc_task *take_from_producers(struct vrpc_worker *w)
         }
         p = p->next ? p->next : first;
     } while (p != start);
+    w->ring_streak = 0;
     return NULL;
 }
 
