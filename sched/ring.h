@@ -120,11 +120,13 @@ static inline uint64_t vrpc_ring_tail_(struct vrpc_ring *r, uint64_t h, uint64_t
     uint64_t tl = vs_load_64(&r->tail_seen);
     if ((int64_t)(tl - h) < (int64_t)want) {
         tl = vs_load_64(&r->tail);
-        /* The tail load before the copy's store (load-store), so that a
-         * consumer that reads the copy, then slots below it, finds them
-         * stored: the producer stored them before that tail. Copies may be
-         * stored out of order by racing consumers: any of them is <= tail. */
-        ck_pr_fence_load_store();
+        /* Acquire (the slots the producer stored before that tail) and
+         * release (before the copy's store), so that a consumer that reads
+         * the copy, then slots below it, finds them stored: the hand-over
+         * passes through this consumer, which needs both halves where memory
+         * is not TSO (a no-op on x86). Copies may be stored out of order by
+         * racing consumers: any of them is <= tail. */
+        ck_pr_fence_acqrel();
         vs_store_64(&r->tail_seen, tl);
     }
     return tl;
