@@ -465,8 +465,10 @@ int rpc_bench_large(const struct rpc_bench_large_cfg *cfg)
             report(name, size, 1, &base[ROUNDS / 2]);
             double best = r4[ROUNDS / 2].bps > r1[ROUNDS / 2].bps ? r4[ROUNDS / 2].bps : r1[ROUNDS / 2].bps;
             sl += snprintf(summary + sl, sizeof(summary) - (size_t)sl,
-                           ",\"rpc_over_tcp_stream_%s\":%.2f,\"rpc_cpu_per_byte_over_tcp_stream_%s\":%.2f", lab,
-                           best / base[ROUNDS / 2].bps, lab, r1[ROUNDS / 2].cpu_per_gib / base[ROUNDS / 2].cpu_per_gib);
+                           ",\"rpc_over_tcp_stream_%s\":%.2f,\"rpc_cpu_per_byte_over_tcp_stream_%s\":%.2f"
+                           ",\"rpc_out4_cpu_per_byte_over_tcp_stream_%s\":%.2f",
+                           lab, best / base[ROUNDS / 2].bps, lab, r1[ROUNDS / 2].cpu_per_gib / base[ROUNDS / 2].cpu_per_gib,
+                           lab, r4[ROUNDS / 2].cpu_per_gib / base[ROUNDS / 2].cpu_per_gib);
         }
     }
     if (cfg->bo->json)
