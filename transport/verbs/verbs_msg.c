@@ -99,12 +99,10 @@ int verbs_msg_send_list(struct vrpc_ep *base, const struct vrpc_send_wr *wrs, un
                 break;
             }
             wait_enqueue_locked(ep, wrs[i].buf, wrs[i].imm, wrs[i].wr_id);
+            vrpc_tp_note_credit_wait(base); /* counted per message, as single sends are */
         }
-        if (queued) {
-            if (!atomic_load_explicit(&ep->wait_ns, memory_order_relaxed))
-                verbs_msg_wait_clock_locked(ep, false);
-            vrpc_tp_note_credit_wait(base);
-        }
+        if (queued && !atomic_load_explicit(&ep->wait_ns, memory_order_relaxed))
+            verbs_msg_wait_clock_locked(ep, false);
     }
     TRACE("verbs: send list qpn %u n %u accepted %u queued %u credits %u rc %d", ep->qpn, n, i, queued, ep->credits,
           rc);
