@@ -471,8 +471,9 @@ struct vrpc_send_wr {
 
 /* Send wrs[0..n) in this order, as n vrpc_ep_send calls from this thread
  * would, in one operation (a doorbell batch): TCP admits them under one
- * lock and writes them with one sendmsg; a backend without a list of its
- * own gets a loop of single sends from the core. Nothing else changes:
+ * lock and writes them with one sendmsg; verbs posts those its credits
+ * allow as chains of work requests, one ibv_post_send each; a backend
+ * without a list of its own gets a loop of single sends from the core. Nothing else changes:
  * each message needs its credit and those without one queue (rule 5 of
  * "Credits", bounded by max_queued), each accepted message has exactly one
  * SEND completion, in order, and messages of other threads may come
