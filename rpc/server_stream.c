@@ -14,6 +14,7 @@
 #include <time.h>
 #include "rpc/pbutil.h"
 #include "rpc/server_stream.h"
+#include "rpc/spare.h"
 
 static struct vrpc_server_stream *stream_new(struct vrpc_server_call *call, struct sconn *c)
 {
@@ -71,18 +72,8 @@ void vrpc_srv_stream_trim_locked(struct vrpc_server_stream *st)
  * looked at: a stream's messages are mostly of one size), else new. */
 static struct srv_msg *msg_node_locked(struct vrpc_server_stream *st, uint32_t len)
 {
-    struct srv_msg **pp = &st->in_spare;
-    for (int i = 0; *pp && i < 4; pp = &(*pp)->next, i++) {
-        if ((*pp)->cap >= len) {
-            struct srv_msg *m = *pp;
-            *pp = m->next;
-            return m;
-        }
-    }
-    uint32_t cap = len < 256 ? 256 : len;
-    struct srv_msg *m = malloc(sizeof(*m) + cap);
-    if (m)
-        m->cap = cap;
+    struct srv_msg *m;
+    VRPC_SPARE_GET(struct srv_msg, &st->in_spare, len, m);
     return m;
 }
 

@@ -8,6 +8,7 @@
 #include <time.h>
 #include "rpc/pbutil.h"
 #include "rpc/server_stream.h"
+#include "rpc/spare.h"
 
 /* Wait on st->cond until `until` (ns, CLOCK_MONOTONIC) or 50 ms at most:
  * -ETIMEDOUT once until has passed. */
@@ -136,15 +137,9 @@ void vrpc_srv_stream_out_put_locked(struct vrpc_server_stream *st, struct srv_ou
  * stream writes mostly one size: the first few nodes are enough to look at. */
 static struct srv_out *out_spare_take_locked(struct vrpc_server_stream *st, size_t size)
 {
-    struct srv_out **pp = &st->out_spare;
-    for (int i = 0; *pp && i < 4; pp = &(*pp)->next, i++) {
-        if ((*pp)->cap >= size) {
-            struct srv_out *o = *pp;
-            *pp = o->next;
-            return o;
-        }
-    }
-    return NULL;
+    struct srv_out *o;
+    VRPC_SPARE_TAKE(struct srv_out, &st->out_spare, size, o);
+    return o;
 }
 
 /* Queued async writes handed to the transport in one vrpc_ep_send_list, at most. */

@@ -13,6 +13,7 @@
 #include "rpc/status.h"
 #include "rpc/lb.h"
 #include "rpc/stream_internal.h"
+#include "rpc/spare.h"
 
 #define STREAM_ARENA_INITIAL 4096u
 
@@ -20,18 +21,8 @@
 
 struct smsg *vrpc_stream_node_locked(struct vrpc_stream *s, uint32_t len)
 {
-    struct smsg **pp = &s->spare;
-    for (int i = 0; *pp && i < 4; pp = &(*pp)->next, i++) {
-        if ((*pp)->cap >= len) {
-            struct smsg *n = *pp;
-            *pp = n->next;
-            return n;
-        }
-    }
-    uint32_t cap = len < 256 ? 256 : len;
-    struct smsg *n = malloc(sizeof(*n) + cap);
-    if (n)
-        n->cap = cap;
+    struct smsg *n;
+    VRPC_SPARE_GET(struct smsg, &s->spare, len, n);
     return n;
 }
 
