@@ -83,6 +83,22 @@ static void list_build(struct client *c, struct vrpc_send_wr *wrs, unsigned n, u
     }
 }
 
+/* The echo server of ec (its receiver checks into m) and a client of ca
+ * with nbufs send buffers, its completions counted in ls, connected to it. */
+static struct vrpc_ep *list_connect(struct echo *e, const struct echo_cfg *ec, struct client *c,
+                                    const struct vrpc_transport_attr *ca, unsigned nbufs, struct lsend *ls,
+                                    struct lcheck *m)
+{
+    struct vrpc_ep *ep;
+    memset(ls, 0, sizeof *ls);
+    assert_int_equal(echo_start(e, ec), 0);
+    assert_int_equal(client_start(c, ca, nbufs, 8, 0, list_send_cb, ls), 0);
+    ls->k.pool = c->pool;
+    assert_int_equal(client_connect(c, e->uri, &ep), 0);
+    m->eager = vrpc_ep_eager_size(ep);
+    return ep;
+}
+
 /* Lists of 1..LIST_MAX messages of mixed sizes (empty to eager) through a
  * receiver of 4 credits: many wait for credits, some lists are refused
  * part-way (-EAGAIN: the rest is sent again); everything arrives once, in
@@ -104,12 +120,7 @@ void t_send_list_order(void **state)
     sa.credits = 4;
     vrpc_transport_attr_init(&ca);
     ca.max_queued = 32;
-    memset(&ls, 0, sizeof ls);
-    assert_int_equal(echo_start(&e, &ec), 0);
-    assert_int_equal(client_start(&c, &ca, 128, 8, 0, list_send_cb, &ls), 0);
-    ls.k.pool = c.pool;
-    assert_int_equal(client_connect(&c, e.uri, &ep), 0);
-    m.eager = vrpc_ep_eager_size(ep);
+    ep = list_connect(&e, &ec, &c, &ca, 128, &ls, &m);
     for (unsigned len = 1; seq < total; len = len % LIST_MAX + 1) {
         unsigned n = len < total - seq ? len : total - seq, off = 0, sent;
         list_build(&c, wrs, n, seq, m.eager);
@@ -158,12 +169,7 @@ void t_send_list_refused(void **state)
 
     vrpc_transport_attr_init(&ca);
     ca.max_queued = 8;
-    memset(&ls, 0, sizeof ls);
-    assert_int_equal(echo_start(&e, &ec), 0);
-    assert_int_equal(client_start(&c, &ca, 64, 8, 0, list_send_cb, &ls), 0);
-    ls.k.pool = c.pool;
-    assert_int_equal(client_connect(&c, e.uri, &ep), 0);
-    m.eager = vrpc_ep_eager_size(ep);
+    ep = list_connect(&e, &ec, &c, &ca, 64, &ls, &m);
     assert_int_equal(vrpc_ep_send_list(ep, NULL, 0, 0, &sent), 0);
     assert_int_equal(sent, 0);
 
