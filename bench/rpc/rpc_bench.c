@@ -586,7 +586,8 @@ static void usage(FILE *f, const char *argv0)
             "--payload: large messages instead: requests of each size (bytes_per_s), 1 and 4\n"
             "outstanding, against a blocking-socket TCP stream of the same frame size (tcp),\n"
             "3 alternating rounds (VRPC_BENCH_ROUNDS=N), medians (default 1000 ms per case and\n"
-            "round), with the same --placement for RPC and stream.\n",
+            "round), with the same --placement for RPC and stream; the summary gives the better\n"
+            "case's rate and the CPU per byte of each, over the stream's.\n",
             argv0, argv0, argv0, argv0);
 }
 
