@@ -723,10 +723,7 @@ static inline void verbs_msg_wait_clock_locked(struct vep *ep, bool fresh)
     }
 }
 
-static inline bool verbs_msg_can_post(const struct vep *ep)
-{
-    return ep->credits >= 1 && verbs_msg_ring_used(ep) < ep->ring_mask;
-}
+static inline bool verbs_msg_can_post(const struct vep *ep) { return verbs_msg_room(ep, 1) != 0; }
 
 static inline void verbs_msg_pump_locked(struct vep *ep)
 {
