@@ -2,7 +2,8 @@
  * response and its outcome, completion (wake the synchronous caller or
  * submit the async callback), deadlines, cancel, and failing the calls of a
  * lost connection. The poller only copies bytes, decides the outcome and
- * wakes or submits: no user code runs on it. */
+ * wakes or submits: no user code runs on it, except the callbacks of calls
+ * made with VRPC_CALL_CB_ON_POLLER. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -157,6 +158,12 @@ static void async_done_task(struct vrpc_task *t)
 void vrpc_ch_complete_submit(struct vrpc_channel *ch, struct vrpc_pending_slot *s, bool on_poller)
 {
     vrpc_task_init(&s->task, async_done_task);
+    if (on_poller && s->cb_on_poller) { /* VRPC_CALL_CB_ON_POLLER: here, now */
+        vrpc_rpc_on_poller = true;
+        async_done_task(&s->task);
+        vrpc_rpc_on_poller = false;
+        return;
+    }
     int rc = on_poller ? vrpc_sched_producer_submit(ch->prod, &s->task) : vrpc_sched_submit(ch->sched, &s->task);
     if (rc) /* the scheduler is shutting down: run here rather than lose it */
         async_done_task(&s->task);
@@ -403,6 +410,11 @@ int vrpc_ch_conn_refused(struct vrpc_channel *ch, int rc, struct vrpc_status *st
                                     ch->turi);
     else if (rc == -EINVAL)
         vrpc_status_set_unprocessed(st, VRPC_INVALID_ARGUMENT, "connect to %s failed: invalid argument", ch->turi);
+    else if (rc == -EDEADLK)
+        vrpc_status_set_unprocessed(st, VRPC_UNAVAILABLE,
+                                    "channel to %s not connected, and a call from a poller thread does not wait "
+                                    "for a connect",
+                                    ch->turi);
     else
         vrpc_status_set_unprocessed(st, VRPC_UNAVAILABLE, "connect failed: %s", strerror(-rc));
     return rc == -EINVAL ? VRPC_INVALID_ARGUMENT : VRPC_UNAVAILABLE;
@@ -460,6 +472,7 @@ static void call_open(struct vrpc_channel *ch, struct vrpc_conn *c, const struct
 {
     s->method = cs->m;
     s->cb = cs->cb;
+    s->cb_on_poller = cs->cb && cs->o && (cs->o->flags & VRPC_CALL_CB_ON_POLLER);
     s->cb_arg = cs->arg;
     s->cb_ch = ch;
     s->deadline_ns = cs->deadline;
@@ -673,11 +686,22 @@ static __attribute__((noinline, cold)) int bad_call_args(struct vrpc_status *st)
     return VRPC_INVALID_ARGUMENT;
 }
 
+static __attribute__((noinline, cold)) int on_poller_refused(struct vrpc_status *st)
+{
+    if (st)
+        vrpc_status_set(st, VRPC_FAILED_PRECONDITION,
+                        "synchronous call from a handler or callback that runs on a poller: it would block the "
+                        "poller (use vrpc_call_async)");
+    return VRPC_FAILED_PRECONDITION;
+}
+
 int vrpc_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m, const ProtobufCMessage *req,
               ProtobufCMessage **resp, const struct vrpc_call_opts *opts, struct vrpc_status *st)
 {
     if (!ch || !m || !req || !resp || req->descriptor != m->input)
         return bad_call_args(st);
+    if (vrpc_rpc_on_poller)
+        return on_poller_refused(st);
     if (ch->lb) /* both tail calls */
         return vrpc_lb_call(ch->lb, m, req, resp, opts, st);
     return vrpc_ch_call(ch, m, req, resp, opts, st);

@@ -124,6 +124,7 @@ static uint64_t launch_open_locked(struct vrpc_channel *ch, struct vrpc_conn *c,
     uint64_t id = vrpc_wire_make_id(s->index, vrpc_pending_gen(s));
     s->method = e->m;
     s->cb = e->cb;
+    s->cb_on_poller = e->cb_on_poller;
     s->cb_arg = e->arg;
     s->cb_ch = ch;
     s->qent = e;
@@ -249,6 +250,7 @@ static int enqueue(struct vrpc_channel *ch, struct vrpc_buf *b, uint32_t mdsz, u
     e->resp_md = o ? o->resp_md : NULL;
     e->cb = cb;
     e->arg = arg;
+    e->cb_on_poller = o && (o->flags & VRPC_CALL_CB_ON_POLLER);
     e->deadline = deadline;
     if (o && o->call_id) /* before it is queued, i.e. before it can complete */
         __atomic_store_n(o->call_id, queued_id(ch, e), __ATOMIC_RELEASE);

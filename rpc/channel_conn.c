@@ -264,6 +264,10 @@ int vrpc_ch_get_conn(struct vrpc_channel *ch, int64_t deadline_ns, bool force, s
         return 0;
     }
     pthread_mutex_unlock(&ch->conn_lock);
+    /* A call from a handler or callback run on a poller never waits for a
+     * connect (on this channel's own poller it would wait for itself). */
+    if (vrpc_rpc_on_poller)
+        return -EDEADLK;
 
     pthread_mutex_lock(&ch->connect_mu);
     for (;;) {

@@ -70,6 +70,7 @@ struct queued {
     const struct vrpc_method_desc *m;
     vrpc_call_cb cb;
     void *arg;
+    bool cb_on_poller; /* VRPC_CALL_CB_ON_POLLER */
     int64_t deadline;
     struct vrpc_timer timer; /* its deadline while queued */
     struct vrpc_resp_md *resp_md;

@@ -59,7 +59,8 @@ static void refuse_unread(struct sconn *c, uint64_t id, enum vrpc_code code, con
     va_end(ap);
 }
 
-/* Poller: the request is complete: arm its deadline and hand it to a worker. */
+/* Poller: the request is complete: arm its deadline and hand it to a worker
+ * (or run it here: vrpc_server_run_on_poller). */
 static void call_submit(struct poller *pl, struct vrpc_server_call *call, uint32_t gen)
 {
     struct vrpc_server *s = pl->s;
@@ -68,6 +69,14 @@ static void call_submit(struct poller *pl, struct vrpc_server_call *call, uint32
         vrpc_timer_arm(s->wheel, &call->timer, call->deadline_ns, vrpc_srv_deadline_fired, call, gen);
     }
     __atomic_add_fetch(&s->tasks, 1, __ATOMIC_RELAXED);
+    if (call->me->on_poller && !call->req_lb) {
+        /* vrpc_server_run_on_poller: the handler runs here, now (the same
+         * task a worker would run); nothing it sends waits for a buffer */
+        vrpc_rpc_on_poller = true;
+        vrpc_srv_call_task(&call->task);
+        vrpc_rpc_on_poller = false;
+        return;
+    }
     if (vrpc_sched_producer_submit(pl->prod, &call->task)) {
         /* The scheduler is shutting down: no handler may run on a poller, so
          * answer here without one. */

@@ -60,6 +60,14 @@ struct vrpc_arena *vrpc_rpc_tls_arena_of(enum vrpc_arena_kind kind);
  * unused). Out of memory is not an error here: the arenas are then created
  * on first use, as on any other thread. */
 void vrpc_rpc_worker_start(unsigned worker, void *arg);
+/* Set while user code runs on a poller thread (a handler of a method the
+ * server runs on the poller, vrpc_server_run_on_poller; a callback of an
+ * async call made with VRPC_CALL_CB_ON_POLLER): whatever it sends never
+ * waits for a send buffer (the poller is what returns them), and a
+ * synchronous call from it is refused (it would block the poller, or wait
+ * for itself). */
+extern __thread bool vrpc_rpc_on_poller __attribute__((tls_model("initial-exec")));
+
 static inline struct vrpc_arena *vrpc_rpc_tls_arena(void) { return vrpc_rpc_tls_arena_of(VRPC_ARENA_SYNC); }
 
 /* Message-buffer pools the RPC layer registers (eager-size buffers): a

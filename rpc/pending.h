@@ -57,7 +57,8 @@ struct vrpc_pending_slot {
     /* The call, written by its owner before vrpc_pending_open. */
     void *conn; /* connection the request goes out on (atomic: read by the loss scan) */
     const struct vrpc_method_desc *method;
-    vrpc_call_cb cb; /* NULL for a synchronous call */
+    vrpc_call_cb cb;   /* NULL for a synchronous call */
+    bool cb_on_poller; /* VRPC_CALL_CB_ON_POLLER: cb runs on the poller that completes it */
     void *cb_arg;
     void *cb_ch; /* the channel, for the async completion task */
     void *qent;  /* the channel's queue entry the call was queued in

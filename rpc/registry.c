@@ -23,6 +23,20 @@ int vrpc_server_register(struct vrpc_server *s, const struct vrpc_method_desc *m
     return rc;
 }
 
+int vrpc_server_run_on_poller(struct vrpc_server *s, const char *full_name)
+{
+    if (!s || !full_name)
+        return -EINVAL;
+    if (s->started)
+        return -EBUSY;
+    for (size_t i = 0; i < s->nmethods; i++)
+        if (s->methods[i].fn && !strcmp(s->methods[i].m->full_name, full_name)) {
+            s->methods[i].on_poller = true;
+            return 0;
+        }
+    return -ENOENT;
+}
+
 static int method_add(struct vrpc_server *s, const struct vrpc_method_desc *m, void *user)
 {
     if (s->nmethods == s->capmethods) {

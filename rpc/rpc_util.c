@@ -43,6 +43,7 @@ struct tls_arenas {
 static pthread_key_t arena_key;
 static pthread_once_t arena_once = PTHREAD_ONCE_INIT;
 static __thread struct tls_arenas *tls_arenas;
+__thread bool vrpc_rpc_on_poller __attribute__((tls_model("initial-exec")));
 
 static void arenas_free(void *p)
 {

@@ -47,7 +47,8 @@ void vrpc_srv_conn_fail(struct sconn *c, const char *fmt, ...)
  * (its queue is longer than the quota: the peer is stuck) fails the
  * connection too; only an empty shared pool is waited for, at most
  * VRPC_RPC_SEND_WAIT_MS (the pool holds four quotas, so that takes several
- * stuck connections at once, each of which is being closed). */
+ * stuck connections at once, each of which is being closed), and never by a
+ * handler run on the poller (vrpc_rpc_on_poller). */
 
 /* A send buffer for a frame on c, counted against its quota; NULL when c is
  * over it (c is then failed) or the pool stayed empty (with wait: for
@@ -73,7 +74,7 @@ struct vrpc_buf *vrpc_srv_conn_buf(struct sconn *c, bool wait)
             return NULL;
         }
     }
-    struct vrpc_buf *b = vrpc_rpc_buf_get(s->send_pool, wait);
+    struct vrpc_buf *b = vrpc_rpc_buf_get(s->send_pool, wait && !vrpc_rpc_on_poller);
     if (!b) {
         __atomic_sub_fetch(&c->sends, 1, __ATOMIC_RELAXED);
         vrpc_rpc_log("server send buffers all in use (stuck connections being closed hold at most %u each); "

@@ -38,6 +38,7 @@ struct method_entry {
     void *user;
     struct vrpc_call_metrics cm; /* statistics (rpc/metrics.h) */
     struct vrpc_lathist lh;
+    bool on_poller; /* unary: the handler runs on the poller (vrpc_server_run_on_poller) */
 };
 
 struct sconn;

@@ -6,8 +6,9 @@
  * Threads, in one paragraph: any number of threads may call through one
  * channel at once. A synchronous call blocks its own thread on its own waiter.
  * An asynchronous call's callback and every server handler run on a worker of
- * the scheduler (include/verbrpc/sched.h), never on a transport poller. A
- * handler may answer later, from any thread.
+ * the scheduler (include/verbrpc/sched.h), not on a transport poller, unless
+ * asked to for short, never-blocking code (VRPC_CALL_CB_ON_POLLER,
+ * vrpc_server_run_on_poller). A handler may answer later, from any thread.
  *
  * Return conventions: functions return 0 or a negative errno and write output
  * pointers only on success, EXCEPT vrpc_call(), which returns the call's
@@ -428,6 +429,23 @@ struct vrpc_call_opts {
  * function returns). A large request may then be sent from the caller's
  * memory without a copy, as a synchronous call's is (see vrpc_call). */
 #define VRPC_CALL_REQ_HELD 0x1u
+/* vrpc_call_opts.flags: for vrpc_call_async, run the callback on the
+ * channel's poller thread, right where the response arrives, instead of
+ * handing it to a worker: eRPC's continuations. It saves the hand-off (a
+ * queue, and a wake-up or a context switch) per call; an asynchronous client
+ * that issues its next call from the callback then keeps the poller's CPU
+ * the whole round trip, as perftest's and libfabric's ping-pongs do.
+ * The contract, as for vrpc_server_run_on_poller: the callback returns
+ * within microseconds and never blocks, since the poller receives nothing
+ * for its connection while it runs. It may call vrpc_call_async, which never
+ * waits: from a poller it fails UNAVAILABLE at once (through its callback)
+ * where the channel has no connection, rather than connect; a synchronous
+ * vrpc_call from it fails FAILED_PRECONDITION at once.
+ * A callback whose outcome is decided elsewhere (deadline, cancel,
+ * connection loss, a call that failed before it was sent) and every callback
+ * of a channel over many servers still run on a worker: the flag is a
+ * request, not a promise about the thread. */
+#define VRPC_CALL_CB_ON_POLLER 0x2u
 
 /* Synchronous unary call. Blocks the calling thread on its own waiter until
  * the response, the deadline, a cancel or the connection's loss, whichever
@@ -454,7 +472,7 @@ VRPC_API int vrpc_call(struct vrpc_channel *ch, const struct vrpc_method_desc *m
 VRPC_API void vrpc_thread_release(void);
 
 /* Completion of an asynchronous call. Runs exactly once per accepted call, on
- * a scheduler worker. resp is NULL unless st->code == VRPC_OK; it and st are
+ * a scheduler worker (or on the poller: VRPC_CALL_CB_ON_POLLER). resp is NULL unless st->code == VRPC_OK; it and st are
  * valid only during the callback (unpacked into the worker's arena). */
 typedef void (*vrpc_call_cb)(const struct vrpc_status *st, const ProtobufCMessage *resp, void *arg);
 
@@ -484,7 +502,8 @@ VRPC_API int vrpc_channel_cancel(struct vrpc_channel *ch, uint64_t call_id);
 struct vrpc_server;
 struct vrpc_server_call;
 
-/* A handler runs on a scheduler worker. req is valid until the call is
+/* A handler runs on a scheduler worker (or on a poller:
+ * vrpc_server_run_on_poller). req is valid until the call is
  * answered (respond or fail) and belongs to the call. The handler must answer
  * exactly once, now or later from any thread. */
 typedef void (*vrpc_handler_fn)(struct vrpc_server_call *call, const ProtobufCMessage *req, void *user);
@@ -615,6 +634,29 @@ VRPC_API int vrpc_server_create(const struct vrpc_server_opts *o, struct vrpc_se
  * the id (name or hash collision) is already registered. m must outlive s. */
 VRPC_API int vrpc_server_register(struct vrpc_server *s, const struct vrpc_method_desc *m, vrpc_handler_fn fn,
                                   void *user);
+
+/* Run the handler of the unary method full_name ("/pkg.Service/Method",
+ * registered before) on the poller thread that received its request, instead
+ * of handing it to a worker: eRPC's dispatch-thread handlers. It saves the
+ * hand-off (a queue, and a wake-up or a spinning worker: on a machine with
+ * fewer cores than busy threads, a context switch) on every call, which is
+ * most of a small call's latency over RDMA.
+ * The contract, which the server cannot check: the handler returns within a
+ * few microseconds and never blocks (no locks held long, no I/O, no
+ * synchronous call, no blocking stream API), because while it runs the
+ * poller receives nothing for any of its connections: a slow handler delays
+ * every other client on that poller. It may still keep the call and answer
+ * later from another thread. Its answers never wait for a send buffer (if
+ * the shared pool is empty the answer is dropped and logged, as the poller's
+ * own refusals are; the client's deadline covers it).
+ * Large requests (those that arrive by rendezvous) still go to a worker, so
+ * the poller never decodes more than one frame's worth per call.
+ * A synchronous vrpc_call from such a handler fails FAILED_PRECONDITION at
+ * once (use vrpc_call_async, with VRPC_CALL_CB_ON_POLLER or not).
+ * Only before vrpc_server_start (-EBUSY after); -ENOENT if no unary method of
+ * that name is registered (streaming methods always run on workers); -EINVAL
+ * for NULL arguments. */
+VRPC_API int vrpc_server_run_on_poller(struct vrpc_server *s, const char *full_name);
 
 /* Listen on uri (as for channels; port 0 picks a free port) and start serving.
  * -EINVAL for a malformed URI (logged with the reason, see vrpc_channel_create). */

@@ -93,16 +93,20 @@ static struct vrpc_method_desc m_nest = M("Nest", node, echo_reply);
 static struct vrpc_method_desc m_missing = M("Missing", echo_request, echo_reply);
 
 enum mode {
-    MODE_ECHO = 0,        /* answer at once */
-    MODE_DEFERRED = 1,    /* answer from the deferral thread after sleep_ms */
-    MODE_METADATA = 2,    /* answer with the value of metadata "x-echo" */
-    MODE_WRONG_TYPE = 3,  /* answer with the wrong message type */
-    MODE_FAIL = 4,        /* fail NOT_FOUND */
-    MODE_WAIT_CANCEL = 5, /* deferral thread waits until the call is cancelled */
-    MODE_DEADLINE = 6,    /* answer with the remaining deadline in seq (us) */
-    MODE_LATE = 7,        /* as DEFERRED, and record what the late answer saw (g_late) */
-    MODE_NEVER = 8,       /* keep the call in g_never and do not answer */
+    MODE_ECHO = 0,         /* answer at once */
+    MODE_DEFERRED = 1,     /* answer from the deferral thread after sleep_ms */
+    MODE_METADATA = 2,     /* answer with the value of metadata "x-echo" */
+    MODE_WRONG_TYPE = 3,   /* answer with the wrong message type */
+    MODE_FAIL = 4,         /* fail NOT_FOUND */
+    MODE_WAIT_CANCEL = 5,  /* deferral thread waits until the call is cancelled */
+    MODE_DEADLINE = 6,     /* answer with the remaining deadline in seq (us) */
+    MODE_LATE = 7,         /* as DEFERRED, and record what the late answer saw (g_late) */
+    MODE_NEVER = 8,        /* keep the call in g_never and do not answer */
+    MODE_THREAD = 9,       /* answer with the name of the thread the handler runs on */
+    MODE_SYNC_INSIDE = 10, /* make a synchronous call (g_inner) and answer its code in seq */
 };
+
+static struct vrpc_channel *g_inner; /* MODE_SYNC_INSIDE's channel */
 
 static unsigned g_handler_runs;
 static unsigned g_saw_cancel;
@@ -230,6 +234,24 @@ static void h_echo(struct vrpc_server_call *call, const ProtobufCMessage *msg, v
     case MODE_FAIL:
         vrpc_server_call_fail(call, VRPC_NOT_FOUND, "no such thing");
         return;
+    case MODE_SYNC_INSIDE: {
+        Vrpctest__Node n = VRPCTEST__NODE__INIT;
+        Vrpctest__EchoReply *in, rep = VRPCTEST__ECHO_REPLY__INIT;
+        struct vrpc_status st;
+        rep.seq = (uint64_t)vrpc_call(g_inner, &m_nest, &n.base, (ProtobufCMessage **)&in, NULL, &st);
+        vrpc_server_call_respond(call, &rep.base);
+        return;
+    }
+    case MODE_THREAD: {
+        char name[16] = "";
+        pthread_getname_np(pthread_self(), name, sizeof(name));
+        Vrpctest__EchoReply rep = VRPCTEST__ECHO_REPLY__INIT;
+        rep.payload.data = (uint8_t *)name;
+        rep.payload.len = strlen(name);
+        rep.seq = r->seq;
+        vrpc_server_call_respond(call, &rep.base);
+        return;
+    }
     case MODE_DEADLINE: {
         Vrpctest__EchoReply rep = VRPCTEST__ECHO_REPLY__INIT;
         int64_t d = vrpc_server_call_deadline(call);
@@ -894,6 +916,214 @@ static void test_server_deadline_while_handler_runs(void **state)
     assert_int_equal(call_echo(ch, "z", 1, 3, MODE_ECHO, 0, NULL, &rep, &st), VRPC_OK);
     assert_int_equal(rep->seq, 3);
     vrpc_channel_destroy(ch);
+}
+
+/* ---- handlers on the poller (vrpc_server_run_on_poller) ------------------------- */
+
+/* The thread a call's handler ran on, by name. */
+static void handler_thread(struct vrpc_channel *ch, size_t payload, char *name, size_t len)
+{
+    static uint8_t big[96 * 1024];
+    Vrpctest__EchoReply *rep;
+    struct vrpc_status st;
+    assert_true(payload <= sizeof(big));
+    assert_int_equal(call_echo(ch, big, payload, 5, MODE_THREAD, 0, NULL, &rep, &st), VRPC_OK);
+    assert_true(rep->payload.len < len);
+    memcpy(name, rep->payload.data, rep->payload.len);
+    name[rep->payload.len] = 0;
+}
+
+/* A method run on the poller: its handler runs on the server's poller
+ * thread (a worker's otherwise, and for a request that arrives by
+ * rendezvous); calls from many threads all come back right; a handler that
+ * keeps the call and answers later from another thread gets its deadline
+ * enforced (armed when the handler returned) and its answer through; the
+ * registration's errors. */
+static void test_handlers_on_poller(void **state)
+{
+    (void)state;
+    char uri[VRPC_URI_MAX], bound[VRPC_URI_MAX], name[16];
+    struct vrpc_server_opts so;
+    struct vrpc_server *s;
+    vrpc_server_opts_init(&so);
+    so.max_msg_size = 256 * 1024; /* large requests come by rendezvous */
+    assert_int_equal(vrpc_server_create(&so, &s), 0);
+    assert_int_equal(vrpc_server_register(s, &m_echo, h_echo, NULL), 0);
+    assert_int_equal(vrpc_server_run_on_poller(NULL, m_echo.full_name), -EINVAL);
+    assert_int_equal(vrpc_server_run_on_poller(s, NULL), -EINVAL);
+    assert_int_equal(vrpc_server_run_on_poller(s, m_missing.full_name), -ENOENT);
+    assert_int_equal(vrpc_server_run_on_poller(s, "/verbrpc.health.v1.Health/Watch"), -ENOENT); /* streams: never */
+    assert_int_equal(vrpc_server_run_on_poller(s, m_echo.full_name), 0);
+    assert_int_equal(vrpc_server_start(s, listen_uri(uri, sizeof(uri), 0)), 0);
+    assert_int_equal(vrpc_server_run_on_poller(s, m_echo.full_name), -EBUSY);
+    assert_int_equal(vrpc_server_uri(s, bound, sizeof(bound)), 0);
+
+    struct vrpc_channel *ch = new_channel(bound, 64, true);
+    handler_thread(ch, 16, name, sizeof(name));
+    assert_string_equal(name, "vrpc-srv-poll");
+    handler_thread(ch, 64 * 1024, name, sizeof(name)); /* rendezvous: a worker */
+    assert_memory_equal(name, "vrpc-w", 6);
+    struct vrpc_channel *plain = new_channel(g_uri, 4, true); /* the group's server: a worker */
+    handler_thread(plain, 16, name, sizeof(name));
+    assert_memory_equal(name, "vrpc-w", 6);
+    vrpc_channel_destroy(plain);
+
+    /* 8 threads share the channel; every reply is its own request's */
+    enum { THREADS = 8 };
+    struct worker_arg w[THREADS];
+    pthread_t t[THREADS];
+    for (unsigned i = 0; i < THREADS; i++) {
+        w[i] = (struct worker_arg){ch, i, 20000 / g_opt.scale / THREADS, 0};
+        pthread_create(&t[i], NULL, caller_main, &w[i]);
+    }
+    unsigned errors = 0;
+    for (unsigned i = 0; i < THREADS; i++) {
+        pthread_join(t[i], NULL);
+        errors += w[i].errors;
+    }
+    assert_int_equal(errors, 0);
+
+    /* kept and answered later from another thread: the answer arrives */
+    Vrpctest__EchoReply *rep;
+    struct vrpc_status st;
+    /* a synchronous call from a handler on the poller is refused at once; on
+     * a worker it goes through */
+    g_inner = new_channel(g_uri, 4, true);
+    assert_int_equal(call_echo(ch, NULL, 0, 10, MODE_SYNC_INSIDE, 0, NULL, &rep, &st), VRPC_OK);
+    assert_int_equal(rep->seq, VRPC_FAILED_PRECONDITION);
+    plain = new_channel(g_uri, 4, true);
+    assert_int_equal(call_echo(plain, NULL, 0, 10, MODE_SYNC_INSIDE, 0, NULL, &rep, &st), VRPC_OK);
+    assert_int_equal(rep->seq, VRPC_OK);
+    vrpc_channel_destroy(plain);
+    vrpc_channel_destroy(g_inner);
+    assert_int_equal(call_echo(ch, "d", 1, 11, MODE_DEFERRED, 20, NULL, &rep, &st), VRPC_OK);
+    assert_int_equal(rep->seq, 11);
+    /* kept past its deadline: DEADLINE_EXCEEDED from the server's timer,
+     * long before the late answer, which then finds the call cancelled */
+    unsigned late0 = __atomic_load_n(&g_late.done, __ATOMIC_ACQUIRE);
+    struct vrpc_call_opts o = {.timeout_us = 200000};
+    int64_t t0 = vrpc_now_ns();
+    assert_int_equal(call_echo(ch, "x", 1, 12, MODE_LATE, 1500, &o, &rep, &st), VRPC_DEADLINE_EXCEEDED);
+    assert_true(vrpc_now_ns() - t0 < 1200000000);
+    for (int i = 0; i < 10000 && __atomic_load_n(&g_late.done, __ATOMIC_ACQUIRE) == late0; i++)
+        usleep(1000);
+    assert_int_equal(__atomic_load_n(&g_late.done, __ATOMIC_ACQUIRE), late0 + 1);
+    assert_true(g_late.cancelled);
+    assert_int_equal(g_late.rc, -ETIMEDOUT);
+    assert_int_equal(call_echo(ch, "z", 1, 13, MODE_ECHO, 0, NULL, &rep, &st), VRPC_OK);
+    assert_int_equal(rep->seq, 13);
+    vrpc_channel_destroy(ch);
+    vrpc_server_destroy(s);
+}
+
+/* Async callbacks on the channel's poller (VRPC_CALL_CB_ON_POLLER). */
+struct onpoll {
+    struct vrpc_channel *ch;
+    unsigned left;  /* calls still to chain from the callback */
+    unsigned done;  /* atomic: set when the chain ended */
+    unsigned wrong; /* callbacks off the poller, bad replies */
+    int sync_code;  /* what a synchronous call from the callback returned */
+    char sync_msg[VRPC_STATUS_MSG_MAX];
+    char name[16];             /* the last callback's thread */
+    int code;                  /* the last callback's code */
+    struct vrpc_channel *idle; /* not connected: a call on it from the poller */
+    int idle_rc;
+    unsigned idle_done; /* atomic */
+    int idle_code;
+    char idle_msg[VRPC_STATUS_MSG_MAX];
+};
+
+static void idle_cb(const struct vrpc_status *st, const ProtobufCMessage *resp, void *arg)
+{
+    (void)resp;
+    struct onpoll *p = arg;
+    p->idle_code = st->code;
+    snprintf(p->idle_msg, sizeof(p->idle_msg), "%s", st->message);
+    __atomic_store_n(&p->idle_done, 1, __ATOMIC_RELEASE);
+}
+
+static void onpoll_cb(const struct vrpc_status *st, const ProtobufCMessage *resp, void *arg)
+{
+    struct onpoll *p = arg;
+    pthread_getname_np(pthread_self(), p->name, sizeof(p->name));
+    p->code = st->code;
+    if (st->code != VRPC_OK || !resp || ((const Vrpctest__EchoReply *)resp)->seq != p->left ||
+        strcmp(p->name, "vrpc-ch-poll"))
+        p->wrong++;
+    if (p->sync_code < 0) {
+        Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
+        Vrpctest__EchoReply *rep;
+        struct vrpc_status s2;
+        p->sync_code = vrpc_call(p->ch, &m_echo, &r.base, (ProtobufCMessage **)&rep, NULL, &s2);
+        snprintf(p->sync_msg, sizeof(p->sync_msg), "%s", s2.message);
+        p->idle_rc = vrpc_call_async(p->idle, &m_echo, &r.base, NULL, idle_cb, p);
+    }
+    if (st->code == VRPC_OK && p->left > 0) {
+        Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
+        struct vrpc_call_opts o = {.flags = VRPC_CALL_CB_ON_POLLER};
+        r.seq = --p->left;
+        if (vrpc_call_async(p->ch, &m_echo, &r.base, &o, onpoll_cb, p) == 0)
+            return;
+        p->wrong++;
+    }
+    __atomic_store_n(&p->done, 1, __ATOMIC_RELEASE);
+}
+
+static void onpoll_wait(struct onpoll *p)
+{
+    for (int i = 0; i < 20000 && !__atomic_load_n(&p->done, __ATOMIC_ACQUIRE); i++)
+        usleep(1000);
+    assert_int_equal(__atomic_load_n(&p->done, __ATOMIC_ACQUIRE), 1);
+}
+
+/* A chain of calls, each started from the previous one's callback, all run
+ * on the channel's poller; a synchronous call from there fails
+ * FAILED_PRECONDITION at once (naming the reason); a callback whose outcome
+ * the deadline decided runs on a worker; without the flag, on a worker. */
+static void test_callbacks_on_poller(void **state)
+{
+    (void)state;
+    struct onpoll p = {.left = 2000 / g_opt.scale, .sync_code = -1, .idle_rc = 1};
+    p.ch = new_channel(g_uri, 4, true);
+    p.idle = new_channel(g_uri, 4, false);
+    Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
+    struct vrpc_call_opts o = {.flags = VRPC_CALL_CB_ON_POLLER};
+    r.seq = p.left;
+    assert_int_equal(vrpc_call_async(p.ch, &m_echo, &r.base, &o, onpoll_cb, &p), 0);
+    onpoll_wait(&p);
+    assert_int_equal(p.wrong, 0);
+    assert_int_equal(p.left, 0);
+    assert_int_equal(p.sync_code, VRPC_FAILED_PRECONDITION);
+    assert_non_null(strstr(p.sync_msg, "poller"));
+    /* an async call from the poller on a channel with no connection fails
+     * UNAVAILABLE at once rather than connect there */
+    assert_int_equal(p.idle_rc, 0);
+    for (int i = 0; i < 5000 && !__atomic_load_n(&p.idle_done, __ATOMIC_ACQUIRE); i++)
+        usleep(1000);
+    assert_int_equal(__atomic_load_n(&p.idle_done, __ATOMIC_ACQUIRE), 1);
+    assert_int_equal(p.idle_code, VRPC_UNAVAILABLE);
+    assert_non_null(strstr(p.idle_msg, "poller"));
+    vrpc_channel_destroy(p.idle);
+
+    /* decided by the deadline (the timer's thread): on a worker */
+    struct onpoll q = {.sync_code = 0};
+    struct vrpc_call_opts od = {.flags = VRPC_CALL_CB_ON_POLLER, .timeout_us = 50000};
+    r.mode = MODE_DEFERRED;
+    r.sleep_ms = 400;
+    assert_int_equal(vrpc_call_async(p.ch, &m_echo, &r.base, &od, onpoll_cb, &q), 0);
+    onpoll_wait(&q);
+    assert_int_equal(q.code, VRPC_DEADLINE_EXCEEDED);
+    assert_memory_equal(q.name, "vrpc-w", 6);
+    /* no flag: a worker */
+    struct onpoll w = {.sync_code = 0};
+    r.mode = MODE_ECHO;
+    r.seq = 0;
+    assert_int_equal(vrpc_call_async(p.ch, &m_echo, &r.base, NULL, onpoll_cb, &w), 0);
+    onpoll_wait(&w);
+    assert_int_equal(w.code, VRPC_OK);
+    assert_memory_equal(w.name, "vrpc-w", 6);
+    usleep(500000); /* the deferred answer of the expired call comes and goes */
+    vrpc_channel_destroy(p.ch);
 }
 
 /* A handler that never answers does not hold up the server's destruction:
@@ -1708,6 +1938,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_cancel_queued_call),
         cmocka_unit_test(test_server_drain),
         cmocka_unit_test(test_server_deadline_while_handler_runs),
+        cmocka_unit_test(test_handlers_on_poller),
+        cmocka_unit_test(test_callbacks_on_poller),
         cmocka_unit_test(test_destroy_with_unanswered_call),
         cmocka_unit_test(test_connection_loss_and_reconnect),
         cmocka_unit_test(test_calls_racing_connection_loss),
