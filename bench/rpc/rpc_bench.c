@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <verbrpc/rpc.h>
@@ -39,6 +40,8 @@ static struct {
     unsigned lb; /* --lb: the policy of a channel over many servers (--connect list://...) */
     unsigned size;
     bool no_spin, duration_set;
+    bool on_poller;       /* --on-poller: the echo handler runs on the server's poller, async
+                             callbacks on the channel's (VRPC_CALL_CB_ON_POLLER) */
     uint32_t spin_us;     /* --spin adaptive|always|N: the latency mode (spin_us) */
     const char *payloads; /* --payload LIST: the large-message mode */
     unsigned rounds;
@@ -68,11 +71,28 @@ static void pin_self(int cpu)
 }
 
 static char g_extra[256];
-static char g_round[32];
+static char g_round[64];
 
 static const char *round_field(unsigned round)
 {
     snprintf(g_round, sizeof(g_round), "\"round\":%u", round);
+    return g_round;
+}
+
+/* Context switches of the whole process (both sides run in it), voluntary
+ * and not: reported per call beside each case (the hand-offs a call costs). */
+static long ctx_switches(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_nvcsw + ru.ru_nivcsw;
+}
+
+/* round_field() and the context switches per call over n calls since cs0. */
+static const char *round_cs_field(unsigned round, long cs0, uint64_t n)
+{
+    snprintf(g_round, sizeof(g_round), "\"round\":%u,\"ctxsw_per_call\":%.2f", round,
+             n ? (double)(ctx_switches() - cs0) / (double)n : 0.0);
     return g_round;
 }
 
@@ -109,7 +129,7 @@ static struct vrpc_server *server_start(const char *uri)
     o.spin_us = g.spin_us;
     o.cpu_mask = g.split ? cpu_bit(g.scpu) : 0; /* its poller and workers */
     if ((rc = vrpc_server_create(&o, &s)) || (rc = vrpc_server_register(s, &m_echo, h_echo, NULL)) ||
-        (rc = vrpc_server_start(s, uri))) {
+        (g.on_poller && (rc = vrpc_server_run_on_poller(s, m_echo.full_name))) || (rc = vrpc_server_start(s, uri))) {
         fprintf(stderr, "rpc_bench: server on %s: %s\n", uri, strerror(-rc));
         exit(1);
     }
@@ -212,8 +232,9 @@ static void start_async(struct slotctx *c)
     Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
     r.payload.data = g_payload;
     r.payload.len = c->w->size;
+    struct vrpc_call_opts o = {.flags = g.on_poller ? VRPC_CALL_CB_ON_POLLER : 0};
     c->t0 = vrpc_bench_now_ns();
-    if (vrpc_call_async(c->w->ch, &m_echo, &r.base, NULL, async_done, c)) {
+    if (vrpc_call_async(c->w->ch, &m_echo, &r.base, &o, async_done, c)) {
         fprintf(stderr, "rpc_bench: vrpc_call_async refused\n");
         exit(1);
     }
@@ -223,7 +244,9 @@ struct result {
     double ops, p50, p99;
 };
 
-static struct result rpc_case(struct vrpc_channel *ch, unsigned size, unsigned outstanding, unsigned round)
+/* outstanding calls at once: 1 synchronous (vrpc_call) unless async, else
+ * vrpc_call_async, each callback starting the next call. */
+static struct result rpc_case(struct vrpc_channel *ch, unsigned size, unsigned outstanding, bool async, unsigned round)
 {
     char name[64];
     struct result res;
@@ -231,10 +254,11 @@ static struct result rpc_case(struct vrpc_channel *ch, unsigned size, unsigned o
     uint64_t *lat = malloc(cap * sizeof(*lat));
     uint64_t dur = (uint64_t)g.duration_ms * 1000000, t0, t1, n = 0;
 
-    snprintf(name, sizeof(name), "rpc:echo_%u_out%u", size, outstanding);
+    snprintf(name, sizeof(name), "rpc:echo_%u_out%u%s", size, outstanding, async && outstanding == 1 ? "_async" : "");
     for (int i = 0; i < 200; i++) /* warm-up */
         one_call(ch, size, (uint64_t)i);
-    if (outstanding == 1) {
+    long cs0 = ctx_switches();
+    if (outstanding == 1 && !async) {
         t0 = vrpc_bench_now_ns();
         do {
             uint64_t a = vrpc_bench_now_ns();
@@ -265,7 +289,7 @@ static struct result rpc_case(struct vrpc_channel *ch, unsigned size, unsigned o
     res.ops = (double)n / ((double)(t1 - t0) / 1e9);
     res.p50 = vrpc_bench_pct_us(&s, 50);
     res.p99 = vrpc_bench_pct_us(&s, 99);
-    vrpc_bench_report(&g.bo, name, res.ops, res.p50, res.p99, extra(size, outstanding, round_field(round)));
+    vrpc_bench_report(&g.bo, name, res.ops, res.p50, res.p99, extra(size, outstanding, round_cs_field(round, cs0, n)));
     free(lat);
     return res;
 }
@@ -356,6 +380,7 @@ static struct result tp_case(const char *listen, unsigned size, unsigned round)
     struct vrpc_ep_attr ea;
     char uri[VRPC_URI_MAX], name[64];
     uint64_t cap = 4000000, n = 0, dur = (uint64_t)g.duration_ms * 1000000, t0 = 0, t1;
+    long cs0 = 0;
     uint64_t *lat = malloc(cap * sizeof(*lat));
     struct result res;
 
@@ -395,8 +420,10 @@ static struct result tp_case(const char *listen, unsigned size, unsigned round)
         while (!__atomic_load_n(&cli.got, __ATOMIC_ACQUIRE))
             vrpc_futex_wait(&cli.got, 0);
         t1 = vrpc_bench_now_ns();
-        if (i == 200)
+        if (i == 200) {
             t0 = t1; /* warm-up done */
+            cs0 = ctx_switches();
+        }
         if (i > 200) {
             if (n < cap)
                 lat[n] = t1 - a;
@@ -410,7 +437,7 @@ static struct result tp_case(const char *listen, unsigned size, unsigned round)
     res.ops = (double)n / ((double)(t1 - t0) / 1e9);
     res.p50 = vrpc_bench_pct_us(&s, 50);
     res.p99 = vrpc_bench_pct_us(&s, 99);
-    vrpc_bench_report(&g.bo, name, res.ops, res.p50, res.p99, extra(size, 1, round_field(round)));
+    vrpc_bench_report(&g.bo, name, res.ops, res.p50, res.p99, extra(size, 1, round_cs_field(round, cs0, n)));
     free(lat);
     tp_close(&cli);
     tp_close(&srv);
@@ -566,8 +593,8 @@ static void usage(FILE *f, const char *argv0)
 {
     fprintf(f,
             "usage: %s [--backend tcp|verbs] [--json] [--quick] [--duration-ms N] [--server-ip IP]\n"
-            "          [--client-ip IP] [--no-spin] [--spin adaptive|always|US] [--rounds N]\n"
-            "          [--placement split|none|C,S]\n"
+            "          [--client-ip IP] [--no-spin] [--spin adaptive|always|US] [--on-poller]\n"
+            "          [--rounds N] [--placement split|none|C,S]\n"
             "       %s --role server --listen URI [--exit-after CALLS] [--placement ...]\n"
             "       %s --role client --connect URI --calls N [--size BYTES] [--placement ...]\n"
             "          [--lb round_robin|pick_first|least_outstanding|ring_hash] (URI list://...)\n"
@@ -581,6 +608,10 @@ static void usage(FILE *f, const char *argv0)
             "--spin: the latency mode of both sides (vrpc_channel_opts.spin_us): adaptive (the\n"
             "default), always (pollers, waiting callers and idle workers never sleep), or a fixed\n"
             "window in microseconds; the transport ping-pong's pollers follow it.\n"
+            "--on-poller: the server runs the echo handler on its poller, the channel runs async\n"
+            "callbacks on its own (vrpc_server_run_on_poller, VRPC_CALL_CB_ON_POLLER): no hand-off\n"
+            "to a worker. rpc:echo_32_out1_async is one call at a time through vrpc_call_async,\n"
+            "each callback starting the next; every case reports context switches per call.\n"
             "Verbs: --server-ip defaults to\n"
             "VRPC_VERBS_IP (or VRPC_VERBS_IP_B, with VRPC_VERBS_IP_A as --client-ip).\n"
             "--payload: large messages instead: requests of each size (bytes_per_s), 1 and 4\n"
@@ -640,6 +671,8 @@ int main(int argc, char **argv)
             g.bo.quick = true;
         else if (!strcmp(a, "--no-spin"))
             g.no_spin = true;
+        else if (!strcmp(a, "--on-poller"))
+            g.on_poller = true;
         else if (!strcmp(a, "--spin") && v) {
             const char *m = argv[++i];
             g.spin_us = !strcmp(m, "always")     ? VRPC_SPIN_ALWAYS
@@ -763,11 +796,13 @@ int main(int argc, char **argv)
     for (unsigned r = 0; r < g.rounds; r++) {
         for (int si = 0; si < 2; si++) {
             tp[r][si] = tp_case(listen, sizes[si], r);
-            rpc[r][si][0] = rpc_case(ch, sizes[si], 1, r);
+            rpc[r][si][0] = rpc_case(ch, sizes[si], 1, false, r);
+            if (si == 0) /* the same, asynchronous: reported only */
+                rpc_case(ch, sizes[si], 1, true, r);
         }
         for (int si = 0; si < 2; si++)
             for (int oi = 1; oi < 3; oi++)
-                rpc[r][si][oi] = rpc_case(ch, sizes[si], outs[oi], r);
+                rpc[r][si][oi] = rpc_case(ch, sizes[si], outs[oi], true, r);
         if (tcp) {
             run_grpc(&gr[r], r, g.split);
             if (g.split) /* gRPC may prefer its own placement: it gets the better of both */
