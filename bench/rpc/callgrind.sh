@@ -7,6 +7,9 @@
 # shutdown. Busy-waiting is switched off on the verbrpc side (--no-spin) so
 # idle spinning is not counted as work; gRPC does not spin.
 #   bench/rpc/callgrind.sh BUILD_DIR [N] [--json]
+# VRPC_CG_RPC_ARGS: more rpc_bench arguments for both verbrpc sides (e.g.
+# --on-poller: handlers and callbacks on the pollers, the client's calls a
+# chain of async callbacks).
 # VRPC_CG_BACKEND=verbs (in the Soft-RoCE VM, bench/softroce/cpu-in-vm.sh, or
 # on a host with an RDMA device; VRPC_VERBS_IP set): the same over verbs,
 # and beside it libfabric's fi_pingpong (verbs provider, FI_EP_MSG) per
@@ -27,6 +30,7 @@ command -v valgrind >/dev/null || { echo "callgrind.sh: valgrind not installed" 
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"; kill $(jobs -p) 2>/dev/null || true' EXIT
 VG=(valgrind --tool=callgrind --quiet)
+read -r -a RPC_ARGS <<<"${VRPC_CG_RPC_ARGS:-}"
 BACKEND=${VRPC_CG_BACKEND:-tcp}
 LISTEN=tcp://127.0.0.1:0
 if [[ $BACKEND == verbs ]]; then
@@ -43,7 +47,7 @@ start_server() {
     [[ -n $out ]] && pre=("${VG[@]}" --callgrind-out-file="$out")
     rm -f "$TMP/addr"
     if [[ $impl == verbrpc ]]; then
-        "${pre[@]}" "$RB" --role server --listen "$LISTEN" --exit-after "$calls" --no-spin >"$TMP/addr" &
+        "${pre[@]}" "$RB" --role server --listen "$LISTEN" --exit-after "$calls" --no-spin "${RPC_ARGS[@]}" >"$TMP/addr" &
     elif [[ $impl == fabric ]]; then # listens on its fixed control port
         "${pre[@]}" fi_pingpong -p verbs -e msg -I "$calls" -S 32 >"$TMP/fabric.srv" &
         sleep $((${#pre[@]} ? 15 : 2)) # no readiness signal: give it time to listen
@@ -60,7 +64,7 @@ run_client() { # impl addr calls [valgrind-out]
     local impl=$1 addr=$2 calls=$3 out=${4:-} pre=()
     [[ -n $out ]] && pre=("${VG[@]}" --callgrind-out-file="$out")
     if [[ $impl == verbrpc ]]; then
-        "${pre[@]}" "$RB" --role client --connect "$addr" --calls "$calls" --size 32 --no-spin
+        "${pre[@]}" "$RB" --role client --connect "$addr" --calls "$calls" --size 32 --no-spin "${RPC_ARGS[@]}"
     elif [[ $impl == fabric ]]; then
         "${pre[@]}" fi_pingpong -p verbs -e msg -I "$calls" -S 32 "$addr" >/dev/null
     else

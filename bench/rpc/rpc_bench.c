@@ -562,6 +562,49 @@ static int role_server(void)
     return 0;
 }
 
+/* --role client --on-poller: the calls one at a time through
+ * vrpc_call_async with VRPC_CALL_CB_ON_POLLER, each callback starting the
+ * next (the whole run on the channel's poller). */
+struct chain {
+    struct vrpc_channel *ch;
+    unsigned long i;
+    uint64_t *lat, t0;
+    uint32_t done; /* futex */
+};
+
+static void chain_next(struct chain *c);
+
+static void chain_cb(const struct vrpc_status *st, const ProtobufCMessage *resp, void *arg)
+{
+    struct chain *c = arg;
+    if (st->code != VRPC_OK || ((const Vrpctest__EchoReply *)resp)->seq != c->i) {
+        fprintf(stderr, "rpc_bench: call failed: %s: %s\n", vrpc_code_name(st->code), st->message);
+        exit(1);
+    }
+    if (c->lat)
+        c->lat[c->i] = vrpc_bench_now_ns() - c->t0;
+    if (++c->i < g.calls) {
+        chain_next(c);
+        return;
+    }
+    __atomic_store_n(&c->done, 1, __ATOMIC_RELEASE);
+    vrpc_futex_wake_all(&c->done);
+}
+
+static void chain_next(struct chain *c)
+{
+    Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
+    struct vrpc_call_opts o = {.flags = VRPC_CALL_CB_ON_POLLER};
+    r.payload.data = g_payload;
+    r.payload.len = g.size;
+    r.seq = c->i;
+    c->t0 = c->lat ? vrpc_bench_now_ns() : 0;
+    if (vrpc_call_async(c->ch, &m_echo, &r.base, &o, chain_cb, c)) {
+        fprintf(stderr, "rpc_bench: vrpc_call_async refused\n");
+        exit(1);
+    }
+}
+
 static int role_client(void)
 {
     if (g.split)
@@ -569,7 +612,13 @@ static int role_client(void)
     struct vrpc_channel *ch = channel_open(g.uri);
     /* latencies only when placed (callgrind.sh counts instructions unplaced) */
     uint64_t *lat = g.split ? calloc(g.calls ? g.calls : 1, sizeof(*lat)) : NULL;
-    for (unsigned long i = 0; i < g.calls; i++) {
+    if (g.on_poller && g.calls) {
+        struct chain c = {.ch = ch, .lat = lat};
+        chain_next(&c);
+        while (!__atomic_load_n(&c.done, __ATOMIC_ACQUIRE))
+            vrpc_futex_wait(&c.done, 0);
+    }
+    for (unsigned long i = 0; i < g.calls && !g.on_poller; i++) {
         uint64_t a = lat ? vrpc_bench_now_ns() : 0;
         one_call(ch, g.size, i);
         if (lat)
@@ -612,6 +661,8 @@ static void usage(FILE *f, const char *argv0)
             "callbacks on its own (vrpc_server_run_on_poller, VRPC_CALL_CB_ON_POLLER): no hand-off\n"
             "to a worker. rpc:echo_32_out1_async is one call at a time through vrpc_call_async,\n"
             "each callback starting the next; every case reports context switches per call.\n"
+            "With --role: the server runs its handler on its poller, the client makes its calls\n"
+            "as that chain of callbacks on its poller.\n"
             "Verbs: --server-ip defaults to\n"
             "VRPC_VERBS_IP (or VRPC_VERBS_IP_B, with VRPC_VERBS_IP_A as --client-ip).\n"
             "--payload: large messages instead: requests of each size (bytes_per_s), 1 and 4\n"

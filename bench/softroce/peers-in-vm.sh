@@ -3,7 +3,9 @@
 # device in one boot: perftest (ib_send_lat, ib_send_bw), libfabric's verbs
 # provider (fi_pingpong over FI_EP_MSG, and over FI_EP_RDM with ofi_rxm), and
 # verbrpc's transport ping-pong and message rate and RPC echo at 1 and 64
-# outstanding, in ROUNDS alternating rounds; prints the medians and the ratios
+# outstanding (one at a time both synchronously, vrpc_call, and
+# asynchronously, each callback starting the next call), in ROUNDS
+# alternating rounds; prints the medians and the ratios
 # the data-path issue sets as targets. Runs inside the Soft-RoCE VM (through
 # bench/softroce/peers.sh) or on a host with an RDMA device (set
 # VRPC_VERBS_IP, VRPC_VERBS_DEV, VRPC_VERBS_GID). Under emulation only
@@ -12,7 +14,8 @@
 # VRPC_BENCH_ROUNDS (default 3), VRPC_BENCH_N (iterations of perftest and
 # fabtests per round, default 3000), VRPC_BENCH_RPC_ARGS (extra rpc_bench
 # arguments of the default mode, default none), VRPC_BENCH_LAT_ARGS (those of
-# the latency mode; empty: the latency mode is not run).
+# the latency mode, default "--on-poller": handlers and async callbacks run
+# on the pollers, with the adaptive spin; "none": the latency mode is not run).
 # Every latency figure here is a full round trip (perftest and fabtests print
 # half of one: doubled).
 set -uo pipefail
@@ -20,7 +23,9 @@ BUILD=$(cd "$1" && pwd) || exit 2
 DEV=$VRPC_VERBS_DEV GID=$VRPC_VERBS_GID IP=$VRPC_VERBS_IP
 ROUNDS=${VRPC_BENCH_ROUNDS:-3} N=${VRPC_BENCH_N:-3000}
 read -r -a RPC_ARGS <<<"${VRPC_BENCH_RPC_ARGS:-}"
-read -r -a LAT_ARGS <<<"${VRPC_BENCH_LAT_ARGS:-}"
+LAT=${VRPC_BENCH_LAT_ARGS:---on-poller}
+[[ $LAT == none ]] && LAT=
+read -r -a LAT_ARGS <<<"$LAT"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
@@ -39,6 +44,11 @@ field() { # FILE NAME KEY: a number from our benchmarks' JSON lines
 keep() { [[ -n ${2:-} && $2 != null ]] && echo "$2" >>"$out/$1"; } # SERIES VALUE
 median() { [[ -s $out/$1 ]] && sort -g "$out/$1" | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }' || echo n/a; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a != "n/a" && b != "n/a" && b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+rmed() { # SERIES_A SERIES_B: the median of the rounds' ratios a/b (rounds that have both)
+    [[ -s $out/$1 && -s $out/$2 && $(wc -l <"$out/$1") == $(wc -l <"$out/$2") ]] || { echo n/a; return; }
+    paste "$out/$1" "$out/$2" | awk '$2 > 0 { printf "%.4f\n", $1 / $2 }' | sort -g |
+        awk '{ v[NR] = $1 } END { if (!NR) print "n/a"; else printf "%.2f", (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'
+}
 have() { command -v "$1" >/dev/null || { echo "note: $1 not installed (apt-get install ${2:-$1}): its rows are n/a"; return 1; }; }
 
 perftest_round() {
@@ -79,7 +89,10 @@ verbrpc_round() { # MODE ARGS...: the transport, then the RPC echo
     keep "tp_rate_list_32_msgs" "$(field "$out/tb" transport:verbs_rate_list_32B_1t ops_per_s)"
     "$BUILD/bench/rpc/rpc_bench" --backend verbs --json --rounds 1 --duration-ms 1000 "$@" >"$out/rb" 2>>"$out/err"
     keep "${mode}_echo_out1_p50_us" "$(field "$out/rb" rpc:echo_32_out1 p50_us)"
+    keep "${mode}_echo_async1_p50_us" "$(field "$out/rb" rpc:echo_32_out1_async p50_us)"
     keep "${mode}_echo_out64_calls" "$(field "$out/rb" rpc:echo_32_out64 ops_per_s)"
+    keep "${mode}_echo_out1_cs_calls" "$(field "$out/rb" rpc:echo_32_out1 ctxsw_per_call)"
+    keep "${mode}_echo_async1_cs_calls" "$(field "$out/rb" rpc:echo_32_out1_async ctxsw_per_call)"
 }
 
 have ib_send_lat perftest || exit 1
@@ -99,17 +112,24 @@ bw=$(median ib_send_bw_32_msgs)
 echo
 echo "== medians of $ROUNDS rounds (round trips in us, rates in messages or calls per second)"
 for s in ib_send_lat_rtt_us fi_pingpong_rtt_us fi_rdm_pingpong_rtt_us tp_pingpong_rtt_us \
-    default_echo_out1_p50_us latency_echo_out1_p50_us ib_send_bw_32_msgs ib_send_bw_4096_msgs tp_rate_32_msgs tp_rate_list_32_msgs \
-    default_echo_out64_calls latency_echo_out64_calls; do
+    default_echo_out1_p50_us latency_echo_out1_p50_us default_echo_async1_p50_us latency_echo_async1_p50_us \
+    ib_send_bw_32_msgs ib_send_bw_4096_msgs tp_rate_32_msgs tp_rate_list_32_msgs \
+    default_echo_out64_calls latency_echo_out64_calls \
+    default_echo_out1_cs_calls latency_echo_out1_cs_calls default_echo_async1_cs_calls latency_echo_async1_cs_calls; do
     printf '  %-28s %s\n' "$s" "$(median "$s")"
 done
-echo "== ratios"
+echo "== ratios (of the medians; [in brackets: the median of the rounds' own ratios])"
 for mode in latency default; do
-    e1=$(median ${mode}_echo_out1_p50_us) e64=$(median ${mode}_echo_out64_calls)
-    [[ $e1 == n/a ]] && continue
-    echo "  $mode: RPC echo p50 / ib_send_lat $(ratio "$e1" "$lat") (target <= 1.5 in the latency mode)," \
-        "/ fi_pingpong $(ratio "$e1" "$fp") (target < 1), / fi_rdm_pingpong $(ratio "$e1" "$frp")"
-    echo "  $mode: RPC calls/s at 64 out / ib_send_bw msgs/s $(ratio "$e64" "$bw") (target >= 0.4)"
+    e64=$(median ${mode}_echo_out64_calls)
+    [[ $e64 == n/a ]] && continue
+    for c in out1 async1; do
+        e1=$(median ${mode}_echo_${c}_p50_us)
+        [[ $c == out1 ]] && what="synchronous" || what="asynchronous, next call from the callback"
+        echo "  $mode: RPC echo p50 ($what) / ib_send_lat $(ratio "$e1" "$lat") [$(rmed ${mode}_echo_${c}_p50_us ib_send_lat_rtt_us)]" \
+            "(target <= 1.5 in the latency mode), / fi_pingpong $(ratio "$e1" "$fp") [$(rmed ${mode}_echo_${c}_p50_us fi_pingpong_rtt_us)]" \
+            "(target < 1), / fi_rdm_pingpong $(ratio "$e1" "$frp")"
+    done
+    echo "  $mode: RPC calls/s at 64 out / ib_send_bw msgs/s $(ratio "$e64" "$bw") [$(rmed ${mode}_echo_out64_calls ib_send_bw_32_msgs)] (target >= 0.4)"
 done
 echo "  transport 32 B one-way rate / ib_send_bw $(ratio "$(median tp_rate_32_msgs)" "$bw") (target >= 0.8)"
 echo "  transport 32 B one-way rate, 16 per vrpc_ep_send_list / ib_send_bw $(ratio "$(median tp_rate_list_32_msgs)" "$bw")"
