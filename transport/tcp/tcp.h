@@ -176,6 +176,7 @@ struct tcp_ep {
         uint8_t b[VRPC_TCP_READ_REQ_LEN];
     } rreq; /* K_RREQ body */
     uint32_t rgot, rlen, rimm;
+    uint32_t lowat;           /* SO_RCVLOWAT set on fd (rx_lowat); 0: the default (1) */
     char why[160];            /* a formatted reason for teardown's log line */
     uint64_t frame_ns;        /* when the current partial frame (or handshake) began; 0: idle */
     struct vrpc_credit_ep cr; /* credits (the core's, credit.h; poller, credit_ret any thread) */
