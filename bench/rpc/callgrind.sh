@@ -13,8 +13,10 @@
 # VRPC_CG_BACKEND=verbs (in the Soft-RoCE VM, bench/softroce/cpu-in-vm.sh, or
 # on a host with an RDMA device; VRPC_VERBS_IP set): the same over verbs,
 # and beside it libfabric's fi_pingpong (verbs provider, FI_EP_MSG) per
-# round trip, instead of gRPC. Instruction counts are exact, so emulation
-# does not blur them (it only makes the run slow). fi_pingpong busy-polls
+# round trip, instead of gRPC. A run's counts are exact, but the number of
+# sleeps and wake-ups per call depends on timing: on TCP here runs of one
+# binary agree within about 4%, over verbs in the VM they differed by a
+# third between boots (see bench/softroce/cpu.sh). fi_pingpong busy-polls
 # and cannot be told not to: its count includes the polling while it waits
 # for the other side, so it is an upper bound, and a side whose set-up
 # polling varies more than the calls cost (seen on the client) gives no

@@ -47,6 +47,7 @@ static struct {
     uint32_t window;
     bool no_grpc;
     bool no_spin;     /* channel and server never busy-wait (callgrind: spinning is not work) */
+    unsigned threads; /* --threads: workers of the server's and each channel's own scheduler; 0: the default */
     bool no_baseline; /* skip the transport's rate (callgrind: only the streams' instructions) */
     const char *only; /* run the cases whose name contains it (and their sizes' baselines) */
 } g = {.backend = "tcp", .server_ip = "127.0.0.1", .duration_ms = 1000, .rounds = 3};
@@ -208,6 +209,7 @@ static struct vrpc_server *server_start(char *uri, size_t len)
     vrpc_server_opts_init(&o);
     o.stream_window = g.window;
     o.no_spin = g.no_spin;
+    o.threads = g.threads;
     snprintf(listen, sizeof(listen), "%s://%s%s%s:0", g.backend, v6 ? "[" : "", g.server_ip, v6 ? "]" : "");
     if ((rc = vrpc_server_create(&o, &s)) || (rc = vrpc_server_register_stream(s, &m_sstream, &g_ops, NULL)) ||
         (rc = vrpc_server_register_stream(s, &m_bidi, &g_ops, NULL)) || (rc = vrpc_server_start(s, listen)) ||
@@ -314,6 +316,7 @@ static struct vrpc_channel *channel_open(const char *uri)
     co.src_addr = g.client_ip;
     co.stream_window = g.window;
     co.no_spin = g.no_spin;
+    co.threads = g.threads;
     if (vrpc_channel_create(uri, &co, &ch) || vrpc_channel_connect(ch, 10000)) {
         fprintf(stderr, "rpc_bench_stream: cannot connect to %s\n", uri);
         exit(1);
@@ -573,7 +576,7 @@ static void usage(FILE *f, const char *argv0)
     fprintf(f,
             "usage: %s [--json] [--quick] [--backend tcp|verbs] [--server-ip IP] [--client-ip IP]\n"
             "          [--duration-ms N] [--rounds N] [--window N] [--no-grpc] [--only SUBSTRING]\n"
-            "          [--no-spin] [--no-baseline]\n"
+            "          [--no-spin] [--no-baseline] [--threads N]\n"
             "  verbrpc streaming message rates (one-way server streaming on 1 and 16 streams,\n"
             "  bidi echo) against the transport's one-way rate and gRPC C++ streaming,\n"
             "  measured in the same run, rounds alternating; targets on the median ratios\n"
@@ -581,7 +584,8 @@ static void usage(FILE *f, const char *argv0)
             "  --only: the cases whose name (oneway_sync_s1, oneway_s1, oneway_s16, bidi_s1,\n"
             "  bidi_s16, then _32B or _4096B) contains SUBSTRING, with their sizes' transport\n"
             "  baselines; gRPC is not run. --no-spin: nothing busy-waits (for callgrind);\n"
-            "  --no-baseline: no transport rate and no ratios.\n",
+            "  --no-baseline: no transport rate and no ratios. --threads: workers of the\n"
+            "  server's and of each channel's own scheduler (default 0: the library's, 2).\n",
             argv0);
 }
 
@@ -613,6 +617,8 @@ int main(int argc, char **argv)
             g.only = argv[++i];
         else if (!strcmp(a, "--window") && v)
             g.window = (uint32_t)atoi(argv[++i]);
+        else if (!strcmp(a, "--threads") && v)
+            g.threads = (unsigned)atoi(argv[++i]);
         else {
             bool help = !strcmp(a, "--help") || !strcmp(a, "-h");
             usage(help ? stdout : stderr, argv[0]);
