@@ -177,7 +177,10 @@ VRPC_API void vrpc_server_stream_set_ctx(struct vrpc_server_stream *s, void *ctx
 VRPC_API void *vrpc_server_stream_ctx(const struct vrpc_server_stream *s);
 
 /* Initial metadata, at most once, before the first write (otherwise it goes
- * out with the first write or the finish). Copied. 0, -EALREADY, -EINVAL. */
+ * out with the first write or the finish). Copied. 0, -EALREADY, -EINVAL, or
+ * -ECONNRESET when the stream has already ended (finished, cancelled, its
+ * deadline passed or its connection lost: also before a start callback
+ * that runs late). */
 VRPC_API int vrpc_server_stream_send_metadata(struct vrpc_server_stream *s, const struct vrpc_metadata *md, size_t n);
 
 /* Write one message (packed before return), blocking while the client's

@@ -310,7 +310,12 @@ static void count_start(struct vrpc_server_stream *s, void *user)
 {
     (void)user;
     struct vrpc_metadata md = {"initial", "yes", 3};
-    assert_int_equal(vrpc_server_stream_send_metadata(s, &md, 1), 0);
+    /* -ECONNRESET: the stream already ended before this start ran (a test's
+     * bad input ends it on the poller while a slow worker, e.g. under TSan,
+     * has yet to run the start: 3 runs in 20 failed here before) */
+    int rc = vrpc_server_stream_send_metadata(s, &md, 1);
+    if (rc != -ECONNRESET)
+        assert_int_equal(rc, 0);
     assert_int_equal(vrpc_server_stream_send_metadata(s, &md, 1), -EALREADY);
 }
 static void count_read(struct vrpc_server_stream *s, const ProtobufCMessage *msg, void *user)
