@@ -441,10 +441,11 @@ struct vrpc_call_opts {
  * waits: from a poller it fails UNAVAILABLE at once (through its callback)
  * where the channel has no connection, rather than connect; a synchronous
  * vrpc_call from it fails FAILED_PRECONDITION at once.
- * A callback whose outcome is decided elsewhere (deadline, cancel,
- * connection loss, a call that failed before it was sent) and every callback
- * of a channel over many servers still run on a worker: the flag is a
- * request, not a promise about the thread. */
+ * The callback runs where its outcome is decided: on the poller for a
+ * response, and for a connection loss the poller detects (UNAVAILABLE); on a
+ * worker for a deadline, a cancel or a call that failed before it was sent,
+ * and for every call of a channel over many servers. The flag is a request,
+ * not a promise about the thread. */
 #define VRPC_CALL_CB_ON_POLLER 0x2u
 
 /* Synchronous unary call. Blocks the calling thread on its own waiter until
