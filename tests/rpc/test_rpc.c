@@ -872,6 +872,22 @@ static void test_server_drain(void **state)
  * DEADLINE_EXCEEDED itself (so the client's slot and credit come back at
  * once), the handler sees the call cancelled, and its late answer is dropped
  * with -ETIMEDOUT. */
+/* A MODE_LATE call the server answered for (its deadline passed): the
+ * handler's late answer comes (the late0 + 1st), saw the call cancelled and
+ * was refused; then the slot serves a new call with sequence number seq. */
+static void late_answer_refused(struct vrpc_channel *ch, unsigned late0, uint64_t seq)
+{
+    Vrpctest__EchoReply *rep;
+    struct vrpc_status st;
+    for (int i = 0; i < 10000 && __atomic_load_n(&g_late.done, __ATOMIC_ACQUIRE) == late0; i++)
+        usleep(1000);
+    assert_int_equal(__atomic_load_n(&g_late.done, __ATOMIC_ACQUIRE), late0 + 1);
+    assert_true(g_late.cancelled);
+    assert_int_equal(g_late.rc, -ETIMEDOUT);
+    assert_int_equal(call_echo(ch, "z", 1, seq, MODE_ECHO, 0, NULL, &rep, &st), VRPC_OK);
+    assert_int_equal(rep->seq, seq);
+}
+
 static void test_server_deadline_while_handler_runs(void **state)
 {
     (void)state;
@@ -906,15 +922,9 @@ static void test_server_deadline_while_handler_runs(void **state)
             after.deadline = ms[i].by_code[VRPC_DEADLINE_EXCEEDED];
     assert_int_equal(after.deadline, before.deadline + 1);
 
-    /* the handler's late answer: it saw the call cancelled, respond refused */
-    for (int i = 0; i < 10000 && __atomic_load_n(&g_late.done, __ATOMIC_ACQUIRE) == late0; i++)
-        usleep(1000);
-    assert_int_equal(__atomic_load_n(&g_late.done, __ATOMIC_ACQUIRE), late0 + 1);
-    assert_true(g_late.cancelled);
-    assert_int_equal(g_late.rc, -ETIMEDOUT);
-    /* and the slot's new call object serves on */
-    assert_int_equal(call_echo(ch, "z", 1, 3, MODE_ECHO, 0, NULL, &rep, &st), VRPC_OK);
-    assert_int_equal(rep->seq, 3);
+    /* the handler's late answer: it saw the call cancelled, respond refused;
+     * and the slot's new call object serves on */
+    late_answer_refused(ch, late0, 3);
     vrpc_channel_destroy(ch);
 }
 
@@ -1005,13 +1015,7 @@ static void test_handlers_on_poller(void **state)
     int64_t t0 = vrpc_now_ns();
     assert_int_equal(call_echo(ch, "x", 1, 12, MODE_LATE, 1500, &o, &rep, &st), VRPC_DEADLINE_EXCEEDED);
     assert_true(vrpc_now_ns() - t0 < 1200000000);
-    for (int i = 0; i < 10000 && __atomic_load_n(&g_late.done, __ATOMIC_ACQUIRE) == late0; i++)
-        usleep(1000);
-    assert_int_equal(__atomic_load_n(&g_late.done, __ATOMIC_ACQUIRE), late0 + 1);
-    assert_true(g_late.cancelled);
-    assert_int_equal(g_late.rc, -ETIMEDOUT);
-    assert_int_equal(call_echo(ch, "z", 1, 13, MODE_ECHO, 0, NULL, &rep, &st), VRPC_OK);
-    assert_int_equal(rep->seq, 13);
+    late_answer_refused(ch, late0, 13);
     vrpc_channel_destroy(ch);
     vrpc_server_destroy(s);
 }
