@@ -191,6 +191,8 @@ struct tcp_ep {
     struct vrpc_buf ev_acc, ev_disc; /* pseudo-buffers carrying the lifecycle completions */
 };
 
+#define TCP_RX_CARRY (64u << 10) /* tcp_cq.carry */
+
 struct tcp_cq {
     struct vrpc_cq base;
     int epfd, evfd;
@@ -215,6 +217,9 @@ struct tcp_cq {
     uint64_t next_scan;
     uint64_t flow_ns; /* last time a large transfer moved bytes
                                          here (READ_RESP in, or a chunk out) */
+    /* The tail of a read: the bytes after the frame being read, when the
+     * peer has more queued (tcp_cq.c, rx_frames), parsed on from here. */
+    char carry[TCP_RX_CARRY];
 };
 
 struct tcp_listener {

@@ -193,8 +193,8 @@ static int consume(struct tcp_cq *cq, struct tcp_ep *ep, const char *p, size_t l
 static void rx_spec(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
 {
     struct vrpc_buf *spec = tcp_cq_get_posted(cq);
-    struct iovec iov[2];
-    size_t hrem = HDR_LEN - ep->rhdr_got, extra, used = 0;
+    struct iovec iov[3];
+    size_t hrem = HDR_LEN - ep->rhdr_got, extra, tail, used = 0;
     const char *why = NULL;
     char *base;
     ssize_t n;
@@ -207,8 +207,10 @@ static void rx_spec(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
     iov[0].iov_len = hrem;
     iov[1].iov_base = base;
     iov[1].iov_len = spec->cap;
+    iov[2].iov_base = cq->carry;
+    iov[2].iov_len = sizeof cq->carry;
     do
-        n = readv(ep->fd, iov, 2);
+        n = readv(ep->fd, iov, 3);
     while (n < 0 && errno == EINTR);
     if (n <= 0) {
         tcp_cq_put_posted(cq, spec);
@@ -232,6 +234,8 @@ static void rx_spec(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
         return; /* level-triggered epoll reports the socket again when more arrives */
     }
     extra = (size_t)n - hrem;
+    tail = extra > spec->cap ? extra - spec->cap : 0; /* in cq->carry */
+    extra -= tail;
     ep->rhdr_got = HDR_LEN;
     rc = handle_hdr(cq, ep, &spec, &why);
     if (!rc && !spec) {
@@ -247,8 +251,10 @@ static void rx_spec(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
     /* what follows the frame is copied on before anyone sees the buffer */
     if (!rc && extra > used)
         rc = consume(cq, ep, base + used, extra - used, now, spec ? &spec : NULL, &why);
-    if (spec)
+    if (spec) /* back before the tail: a frame there may need it */
         tcp_cq_put_posted(cq, spec);
+    if (!rc && tail)
+        rc = consume(cq, ep, cq->carry, tail, now, NULL, &why);
     if (rc) {
         vrpc_tcp_ep_teardown(cq, ep, rc, why);
         return;
@@ -293,6 +299,7 @@ static void rx_frames(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
         size_t want;
         ssize_t n;
         int niov;
+        bool carry = false;
 
         if (!ep->rdst && ep->rhdr_got == HDR_LEN) {
             const char *why = NULL;
@@ -306,8 +313,13 @@ static void rx_frames(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
         if (ep->rdst) {
             iov[0].iov_base = ep->rdst + ep->rgot;
             iov[0].iov_len = ep->rlen - ep->rgot;
-            iov[1].iov_base = ep->rhdr.b;
-            iov[1].iov_len = HDR_LEN;
+            /* After a message, whatever else is queued, into the carry (one
+             * read for a backlog of frames, not one per frame); after a
+             * large read's chunk only the next header, so that the next
+             * chunk goes straight into the reader's buffer too. */
+            carry = ep->rkind != K_RRESP;
+            iov[1].iov_base = carry ? (void *)cq->carry : (void *)ep->rhdr.b;
+            iov[1].iov_len = carry ? sizeof cq->carry : HDR_LEN;
             niov = 2;
         } else {
             /* (not while our reads are out: their chunks go straight
@@ -348,15 +360,18 @@ static void rx_frames(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
             if ((size_t)n < p)
                 p = (size_t)n;
             ep->rgot += (uint32_t)p;
-            ep->rhdr_got = (uint32_t)((size_t)n - p);
+            if (!carry)
+                ep->rhdr_got = (uint32_t)((size_t)n - p);
             if (ep->rgot == ep->rlen) {
                 const char *why = NULL;
                 int rc = body_done(cq, ep, &why);
+                if (!rc && carry && (size_t)n > p)
+                    rc = consume(cq, ep, cq->carry, (size_t)n - p, now, NULL, &why);
                 if (rc) {
                     vrpc_tcp_ep_teardown(cq, ep, rc, why);
                     return;
                 }
-                ep->frame_ns = ep->rhdr_got ? now : 0;
+                ep->frame_ns = ep->rdst || ep->rhdr_got ? now : 0;
             }
         } else {
             ep->rhdr_got += (uint32_t)n;
