@@ -372,6 +372,8 @@ static void rx_frames(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
                     return;
                 }
                 ep->frame_ns = ep->rdst || ep->rhdr_got ? now : 0;
+                if (carry && (size_t)n > p)
+                    return; /* one carry's worth of frames per readiness report, as rx_spec */
             }
         } else {
             ep->rhdr_got += (uint32_t)n;
