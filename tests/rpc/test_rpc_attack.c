@@ -6,7 +6,8 @@
  *   - seventeen announced large requests whose reads are never served;
  *   - sixteen connections serving their reads one byte at a time;
  *   - the same with large messages inside client streams;
- *   - a client that floods requests as fast as its credits allow.
+ *   - a client that floods requests as fast as its credits allow;
+ *   - a client that keeps the socket full of header-only frames.
  * Each asserts that the attacker gets a clear status or loses its connection,
  * that the well-behaved client keeps a 100 % success rate with a p95 within
  * 20x its p99 before the attack + 50 ms, that its large request still gets
@@ -120,12 +121,14 @@ enum atk_mode {
     ATK_SLOW,        /* announces a large request, serves its read one byte per tick */
     ATK_FLOOD,       /* calls as fast as credits allow, reads everything */
     ATK_STREAM_SLOW, /* ATK_SLOW with a large message in a client stream */
+    ATK_CREDITS,     /* header-only CREDIT frames granting nothing, 64 KiB at a time */
 };
 
 struct atk {
     enum atk_mode mode;
     const char *uri;
     uint32_t slots;  /* the server's max_concurrent */
+    unsigned long frames; /* ATK_CREDITS: frames written */
     uint32_t nlarge; /* ATK_LARGE / ATK_SLOW: large requests to announce;
                              ATK_NO_READ: calls to make */
     uint32_t large_len;
@@ -389,6 +392,18 @@ static void *atk_main(void *arg)
             break;
         case ATK_LARGE:
             up = atk_pump(a, 20);
+            break;
+        case ATK_CREDITS:
+            if (vrpc_now_ns() < end) {
+                /* (blocks while the server's socket is full: as fast as it parses) */
+                static struct vrpc_tcp_hdr noise[4096];
+                for (unsigned i = 0; i < 4096; i++)
+                    thdr(&noise[i], VRPC_TCP_CREDIT, 0, 0, 0);
+                up = write_all(a->fd, noise, sizeof noise);
+                a->frames += up ? 4096 : 0;
+            } else {
+                up = atk_pump(a, 5);
+            }
             break;
         }
     }
@@ -846,6 +861,35 @@ static void t_flood(void **state)
     vrpc_server_destroy(e.srv);
 }
 
+/* A peer that keeps the server's socket full of header-only frames (CREDIT
+ * frames granting nothing: valid, and useless): the poller parses at most a
+ * read's worth of them (a frame's body plus the 64 KiB carry) per pass, so
+ * the other connections of its CQ keep their turn. */
+static void t_credit_noise(void **state)
+{
+    (void)state;
+    struct env e;
+    struct vrpc_server_opts so;
+    struct good g;
+    struct atk a;
+    vrpc_server_opts_init(&so);
+    env_start(&e, &so);
+    good_open(&g, e.uri);
+    good_run(&g, 500);
+    struct figures before = good_figures(&g, "noise", "before");
+    atk_start(&a, ATK_CREDITS, e.uri, 64, 3000, 0);
+    usleep(100000);
+    good_run(&g, 2500);
+    struct figures during = good_figures(&g, "noise", "during");
+    atk_stop(&a);
+    printf("attack noise: the peer wrote %lu header-only frames (%.1f MiB)\n", a.frames,
+           (double)a.frames * VRPC_TCP_HDR_LEN / (1 << 20));
+    assert_true(a.frames >= 4096);
+    assert_kept(&before, &during);
+    vrpc_channel_destroy(g.ch);
+    vrpc_server_destroy(e.srv);
+}
+
 /* ---- a server that trickles a large response -------------------------------
  * A raw TCP server (the transport's and the RPC wire by hand) answers the
  * channel's call with a 16 MiB rendezvous response and serves the channel's
@@ -1105,6 +1149,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(t_trickled_response),
         cmocka_unit_test(t_trickled_stream_message),
         cmocka_unit_test(t_flood),
+        cmocka_unit_test(t_credit_noise),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -193,8 +193,8 @@ static int consume(struct tcp_cq *cq, struct tcp_ep *ep, const char *p, size_t l
 static void rx_spec(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
 {
     struct vrpc_buf *spec = tcp_cq_get_posted(cq);
-    struct iovec iov[3];
-    size_t hrem = HDR_LEN - ep->rhdr_got, extra, tail, used = 0;
+    struct iovec iov[2];
+    size_t hrem = HDR_LEN - ep->rhdr_got, extra, used = 0;
     const char *why = NULL;
     char *base;
     ssize_t n;
@@ -207,10 +207,8 @@ static void rx_spec(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
     iov[0].iov_len = hrem;
     iov[1].iov_base = base;
     iov[1].iov_len = spec->cap;
-    iov[2].iov_base = cq->carry;
-    iov[2].iov_len = sizeof cq->carry;
     do
-        n = readv(ep->fd, iov, 3);
+        n = readv(ep->fd, iov, 2);
     while (n < 0 && errno == EINTR);
     if (n <= 0) {
         tcp_cq_put_posted(cq, spec);
@@ -234,8 +232,6 @@ static void rx_spec(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
         return; /* level-triggered epoll reports the socket again when more arrives */
     }
     extra = (size_t)n - hrem;
-    tail = extra > spec->cap ? extra - spec->cap : 0; /* in cq->carry */
-    extra -= tail;
     ep->rhdr_got = HDR_LEN;
     rc = handle_hdr(cq, ep, &spec, &why);
     if (!rc && !spec) {
@@ -251,10 +247,8 @@ static void rx_spec(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
     /* what follows the frame is copied on before anyone sees the buffer */
     if (!rc && extra > used)
         rc = consume(cq, ep, base + used, extra - used, now, spec ? &spec : NULL, &why);
-    if (spec) /* back before the tail: a frame there may need it */
+    if (spec)
         tcp_cq_put_posted(cq, spec);
-    if (!rc && tail)
-        rc = consume(cq, ep, cq->carry, tail, now, NULL, &why);
     if (rc) {
         vrpc_tcp_ep_teardown(cq, ep, rc, why);
         return;
@@ -289,6 +283,14 @@ static void rx_lowat(struct tcp_ep *ep)
         ep->lowat = want;
 }
 
+#define CARRY_FRAMES 16u
+
+static size_t carry_len(uint32_t body)
+{
+    size_t n = (size_t)CARRY_FRAMES * (body + HDR_LEN);
+    return n < TCP_RX_CARRY ? n : TCP_RX_CARRY;
+}
+
 /* Read what the socket has for ep, a bounded amount per call (level-triggered
  * epoll calls again), straight into the posted buffer, the next header after. */
 static void rx_frames(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
@@ -313,13 +315,18 @@ static void rx_frames(struct tcp_cq *cq, struct tcp_ep *ep, uint64_t now)
         if (ep->rdst) {
             iov[0].iov_base = ep->rdst + ep->rgot;
             iov[0].iov_len = ep->rlen - ep->rgot;
-            /* After a message, whatever else is queued, into the carry (one
-             * read for a backlog of frames, not one per frame); after a
-             * large read's chunk only the next header, so that the next
-             * chunk goes straight into the reader's buffer too. */
+            /* After a message, what else is queued, into the carry: a
+             * backlog of frames costs one read, not one per frame. At most
+             * CARRY_FRAMES frames of this one's size (and the carry's size):
+             * what one pass parses for one connection stays in proportion to
+             * the messages it sends (a peer that follows a small message
+             * with 64 KiB of header-only frames would hold the poller from
+             * the other connections ~10x longer than a read of one message
+             * does). After a large read's chunk only the next header, so
+             * that the next chunk goes straight into the reader's buffer. */
             carry = ep->rkind != K_RRESP;
             iov[1].iov_base = carry ? (void *)cq->carry : (void *)ep->rhdr.b;
-            iov[1].iov_len = carry ? sizeof cq->carry : HDR_LEN;
+            iov[1].iov_len = carry ? carry_len(ep->rlen) : HDR_LEN;
             niov = 2;
         } else {
             /* (not while our reads are out: their chunks go straight
