@@ -219,7 +219,7 @@ struct tcp_cq {
                                          here (READ_RESP in, or a chunk out) */
     /* The tail of a read: the bytes after the frame being read, when the
      * peer has more queued (tcp_cq.c, rx_frames), parsed on from here. */
-    char carry[TCP_RX_CARRY];
+    char *carry; /* TCP_RX_CARRY bytes, allocated with the CQ */
 };
 
 struct tcp_listener {

@@ -688,6 +688,7 @@ void vrpc_tcp_cq_destroy(struct vrpc_cq *base)
         close(cq->epfd);
     if (cq->evfd >= 0)
         close(cq->evfd);
+    free(cq->carry);
     free(cq);
 }
 
@@ -701,8 +702,9 @@ int vrpc_tcp_cq_create(struct vrpc_transport *tp, const struct vrpc_cq_attr *att
     vrpc_credit_pool_init(&cq->cr, MIN_RESV, 0); /* a credit-only frame uses no receive */
     cq->epfd = epoll_create1(EPOLL_CLOEXEC);
     cq->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (cq->epfd < 0 || cq->evfd < 0 || epoll_ctl(cq->epfd, EPOLL_CTL_ADD, cq->evfd, &e)) {
-        rc = -errno;
+    cq->carry = malloc(TCP_RX_CARRY);
+    if (cq->epfd < 0 || cq->evfd < 0 || !cq->carry || epoll_ctl(cq->epfd, EPOLL_CTL_ADD, cq->evfd, &e)) {
+        rc = cq->carry ? -errno : -ENOMEM;
         vrpc_tcp_cq_destroy(&cq->base);
         return rc;
     }
