@@ -700,11 +700,15 @@ int vrpc_tcp_cq_create(struct vrpc_transport *tp, const struct vrpc_cq_attr *att
     if (!cq)
         return -ENOMEM;
     vrpc_credit_pool_init(&cq->cr, MIN_RESV, 0); /* a credit-only frame uses no receive */
+    cq->epfd = cq->evfd = -1;
+    if (!(cq->carry = malloc(TCP_RX_CARRY))) {
+        vrpc_tcp_cq_destroy(&cq->base);
+        return -ENOMEM;
+    }
     cq->epfd = epoll_create1(EPOLL_CLOEXEC);
     cq->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    cq->carry = malloc(TCP_RX_CARRY);
-    if (cq->epfd < 0 || cq->evfd < 0 || !cq->carry || epoll_ctl(cq->epfd, EPOLL_CTL_ADD, cq->evfd, &e)) {
-        rc = cq->carry ? -errno : -ENOMEM;
+    if (cq->epfd < 0 || cq->evfd < 0 || epoll_ctl(cq->epfd, EPOLL_CTL_ADD, cq->evfd, &e)) {
+        rc = -errno;
         vrpc_tcp_cq_destroy(&cq->base);
         return rc;
     }
