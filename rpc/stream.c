@@ -229,6 +229,11 @@ static void stream_open(struct vrpc_stream *s, const struct vrpc_stream_opts *o,
 {
     struct vrpc_channel *ch = s->ch;
     struct vrpc_pending_slot *slot = s->slot;
+    /* Our own reference for the send below: once the stream is published a
+     * connection loss may end and release it (its conn_unref) on the
+     * poller, before this thread has sent its request. */
+    struct vrpc_conn *c = s->c;
+    conn_ref(c);
     s->gen = vrpc_pending_gen(slot);
     s->id = vrpc_wire_make_id(slot->index, s->gen);
     s->tx_allowed = s->c->stream_window;
@@ -253,9 +258,9 @@ static void stream_open(struct vrpc_stream *s, const struct vrpc_stream_opts *o,
     struct vrpc_buf *b = vrpc_rpc_buf_get(ch->send_pool, true);
     if (b) {
         uint32_t flen = stream_request(s, o, mdsz, deadline, b);
-        rc = vrpc_conn_dead_rmw(&s->c->b) ? -ENOTCONN : 0;
+        rc = vrpc_conn_dead_rmw(&c->b) ? -ENOTCONN : 0;
         if (!rc)
-            rc = vrpc_rpc_send(s->c->b.ep, b, flen, true);
+            rc = vrpc_rpc_send(c->b.ep, b, flen, true);
         else
             vrpc_pool_put(b);
     }
@@ -268,6 +273,7 @@ static void stream_open(struct vrpc_stream *s, const struct vrpc_stream_opts *o,
     }
     slot_drop(slot, s->gen); /* the owner's set-up hold */
     check_expired(ch, deadline, s->id);
+    conn_unref(c);
 }
 
 /* A channel over many servers: the policy picks one server for the whole
