@@ -7,7 +7,8 @@
  *     client's window lets it, the client reads them (sync read on one
  *     stream, read callbacks on one and on 16 streams); counted at the reader.
  *     Target: >= 0.8 of the transport's one-way rate on one stream.
- *   bidi echo: the client writes (write_async on 1 or 16 streams), the server
+ *   bidi echo: the client writes (write_async on 1 or 16 streams, refilled
+ *     from the write callbacks, as the server streaming pump), the server
  *     writes every message back from its read callback; echoes counted at
  *     the client.
  *   gRPC (grpc_stream_bench, a child process, when built): server streaming
@@ -269,43 +270,41 @@ static void *sync_reader(void *arg)
     return NULL;
 }
 
+/* The bidi client's writes: as the server's pump (and as stream.h advises
+ * writers that stream a lot), write_async refilled from the write callbacks
+ * (they run on the stream's task, between its read callbacks), up to
+ * VRPC_STREAM_ASYNC_WRITES_MAX outstanding; the first write of each stream
+ * comes from the case itself. No thread spins or sleeps for room. */
 struct bidi_writer {
-    struct vrpc_stream **s;
-    unsigned n;
     size_t size;
     volatile bool stop;
+    unsigned long seq; /* atomic */
 };
+
+static void bidi_refill(struct vrpc_stream *s, struct bidi_writer *w);
 
 static void wrote_c(struct vrpc_stream *s, int rc, void *arg)
 {
-    (void)s;
-    (void)rc;
-    (void)arg;
+    struct bidi_writer *w = arg;
+    if (rc == 0)
+        bidi_refill(s, w);
 }
 
-static void *bidi_writer_main(void *arg)
+/* Write until the stream has VRPC_STREAM_ASYNC_WRITES_MAX outstanding (or
+ * the case stops): 0, or the first error other than -EAGAIN. */
+static int bidi_write(struct vrpc_stream *s, struct bidi_writer *w)
 {
-    struct bidi_writer *w = arg;
-    uint64_t seq = 0;
-    while (!w->stop) {
-        bool any = false;
-        for (unsigned i = 0; i < w->n; i++) {
-            Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
-            r.seq = seq;
-            r.payload.data = g_payload;
-            r.payload.len = w->size;
-            int rc = vrpc_stream_write_async(w->s[i], &r.base, wrote_c, NULL);
-            if (rc == 0) {
-                seq++;
-                any = true;
-            } else if (rc != -EAGAIN) {
-                return NULL;
-            }
-        }
-        if (!any)
-            sched_yield();
-    }
-    return NULL;
+    Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
+    r.seq = __atomic_fetch_add(&w->seq, 1, __ATOMIC_RELAXED);
+    r.payload.data = g_payload;
+    r.payload.len = w->size;
+    return vrpc_stream_write_async(s, &r.base, wrote_c, w);
+}
+
+static void bidi_refill(struct vrpc_stream *s, struct bidi_writer *w)
+{
+    while (!w->stop && bidi_write(s, w) == 0)
+        ;
 }
 
 static struct vrpc_channel *channel_open(const char *uri)
@@ -340,7 +339,7 @@ static double stream_case(const char *uri, enum shape shape, size_t size, unsign
     struct vrpc_channel *ch = channel_open(uri);
     struct vrpc_stream *s[STREAMS_MAX];
     struct reader rd = {0};
-    struct bidi_writer bw = {s, nstreams, size, false};
+    struct bidi_writer bw = {size, false, 0};
     pthread_t th;
     for (unsigned i = 0; i < nstreams; i++) {
         struct vrpc_stream_opts o = {.call = {.timeout_us = VRPC_NO_TIMEOUT},
@@ -363,7 +362,11 @@ static double stream_case(const char *uri, enum shape shape, size_t size, unsign
         rd.s = s[0];
         pthread_create(&th, NULL, sync_reader, &rd);
     } else if (shape == BIDI) {
-        pthread_create(&th, NULL, bidi_writer_main, &bw);
+        for (unsigned i = 0; i < nstreams; i++) /* its callback writes the rest */
+            if (bidi_write(s[i], &bw) != 0) {
+                fprintf(stderr, "rpc_bench_stream: the first bidi write failed\n");
+                exit(1);
+            }
     }
     usleep(100000); /* warm up */
     unsigned long r0 = __atomic_load_n(&g_reads, __ATOMIC_RELAXED);
@@ -378,7 +381,7 @@ static double stream_case(const char *uri, enum shape shape, size_t size, unsign
     bw.stop = true;
     for (unsigned i = 0; i < nstreams; i++)
         vrpc_stream_cancel(s[i]); /* wakes a blocked sync read */
-    if (shape != ONEWAY)
+    if (shape == ONEWAY_SYNC)
         pthread_join(th, NULL);
     for (unsigned i = 0; i < nstreams; i++)
         vrpc_stream_destroy(s[i]);
