@@ -835,30 +835,52 @@ stopped:
     vrpc_server_destroy(e.srv);
 }
 
+/* One attacker against a server with options so while the well-behaved
+ * client measures its calls (500 ms before, 2.5 s during): the attacker is
+ * stopped on return, its counters in *a, the client's figures in
+ * r->before and r->during; the caller checks the attacker's counters, then
+ * attack_end checks the figures and ends the server and the client. */
+struct attack_run {
+    struct env e;
+    struct good g;
+    struct figures before, during;
+};
+
+static void attack_measure(struct attack_run *r, const struct vrpc_server_opts *so, enum atk_mode mode, uint32_t slots,
+                           const char *what, struct atk *a)
+{
+    env_start(&r->e, so);
+    good_open(&r->g, r->e.uri);
+    good_run(&r->g, 500);
+    r->before = good_figures(&r->g, what, "before");
+    atk_start(a, mode, r->e.uri, slots, 3000, 0);
+    usleep(100000);
+    good_run(&r->g, 2500);
+    r->during = good_figures(&r->g, what, "during");
+    atk_stop(a);
+}
+
+/* The well-behaved client kept its latency and success rate; all goes. */
+static void attack_end(struct attack_run *r)
+{
+    assert_kept(&r->before, &r->during);
+    vrpc_channel_destroy(r->g.ch);
+    vrpc_server_destroy(r->e.srv);
+}
+
 static void t_flood(void **state)
 {
     (void)state;
-    struct env e;
     struct vrpc_server_opts so;
-    struct good g;
+    struct attack_run r;
     struct atk a;
     vrpc_server_opts_init(&so);
     so.max_concurrent = 64;
-    env_start(&e, &so);
-    good_open(&g, e.uri);
-    good_run(&g, 500);
-    struct figures before = good_figures(&g, "flood", "before");
-    atk_start(&a, ATK_FLOOD, e.uri, 64, 3000, 0);
-    usleep(100000);
-    good_run(&g, 2500);
-    struct figures during = good_figures(&g, "flood", "during");
-    atk_stop(&a);
+    attack_measure(&r, &so, ATK_FLOOD, 64, "flood", &a);
     printf("attack flood: the flooder sent %u requests, got %u OK responses (it is bounded by its %u credits)\n",
            a.sent, a.by_code[VRPC_OK], so.max_concurrent);
     assert_true(a.by_code[VRPC_OK] > 0);
-    assert_kept(&before, &during);
-    vrpc_channel_destroy(g.ch);
-    vrpc_server_destroy(e.srv);
+    attack_end(&r);
 }
 
 /* A peer that keeps the server's socket full of header-only frames (CREDIT
@@ -868,26 +890,15 @@ static void t_flood(void **state)
 static void t_credit_noise(void **state)
 {
     (void)state;
-    struct env e;
     struct vrpc_server_opts so;
-    struct good g;
+    struct attack_run r;
     struct atk a;
     vrpc_server_opts_init(&so);
-    env_start(&e, &so);
-    good_open(&g, e.uri);
-    good_run(&g, 500);
-    struct figures before = good_figures(&g, "noise", "before");
-    atk_start(&a, ATK_CREDITS, e.uri, 64, 3000, 0);
-    usleep(100000);
-    good_run(&g, 2500);
-    struct figures during = good_figures(&g, "noise", "during");
-    atk_stop(&a);
+    attack_measure(&r, &so, ATK_CREDITS, 64, "noise", &a);
     printf("attack noise: the peer wrote %lu header-only frames (%.1f MiB)\n", a.frames,
            (double)a.frames * VRPC_TCP_HDR_LEN / (1 << 20));
     assert_true(a.frames >= 4096);
-    assert_kept(&before, &during);
-    vrpc_channel_destroy(g.ch);
-    vrpc_server_destroy(e.srv);
+    attack_end(&r);
 }
 
 /* ---- a server that trickles a large response -------------------------------
