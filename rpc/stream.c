@@ -120,6 +120,23 @@ int vrpc_stream_send(struct vrpc_stream *s, uint8_t type, uint16_t flags, const 
     return vrpc_stream_send_buf(s, b, vrpc_rpc_frame_fill(b, &h, payload, len));
 }
 
+/* A frame sent without waiting, for the poller (a stream whose callbacks
+ * run there): -EAGAIN when no send buffer is free or the transport's queue
+ * is full right now, -ENOTCONN, or 0. */
+static int send_nowait(struct vrpc_stream *s, uint8_t type, const void *payload, uint32_t len)
+{
+    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = type, .request_id = s->id};
+    if (vrpc_conn_is_dead(&s->c->b))
+        return -ENOTCONN;
+    struct vrpc_buf *b = vrpc_pool_get(s->ch->send_pool);
+    if (!b)
+        return -EAGAIN;
+    int rc = vrpc_ep_send(s->c->b.ep, b, vrpc_rpc_frame_fill(b, &h, payload, len), 0, 0, 0);
+    if (rc)
+        vrpc_pool_put(b);
+    return rc;
+}
+
 void vrpc_stream_fail(struct vrpc_stream *s, enum vrpc_code code, const char *why)
 {
     /* an ended stream may be released, its channel gone: not even its slot */
@@ -158,12 +175,17 @@ bool vrpc_stream_window_locked(struct vrpc_stream *s, bool force)
     s->rx_allowed += k;
     s->users++;
     pthread_mutex_unlock(&s->mu);
-    int rc = vrpc_stream_send(s, VRPC_FT_WINDOW, 0, le, sizeof le);
-    if (rc)
+    bool poller = vrpc_rpc_on_poller;
+    int rc = poller ? send_nowait(s, VRPC_FT_WINDOW, le, sizeof le) : vrpc_stream_send(s, VRPC_FT_WINDOW, 0, le, sizeof le);
+    if (rc && !(poller && rc == -EAGAIN))
         vrpc_stream_fail(s, VRPC_UNAVAILABLE, "stream send failed (WINDOW)");
     pthread_mutex_lock(&s->mu);
+    if (rc == -EAGAIN && poller) { /* no buffer or credit now: the task returns it (vrpc_stream_task_due_locked) */
+        s->rx_unreported += k;
+        s->rx_allowed -= k;
+    }
     leave_locked(s); /* a reader's thread may be the last user of an ended stream */
-    return true;
+    return !(rc == -EAGAIN && poller);
 }
 
 /* ---- start ------------------------------------------------------------------ */
@@ -179,6 +201,7 @@ static struct vrpc_stream *stream_new(struct vrpc_channel *ch, const struct vrpc
     if (o && o->cbs) {
         s->has_cbs = true;
         s->cbs = *o->cbs;
+        s->cb_on_poller = (o->call.flags & VRPC_CALL_CB_ON_POLLER) != 0;
     }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cond, NULL);
@@ -255,12 +278,13 @@ static void stream_open(struct vrpc_stream *s, const struct vrpc_stream_opts *o,
     if (o && o->call.call_id)
         __atomic_store_n(o->call.call_id, s->id, __ATOMIC_RELEASE);
     int rc = -ENOBUFS;
-    struct vrpc_buf *b = vrpc_rpc_buf_get(ch->send_pool, true);
+    bool wait = !vrpc_rpc_on_poller; /* (started from a callback on a poller: never waits) */
+    struct vrpc_buf *b = vrpc_rpc_buf_get(ch->send_pool, wait);
     if (b) {
         uint32_t flen = stream_request(s, o, mdsz, deadline, b);
         rc = vrpc_conn_dead_rmw(&c->b) ? -ENOTCONN : 0;
         if (!rc)
-            rc = vrpc_rpc_send(c->b.ep, b, flen, true);
+            rc = vrpc_rpc_send(c->b.ep, b, flen, wait);
         else
             vrpc_pool_put(b);
     }
@@ -325,10 +349,13 @@ int vrpc_stream_start(struct vrpc_channel *ch, const struct vrpc_method_desc *m,
     } else if (VRPC_WIRE_HDR_LEN + (size_t)mdsz > vrpc_ep_eager_size(s->c->b.ep)) {
         vrpc_status_set(&st, VRPC_RESOURCE_EXHAUSTED, "stream metadata of %ld bytes does not fit one frame", mdsz);
         rc = -EMSGSIZE;
-    } else if ((rc = vrpc_pending_alloc(ch->pend, deadline, s->c, &s->slot))) {
+    } else if ((rc = vrpc_rpc_on_poller ? vrpc_pending_try_alloc(ch->pend, s->c, &s->slot)
+                                        : vrpc_pending_alloc(ch->pend, deadline, s->c, &s->slot))) {
         s->slot = NULL;
         vrpc_status_set(&st, rc == -ETIMEDOUT ? VRPC_DEADLINE_EXCEEDED : VRPC_UNAVAILABLE, "%s",
-                        rc == -ETIMEDOUT ? "deadline exceeded waiting for a call credit" : "channel is shutting down");
+                        rc == -ETIMEDOUT ? "deadline exceeded waiting for a call credit"
+                        : rc == -EAGAIN  ? "no call credit free (a stream started on a poller does not wait for one)"
+                                         : "channel is shutting down");
     }
     if (rc) {
         if (s->c)
@@ -376,6 +403,8 @@ int vrpc_stream_write(struct vrpc_stream *s, const ProtobufCMessage *msg)
 {
     if (!s)
         return -EINVAL;
+    if (vrpc_rpc_on_poller) /* it may wait for window the poller brings */
+        return -EWOULDBLOCK;
     long plen = write_size(s, msg);
     if (plen < 0)
         return (int)plen;
@@ -453,7 +482,8 @@ int vrpc_stream_close_send(struct vrpc_stream *s)
     int rc = s->ended ? -EPIPE : s->half_closed ? -EALREADY : 0;
     if (!rc) {
         s->half_closed = true;
-        if (s->tx.head || s->tx_busy) { /* after the queued writes: the task sends it */
+        if (s->tx.head || s->tx_busy || vrpc_rpc_on_poller) { /* after the queued writes, or
+                                                                   not to wait on a poller: the task sends it */
             vrpc_stream_kick_locked(s, false);
         } else {
             s->hc_sent = true;
@@ -513,6 +543,8 @@ int vrpc_stream_read(struct vrpc_stream *s, ProtobufCMessage **msg)
 {
     if (!s || !msg || s->has_cbs)
         return -EINVAL;
+    if (vrpc_rpc_on_poller)
+        return -EWOULDBLOCK;
     if (s->rd_last) { /* the previous message is the caller's no longer */
         smq_push(&s->rd_used, s->rd_last);
         s->rd_last = NULL;
@@ -582,6 +614,12 @@ int vrpc_stream_finish(struct vrpc_stream *s, ProtobufCMessage **resp, struct vr
 {
     if (!s)
         return VRPC_INVALID_ARGUMENT;
+    if (vrpc_rpc_on_poller) { /* it waits for the end, which a poller brings */
+        if (st)
+            vrpc_status_set(st, VRPC_FAILED_PRECONDITION,
+                            "vrpc_stream_finish from a callback that runs on a poller: it would block the poller");
+        return VRPC_FAILED_PRECONDITION;
+    }
     pthread_mutex_lock(&s->mu);
     bool hc = !s->half_closed && !s->ended;
     pthread_mutex_unlock(&s->mu);

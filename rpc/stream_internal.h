@@ -65,6 +65,8 @@ struct vrpc_stream {
     uint64_t id;
     uint32_t gen;
     bool has_cbs;
+    bool cb_on_poller; /* VRPC_CALL_CB_ON_POLLER: on_read runs on the poller when
+                          the task is not running (rpc/stream_recv.c, poller_deliver) */
     struct vrpc_stream_cbs cbs;
     int64_t start_ns;
     struct vrpc_task task;
@@ -97,7 +99,8 @@ struct vrpc_stream {
     bool ended;          /* the outcome is decided: st holds it */
     bool done_delivered; /* cbs: on_done ran (or is running) */
     bool rel_claimed, rel_done;
-    bool task_sched;     /* s->task submitted and not finished */
+    bool task_sched;     /* s->task submitted and not finished, or the poller
+                            delivering in its place (poller_deliver) */
     bool free_on_return; /* destroyed from its own callback */
     struct vrpc_status st;
 
@@ -187,7 +190,10 @@ int vrpc_stream_send_buf(struct vrpc_stream *s, struct vrpc_buf *b, uint32_t len
  * *sent the frames the transport took (the others back in their pool). */
 int vrpc_stream_send_list(struct vrpc_stream *s, const struct vrpc_send_wr *wrs, unsigned n, unsigned *sent);
 /* Return window if enough was consumed (or all of it, with force): s->mu
- * held, dropped while sending. True if it sent. */
+ * held, dropped while sending. True if it sent (or tried: a failure fails
+ * the stream). On a poller (vrpc_rpc_on_poller) it never waits: with no
+ * send buffer or credit free right now the window stays unreported, for
+ * the stream's task, and it returns false. */
 bool vrpc_stream_window_locked(struct vrpc_stream *s, bool force);
 /* A node of at least len bytes (from the spare list, else malloc); NULL:
  * out of memory. s->mu held. */

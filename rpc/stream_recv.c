@@ -1,8 +1,9 @@
 /* The client's streams, the receiving side: the poller's MESSAGE, HEADERS
  * and WINDOW entries, the stream's RESPONSE and end, and the stream task
  * that runs callbacks, sends async writes and returned window, and releases
- * the stream's slot and connection (rpc/stream_internal.h). The poller only
- * copies bytes and wakes or submits: no user code runs on it. */
+ * the stream's slot and connection (rpc/stream_internal.h). The poller
+ * copies bytes and wakes or submits; user code runs on it only for a stream
+ * opened with VRPC_CALL_CB_ON_POLLER (poller_deliver). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,10 +49,25 @@ static struct vrpc_stream *frame_stream(struct vrpc_channel *ch, struct vrpc_con
     return s;
 }
 
+/* A stream whose callbacks may run on the poller (VRPC_CALL_CB_ON_POLLER)
+ * and whose task is not running: the poller claims the task's place
+ * (task_sched) to deliver what it queued, after it let go of ch->slock
+ * (poller_deliver). s->mu held. */
+static bool poller_claim_locked(struct vrpc_stream *s)
+{
+    if (!s->cb_on_poller || s->task_sched || s->rel_done || s->free_on_return || s->ended || !s->cbs.on_read ||
+        s->m->kind == VRPC_METHOD_CLIENT_STREAMING)
+        return false;
+    s->task_sched = true;
+    return true;
+}
+
 /* A received message into the stream (s->mu held): queued, or dropped
  * while finishing (its window returns). NULL or a protocol error; *oom:
- * no memory for it (the stream fails, the connection stays). */
-static const char *message_in_locked(struct vrpc_stream *s, const uint8_t *payload, uint32_t len, bool *oom)
+ * no memory for it (the stream fails, the connection stays); *run: the
+ * poller delivers it itself (poller_claim_locked). */
+static const char *message_in_locked(struct vrpc_stream *s, const uint8_t *payload, uint32_t len, bool *oom,
+                                     bool *run)
 {
     if (s->rx_got >= s->rx_allowed)
         return "stream MESSAGE beyond the window";
@@ -77,17 +93,19 @@ static const char *message_in_locked(struct vrpc_stream *s, const uint8_t *paylo
     }
     smq_push(&s->rx, n);
     rx_signal_locked(s);
-    if (s->has_cbs)
+    if (s->has_cbs && !(*run = poller_claim_locked(s)))
         vrpc_stream_kick_locked(s, true);
     return NULL;
 }
+
+static void poller_deliver(struct vrpc_stream *s);
 
 void vrpc_ch_on_message(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h, const uint8_t *body)
 {
     struct vrpc_conn *c = client_conn(b);
     struct vrpc_channel *ch = c->ch;
     const char *err;
-    bool oom = false;
+    bool oom = false, run = false;
 
     if (h->flags & VRPC_FF_END) {
         vrpc_ch_protocol_error(c, "stream MESSAGE with END from a server", -EPROTO);
@@ -103,7 +121,7 @@ void vrpc_ch_on_message(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h,
         err = beyond ? "stream MESSAGE beyond the window" : vrpc_ch_stream_large_in(s, h, body + h->md_len);
     } else if (s) {
         pthread_mutex_lock(&s->mu);
-        err = message_in_locked(s, body + h->md_len, h->payload_len, &oom);
+        err = message_in_locked(s, body + h->md_len, h->payload_len, &oom, &run);
         pthread_mutex_unlock(&s->mu);
         if (oom)
             vrpc_stream_fail(s, VRPC_RESOURCE_EXHAUSTED, "out of memory for a stream message");
@@ -111,6 +129,8 @@ void vrpc_ch_on_message(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h,
     if (!s && !err && (h->flags & VRPC_FF_RNDV)) /* ended here: the server's grant ends now */
         vrpc_ch_send_done(ch, c, h->request_id, VRPC_CANCELLED);
     pthread_mutex_unlock(&ch->slock);
+    if (run) /* (s stays: its release needs the task's place, which we hold) */
+        poller_deliver(s);
     if (err)
         vrpc_ch_protocol_error(c, err, -EPROTO);
 }
@@ -474,6 +494,36 @@ static bool linger_locked(struct vrpc_stream *s)
     vrpc_stream_spin(s, seq, (uint64_t)VRPC_RPC_BUSY_POLL_US * 1000u);
     pthread_mutex_lock(&s->mu);
     return s->rx_seq != seq; /* under the lock: a kick just after the spin is seen */
+}
+
+/* Work the task has to do after a poller delivered in its place (s->mu
+ * held): writes to send, window the poller could not return, the
+ * half-close, the end (on_done, release) or a destroy from a callback. */
+static bool task_due_locked(const struct vrpc_stream *s)
+{
+    uint32_t thresh = s->rx_window / 4 ? s->rx_window / 4 : 1;
+    return s->rx.head || s->ended || s->free_on_return || s->rx_unreported >= thresh ||
+           (s->tx.head && s->tx_sent < s->tx_allowed) || (s->half_closed && !s->hc_sent);
+}
+
+/* The poller in the task's place (poller_claim_locked): every queued
+ * message to on_read, its window back without waiting, then the task
+ * for whatever else is due. Callbacks run as on the task (one at a time,
+ * in order, cb_running set), with vrpc_rpc_on_poller set: what would wait
+ * from them is refused (stream.h). */
+static void poller_deliver(struct vrpc_stream *s)
+{
+    bool was = vrpc_rpc_on_poller;
+    vrpc_rpc_on_poller = true;
+    pthread_mutex_lock(&s->mu);
+    while (deliver_locked(s))
+        ;
+    s->task_sched = false;
+    if (task_due_locked(s))
+        vrpc_stream_kick_locked(s, true);
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->mu);
+    vrpc_rpc_on_poller = was;
 }
 
 static void stream_task(struct vrpc_task *t)

@@ -49,6 +49,7 @@ static struct {
     bool no_grpc;
     bool no_spin;     /* channel and server never busy-wait (callgrind: spinning is not work) */
     unsigned threads; /* --threads: workers of the server's and each channel's own scheduler; 0: the default */
+    bool on_poller;   /* --on-poller: the client's read callbacks on its poller (VRPC_CALL_CB_ON_POLLER) */
     bool no_baseline; /* skip the transport's rate (callgrind: only the streams' instructions) */
     const char *only; /* run the cases whose name contains it (and their sizes' baselines) */
 } g = {.backend = "tcp", .server_ip = "127.0.0.1", .duration_ms = 1000, .rounds = 3};
@@ -342,8 +343,9 @@ static double stream_case(const char *uri, enum shape shape, size_t size, unsign
     struct bidi_writer bw = {size, false, 0};
     pthread_t th;
     for (unsigned i = 0; i < nstreams; i++) {
-        struct vrpc_stream_opts o = {.call = {.timeout_us = VRPC_NO_TIMEOUT},
-                                     .cbs = shape == ONEWAY_SYNC ? NULL : &g_cbs};
+        struct vrpc_stream_opts o = {
+            .call = {.timeout_us = VRPC_NO_TIMEOUT, .flags = g.on_poller ? VRPC_CALL_CB_ON_POLLER : 0},
+            .cbs = shape == ONEWAY_SYNC ? NULL : &g_cbs};
         if (vrpc_stream_start(ch, shape == BIDI ? &m_bidi : &m_sstream, &o, &s[i]) != 0) {
             fprintf(stderr, "rpc_bench_stream: cannot open a stream\n");
             exit(1);
@@ -579,7 +581,7 @@ static void usage(FILE *f, const char *argv0)
     fprintf(f,
             "usage: %s [--json] [--quick] [--backend tcp|verbs] [--server-ip IP] [--client-ip IP]\n"
             "          [--duration-ms N] [--rounds N] [--window N] [--no-grpc] [--only SUBSTRING]\n"
-            "          [--no-spin] [--no-baseline] [--threads N]\n"
+            "          [--no-spin] [--no-baseline] [--threads N] [--on-poller]\n"
             "  verbrpc streaming message rates (one-way server streaming on 1 and 16 streams,\n"
             "  bidi echo) against the transport's one-way rate and gRPC C++ streaming,\n"
             "  measured in the same run, rounds alternating; targets on the median ratios\n"
@@ -588,7 +590,9 @@ static void usage(FILE *f, const char *argv0)
             "  bidi_s16, then _32B or _4096B) contains SUBSTRING, with their sizes' transport\n"
             "  baselines; gRPC is not run. --no-spin: nothing busy-waits (for callgrind);\n"
             "  --no-baseline: no transport rate and no ratios. --threads: workers of the\n"
-            "  server's and of each channel's own scheduler (default 0: the library's, 2).\n",
+            "  server's and of each channel's own scheduler (default 0: the library's, 2).\n"
+            "  --on-poller: the client's streams run their read callbacks on the channel's\n"
+            "  poller (VRPC_CALL_CB_ON_POLLER) whenever their task is idle.\n",
             argv0);
 }
 
@@ -614,6 +618,8 @@ int main(int argc, char **argv)
             g.rounds = (unsigned)atoi(argv[++i]);
         else if (!strcmp(a, "--no-spin"))
             g.no_spin = true;
+        else if (!strcmp(a, "--on-poller"))
+            g.on_poller = true;
         else if (!strcmp(a, "--no-baseline"))
             g.no_baseline = true;
         else if (!strcmp(a, "--only") && v)

@@ -445,7 +445,8 @@ struct vrpc_call_opts {
  * response, and for a connection loss the poller detects (UNAVAILABLE); on a
  * worker for a deadline, a cancel or a call that failed before it was sent,
  * and for every call of a channel over many servers. The flag is a request,
- * not a promise about the thread. */
+ * not a promise about the thread. In a stream's call options it has the
+ * stream's on_read run on the poller (stream.h, struct vrpc_stream_cbs). */
 #define VRPC_CALL_CB_ON_POLLER 0x2u
 
 /* Synchronous unary call. Blocks the calling thread on its own waiter until

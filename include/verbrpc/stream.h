@@ -49,7 +49,21 @@ struct vrpc_stream;
 typedef void (*vrpc_stream_write_cb)(struct vrpc_stream *s, int rc, void *arg);
 
 /* Asynchronous reading: set in vrpc_stream_opts to have messages delivered
- * to on_read instead of vrpc_stream_read. */
+ * to on_read instead of vrpc_stream_read. The callbacks run on a worker (the
+ * stream's task), or, with VRPC_CALL_CB_ON_POLLER in the stream's
+ * call.flags, on_read runs on the channel's poller, right where a message
+ * arrives, whenever the stream's task is not running (else on the task:
+ * either way one at a time and in order; on_done and the write callbacks
+ * stay on the task). The contract is the unary flag's (rpc.h): return within
+ * microseconds, never block. From a callback on a poller, vrpc_stream_write
+ * and vrpc_stream_read return -EWOULDBLOCK and vrpc_stream_finish
+ * FAILED_PRECONDITION at once (they would wait for what the poller brings);
+ * vrpc_stream_write_async, vrpc_stream_close_send (its HALF_CLOSE goes from
+ * the task), vrpc_stream_cancel and vrpc_stream_destroy work; a
+ * vrpc_stream_start there never waits for a connection, a call credit or a
+ * send buffer (the stream ends UNAVAILABLE instead). The window a poller
+ * returns is sent without waiting (by the task when no buffer or credit is
+ * free at that moment). */
 struct vrpc_stream_cbs {
     /* Each message from the server, in order, one at a time per stream. msg
      * is valid only during the callback; the message counts as consumed

@@ -6,7 +6,8 @@
  * and writes; a reader that stops reading (the writer stops, memory stays
  * flat, unary calls on the same connection still complete); 1,000
  * concurrent streams on one connection; 16 bidi echoes at once on one
- * connection (async writes round-robin, the server echoing from on_read).
+ * connection (async writes round-robin, the server echoing from on_read);
+ * read callbacks on the channel's poller (VRPC_CALL_CB_ON_POLLER).
  * VRPC_TEST_SCALE=N divides the message counts (not the 1,000 streams). */
 #define _GNU_SOURCE
 #include "stream_fixture.h"
@@ -336,6 +337,96 @@ static void test_async_bidi(void **state)
     vrpc_stream_destroy(s);
     usleep(100000);
     assert_int_equal(LOAD(g_ard.done), 1); /* exactly once */
+    vrpc_channel_destroy(ch);
+}
+
+/* ---- read callbacks on the poller (VRPC_CALL_CB_ON_POLLER) ----------------------------- */
+
+struct poller_rd {
+    unsigned long reads, bad;
+    uint64_t sum;
+    unsigned long refused, other; /* blocking calls tried from on_read: refused on a poller, else -EPIPE */
+    int finish_code;              /* vrpc_stream_finish from a callback on the poller */
+    unsigned done;                /* atomic */
+    int code;
+};
+
+static void p_read(struct vrpc_stream *s, const ProtobufCMessage *msg, void *arg)
+{
+    struct poller_rd *a = arg;
+    const Vrpctest__EchoReply *r = (const Vrpctest__EchoReply *)msg;
+    if (r->seq != a->reads || !check(r->payload.data, r->payload.len, r->seq))
+        a->bad++;
+    a->sum = sum_add(a->sum, r->seq, r->payload.data, r->payload.len);
+    if (a->reads % 997 == 0) {
+        /* the stream is half-closed: -EPIPE on a worker; on the poller the
+         * write (which may wait for window) is refused before anything */
+        Vrpctest__EchoRequest q = VRPCTEST__ECHO_REQUEST__INIT;
+        int rc = vrpc_stream_write(s, &q.base);
+        if (rc == -EWOULDBLOCK) {
+            a->refused++;
+            struct vrpc_status st;
+            if (!a->finish_code)
+                a->finish_code = vrpc_stream_finish(s, NULL, &st);
+        } else if (rc != -EPIPE) {
+            a->other++;
+        }
+    }
+    __atomic_store_n(&a->reads, a->reads + 1, __ATOMIC_RELEASE);
+}
+
+static void p_done(struct vrpc_stream *s, const struct vrpc_status *st, const ProtobufCMessage *resp, void *arg)
+{
+    (void)s;
+    (void)resp;
+    struct poller_rd *a = arg;
+    a->code = st->code;
+    __atomic_add_fetch(&a->done, 1, __ATOMIC_RELEASE);
+}
+
+/* Server streaming read through callbacks that may run on the channel's
+ * poller: every message once and in order (far more than the window, so
+ * the window a poller returns keeps the server going), the blocking calls
+ * refused from the poller, and on_done once. */
+static void test_read_callbacks_on_poller(void **state)
+{
+    (void)state;
+    unsigned long n = 200000 / g_opt.scale;
+    static struct poller_rd a;
+    memset(&a, 0, sizeof(a));
+    struct vrpc_stream_cbs cbs = {p_read, p_done, &a};
+    struct vrpc_channel *ch = fx_channel(g_uri, 16, 0);
+    char ns[24], ss[24];
+    snprintf(ns, sizeof(ns), "%lu", n);
+    snprintf(ss, sizeof(ss), "%d", SMALL);
+    struct vrpc_metadata md[3] = {{"x-mode", "gen", 3}, {"x-n", ns, strlen(ns)}, {"x-size", ss, strlen(ss)}};
+    struct vrpc_stream_opts o = {
+        .call = {.timeout_us = VRPC_NO_TIMEOUT, .md = md, .md_count = 3, .flags = VRPC_CALL_CB_ON_POLLER}, .cbs = &cbs};
+    struct vrpc_stream *s = NULL;
+    Vrpctest__EchoRequest req = VRPCTEST__ECHO_REQUEST__INIT;
+    uint64_t srv_sum = 0;
+    int64_t t0 = vrpc_now_ns();
+    assert_int_equal(vrpc_stream_start(ch, &m_sstream, &o, &s), 0);
+    assert_int_equal(vrpc_stream_write(s, &req.base), 0);
+    assert_int_equal(vrpc_stream_close_send(s), 0);
+    assert_int_equal(fx_wait_at_least(&a.done, 1, 60000), 1);
+    printf("# read callbacks on the poller: %lu messages in %.2f s; of %lu blocking writes tried from on_read, "
+           "%lu were refused (on the poller)\n",
+           n, secs_since(t0), (n + 996) / 997, a.refused);
+    assert_int_equal(a.code, VRPC_OK);
+    assert_int_equal(__atomic_load_n(&a.reads, __ATOMIC_ACQUIRE), n);
+    assert_int_equal(a.bad, 0);
+    assert_int_equal(a.other, 0);
+    assert_true(a.refused > 0); /* most messages arrive while the task is idle */
+    assert_int_equal(a.finish_code, VRPC_FAILED_PRECONDITION);
+    struct vrpc_status st;
+    assert_int_equal(vrpc_stream_finish(s, NULL, &st), VRPC_OK);
+    assert_true(trailer_u64(s, "x-sum", &srv_sum));
+    assert_true(srv_sum == a.sum);
+    vrpc_stream_destroy(s);
+    usleep(100000);
+    assert_int_equal(LOAD(a.done), 1); /* exactly once */
+    unary_calls(ch, 10); /* the connection is as good as before */
     vrpc_channel_destroy(ch);
 }
 
@@ -682,6 +773,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_million_bidi),
         cmocka_unit_test(test_message_sizes),
         cmocka_unit_test(test_async_bidi),
+        cmocka_unit_test(test_read_callbacks_on_poller),
         cmocka_unit_test(test_client_stops_reading),
         cmocka_unit_test(test_server_stops_reading),
         cmocka_unit_test(test_thousand_streams),
