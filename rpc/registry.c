@@ -30,7 +30,7 @@ int vrpc_server_run_on_poller(struct vrpc_server *s, const char *full_name)
     if (s->started)
         return -EBUSY;
     for (size_t i = 0; i < s->nmethods; i++)
-        if (s->methods[i].fn && !strcmp(s->methods[i].m->full_name, full_name)) {
+        if ((s->methods[i].fn || s->methods[i].sops) && !strcmp(s->methods[i].m->full_name, full_name)) {
             s->methods[i].on_poller = true;
             return 0;
         }

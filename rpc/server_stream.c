@@ -114,6 +114,7 @@ int vrpc_srv_stream_open(struct vrpc_server_call *call, struct method_entry *me,
     /* The object's last stream is over (its call is not RUN); its task may
      * still be on its way out: it then starts this one (start_pending). */
     st->ops = me->sops;
+    st->on_poller = me->on_poller;
     st->user = me->user;
     st->ctx = NULL;
     st->kind = me->m->kind;
@@ -239,12 +240,16 @@ void vrpc_srv_stream_cancel(struct vrpc_server_call *call, uint32_t gen)
         pthread_cond_broadcast(&(st)->cond);                                                                           \
     } while (0)
 
-/* One message consumed: return window in batches of max(1, window / 4). */
-static void consumed_locked(struct vrpc_server_stream *st)
+/* Return the consumed messages' window once a batch of max(1, window / 4)
+ * is due (lock held, dropped while sending). On a poller only with a send
+ * buffer to spare: else the task sends it (task_due_locked, step_locked),
+ * so a WINDOW is never dropped for want of a buffer there. True if sent. */
+static bool window_flush_locked(struct vrpc_server_stream *st)
 {
     uint32_t batch = st->window / 4 ? st->window / 4 : 1;
-    if (++st->consumed < batch || st->half_closed || !vrpc_srv_stream_wire_enter_locked(st))
-        return;
+    if (st->consumed < batch || st->half_closed || (vrpc_rpc_on_poller && !vrpc_pool_avail(st->conn->s->send_pool)) ||
+        !vrpc_srv_stream_wire_enter_locked(st))
+        return false;
     uint32_t give = st->consumed;
     st->consumed = 0;
     st->recv_avail += give; /* before the WINDOW is out: the client may use it at once */
@@ -260,6 +265,14 @@ static void consumed_locked(struct vrpc_server_stream *st)
         vrpc_srv_conn_send_simple(c, &h, p, sizeof(p), true);
     pthread_mutex_lock(&st->lock);
     vrpc_srv_stream_wire_leave_locked(st);
+    return true;
+}
+
+/* One message consumed: its window returns with the batch (window_flush_locked). */
+static void consumed_locked(struct vrpc_server_stream *st)
+{
+    st->consumed++;
+    window_flush_locked(st);
 }
 
 /* Decode and deliver one client message (lock held on entry and exit). */
@@ -353,6 +366,8 @@ static bool step_locked(struct vrpc_server_stream *st)
         deliver_locked(st, m);
         return true;
     }
+    if (window_flush_locked(st)) /* one a poller left (no buffer to spare then) */
+        return true;
     if (st->hc_pending && !st->ended && !st->in_head) {
         st->hc_pending = false;
         if (st->ops->on_half_close)
@@ -384,11 +399,22 @@ static bool linger_locked(struct vrpc_server_stream *st)
     return st->kick_seq != seq; /* under the lock: a kick just after the spin is seen */
 }
 
+/* The task (or a poller in its place) is done with call: its reference
+ * and its count in s->tasks go (no lock held). */
+static void task_leave(struct vrpc_server_call *call)
+{
+    struct vrpc_server *s = call->s;
+    vrpc_srv_call_unref(call); /* the task's */
+    if (!__atomic_load_n(&s->shutting, __ATOMIC_ACQUIRE))
+        __atomic_sub_fetch(&s->tasks, 1, __ATOMIC_ACQ_REL);
+    else if (__atomic_sub_fetch(&s->tasks, 1, __ATOMIC_ACQ_REL) == 0)
+        vrpc_futex_wake_all(&s->tasks);
+}
+
 static void stream_task(struct vrpc_task *t)
 {
     struct vrpc_server_stream *st = container_of(t, struct vrpc_server_stream, task);
     struct vrpc_server_call *call = st->call;
-    struct vrpc_server *s = call->s;
     pthread_mutex_lock(&st->lock);
     st->runner = pthread_self();
     do
@@ -398,11 +424,77 @@ static void stream_task(struct vrpc_task *t)
     st->running = false;
     pthread_cond_broadcast(&st->cond);
     pthread_mutex_unlock(&st->lock);
-    vrpc_srv_call_unref(call); /* the task's */
-    if (!__atomic_load_n(&s->shutting, __ATOMIC_ACQUIRE))
-        __atomic_sub_fetch(&s->tasks, 1, __ATOMIC_ACQ_REL);
-    else if (__atomic_sub_fetch(&s->tasks, 1, __ATOMIC_ACQ_REL) == 0)
-        vrpc_futex_wake_all(&s->tasks);
+    task_leave(call);
+}
+
+/* ---- a method run on the poller (vrpc_server_run_on_poller) ----------------- */
+
+/* The poller may run the stream itself, in the task's place (lock held):
+ * the method asks for it, the task is idle, start has run and nothing
+ * ended. Takes the task's references (running, call->refs, s->tasks) as a
+ * kick does. */
+static bool poller_claim_locked(struct vrpc_server_stream *st)
+{
+    if (!st->on_poller || st->running || !st->started || st->finished || st->ended || st->cancel_pending)
+        return false;
+    st->running = true;
+    __atomic_add_fetch(&st->call->refs, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&st->call->s->tasks, 1, __ATOMIC_RELAXED);
+    return true;
+}
+
+/* One step a poller may take (lock held): deliver a message (its window
+ * returns without waiting) while the stream can take a write (an echoing
+ * on_read's write_async then does not meet -EAGAIN for its first write;
+ * with VRPC_STREAM_ASYNC_WRITES_MAX queued the task delivers, and its
+ * blocking write may wait), or send queued small writes without waiting. */
+static bool poller_step_locked(struct vrpc_server_stream *st)
+{
+    if (!st->started || st->finished || st->ended || st->cancel_pending)
+        return false;
+    if (st->in_head && !st->in_head->pending && st->nqueued < VRPC_STREAM_ASYNC_WRITES_MAX) {
+        struct srv_msg *m = st->in_head;
+        if (!(st->in_head = m->next))
+            st->in_tail = NULL;
+        deliver_locked(st, m);
+        return true;
+    }
+    return st->send_avail > 0 && vrpc_srv_stream_out_poller_locked(st);
+}
+
+/* What the task still has to do after a poller ran in its place (lock
+ * held): step_locked's work. */
+static bool task_due_locked(const struct vrpc_server_stream *st)
+{
+    uint32_t batch = st->window / 4 ? st->window / 4 : 1;
+    if (st->start_pending)
+        return true;
+    if (!st->started || st->finished)
+        return false;
+    return st->cancel_pending || (st->in_head && (!st->in_head->pending || st->ended)) ||
+           (st->hc_pending && !st->ended) || (st->out_head && !st->sending && (st->send_avail > 0 || st->ended)) ||
+           (st->consumed >= batch && !st->half_closed && !st->ended);
+}
+
+/* The poller in the task's place (poller_claim_locked, lock not held):
+ * what it may do without waiting, with vrpc_rpc_on_poller set (the
+ * blocking stream calls refuse), then the task for the rest. */
+static void poller_run(struct vrpc_server_stream *st, struct vrpc_sched_producer *prod)
+{
+    struct vrpc_server_call *call = st->call;
+    bool was = vrpc_rpc_on_poller;
+    vrpc_rpc_on_poller = true;
+    pthread_mutex_lock(&st->lock);
+    st->runner = pthread_self();
+    while (poller_step_locked(st))
+        ;
+    st->running = false;
+    if (task_due_locked(st))
+        vrpc_srv_stream_kick_locked(st, prod);
+    pthread_cond_broadcast(&st->cond);
+    pthread_mutex_unlock(&st->lock);
+    vrpc_rpc_on_poller = was;
+    task_leave(call);
 }
 
 void vrpc_srv_stream_go(struct poller *pl, struct vrpc_server_call *call, uint32_t gen)
@@ -498,8 +590,9 @@ static int message_check_locked(struct sconn *c, struct vrpc_server_stream *st, 
     return -1;
 }
 
-/* Append m to the client's messages (lock held). */
-static void queue_locked(struct sconn *c, struct vrpc_server_stream *st, struct srv_msg *m, uint16_t flags)
+/* Append m to the client's messages (lock held). True: the poller runs
+ * the stream itself once it lets go of the lock (poller_run). */
+static bool queue_locked(struct sconn *c, struct vrpc_server_stream *st, struct srv_msg *m, uint16_t flags)
 {
     if (st->in_tail)
         st->in_tail->next = m;
@@ -510,7 +603,10 @@ static void queue_locked(struct sconn *c, struct vrpc_server_stream *st, struct 
     st->nin++;
     if (flags & VRPC_FF_END)
         st->half_closed = st->hc_pending = true;
+    if (!m->pending && poller_claim_locked(st))
+        return true;
     vrpc_srv_stream_kick_locked(st, c->poller->prod);
+    return false;
 }
 
 /* A large client MESSAGE: queued as pending while its payload is read into
@@ -637,8 +733,10 @@ void vrpc_srv_stream_on_message(struct sconn *c, const struct vrpc_wire_hdr *h, 
     }
     *m = (struct srv_msg){.len = h->payload_len, .cap = m->cap};
     memcpy(m->data, body, h->payload_len);
-    queue_locked(c, st, m, h->flags);
+    bool run = queue_locked(c, st, m, h->flags);
     pthread_mutex_unlock(&st->lock);
+    if (run)
+        poller_run(st, c->poller->prod);
 }
 
 void vrpc_srv_stream_on_half_close(struct sconn *c, const struct vrpc_wire_hdr *h)
@@ -680,7 +778,10 @@ void vrpc_srv_stream_on_window(struct sconn *c, const struct vrpc_wire_hdr *h, c
     }
     st->send_avail += n;
     pthread_cond_broadcast(&st->cond);
-    if (st->out_head && !st->sending)
+    bool run = false;
+    if (st->out_head && !st->sending && !(run = poller_claim_locked(st)))
         vrpc_srv_stream_kick_locked(st, c->poller->prod);
     pthread_mutex_unlock(&st->lock);
+    if (run) /* the queued writes go from here */
+        poller_run(st, c->poller->prod);
 }

@@ -69,7 +69,10 @@ struct vrpc_server_stream {
     bool half_closed;             /* the client half-closed */
     bool hc_pending;              /* on_half_close to deliver (after the queued messages) */
     bool cancel_pending;          /* on_cancel to deliver */
-    bool running;                 /* the task is queued or running */
+    bool running;                 /* the task is queued or running, or the poller delivers
+                                     in its place (vrpc_server_run_on_poller: poller_run) */
+    bool on_poller;               /* the method runs on the poller (on_read and the sends
+                                     that need no wait; the rest on the task) */
     bool in_cb;                   /* the task runs a callback now */
     bool sending;                 /* a message is being handed to the transport */
     bool md_sent;                 /* HEADERS went out (or the first message did) */
@@ -154,6 +157,11 @@ int vrpc_srv_stream_read_unlimit(struct vrpc_server_call *call, int status);
 /* Send the first queued async write (lock held, st->sending false; drops
  * and retakes the lock; runs its callback). */
 void vrpc_srv_stream_out_one_locked(struct vrpc_server_stream *st);
+/* On a poller: the queued small async writes that may go now (window,
+ * the connection's quota, send buffers to spare) in one list, their
+ * callbacks run; nothing that could wait. False if none could go (lock
+ * held; dropped and retaken). */
+bool vrpc_srv_stream_out_poller_locked(struct vrpc_server_stream *st);
 /* Send the first queued async writes together when at least two small ones
  * may go now (window and connection quota), in one vrpc_ep_send_list (one
  * sendmsg on TCP instead of one each), then run their callbacks in order

@@ -194,10 +194,12 @@ static void out_batch_send(struct vrpc_server_stream *st, struct srv_out *const 
     }
 }
 
-bool vrpc_srv_stream_out_batch_locked(struct vrpc_server_stream *st)
+/* The first k queued writes (k >= min, from out_batchable_locked) in one
+ * list; false if fewer may go. */
+static bool out_batch_min_locked(struct vrpc_server_stream *st, unsigned min)
 {
     unsigned k = st->ended ? 0 : out_batchable_locked(st);
-    if (k < 2 || !vrpc_srv_stream_wire_enter_locked(st))
+    if (k < min || !vrpc_srv_stream_wire_enter_locked(st))
         return false; /* one at a time: out_one_locked */
     struct srv_out *outs[OUT_BATCH];
     int rc[OUT_BATCH];
@@ -227,6 +229,19 @@ bool vrpc_srv_stream_out_batch_locked(struct vrpc_server_stream *st)
     while (vrpc_srv_stream_run_sent_locked(st))
         ;
     return true;
+}
+
+bool vrpc_srv_stream_out_batch_locked(struct vrpc_server_stream *st) { return out_batch_min_locked(st, 2); }
+
+bool vrpc_srv_stream_out_poller_locked(struct vrpc_server_stream *st)
+{
+    /* a large message (offer, READ) and a full quota (wait_room) need the
+     * task; the buffers: out_batch_send takes them without waiting here,
+     * so only go with a batch's worth to spare */
+    if (!st->out_head || st->sending || st->out_head->lb ||
+        vrpc_pool_avail(st->conn->s->send_pool) < OUT_BATCH)
+        return false;
+    return out_batch_min_locked(st, 1);
 }
 
 bool vrpc_srv_stream_run_sent_locked(struct vrpc_server_stream *st)
@@ -295,6 +310,8 @@ static int write_turn_locked(struct vrpc_server_stream *st)
 int vrpc_server_stream_write(struct vrpc_server_stream *st, const ProtobufCMessage *msg)
 {
     size_t size;
+    if (vrpc_rpc_on_poller) /* it may wait for window or room the poller brings */
+        return -EWOULDBLOCK;
     int rc = write_check(st, msg, &size);
     if (rc)
         return rc;
@@ -475,6 +492,17 @@ int vrpc_server_stream_send_metadata(struct vrpc_server_stream *st, const struct
     return rc;
 }
 
+/* Would finish_wait_locked wait (lock held)? A finish on a poller must not:
+ * writes queued or being sent (the wait for room, a large message's READ),
+ * a large client message being read (it ends on the poller), another
+ * thread's frame or callback. */
+static bool finish_would_wait_locked(const struct vrpc_server_stream *st)
+{
+    bool self = vrpc_srv_stream_on_task(st);
+    return st->sending || (st->out_head && !st->ended) || (st->sent_head && !self) || st->rd_busy ||
+           st->wire_busy || (st->in_cb && !self);
+}
+
 /* Finish: the queued writes out first (unless the stream ended), then no
  * callback may be running on another thread (lock held; returns with it). */
 static void finish_wait_locked(struct vrpc_server_stream *st)
@@ -541,6 +569,10 @@ int vrpc_server_stream_finish(struct vrpc_server_stream *st, enum vrpc_code code
     long mdsz = md || n ? vrpc_wire_md_size(md, n) : 0;
     char why[VRPC_STATUS_MSG_MAX];
     pthread_mutex_lock(&st->lock);
+    if (vrpc_rpc_on_poller && finish_would_wait_locked(st)) {
+        pthread_mutex_unlock(&st->lock);
+        return -EWOULDBLOCK;
+    }
     finish_wait_locked(st);
     uint32_t nout = st->nout;
     pthread_mutex_unlock(&st->lock);

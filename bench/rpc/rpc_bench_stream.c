@@ -49,7 +49,8 @@ static struct {
     bool no_grpc;
     bool no_spin;     /* channel and server never busy-wait (callgrind: spinning is not work) */
     unsigned threads; /* --threads: workers of the server's and each channel's own scheduler; 0: the default */
-    bool on_poller;   /* --on-poller: the client's read callbacks on its poller (VRPC_CALL_CB_ON_POLLER) */
+    bool on_poller;   /* --on-poller: the client's read callbacks on its poller (VRPC_CALL_CB_ON_POLLER),
+                         the server's methods on its (vrpc_server_run_on_poller) */
     bool no_baseline; /* skip the transport's rate (callgrind: only the streams' instructions) */
     const char *only; /* run the cases whose name contains it (and their sizes' baselines) */
 } g = {.backend = "tcp", .server_ip = "127.0.0.1", .duration_ms = 1000, .rounds = 3};
@@ -214,7 +215,10 @@ static struct vrpc_server *server_start(char *uri, size_t len)
     o.threads = g.threads;
     snprintf(listen, sizeof(listen), "%s://%s%s%s:0", g.backend, v6 ? "[" : "", g.server_ip, v6 ? "]" : "");
     if ((rc = vrpc_server_create(&o, &s)) || (rc = vrpc_server_register_stream(s, &m_sstream, &g_ops, NULL)) ||
-        (rc = vrpc_server_register_stream(s, &m_bidi, &g_ops, NULL)) || (rc = vrpc_server_start(s, listen)) ||
+        (rc = vrpc_server_register_stream(s, &m_bidi, &g_ops, NULL)) ||
+        (g.on_poller && ((rc = vrpc_server_run_on_poller(s, m_sstream.full_name)) ||
+                         (rc = vrpc_server_run_on_poller(s, m_bidi.full_name)))) ||
+        (rc = vrpc_server_start(s, listen)) ||
         (rc = vrpc_server_uri(s, uri, len))) {
         fprintf(stderr, "rpc_bench_stream: server on %s: %s\n", listen, strerror(-rc));
         exit(1);
@@ -592,7 +596,8 @@ static void usage(FILE *f, const char *argv0)
             "  --no-baseline: no transport rate and no ratios. --threads: workers of the\n"
             "  server's and of each channel's own scheduler (default 0: the library's, 2).\n"
             "  --on-poller: the client's streams run their read callbacks on the channel's\n"
-            "  poller (VRPC_CALL_CB_ON_POLLER) whenever their task is idle.\n",
+            "  poller (VRPC_CALL_CB_ON_POLLER) and the server runs both methods on its poller\n"
+            "  (vrpc_server_run_on_poller), whenever a stream's task is idle.\n",
             argv0);
 }
 

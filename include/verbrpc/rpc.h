@@ -637,7 +637,7 @@ VRPC_API int vrpc_server_create(const struct vrpc_server_opts *o, struct vrpc_se
 VRPC_API int vrpc_server_register(struct vrpc_server *s, const struct vrpc_method_desc *m, vrpc_handler_fn fn,
                                   void *user);
 
-/* Run the handler of the unary method full_name ("/pkg.Service/Method",
+/* Run the handler of the method full_name ("/pkg.Service/Method",
  * registered before) on the poller thread that received its request, instead
  * of handing it to a worker: eRPC's dispatch-thread handlers. It saves the
  * hand-off (a queue, and a wake-up or a spinning worker: on a machine with
@@ -655,9 +655,11 @@ VRPC_API int vrpc_server_register(struct vrpc_server *s, const struct vrpc_metho
  * the poller never decodes more than one frame's worth per call.
  * A synchronous vrpc_call from such a handler fails FAILED_PRECONDITION at
  * once (use vrpc_call_async, with VRPC_CALL_CB_ON_POLLER or not).
- * Only before vrpc_server_start (-EBUSY after); -ENOENT if no unary method of
- * that name is registered (streaming methods always run on workers); -EINVAL
- * for NULL arguments. */
+ * For a streaming method, the stream's on_read and its queued small writes
+ * run on the poller whenever its task is idle (stream.h, struct
+ * vrpc_server_stream_ops); start and the rest stay on workers.
+ * Only before vrpc_server_start (-EBUSY after); -ENOENT if no method of that
+ * name is registered; -EINVAL for NULL arguments. */
 VRPC_API int vrpc_server_run_on_poller(struct vrpc_server *s, const char *full_name);
 
 /* Listen on uri (as for channels; port 0 picks a free port) and start serving.

@@ -172,7 +172,22 @@ struct vrpc_server_stream;
  * required. The application ends the stream with vrpc_server_stream_finish
  * exactly once, now or later from any thread, also after on_cancel (then it
  * only releases the stream); no callback runs after finish returns, and s
- * is invalid after. */
+ * is invalid after.
+ * With vrpc_server_run_on_poller for the method, on_read runs on the poller
+ * that received the message whenever the stream's task is idle (else on the
+ * task: one at a time and in order either way), and the queued small
+ * write_async messages go from that poller with their callbacks, where no
+ * wait is needed; start, on_half_close, on_cancel, large messages and writes
+ * that must wait for room stay on the task. The poller delivers a message
+ * only while the stream can take one more write_async, so an on_read that
+ * writes once never meets -EAGAIN there. From a callback on the poller,
+ * vrpc_server_stream_write returns -EWOULDBLOCK at once (it may wait for
+ * window the poller brings), and so does vrpc_server_stream_finish while
+ * writes are queued or being sent, or a large client message is being read
+ * (finish then from on_half_close, another thread, or the last write's
+ * callback); a finish there never waits for a send buffer (with the shared
+ * pool empty its RESPONSE is dropped and logged, as an answer of a unary
+ * handler on the poller; the client's deadline covers it). */
 struct vrpc_server_stream_ops {
     void (*start)(struct vrpc_server_stream *s, void *user);
     void (*on_read)(struct vrpc_server_stream *s, const ProtobufCMessage *msg, void *user);

@@ -430,6 +430,165 @@ static void test_read_callbacks_on_poller(void **state)
     vrpc_channel_destroy(ch);
 }
 
+/* A bidi echo whose server method runs on the poller (vrpc_server_run_on_poller)
+ * and whose client reads on its poller too: every echo once, in order and
+ * intact; the server's on_read echoes with write_async and never meets
+ * -EAGAIN there (the poller delivers only while a write fits); a blocking
+ * write, and a finish with a write queued, are refused from the poller. */
+static struct {
+    unsigned long next, bad, on_poller, on_task, eagain_on_poller, sync_writes, wrote, wrote_bad; /* the server's */
+    int finish_probe;
+} g_pe;
+
+/* The client's side of it: echoes in order, and where on_read ran (a write
+ * of nothing is refused before its checks on a poller: no side effect). */
+static void pb_read(struct vrpc_stream *s, const ProtobufCMessage *msg, void *arg)
+{
+    struct poller_rd *a = arg;
+    const Vrpctest__EchoReply *r = (const Vrpctest__EchoReply *)msg;
+    if (r->seq != a->reads || !check(r->payload.data, r->payload.len, r->seq))
+        a->bad++;
+    a->sum = sum_add(a->sum, r->seq, r->payload.data, r->payload.len);
+    int rc = vrpc_stream_write(s, NULL);
+    if (rc == -EWOULDBLOCK)
+        a->refused++;
+    else if (rc != -EINVAL)
+        a->other++;
+    __atomic_store_n(&a->reads, a->reads + 1, __ATOMIC_RELEASE);
+}
+
+static void pb_wrote(struct vrpc_stream *s, int rc, void *arg)
+{
+    (void)s;
+    struct poller_rd *a = arg;
+    if (rc)
+        a->bad++; /* (write callbacks run on the task, one at a time) */
+}
+
+static void pe_start(struct vrpc_server_stream *s, void *user) { (void)s, (void)user; }
+
+static void pe_wrote(struct vrpc_server_stream *s, int rc, void *arg)
+{
+    (void)s, (void)arg;
+    if (rc)
+        __atomic_add_fetch(&g_pe.wrote_bad, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&g_pe.wrote, 1, __ATOMIC_RELAXED);
+}
+
+static void pe_read(struct vrpc_server_stream *s, const ProtobufCMessage *msg, void *user)
+{
+    (void)user;
+    const Vrpctest__EchoRequest *r = (const Vrpctest__EchoRequest *)msg;
+    if (r->seq != g_pe.next++ || !check(r->payload.data, r->payload.len, r->seq))
+        g_pe.bad++;
+    /* where are we: a write of nothing is refused before its checks on a poller */
+    bool poller = vrpc_server_stream_write(s, NULL) == -EWOULDBLOCK;
+    if (poller)
+        g_pe.on_poller++;
+    else
+        g_pe.on_task++;
+    Vrpctest__EchoReply rep = VRPCTEST__ECHO_REPLY__INIT;
+    rep.seq = r->seq;
+    rep.payload = r->payload;
+    int rc = vrpc_server_stream_write_async(s, &rep.base, pe_wrote, NULL);
+    if (rc == -EAGAIN) {
+        if (poller)
+            g_pe.eagain_on_poller++;
+        if (!(rc = vrpc_server_stream_write(s, &rep.base)))
+            g_pe.sync_writes++;
+    }
+    if (rc)
+        g_pe.bad++;
+    /* with that write queued, a finish on the poller would wait: refused,
+     * nothing ends */
+    if (poller && !rc && !g_pe.finish_probe)
+        g_pe.finish_probe = vrpc_server_stream_finish(s, VRPC_OK, NULL, NULL, 0);
+}
+
+static void pe_half_close(struct vrpc_server_stream *s, void *user)
+{
+    (void)user;
+    if (vrpc_server_stream_finish(s, VRPC_OK, NULL, NULL, 0))
+        g_pe.bad++;
+}
+
+static void pe_cancel(struct vrpc_server_stream *s, void *user)
+{
+    (void)user;
+    vrpc_server_stream_finish(s, VRPC_CANCELLED, NULL, NULL, 0);
+}
+
+static const struct vrpc_server_stream_ops pe_ops = {pe_start, pe_read, pe_half_close, pe_cancel};
+
+static void test_bidi_both_sides_on_poller(void **state)
+{
+    (void)state;
+    unsigned long n = 200000 / g_opt.scale, pushed_back = 0;
+    struct vrpc_server_opts so;
+    struct vrpc_server *srv;
+    char luri[VRPC_URI_MAX], uri[VRPC_URI_MAX];
+    bool v6 = strchr(g_opt.server_ip, ':') != NULL;
+    snprintf(luri, sizeof(luri), "%s://%s%s%s:0", g_opt.backend, v6 ? "[" : "", g_opt.server_ip, v6 ? "]" : "");
+    memset(&g_pe, 0, sizeof(g_pe));
+    vrpc_server_opts_init(&so);
+    assert_int_equal(vrpc_server_create(&so, &srv), 0);
+    assert_int_equal(vrpc_server_register_stream(srv, &m_bidi, &pe_ops, NULL), 0);
+    assert_int_equal(vrpc_server_run_on_poller(srv, m_bidi.full_name), 0);
+    assert_int_equal(vrpc_server_run_on_poller(srv, "/no.Such/Method"), -ENOENT);
+    assert_int_equal(vrpc_server_start(srv, luri), 0);
+    assert_int_equal(vrpc_server_uri(srv, uri, sizeof(uri)), 0);
+
+    static struct poller_rd a;
+    memset(&a, 0, sizeof(a));
+    struct vrpc_stream_cbs cbs = {pb_read, p_done, &a};
+    struct vrpc_channel *ch = fx_channel(uri, 16, 0);
+    struct vrpc_stream_opts o = {.call = {.timeout_us = VRPC_NO_TIMEOUT, .flags = VRPC_CALL_CB_ON_POLLER},
+                                 .cbs = &cbs};
+    struct vrpc_stream *s = NULL;
+    uint8_t buf[64];
+    uint64_t sum = 0;
+    int64_t t0 = vrpc_now_ns();
+    assert_int_equal(vrpc_stream_start(ch, &m_bidi, &o, &s), 0);
+    for (unsigned long i = 0; i < n; i++) {
+        Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
+        size_t len = i % sizeof(buf);
+        fill(buf, len, i);
+        r.seq = i;
+        r.payload.data = buf;
+        r.payload.len = len;
+        int rc;
+        while ((rc = vrpc_stream_write_async(s, &r.base, pb_wrote, &a)) == -EAGAIN) {
+            pushed_back++;
+            sched_yield();
+        }
+        assert_int_equal(rc, 0);
+        sum = sum_add(sum, i, buf, len);
+    }
+    assert_int_equal(vrpc_stream_close_send(s), 0);
+    assert_int_equal(fx_wait_at_least(&a.done, 1, 60000), 1);
+    printf("# bidi, both sides on the poller: %lu echoes in %.2f s (writer pushed back %lu times); on_read ran "
+           "%lu times on the server's poller and %lu on its task, %lu times on the client's poller of %lu\n",
+           n, secs_since(t0), pushed_back, g_pe.on_poller, g_pe.on_task, a.refused, n);
+    assert_int_equal(a.code, VRPC_OK);
+    assert_int_equal(__atomic_load_n(&a.reads, __ATOMIC_ACQUIRE), n);
+    assert_int_equal(a.bad, 0);
+    assert_true(a.sum == sum);
+    assert_int_equal(a.other, 0);
+    assert_true(a.refused > 0);
+    assert_int_equal(g_pe.bad, 0);
+    assert_int_equal(g_pe.next, n);
+    assert_true(g_pe.on_poller > 0);
+    assert_int_equal(g_pe.eagain_on_poller, 0);
+    assert_int_equal(g_pe.finish_probe, -EWOULDBLOCK);
+    assert_int_equal(__atomic_load_n(&g_pe.wrote, __ATOMIC_ACQUIRE) + g_pe.sync_writes, n);
+    assert_int_equal(g_pe.wrote_bad, 0);
+    struct vrpc_status st;
+    assert_int_equal(vrpc_stream_finish(s, NULL, &st), VRPC_OK);
+    vrpc_stream_destroy(s);
+    vrpc_channel_destroy(ch);
+    vrpc_server_destroy(srv);
+}
+
 /* ---- a reader that stops reading ---------------------------------------------------- */
 
 #define BIG 4096
@@ -774,6 +933,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_message_sizes),
         cmocka_unit_test(test_async_bidi),
         cmocka_unit_test(test_read_callbacks_on_poller),
+        cmocka_unit_test(test_bidi_both_sides_on_poller),
         cmocka_unit_test(test_client_stops_reading),
         cmocka_unit_test(test_server_stops_reading),
         cmocka_unit_test(test_thousand_streams),
