@@ -390,7 +390,8 @@ static bool step_locked(struct vrpc_server_stream *st)
  * (the poller may need the CPU). True if a kick came. */
 static bool linger_locked(struct vrpc_server_stream *st)
 {
-    if (!st->linger_ns || !st->started || st->finished || st->ended || (st->half_closed && !st->out_head))
+    if (!st->linger_ns || !st->started || st->finished || st->ended || (st->half_closed && !st->out_head) ||
+        st->on_poller) /* (its poller takes over) */
         return false;
     uint32_t seq = st->kick_seq;
     pthread_mutex_unlock(&st->lock);

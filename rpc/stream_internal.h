@@ -65,8 +65,9 @@ struct vrpc_stream {
     uint64_t id;
     uint32_t gen;
     bool has_cbs;
-    bool cb_on_poller; /* VRPC_CALL_CB_ON_POLLER: on_read runs on the poller when
-                          the task is not running (rpc/stream_recv.c, poller_deliver) */
+    bool cb_on_poller; /* VRPC_CALL_CB_ON_POLLER: on_read and the queued small writes
+                          run on the poller when the task is not running
+                          (rpc/stream_recv.c, poller_run) */
     struct vrpc_stream_cbs cbs;
     int64_t start_ns;
     struct vrpc_task task;
@@ -100,7 +101,7 @@ struct vrpc_stream {
     bool done_delivered; /* cbs: on_done ran (or is running) */
     bool rel_claimed, rel_done;
     bool task_sched;     /* s->task submitted and not finished, or the poller
-                            delivering in its place (poller_deliver) */
+                            running in its place (poller_run) */
     bool free_on_return; /* destroyed from its own callback */
     struct vrpc_status st;
 
@@ -227,6 +228,15 @@ static inline void smq_push(struct smq *q, struct smsg *n)
     else
         q->head = n;
     q->tail = n;
+    q->n++;
+}
+
+static inline void smq_push_front(struct smq *q, struct smsg *n)
+{
+    n->next = q->head;
+    q->head = n;
+    if (!q->tail)
+        q->tail = n;
     q->n++;
 }
 

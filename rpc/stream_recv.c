@@ -3,7 +3,7 @@
  * that runs callbacks, sends async writes and returned window, and releases
  * the stream's slot and connection (rpc/stream_internal.h). The poller
  * copies bytes and wakes or submits; user code runs on it only for a stream
- * opened with VRPC_CALL_CB_ON_POLLER (poller_deliver). */
+ * opened with VRPC_CALL_CB_ON_POLLER (poller_run). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,12 +51,11 @@ static struct vrpc_stream *frame_stream(struct vrpc_channel *ch, struct vrpc_con
 
 /* A stream whose callbacks may run on the poller (VRPC_CALL_CB_ON_POLLER)
  * and whose task is not running: the poller claims the task's place
- * (task_sched) to deliver what it queued, after it let go of ch->slock
- * (poller_deliver). s->mu held. */
+ * (task_sched) to deliver what it queued and send queued writes, after it
+ * let go of ch->slock (poller_run). s->mu held. */
 static bool poller_claim_locked(struct vrpc_stream *s)
 {
-    if (!s->cb_on_poller || s->task_sched || s->rel_done || s->free_on_return || s->ended || !s->cbs.on_read ||
-        s->m->kind == VRPC_METHOD_CLIENT_STREAMING)
+    if (!s->cb_on_poller || s->task_sched || s->rel_done || s->free_on_return || s->ended)
         return false;
     s->task_sched = true;
     return true;
@@ -98,7 +97,7 @@ static const char *message_in_locked(struct vrpc_stream *s, const uint8_t *paylo
     return NULL;
 }
 
-static void poller_deliver(struct vrpc_stream *s);
+static void poller_run(struct vrpc_stream *s);
 
 void vrpc_ch_on_message(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h, const uint8_t *body)
 {
@@ -130,7 +129,7 @@ void vrpc_ch_on_message(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h,
         vrpc_ch_send_done(ch, c, h->request_id, VRPC_CANCELLED);
     pthread_mutex_unlock(&ch->slock);
     if (run) /* (s stays: its release needs the task's place, which we hold) */
-        poller_deliver(s);
+        poller_run(s);
     if (err)
         vrpc_ch_protocol_error(c, err, -EPROTO);
 }
@@ -186,6 +185,7 @@ void vrpc_ch_on_window(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h, 
     struct vrpc_channel *ch = c->ch;
     const char *err;
     uint32_t n;
+    bool run = false;
 
     if (vrpc_wire_window_decode(body + h->md_len, h->payload_len, &n)) {
         vrpc_ch_protocol_error(c, "malformed WINDOW", -EPROTO);
@@ -199,12 +199,14 @@ void vrpc_ch_on_window(struct vrpc_conn_base *b, const struct vrpc_wire_hdr *h, 
         } else {
             s->tx_allowed += n;
             pthread_cond_broadcast(&s->cond);
-            if (s->tx.n)
+            if (s->tx.n && !(run = poller_claim_locked(s)))
                 vrpc_stream_kick_locked(s, true);
         }
         pthread_mutex_unlock(&s->mu);
     }
     pthread_mutex_unlock(&ch->slock);
+    if (run) /* the queued writes go from here */
+        poller_run(s);
     if (err)
         vrpc_ch_protocol_error(c, err, -EPROTO);
 }
@@ -487,7 +489,7 @@ static bool release_locked(struct vrpc_stream *s)
 static bool linger_locked(struct vrpc_stream *s)
 {
     if (!s->has_cbs || !s->cbs.on_read || s->ended || s->free_on_return || s->rx.head ||
-        s->m->kind == VRPC_METHOD_CLIENT_STREAMING)
+        s->m->kind == VRPC_METHOD_CLIENT_STREAMING || s->cb_on_poller) /* (its poller takes over) */
         return false;
     uint32_t seq = s->rx_seq;
     pthread_mutex_unlock(&s->mu);
@@ -506,17 +508,74 @@ static bool task_due_locked(const struct vrpc_stream *s)
            (s->tx.head && s->tx_sent < s->tx_allowed) || (s->half_closed && !s->hc_sent);
 }
 
+/* On the poller (s->mu held, dropped while sending): the queued small
+ * writes the server's window lets go, in one list, without waiting (with
+ * send buffers to spare above the pool's reserve for calls, and the
+ * transport's room now), then their callbacks in order. What the transport
+ * did not take goes back to the head of tx, for the next pass or the task.
+ * True if it sent something (or the stream failed). */
+static bool tx_poller_locked(struct vrpc_stream *s)
+{
+    if (s->ended || !s->tx.head || s->tx_busy || s->tx_sent >= s->tx_allowed)
+        return false;
+    struct vrpc_pool *pool = s->ch->send_pool;
+    const struct vrpc_channel_opts *o = &s->ch->o;
+    uint32_t reserve = (o->max_outstanding + o->max_queued + 64) / 4; /* as vrpc_stream_buf */
+    uint64_t room = s->tx_allowed - s->tx_sent;
+    uint32_t fits = vrpc_ep_eager_size(s->c->b.ep) - VRPC_WIRE_HDR_LEN;
+    struct smsg *batch[TX_BATCH];
+    struct vrpc_send_wr wrs[TX_BATCH];
+    unsigned k = 0, got = 0, sent = 0;
+    for (struct smsg *n = s->tx.head; n && k < TX_BATCH && k < room && n->len <= fits; n = n->next)
+        k++;
+    if (!k || vrpc_pool_avail(pool) < reserve + k)
+        return false;
+    for (unsigned i = 0; i < k; i++)
+        batch[i] = smq_pop(&s->tx);
+    s->tx_sent += k;
+    s->tx_busy += k;
+    pthread_mutex_unlock(&s->mu);
+    for (struct vrpc_buf *b; got < k && (b = vrpc_pool_get(pool)); got++) {
+        struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_MESSAGE, .request_id = s->id};
+        wrs[got] = (struct vrpc_send_wr){.buf = b, .len = vrpc_rpc_frame_fill(b, &h, batch[got]->data, batch[got]->len)};
+    }
+    int rc = !got ? 0 : vrpc_conn_is_dead(&s->c->b) ? -ENOTCONN : vrpc_ep_send_list(s->c->b.ep, wrs, got, 0, &sent);
+    for (unsigned i = sent; i < got; i++)
+        vrpc_pool_put(wrs[i].buf);
+    bool failed = rc && rc != -EAGAIN;
+    if (failed)
+        vrpc_stream_fail(s, VRPC_UNAVAILABLE, "stream send failed");
+    for (unsigned i = 0; i < k; i++) {
+        if (i >= sent && !failed)
+            break;
+        batch[i]->cb(s, i < sent ? 0 : -EPIPE, batch[i]->arg);
+        pthread_mutex_lock(&s->mu);
+        s->tx_busy--;
+        spare_put_locked(s, batch[i]);
+        pthread_cond_broadcast(&s->cond); /* a write waiting behind them */
+        pthread_mutex_unlock(&s->mu);
+    }
+    pthread_mutex_lock(&s->mu);
+    if (!failed && sent < k) { /* not taken now: first in line again */
+        for (unsigned i = k; i-- > sent;)
+            smq_push_front(&s->tx, batch[i]);
+        s->tx_sent -= k - sent;
+        s->tx_busy -= k - sent;
+    }
+    return sent > 0 || failed;
+}
+
 /* The poller in the task's place (poller_claim_locked): every queued
- * message to on_read, its window back without waiting, then the task
- * for whatever else is due. Callbacks run as on the task (one at a time,
+ * message to on_read, its window back without waiting, the queued small
+ * writes out (tx_poller_locked), then the task for whatever else is due. Callbacks run as on the task (one at a time,
  * in order, cb_running set), with vrpc_rpc_on_poller set: what would wait
  * from them is refused (stream.h). */
-static void poller_deliver(struct vrpc_stream *s)
+static void poller_run(struct vrpc_stream *s)
 {
     bool was = vrpc_rpc_on_poller;
     vrpc_rpc_on_poller = true;
     pthread_mutex_lock(&s->mu);
-    while (deliver_locked(s))
+    while (deliver_locked(s) || tx_poller_locked(s))
         ;
     s->task_sched = false;
     if (task_due_locked(s))

@@ -45,7 +45,8 @@ struct vrpc_stream;
  * the transport ("sent" means that, not that the peer read it), or a
  * negative errno: -EPIPE (the stream ended before it could be sent; its
  * status is the stream's). Runs exactly once per accepted write, on a
- * worker, in the order the writes were made. */
+ * worker (or the poller: VRPC_CALL_CB_ON_POLLER, struct vrpc_stream_cbs), in
+ * the order the writes were made. */
 typedef void (*vrpc_stream_write_cb)(struct vrpc_stream *s, int rc, void *arg);
 
 /* Asynchronous reading: set in vrpc_stream_opts to have messages delivered
@@ -53,8 +54,10 @@ typedef void (*vrpc_stream_write_cb)(struct vrpc_stream *s, int rc, void *arg);
  * stream's task), or, with VRPC_CALL_CB_ON_POLLER in the stream's
  * call.flags, on_read runs on the channel's poller, right where a message
  * arrives, whenever the stream's task is not running (else on the task:
- * either way one at a time and in order; on_done and the write callbacks
- * stay on the task). The contract is the unary flag's (rpc.h): return within
+ * either way one at a time and in order), and the queued small async writes
+ * the server's window lets go are sent from there (a WINDOW's arrival sends
+ * them too), their write callbacks run there; on_done, large messages and
+ * whatever would wait stay on the task. The contract is the unary flag's (rpc.h): return within
  * microseconds, never block. From a callback on a poller, vrpc_stream_write
  * and vrpc_stream_read return -EWOULDBLOCK and vrpc_stream_finish
  * FAILED_PRECONDITION at once (they would wait for what the poller brings);
