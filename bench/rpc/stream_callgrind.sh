@@ -8,6 +8,7 @@
 # workers, each inclusive per message of the longer run.
 #   bench/rpc/stream_callgrind.sh BUILD_DIR [CASE] [D]
 # CASE: an rpc_bench_stream --only name (default oneway_s1_32B); D default 3000.
+# VRPC_CG_STREAM_ARGS: more rpc_bench_stream options (e.g. --on-poller).
 set -euo pipefail
 BUILD=${1:?usage: $0 BUILD_DIR [CASE] [D_MS]}
 CASE=${2:-oneway_s1_32B}
@@ -19,7 +20,7 @@ run() { # DURATION -> "messages instructions" and $tmp/inc.DURATION
     local d=$1 line rate f
     line=$(timeout 900 valgrind --tool=callgrind --callgrind-out-file="$tmp/cg.$d" \
         "$BUILD/bench/rpc/rpc_bench_stream" --no-spin --no-baseline --only "$CASE" --rounds 1 \
-        --duration-ms "$d" 2>/dev/null | grep '^rpc:' | head -1)
+        --duration-ms "$d" ${VRPC_CG_STREAM_ARGS:-} 2>/dev/null | grep '^rpc:' | head -1)
     rate=$(awk '{print $2}' <<<"$line")
     callgrind_annotate --inclusive=yes "$tmp/cg.$d" >"$tmp/inc.$d"
     echo "$(python3 -c "print(int($rate * $d / 1000))") $(awk '/PROGRAM TOTALS/{gsub(",","",$1); print $1}' "$tmp/inc.$d")"

@@ -7,10 +7,12 @@
 # (tests/softroce/vm.sh), or on a host with an RDMA device and VRPC_VERBS_IP,
 # VRPC_VERBS_DEV, VRPC_VERBS_GID set:
 #   tests/softroce/vm.sh --net single --no-share-cwd --timeout 900 -- \
-#       bench/softroce/stream-in-vm.sh BUILD_DIR [ROUNDS]
+#       bench/softroce/stream-in-vm.sh BUILD_DIR [ROUNDS [RPC_BENCH_STREAM_ARGS...]]
+# (e.g. --on-poller: callbacks and small writes on the pollers).
 # Under TCG only the ratios mean anything.
 set -uo pipefail
 BUILD=$1 ROUNDS=${2:-3}
+shift $(($# < 2 ? $# : 2))
 DEV=$VRPC_VERBS_DEV GID=$VRPC_VERBS_GID IP=$VRPC_VERBS_IP
 N=20000
 out=$(mktemp -d)
@@ -31,7 +33,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
             awk -v s="$s" '$1 == s && NF >= 5 { print $5 * 1e6 }' >>"$out/ib_$s"
     done
     "$BUILD/bench/rpc/rpc_bench_stream" --backend verbs --server-ip "$IP" --client-ip "$IP" --no-grpc \
-        --rounds 1 --duration-ms 2000 --json | tee -a "$out/rpc"
+        --rounds 1 --duration-ms 2000 --json "$@" | tee -a "$out/rpc"
 done
 echo
 echo "== medians over $ROUNDS rounds (messages/s; same device, same boot)"
