@@ -10,8 +10,9 @@
  * (a read request of the channel is never served). Per input a fresh
  * channel makes two Echo calls (deadline 50 ms; the seeds answer them by
  * their ids, slot 0 and 1 of generation 1), then opens one bidirectional
- * stream with callbacks (slot 2, deadline 50 ms, one async write), and is
- * destroyed. Each call and the stream must end exactly once with a valid status, and nothing may crash, leak or
+ * stream with callbacks (slot 2, deadline 50 ms, one async write; for an
+ * input of odd length the stream runs on the poller, VRPC_CALL_CB_ON_POLLER),
+ * and is destroyed. Each call and the stream must end exactly once with a valid status, and nothing may crash, leak or
  * trip a sanitizer. */
 #include <arpa/inet.h>
 #include <endian.h>
@@ -262,6 +263,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         accepted += vrpc_call_async(ch, &m_echo, &req.base, &co, on_done, &d) == 0;
     struct vrpc_stream_cbs cbs = {.on_read = st_read, .on_done = st_done, .arg = &d};
     struct vrpc_stream_opts so = {.call = co, .cbs = &cbs};
+    if (size & 1) /* inputs of odd length: the stream's callbacks and small writes on the poller */
+        so.call.flags |= VRPC_CALL_CB_ON_POLLER;
     struct vrpc_stream *s = NULL;
     if (vrpc_stream_start(ch, &m_bidi, &so, &s) == 0) {
         accepted++;

@@ -50,7 +50,8 @@ static void h_echo(struct vrpc_server_call *call, const ProtobufCMessage *msg, v
     vrpc_server_call_respond(call, &rep.base);
 }
 
-/* Streams: every message echoed (async, so a stalled window only queues a
+/* Streams (the bidi method run on the poller, vrpc_server_run_on_poller;
+ * the server-streaming one on workers): every message echoed (async, so a stalled window only queues a
  * bounded number), OK at the half-close, released on cancel. */
 static void s_write_done(struct vrpc_server_stream *s, int rc, void *arg) { (void)s, (void)rc, (void)arg; }
 static void s_start(struct vrpc_server_stream *s, void *user) { (void)s, (void)user; }
@@ -87,6 +88,8 @@ static void start(void)
     FUZZ_CHECK(vrpc_server_create(&o, &s) == 0 && vrpc_server_register(s, &m_echo, h_echo, NULL) == 0 &&
                    vrpc_server_register_stream(s, &m_stream, &s_ops, NULL) == 0 &&
                    vrpc_server_register_stream(s, &m_count, &s_ops, NULL) == 0 &&
+                   /* the bidi method's on_read and small writes on the poller, the other on workers */
+                   vrpc_server_run_on_poller(s, m_stream.full_name) == 0 &&
                    vrpc_server_start(s, "tcp://127.0.0.1:0") == 0 && vrpc_server_uri(s, uri, sizeof uri) == 0,
                "server did not start");
     sa.sin_family = AF_INET;
