@@ -3,7 +3,8 @@
  * from any number of threads go out through it; responses are matched to
  * calls by request id on the poller, which only copies bytes, decides the
  * outcome and wakes the caller (sync) or submits the completion to the
- * scheduler (async): no user code runs on the poller. This file holds the
+ * scheduler (async): no user code runs on the poller, except callbacks
+ * asked for there (VRPC_CALL_CB_ON_POLLER, for calls and streams). This file holds the
  * channel's public API: create, destroy, options, state, connect; the
  * other parts are named in rpc/channel_internal.h. */
 #include <errno.h>

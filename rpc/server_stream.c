@@ -3,7 +3,9 @@
  * timer, slot and statistics, as for unary calls), plus this state: the
  * client's messages queued in order for the stream's own task, which runs
  * start / on_read / on_half_close / on_cancel one at a time on a worker and
- * returns window as the callbacks consume; the window the client gave us;
+ * returns window as the callbacks consume (for a method run on the poller,
+ * the poller runs on_read and the small writes in the idle task's place:
+ * poller_run); the window the client gave us;
  * the asynchronous writes waiting for it. The end is exactly once, by the
  * call's claim (the application's finish) or detach (deadline, CANCEL,
  * connection loss, a per-stream error of the client). */
