@@ -572,8 +572,10 @@ static void test_health_watch_coalesces(void **state)
 }
 
 /* While the server drains: NOT_SERVING to the watchers, then their end, so
- * that the drain completes; no status can be set any more. */
-static void test_health_drain(void **state)
+ * that the drain completes; no status can be set any more. on_poller: the
+ * built-in Watch runs on the server's poller (vrpc_server_run_on_poller: its
+ * request's on_read and the first status written from there). */
+static void health_drain(bool on_poller)
 {
     struct vrpc_server *srv = NULL;
     struct vrpc_channel *ch = NULL;
@@ -582,8 +584,9 @@ static void test_health_drain(void **state)
     struct vrpc_status st;
     char uri[256];
 
-    (void)state;
     assert_int_equal(vrpc_server_create(NULL, &srv), 0);
+    if (on_poller)
+        assert_int_equal(vrpc_server_run_on_poller(srv, verbrpc__health__v1__health__watch__method.full_name), 0);
     assert_int_equal(vrpc_server_start(srv, g.listen), 0);
     assert_int_equal(vrpc_server_uri(srv, uri, sizeof(uri)), 0);
     vrpc_channel_opts_init(&co);
@@ -599,6 +602,18 @@ static void test_health_drain(void **state)
     assert_int_equal(vrpc_server_set_serving_status(srv, "", VRPC_HEALTH_SERVING), -ESHUTDOWN);
     vrpc_channel_destroy(ch);
     vrpc_server_destroy(srv);
+}
+
+static void test_health_drain(void **state)
+{
+    (void)state;
+    health_drain(false);
+}
+
+static void test_health_drain_watch_on_poller(void **state)
+{
+    (void)state;
+    health_drain(true);
 }
 
 int main(int argc, char **argv)
@@ -664,6 +679,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_health_watch),
         cmocka_unit_test(test_health_watch_coalesces),
         cmocka_unit_test(test_health_drain),
+        cmocka_unit_test(test_health_drain_watch_on_poller),
     };
     rc = cmocka_run_group_tests(tests, NULL, NULL);
     vrpc_channel_destroy(g.ch);
