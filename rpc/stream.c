@@ -42,9 +42,13 @@ int vrpc_stream_unpack_ref(struct vrpc_stream *s, const ProtobufCMessageDescript
 
 /* While waiting for send room: -EPIPE once the stream ended, -ENOTCONN once
  * its connection died, -ENOBUFS after VRPC_STREAM_ROOM_WAIT_MS, else 0 (after
- * a short nap). */
+ * a short nap). On a poller (vrpc_rpc_on_poller) -EAGAIN at once: the room
+ * it would wait for comes through that poller, so what needs it is left to
+ * the stream's task. */
 static int room_wait(struct vrpc_stream *s, int64_t *end)
 {
+    if (vrpc_rpc_on_poller)
+        return -EAGAIN;
     int64_t now = vrpc_now_ns();
     if (!*end)
         *end = now + (int64_t)VRPC_STREAM_ROOM_WAIT_MS * 1000000;
@@ -120,23 +124,6 @@ int vrpc_stream_send(struct vrpc_stream *s, uint8_t type, uint16_t flags, const 
     return vrpc_stream_send_buf(s, b, vrpc_rpc_frame_fill(b, &h, payload, len));
 }
 
-/* A frame sent without waiting, for the poller (a stream whose callbacks
- * run there): -EAGAIN when no send buffer is free or the transport's queue
- * is full right now, -ENOTCONN, or 0. */
-static int send_nowait(struct vrpc_stream *s, uint8_t type, const void *payload, uint32_t len)
-{
-    struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = type, .request_id = s->id};
-    if (vrpc_conn_is_dead(&s->c->b))
-        return -ENOTCONN;
-    struct vrpc_buf *b = vrpc_pool_get(s->ch->send_pool);
-    if (!b)
-        return -EAGAIN;
-    int rc = vrpc_ep_send(s->c->b.ep, b, vrpc_rpc_frame_fill(b, &h, payload, len), 0, 0, 0);
-    if (rc)
-        vrpc_pool_put(b);
-    return rc;
-}
-
 void vrpc_stream_fail(struct vrpc_stream *s, enum vrpc_code code, const char *why)
 {
     /* an ended stream may be released, its channel gone: not even its slot */
@@ -176,7 +163,7 @@ bool vrpc_stream_window_locked(struct vrpc_stream *s, bool force)
     s->users++;
     pthread_mutex_unlock(&s->mu);
     bool poller = vrpc_rpc_on_poller;
-    int rc = poller ? send_nowait(s, VRPC_FT_WINDOW, le, sizeof le) : vrpc_stream_send(s, VRPC_FT_WINDOW, 0, le, sizeof le);
+    int rc = vrpc_stream_send(s, VRPC_FT_WINDOW, 0, le, sizeof le);
     if (rc && !(poller && rc == -EAGAIN))
         vrpc_stream_fail(s, VRPC_UNAVAILABLE, "stream send failed (WINDOW)");
     pthread_mutex_lock(&s->mu);

@@ -176,7 +176,9 @@ int vrpc_stream_send(struct vrpc_stream *s, uint8_t type, uint16_t flags, const 
  * connection is up: the room comes back with the poller's send completions
  * and the server's credits, so the sender waits instead of failing the
  * stream at the VRPC_RPC_SEND_WAIT_MS of unary sends (16 streams' windows
- * are more frames than the pool holds). Past it the stream fails. */
+ * are more frames than the pool holds). Past it the stream fails. On a
+ * poller (vrpc_rpc_on_poller) nothing waits: the functions below return
+ * -EAGAIN where they would, and the caller leaves the frame to the task. */
 #define VRPC_STREAM_ROOM_WAIT_MS 10000
 /* A send buffer for a frame of s. A MESSAGE (msg) leaves a quarter of the
  * pool to unary calls and control frames (WINDOW, HALF_CLOSE). Waits as
@@ -192,9 +194,9 @@ int vrpc_stream_send_buf(struct vrpc_stream *s, struct vrpc_buf *b, uint32_t len
 int vrpc_stream_send_list(struct vrpc_stream *s, const struct vrpc_send_wr *wrs, unsigned n, unsigned *sent);
 /* Return window if enough was consumed (or all of it, with force): s->mu
  * held, dropped while sending. True if it sent (or tried: a failure fails
- * the stream). On a poller (vrpc_rpc_on_poller) it never waits: with no
- * send buffer or credit free right now the window stays unreported, for
- * the stream's task, and it returns false. */
+ * the stream). On a poller, with no send buffer or credit free right now
+ * (-EAGAIN), the window stays unreported, for the stream's task, and it
+ * returns false. */
 bool vrpc_stream_window_locked(struct vrpc_stream *s, bool force);
 /* A node of at least len bytes (from the spare list, else malloc); NULL:
  * out of memory. s->mu held. */

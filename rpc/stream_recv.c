@@ -362,9 +362,10 @@ static bool done_locked(struct vrpc_stream *s)
 #define TX_BATCH 32
 
 /* The frames of batch[0..k) in one list (no lock; the writes counted in
- * tx_sent and tx_busy): the number the transport took; the stream failed if
- * not all. */
-static unsigned tx_batch_send(struct vrpc_stream *s, struct smsg *const *batch, unsigned k)
+ * tx_sent and tx_busy): the number the transport took. Fewer than k: the
+ * stream failed (*failed), or, on a poller only, no send buffer or credit
+ * was free right now (-EAGAIN from the functions that would wait). */
+static unsigned tx_batch_send(struct vrpc_stream *s, struct smsg *const *batch, unsigned k, bool *failed)
 {
     struct vrpc_send_wr wrs[TX_BATCH];
     unsigned got = 0, sent = 0;
@@ -378,43 +379,55 @@ static unsigned tx_batch_send(struct vrpc_stream *s, struct smsg *const *batch, 
             (struct vrpc_send_wr){.buf = b, .len = vrpc_rpc_frame_fill(b, &h, batch[got]->data, batch[got]->len)};
     }
     int src = got ? vrpc_stream_send_list(s, wrs, got, &sent) : 0;
-    if (rc || src)
+    *failed = (rc && rc != -EAGAIN) || (src && src != -EAGAIN);
+    if (*failed)
         vrpc_stream_fail(s, VRPC_UNAVAILABLE, "stream send failed");
     return sent;
 }
 
 /* Several queued async writes at once (s->mu held, dropped while sending):
- * when at least two small ones may go now (the server's window), they go in
+ * when at least min small ones may go now (the server's window), they go in
  * one vrpc_ep_send_list (one sendmsg on TCP instead of one each), then
- * their callbacks run in order. True if it did. */
-static bool tx_batch_locked(struct vrpc_stream *s)
+ * their callbacks run in order. The task asks for 2 (one goes by
+ * tx_one_locked, which also sends large ones); a poller for 1, and what it
+ * could not hand over without waiting goes back to the head of tx, for its
+ * next pass or the task. True if it sent (or the stream failed). */
+static bool tx_batch_locked(struct vrpc_stream *s, unsigned min)
 {
-    if (s->ended || s->tx.n < 2 || s->tx_sent >= s->tx_allowed)
+    if (s->ended || s->tx.n < min || s->tx_sent >= s->tx_allowed)
         return false;
     uint64_t room = s->tx_allowed - s->tx_sent;
     uint32_t fits = vrpc_ep_eager_size(s->c->b.ep) - VRPC_WIRE_HDR_LEN;
     struct smsg *batch[TX_BATCH];
     unsigned k = 0;
+    bool failed;
     for (struct smsg *n = s->tx.head; n && k < TX_BATCH && k < room && n->len <= fits; n = n->next)
         k++;
-    if (k < 2)
-        return false; /* tx_one_locked */
+    if (k < min)
+        return false;
     for (unsigned i = 0; i < k; i++)
         batch[i] = smq_pop(&s->tx);
     s->tx_sent += k;
     s->tx_busy += k;
     pthread_mutex_unlock(&s->mu);
-    unsigned sent = tx_batch_send(s, batch, k);
-    for (unsigned i = 0; i < k; i++) {
+    unsigned sent = tx_batch_send(s, batch, k, &failed);
+    unsigned ran = failed ? k : sent; /* not failed: the rest were not taken yet */
+    for (unsigned i = 0; i < ran; i++) {
         batch[i]->cb(s, i < sent ? 0 : -EPIPE, batch[i]->arg);
         pthread_mutex_lock(&s->mu);
         s->tx_busy--;
         spare_put_locked(s, batch[i]);
         pthread_cond_broadcast(&s->cond); /* a write waiting behind them */
-        if (i + 1 < k)
-            pthread_mutex_unlock(&s->mu);
+        pthread_mutex_unlock(&s->mu);
     }
-    return true;
+    pthread_mutex_lock(&s->mu);
+    if (ran < k) { /* first in line again */
+        for (unsigned i = k; i-- > ran;)
+            smq_push_front(&s->tx, batch[i]);
+        s->tx_sent -= k - ran;
+        s->tx_busy -= k - ran;
+    }
+    return ran > 0;
 }
 
 /* One queued async write (or, once all went, the half-close), with s->mu
@@ -508,74 +521,18 @@ static bool task_due_locked(const struct vrpc_stream *s)
            (s->tx.head && s->tx_sent < s->tx_allowed) || (s->half_closed && !s->hc_sent);
 }
 
-/* On the poller (s->mu held, dropped while sending): the queued small
- * writes the server's window lets go, in one list, without waiting (with
- * send buffers to spare above the pool's reserve for calls, and the
- * transport's room now), then their callbacks in order. What the transport
- * did not take goes back to the head of tx, for the next pass or the task.
- * True if it sent something (or the stream failed). */
-static bool tx_poller_locked(struct vrpc_stream *s)
-{
-    if (s->ended || !s->tx.head || s->tx_busy || s->tx_sent >= s->tx_allowed)
-        return false;
-    struct vrpc_pool *pool = s->ch->send_pool;
-    const struct vrpc_channel_opts *o = &s->ch->o;
-    uint32_t reserve = (o->max_outstanding + o->max_queued + 64) / 4; /* as vrpc_stream_buf */
-    uint64_t room = s->tx_allowed - s->tx_sent;
-    uint32_t fits = vrpc_ep_eager_size(s->c->b.ep) - VRPC_WIRE_HDR_LEN;
-    struct smsg *batch[TX_BATCH];
-    struct vrpc_send_wr wrs[TX_BATCH];
-    unsigned k = 0, got = 0, sent = 0;
-    for (struct smsg *n = s->tx.head; n && k < TX_BATCH && k < room && n->len <= fits; n = n->next)
-        k++;
-    if (!k || vrpc_pool_avail(pool) < reserve + k)
-        return false;
-    for (unsigned i = 0; i < k; i++)
-        batch[i] = smq_pop(&s->tx);
-    s->tx_sent += k;
-    s->tx_busy += k;
-    pthread_mutex_unlock(&s->mu);
-    for (struct vrpc_buf *b; got < k && (b = vrpc_pool_get(pool)); got++) {
-        struct vrpc_wire_hdr h = {.version = VRPC_WIRE_VERSION, .type = VRPC_FT_MESSAGE, .request_id = s->id};
-        wrs[got] = (struct vrpc_send_wr){.buf = b, .len = vrpc_rpc_frame_fill(b, &h, batch[got]->data, batch[got]->len)};
-    }
-    int rc = !got ? 0 : vrpc_conn_is_dead(&s->c->b) ? -ENOTCONN : vrpc_ep_send_list(s->c->b.ep, wrs, got, 0, &sent);
-    for (unsigned i = sent; i < got; i++)
-        vrpc_pool_put(wrs[i].buf);
-    bool failed = rc && rc != -EAGAIN;
-    if (failed)
-        vrpc_stream_fail(s, VRPC_UNAVAILABLE, "stream send failed");
-    for (unsigned i = 0; i < k; i++) {
-        if (i >= sent && !failed)
-            break;
-        batch[i]->cb(s, i < sent ? 0 : -EPIPE, batch[i]->arg);
-        pthread_mutex_lock(&s->mu);
-        s->tx_busy--;
-        spare_put_locked(s, batch[i]);
-        pthread_cond_broadcast(&s->cond); /* a write waiting behind them */
-        pthread_mutex_unlock(&s->mu);
-    }
-    pthread_mutex_lock(&s->mu);
-    if (!failed && sent < k) { /* not taken now: first in line again */
-        for (unsigned i = k; i-- > sent;)
-            smq_push_front(&s->tx, batch[i]);
-        s->tx_sent -= k - sent;
-        s->tx_busy -= k - sent;
-    }
-    return sent > 0 || failed;
-}
-
 /* The poller in the task's place (poller_claim_locked): every queued
- * message to on_read, its window back without waiting, the queued small
- * writes out (tx_poller_locked), then the task for whatever else is due. Callbacks run as on the task (one at a time,
- * in order, cb_running set), with vrpc_rpc_on_poller set: what would wait
- * from them is refused (stream.h). */
+ * message to on_read, its window back, the queued small writes out
+ * (tx_batch_locked), none of it waiting, then the task for whatever else is
+ * due. Callbacks run as on the task (one at a time, in order, cb_running
+ * set), with vrpc_rpc_on_poller set: what would wait from them is refused
+ * (stream.h), and the stream's sends return -EAGAIN instead (room_wait). */
 static void poller_run(struct vrpc_stream *s)
 {
     bool was = vrpc_rpc_on_poller;
     vrpc_rpc_on_poller = true;
     pthread_mutex_lock(&s->mu);
-    while (deliver_locked(s) || tx_poller_locked(s))
+    while (deliver_locked(s) || tx_batch_locked(s, 1))
         ;
     s->task_sched = false;
     if (task_due_locked(s))
@@ -590,7 +547,7 @@ static void stream_task(struct vrpc_task *t)
     struct vrpc_stream *s = container_of(t, struct vrpc_stream, task);
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        if (deliver_locked(s) || tx_batch_locked(s) || tx_one_locked(s) || vrpc_stream_window_locked(s, s->draining) ||
+        if (deliver_locked(s) || tx_batch_locked(s, 2) || tx_one_locked(s) || vrpc_stream_window_locked(s, s->draining) ||
             done_locked(s) || release_locked(s) || linger_locked(s))
             continue;
         break;
