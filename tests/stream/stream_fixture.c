@@ -406,7 +406,7 @@ static void h_unary(struct vrpc_server_call *call, const ProtobufCMessage *msg, 
     vrpc_server_call_respond(call, &rep.base);
 }
 
-static void listen_uri(char *buf, size_t len)
+void fx_listen_uri(char *buf, size_t len)
 {
     const char *ip = g_opt.server_ip;
     bool v6 = strchr(ip, ':') != NULL;
@@ -428,7 +428,7 @@ struct vrpc_server *fx_server_start(const struct srv_cfg *cfg, char *uri, size_t
     assert_int_equal(vrpc_server_register_stream(s, &m_sstream, &g_ops, NULL), 0);
     assert_int_equal(vrpc_server_register_stream(s, &m_cstream, &g_ops, NULL), 0);
     assert_int_equal(vrpc_server_register_stream(s, &m_bidi, &g_ops, NULL), 0);
-    listen_uri(luri, sizeof(luri));
+    fx_listen_uri(luri, sizeof(luri));
     assert_int_equal(vrpc_server_start(s, luri), 0);
     assert_int_equal(vrpc_server_uri(s, uri, uri_len), 0);
     return s;
@@ -485,13 +485,21 @@ struct vrpc_channel *fx_channel(const char *uri, uint32_t max_outstanding, uint3
 struct vrpc_stream *fx_open(struct vrpc_channel *ch, const struct vrpc_method_desc *m, const char *mode,
                             unsigned long n, size_t size, int64_t timeout_us, const struct vrpc_stream_cbs *cbs)
 {
+    return fx_open_flags(ch, m, mode, n, size, timeout_us, cbs, 0);
+}
+
+struct vrpc_stream *fx_open_flags(struct vrpc_channel *ch, const struct vrpc_method_desc *m, const char *mode,
+                                  unsigned long n, size_t size, int64_t timeout_us, const struct vrpc_stream_cbs *cbs,
+                                  uint32_t flags)
+{
     char ns[24], ss[24];
     struct vrpc_stream *s = NULL;
     snprintf(ns, sizeof(ns), "%lu", n);
     snprintf(ss, sizeof(ss), "%zu", size);
     struct vrpc_metadata md[3] = {{"x-mode", mode, strlen(mode)}, {"x-n", ns, strlen(ns)}, {"x-size", ss, strlen(ss)}};
     struct vrpc_stream_opts o = {
-        .call = {.timeout_us = timeout_us ? timeout_us : VRPC_NO_TIMEOUT, .md = md, .md_count = 3}, .cbs = cbs};
+        .call = {.timeout_us = timeout_us ? timeout_us : VRPC_NO_TIMEOUT, .md = md, .md_count = 3, .flags = flags},
+        .cbs = cbs};
     assert_int_equal(vrpc_stream_start(ch, m, &o, &s), 0);
     assert_non_null(s);
     return s;

@@ -70,6 +70,8 @@ struct srv_cfg {
     unsigned threads;
 };
 struct vrpc_server *fx_server_start(const struct srv_cfg *c, char *uri, size_t uri_len);
+/* The URI a test server listens on: the backend, the server address, port 0. */
+void fx_listen_uri(char *buf, size_t len);
 /* Destroy the server, then free the per-stream contexts. */
 void fx_server_destroy(struct vrpc_server *srv);
 void fx_counts_reset(void);
@@ -84,6 +86,10 @@ struct vrpc_channel *fx_channel(const char *uri, uint32_t max_outstanding, uint3
 /* Open a stream of m with metadata x-mode/x-n/x-size; timeout_us 0: none. */
 struct vrpc_stream *fx_open(struct vrpc_channel *ch, const struct vrpc_method_desc *m, const char *mode,
                             unsigned long n, size_t size, int64_t timeout_us, const struct vrpc_stream_cbs *cbs);
+/* The same with call flags (VRPC_CALL_CB_ON_POLLER). */
+struct vrpc_stream *fx_open_flags(struct vrpc_channel *ch, const struct vrpc_method_desc *m, const char *mode,
+                                  unsigned long n, size_t size, int64_t timeout_us, const struct vrpc_stream_cbs *cbs,
+                                  uint32_t flags);
 
 /* Deterministic payload of message seq, and its check. */
 void fill(uint8_t *p, size_t len, uint64_t seq);

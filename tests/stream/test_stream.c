@@ -262,16 +262,25 @@ struct async_rd {
     unsigned done; /* atomic: on_done calls */
     int code;
     unsigned long writes_done, write_bad; /* atomic */
+    /* read callbacks on the poller: blocking calls tried from on_read,
+     * refused there (-EWOULDBLOCK) or answered otherwise than on a worker */
+    unsigned long refused, other;
+    int finish_code; /* vrpc_stream_finish from on_read on the poller */
 };
+
+/* Message r, the next one read: in order and intact, into the checksum. */
+static void a_take(struct async_rd *a, const Vrpctest__EchoReply *r)
+{
+    if (r->seq != a->reads || !check(r->payload.data, r->payload.len, r->seq))
+        a->bad++;
+    a->sum = sum_add(a->sum, r->seq, r->payload.data, r->payload.len);
+}
 
 static void a_read(struct vrpc_stream *s, const ProtobufCMessage *msg, void *arg)
 {
     (void)s;
     struct async_rd *a = arg;
-    const Vrpctest__EchoReply *r = (const Vrpctest__EchoReply *)msg;
-    if (r->seq != a->reads || !check(r->payload.data, r->payload.len, r->seq))
-        a->bad++;
-    a->sum = sum_add(a->sum, r->seq, r->payload.data, r->payload.len);
+    a_take(a, (const Vrpctest__EchoReply *)msg);
     __atomic_store_n(&a->reads, a->reads + 1, __ATOMIC_RELEASE);
 }
 
@@ -295,19 +304,13 @@ static void a_wrote(struct vrpc_stream *s, int rc, void *arg)
     __atomic_add_fetch(&g_ard.writes_done, 1, __ATOMIC_RELEASE);
 }
 
-static void test_async_bidi(void **state)
+/* n echo requests (sizes 0-63, fill()ed) through write_async with a_wrote
+ * (its arg the message's index), yielding while VRPC_STREAM_ASYNC_WRITES_MAX
+ * are outstanding (counted in *pushed_back); their checksum. */
+static uint64_t write_async_echoes(struct vrpc_stream *s, unsigned long n, unsigned long *pushed_back)
 {
-    (void)state;
-    unsigned long n = 200000 / g_opt.scale, pushed_back = 0;
-    struct vrpc_stream_cbs cbs = {a_read, a_done, &g_ard};
-    struct vrpc_channel *ch = fx_channel(g_uri, 16, 0);
     uint8_t buf[64];
     uint64_t sum = 0;
-    int64_t t0 = vrpc_now_ns();
-    memset(&g_ard, 0, sizeof(g_ard));
-    struct vrpc_stream *s = fx_open(ch, &m_bidi, "echo", 0, 0, 0, &cbs);
-    ProtobufCMessage *m;
-    assert_int_equal(vrpc_stream_read(s, &m), -EINVAL); /* reads go to the callbacks */
     for (unsigned long i = 0; i < n; i++) {
         Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
         size_t len = i % sizeof(buf);
@@ -317,12 +320,27 @@ static void test_async_bidi(void **state)
         r.payload.len = len;
         int rc;
         while ((rc = vrpc_stream_write_async(s, &r.base, a_wrote, (void *)(uintptr_t)i)) == -EAGAIN) {
-            pushed_back++;
+            (*pushed_back)++;
             sched_yield();
         }
         assert_int_equal(rc, 0);
         sum = sum_add(sum, i, buf, len);
     }
+    return sum;
+}
+
+static void test_async_bidi(void **state)
+{
+    (void)state;
+    unsigned long n = 200000 / g_opt.scale, pushed_back = 0;
+    struct vrpc_stream_cbs cbs = {a_read, a_done, &g_ard};
+    struct vrpc_channel *ch = fx_channel(g_uri, 16, 0);
+    int64_t t0 = vrpc_now_ns();
+    memset(&g_ard, 0, sizeof(g_ard));
+    struct vrpc_stream *s = fx_open(ch, &m_bidi, "echo", 0, 0, 0, &cbs);
+    ProtobufCMessage *m;
+    assert_int_equal(vrpc_stream_read(s, &m), -EINVAL); /* reads go to the callbacks */
+    uint64_t sum = write_async_echoes(s, n, &pushed_back);
     assert_int_equal(vrpc_stream_close_send(s), 0);
     assert_int_equal(fx_wait_at_least(&g_ard.done, 1, 60000), 1);
     printf("# async bidi: %lu messages each way in %.2f s, pushed back %lu times\n", n, secs_since(t0), pushed_back);
@@ -342,22 +360,10 @@ static void test_async_bidi(void **state)
 
 /* ---- read callbacks on the poller (VRPC_CALL_CB_ON_POLLER) ----------------------------- */
 
-struct poller_rd {
-    unsigned long reads, bad;
-    uint64_t sum;
-    unsigned long refused, other; /* blocking calls tried from on_read: refused on a poller, else -EPIPE */
-    int finish_code;              /* vrpc_stream_finish from a callback on the poller */
-    unsigned done;                /* atomic */
-    int code;
-};
-
 static void p_read(struct vrpc_stream *s, const ProtobufCMessage *msg, void *arg)
 {
-    struct poller_rd *a = arg;
-    const Vrpctest__EchoReply *r = (const Vrpctest__EchoReply *)msg;
-    if (r->seq != a->reads || !check(r->payload.data, r->payload.len, r->seq))
-        a->bad++;
-    a->sum = sum_add(a->sum, r->seq, r->payload.data, r->payload.len);
+    struct async_rd *a = arg;
+    a_take(a, (const Vrpctest__EchoReply *)msg);
     if (a->reads % 997 == 0) {
         /* the stream is half-closed: -EPIPE on a worker; on the poller the
          * write (which may wait for window) is refused before anything */
@@ -375,15 +381,6 @@ static void p_read(struct vrpc_stream *s, const ProtobufCMessage *msg, void *arg
     __atomic_store_n(&a->reads, a->reads + 1, __ATOMIC_RELEASE);
 }
 
-static void p_done(struct vrpc_stream *s, const struct vrpc_status *st, const ProtobufCMessage *resp, void *arg)
-{
-    (void)s;
-    (void)resp;
-    struct poller_rd *a = arg;
-    a->code = st->code;
-    __atomic_add_fetch(&a->done, 1, __ATOMIC_RELEASE);
-}
-
 /* Server streaming read through callbacks that may run on the channel's
  * poller: every message once and in order (far more than the window, so
  * the window a poller returns keeps the server going), the blocking calls
@@ -392,40 +389,33 @@ static void test_read_callbacks_on_poller(void **state)
 {
     (void)state;
     unsigned long n = 200000 / g_opt.scale;
-    static struct poller_rd a;
-    memset(&a, 0, sizeof(a));
-    struct vrpc_stream_cbs cbs = {p_read, p_done, &a};
+    struct async_rd *a = &g_ard;
+    memset(a, 0, sizeof(*a));
+    struct vrpc_stream_cbs cbs = {p_read, a_done, a};
     struct vrpc_channel *ch = fx_channel(g_uri, 16, 0);
-    char ns[24], ss[24];
-    snprintf(ns, sizeof(ns), "%lu", n);
-    snprintf(ss, sizeof(ss), "%d", SMALL);
-    struct vrpc_metadata md[3] = {{"x-mode", "gen", 3}, {"x-n", ns, strlen(ns)}, {"x-size", ss, strlen(ss)}};
-    struct vrpc_stream_opts o = {
-        .call = {.timeout_us = VRPC_NO_TIMEOUT, .md = md, .md_count = 3, .flags = VRPC_CALL_CB_ON_POLLER}, .cbs = &cbs};
-    struct vrpc_stream *s = NULL;
     Vrpctest__EchoRequest req = VRPCTEST__ECHO_REQUEST__INIT;
     uint64_t srv_sum = 0;
     int64_t t0 = vrpc_now_ns();
-    assert_int_equal(vrpc_stream_start(ch, &m_sstream, &o, &s), 0);
+    struct vrpc_stream *s = fx_open_flags(ch, &m_sstream, "gen", n, SMALL, 0, &cbs, VRPC_CALL_CB_ON_POLLER);
     assert_int_equal(vrpc_stream_write(s, &req.base), 0);
     assert_int_equal(vrpc_stream_close_send(s), 0);
-    assert_int_equal(fx_wait_at_least(&a.done, 1, 60000), 1);
+    assert_int_equal(fx_wait_at_least(&a->done, 1, 60000), 1);
     printf("# read callbacks on the poller: %lu messages in %.2f s; of %lu blocking writes tried from on_read, "
            "%lu were refused (on the poller)\n",
-           n, secs_since(t0), (n + 996) / 997, a.refused);
-    assert_int_equal(a.code, VRPC_OK);
-    assert_int_equal(__atomic_load_n(&a.reads, __ATOMIC_ACQUIRE), n);
-    assert_int_equal(a.bad, 0);
-    assert_int_equal(a.other, 0);
-    assert_true(a.refused > 0); /* most messages arrive while the task is idle */
-    assert_int_equal(a.finish_code, VRPC_FAILED_PRECONDITION);
+           n, secs_since(t0), (n + 996) / 997, a->refused);
+    assert_int_equal(a->code, VRPC_OK);
+    assert_int_equal(__atomic_load_n(&a->reads, __ATOMIC_ACQUIRE), n);
+    assert_int_equal(a->bad, 0);
+    assert_int_equal(a->other, 0);
+    assert_true(a->refused > 0); /* most messages arrive while the task is idle */
+    assert_int_equal(a->finish_code, VRPC_FAILED_PRECONDITION);
     struct vrpc_status st;
     assert_int_equal(vrpc_stream_finish(s, NULL, &st), VRPC_OK);
     assert_true(trailer_u64(s, "x-sum", &srv_sum));
-    assert_true(srv_sum == a.sum);
+    assert_true(srv_sum == a->sum);
     vrpc_stream_destroy(s);
     usleep(100000);
-    assert_int_equal(LOAD(a.done), 1); /* exactly once */
+    assert_int_equal(LOAD(a->done), 1); /* exactly once */
     unary_calls(ch, 10); /* the connection is as good as before */
     vrpc_channel_destroy(ch);
 }
@@ -444,25 +434,14 @@ static struct {
  * of nothing is refused before its checks on a poller: no side effect). */
 static void pb_read(struct vrpc_stream *s, const ProtobufCMessage *msg, void *arg)
 {
-    struct poller_rd *a = arg;
-    const Vrpctest__EchoReply *r = (const Vrpctest__EchoReply *)msg;
-    if (r->seq != a->reads || !check(r->payload.data, r->payload.len, r->seq))
-        a->bad++;
-    a->sum = sum_add(a->sum, r->seq, r->payload.data, r->payload.len);
+    struct async_rd *a = arg;
+    a_take(a, (const Vrpctest__EchoReply *)msg);
     int rc = vrpc_stream_write(s, NULL);
     if (rc == -EWOULDBLOCK)
         a->refused++;
     else if (rc != -EINVAL)
         a->other++;
     __atomic_store_n(&a->reads, a->reads + 1, __ATOMIC_RELEASE);
-}
-
-static void pb_wrote(struct vrpc_stream *s, int rc, void *arg)
-{
-    (void)s;
-    struct poller_rd *a = arg;
-    if (rc)
-        a->bad++; /* (write callbacks run on the task, one at a time) */
 }
 
 static void pe_start(struct vrpc_server_stream *s, void *user) { (void)s, (void)user; }
@@ -527,8 +506,7 @@ static void test_bidi_both_sides_on_poller(void **state)
     struct vrpc_server_opts so;
     struct vrpc_server *srv;
     char luri[VRPC_URI_MAX], uri[VRPC_URI_MAX];
-    bool v6 = strchr(g_opt.server_ip, ':') != NULL;
-    snprintf(luri, sizeof(luri), "%s://%s%s%s:0", g_opt.backend, v6 ? "[" : "", g_opt.server_ip, v6 ? "]" : "");
+    fx_listen_uri(luri, sizeof(luri));
     memset(&g_pe, 0, sizeof(g_pe));
     vrpc_server_opts_init(&so);
     assert_int_equal(vrpc_server_create(&so, &srv), 0);
@@ -538,43 +516,26 @@ static void test_bidi_both_sides_on_poller(void **state)
     assert_int_equal(vrpc_server_start(srv, luri), 0);
     assert_int_equal(vrpc_server_uri(srv, uri, sizeof(uri)), 0);
 
-    static struct poller_rd a;
-    memset(&a, 0, sizeof(a));
-    struct vrpc_stream_cbs cbs = {pb_read, p_done, &a};
+    struct async_rd *a = &g_ard;
+    memset(a, 0, sizeof(*a));
+    struct vrpc_stream_cbs cbs = {pb_read, a_done, a};
     struct vrpc_channel *ch = fx_channel(uri, 16, 0);
-    struct vrpc_stream_opts o = {.call = {.timeout_us = VRPC_NO_TIMEOUT, .flags = VRPC_CALL_CB_ON_POLLER},
-                                 .cbs = &cbs};
-    struct vrpc_stream *s = NULL;
-    uint8_t buf[64];
-    uint64_t sum = 0;
     int64_t t0 = vrpc_now_ns();
-    assert_int_equal(vrpc_stream_start(ch, &m_bidi, &o, &s), 0);
-    for (unsigned long i = 0; i < n; i++) {
-        Vrpctest__EchoRequest r = VRPCTEST__ECHO_REQUEST__INIT;
-        size_t len = i % sizeof(buf);
-        fill(buf, len, i);
-        r.seq = i;
-        r.payload.data = buf;
-        r.payload.len = len;
-        int rc;
-        while ((rc = vrpc_stream_write_async(s, &r.base, pb_wrote, &a)) == -EAGAIN) {
-            pushed_back++;
-            sched_yield();
-        }
-        assert_int_equal(rc, 0);
-        sum = sum_add(sum, i, buf, len);
-    }
+    struct vrpc_stream *s = fx_open_flags(ch, &m_bidi, "echo", 0, 0, 0, &cbs, VRPC_CALL_CB_ON_POLLER);
+    uint64_t sum = write_async_echoes(s, n, &pushed_back);
     assert_int_equal(vrpc_stream_close_send(s), 0);
-    assert_int_equal(fx_wait_at_least(&a.done, 1, 60000), 1);
+    assert_int_equal(fx_wait_at_least(&a->done, 1, 60000), 1);
     printf("# bidi, both sides on the poller: %lu echoes in %.2f s (writer pushed back %lu times); on_read ran "
            "%lu times on the server's poller and %lu on its task, %lu times on the client's poller of %lu\n",
-           n, secs_since(t0), pushed_back, g_pe.on_poller, g_pe.on_task, a.refused, n);
-    assert_int_equal(a.code, VRPC_OK);
-    assert_int_equal(__atomic_load_n(&a.reads, __ATOMIC_ACQUIRE), n);
-    assert_int_equal(a.bad, 0);
-    assert_true(a.sum == sum);
-    assert_int_equal(a.other, 0);
-    assert_true(a.refused > 0);
+           n, secs_since(t0), pushed_back, g_pe.on_poller, g_pe.on_task, a->refused, n);
+    assert_int_equal(a->code, VRPC_OK);
+    assert_int_equal(__atomic_load_n(&a->reads, __ATOMIC_ACQUIRE), n);
+    assert_int_equal(a->bad, 0);
+    assert_true(a->sum == sum);
+    assert_int_equal(a->other, 0);
+    assert_true(a->refused > 0);
+    assert_int_equal(__atomic_load_n(&a->writes_done, __ATOMIC_ACQUIRE), n); /* every write callback, in order */
+    assert_int_equal(a->write_bad, 0);
     assert_int_equal(g_pe.bad, 0);
     assert_int_equal(g_pe.next, n);
     assert_true(g_pe.on_poller > 0);
