@@ -595,9 +595,9 @@ static void usage(FILE *f, const char *argv0)
             "  baselines; gRPC is not run. --no-spin: nothing busy-waits (for callgrind);\n"
             "  --no-baseline: no transport rate and no ratios. --threads: workers of the\n"
             "  server's and of each channel's own scheduler (default 0: the library's, 2).\n"
-            "  --on-poller: the client's streams run their read callbacks on the channel's\n"
-            "  poller (VRPC_CALL_CB_ON_POLLER) and the server runs both methods on its poller\n"
-            "  (vrpc_server_run_on_poller), whenever a stream's task is idle.\n",
+            "  --on-poller: the client's streams run their read callbacks and small writes on\n"
+            "  the channel's poller (VRPC_CALL_CB_ON_POLLER) and the server runs both methods\n"
+            "  on its poller (vrpc_server_run_on_poller), whenever a stream's task is idle.\n",
             argv0);
 }
 
